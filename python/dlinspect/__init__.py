@@ -1,0 +1,52 @@
+"""dlinspect: read a DLPack tensor's header without consuming it, and route it.
+
+``peek(x)`` reads device, shape, dtype, strides and flags of any DLPack capsule
+or ``__dlpack__`` producer in C, without taking the tensor.
+"""
+
+from __future__ import annotations
+
+try:
+    from . import _core
+except ImportError as exc:  # pragma: no cover - depends on how the tree was installed
+    raise ImportError(
+        "dlinspect's compiled extension dlinspect._core is missing: this source tree was "
+        "never built, or was built for another Python. Build it with: "
+        "pip install --no-build-isolation -Cbuild-dir=build -e ."
+    ) from exc
+
+from ._core import MAX_NDIM, TensorInfo, peek
+from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
+from .errors import (
+    CapsuleConsumedError,
+    CopyRequiredError,
+    DLInspectError,
+    DLInspectWarning,
+    MalformedTensorError,
+    NotDLPackError,
+    ProducerError,
+    UnsupportedDeviceError,
+    UnsupportedDTypeError,
+    UnsupportedVersionError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "peek",
+    "TensorInfo",
+    "MAX_NDIM",
+    "DLDeviceType",
+    "DLDataTypeCode",
+    "DLDataType",
+    "DLInspectError",
+    "NotDLPackError",
+    "CapsuleConsumedError",
+    "UnsupportedVersionError",
+    "MalformedTensorError",
+    "UnsupportedDeviceError",
+    "UnsupportedDTypeError",
+    "CopyRequiredError",
+    "ProducerError",
+    "DLInspectWarning",
+]

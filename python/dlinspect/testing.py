@@ -1,0 +1,230 @@
+"""Build DLPack capsules with any header, and fake producers for any device.
+
+This is how dlinspect's tests (and yours) exercise Vulkan, OpenCL, Metal, ROCm,
+CUDA and pinned tensors, corrupt headers and counting deleters on a machine
+that has none of those devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._core import DeleterCounter
+from ._dtypes import dldtype_from_numpy
+from ._enums import DLDeviceType
+
+__all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty"]
+
+FLAG_READ_ONLY = _core.FLAG_READ_ONLY
+FLAG_IS_COPIED = _core.FLAG_IS_COPIED
+FLAG_IS_SUBBYTE_TYPE_PADDED = _core.FLAG_IS_SUBBYTE_TYPE_PADDED
+
+
+def _dtype_triple(dtype: Any) -> tuple[int, int, int]:
+    if isinstance(dtype, tuple):
+        code, bits, *rest = dtype
+        return (int(code), int(bits), int(rest[0]) if rest else 1)
+    return dldtype_from_numpy(dtype)
+
+
+def make_capsule(
+    data: Any = None,
+    *,
+    shape: Sequence[int] | None = None,
+    dtype: Any = None,
+    device: tuple[int, int] = (DLDeviceType.kDLCPU, 0),
+    strides: Sequence[int] | None = None,
+    byte_offset: int = 0,
+    versioned: bool = True,
+    version: tuple[int, int] = (1, 3),
+    flags: int = 0,
+    ndim: int | None = None,
+    address: int | None = None,
+    counter: DeleterCounter | None = None,
+    name: str | None = None,
+    null_deleter: bool = False,
+) -> Any:
+    """Build a DLPack capsule whose header says exactly what you ask.
+
+    Parameters
+    ----------
+    data : buffer or None
+        An object with the buffer protocol (a contiguous NumPy array...) whose
+        memory becomes ``DLTensor.data``; it is kept alive until the deleter
+        runs. None gives ``data = NULL``. When ``data`` is a NumPy array, the
+        defaults of ``shape``, ``dtype`` and ``strides`` come from it.
+    shape : sequence of int or None
+        Extents, in elements. ``None`` (with no ``data``) writes ``shape = NULL``.
+    dtype : numpy dtype, name, or (code, bits[, lanes])
+        The ``DLDataType``. Names and dtypes go through NumPy / ml_dtypes.
+    device : (int, int)
+        ``(device_type, device_id)`` written into ``DLTensor.device``.
+    strides : sequence of int or None
+        Strides in elements; None writes ``strides = NULL`` (row-major before DLPack 1.2).
+    byte_offset : int
+        ``DLTensor.byte_offset``, in bytes.
+    versioned : bool
+        True builds a ``DLManagedTensorVersioned`` in a ``"dltensor_versioned"``
+        capsule; False a legacy ``DLManagedTensor`` in a ``"dltensor"`` capsule.
+    version : (int, int)
+        ``DLManagedTensorVersioned.version`` (versioned only).
+    flags : int
+        ``DLManagedTensorVersioned.flags``: ``FLAG_READ_ONLY``, ``FLAG_IS_COPIED``,
+        ``FLAG_IS_SUBBYTE_TYPE_PADDED`` (versioned only).
+    ndim : int or None
+        ``DLTensor.ndim``; defaults to ``len(shape)``. Any value may be forged:
+        ``shape`` and ``strides`` arrays are always allocated with at least
+        ``ndim`` entries (padded with 1), so a reader that trusts ``ndim`` never
+        reads out of bounds.
+    address : int or None
+        A raw address for ``DLTensor.data`` instead of ``data``'s memory. The
+        memory is not kept alive; use it only for headers nobody dereferences.
+    counter : DeleterCounter or None
+        Counts this capsule's deleter call(s).
+    name : str or None
+        Capsule name override (e.g. ``"used_dltensor"`` to forge a consumed capsule).
+    null_deleter : bool
+        Write ``deleter = NULL``; the header's memory is then never freed.
+
+    Returns
+    -------
+    PyCapsule
+        Owns the tensor until a consumer renames it; its destructor calls the
+        deleter only while the name is still the unconsumed one (DLPack python_spec).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dlinspect.testing import make_capsule, DeleterCounter
+    >>> import dlinspect
+    >>> counter = DeleterCounter()
+    >>> cap = make_capsule(np.ones(4, np.float32), device=(7, 0), counter=counter)
+    >>> str(dlinspect.peek(cap).device_type)
+    'kDLVulkan'
+    >>> del cap; counter.calls
+    1
+    """
+    if isinstance(data, np.ndarray):
+        arr = data
+        if shape is None:
+            shape = arr.shape
+        if dtype is None:
+            dtype = arr.dtype
+        if strides is None and not arr.flags.c_contiguous:
+            strides = tuple(s // arr.itemsize for s in arr.strides)
+        if not (arr.flags.c_contiguous or arr.flags.f_contiguous) and address is None:
+            address = arr.ctypes.data  # first element; `arr` itself is kept alive
+    code, bits, lanes = _dtype_triple("float32" if dtype is None else dtype)
+    if shape is not None:
+        shape = tuple(int(s) for s in shape)
+    if strides is not None:
+        strides = tuple(int(s) for s in strides)
+    return _core._make_capsule(
+        data, address, shape, ndim, strides, code, bits, lanes,
+        int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
+        int(version[0]), int(version[1]), int(flags), counter, name, bool(null_deleter),
+    )
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any = np.float32, alignment: int = 64,
+                  offset: int = 0) -> np.ndarray:
+    """A C-contiguous NumPy array whose data sits at ``offset`` past an ``alignment`` boundary.
+
+    ``aligned_empty((3, 4), offset=16)`` is 16-byte but not 64-byte aligned: the
+    misaligned case of XLA:CPU's zero-copy import.
+    """
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + alignment + offset, np.uint8)
+    start = (-raw.ctypes.data) % alignment + offset
+    return raw[start:start + nbytes].view(dt).reshape(shape)
+
+
+class FakeProducer:
+    """A DLPack producer on any device, for tests: records what it was asked.
+
+    Parameters
+    ----------
+    array : numpy.ndarray
+        The values; its memory is what the capsules point at.
+    device : (int, int)
+        What ``__dlpack_device__`` returns, e.g. ``(DLDeviceType.kDLVulkan, 0)``.
+    capsule_device : (int, int) or None
+        What the capsule header says, where it differs from ``device`` (a pinned
+        torch tensor says kDLCUDAHost in ``__dlpack_device__``, kDLCPU inside).
+    dtype : numpy dtype, name or (code, bits[, lanes]), optional
+        Forge the header's dtype instead of the array's.
+    legacy_only : bool
+        Behave like an old producer: any keyword other than ``stream`` raises
+        ``TypeError``, and capsules are legacy ``"dltensor"``.
+    read_only : bool
+        Versioned capsules carry the READ_ONLY flag.
+    host_copy : bool
+        Honour ``dl_device=(kDLCPU, 0), copy=True`` with a host copy whose header
+        has IS_COPIED set (as the array API asks a producer to); False refuses it
+        with ``BufferError``, as a producer without that feature does.
+    refuse : str or None
+        ``__dlpack__`` raises ``BufferError(refuse)``, like torch for a tensor
+        that requires grad.
+    counter : DeleterCounter or None
+        Shared by every capsule it serves; a new one by default.
+
+    Attributes
+    ----------
+    calls : list of dict
+        The keyword arguments of every ``__dlpack__`` call, in order.
+    counter : DeleterCounter
+        Deleter calls of every capsule served.
+    """
+
+    def __init__(self, array: np.ndarray, device: tuple[int, int] = (DLDeviceType.kDLCPU, 0), *,
+                 capsule_device: tuple[int, int] | None = None, dtype: Any = None,
+                 legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
+                 refuse: str | None = None, counter: DeleterCounter | None = None) -> None:
+        self.array = np.asarray(array)
+        self.device = (int(device[0]), int(device[1]))
+        self.capsule_device = self.device if capsule_device is None else capsule_device
+        self.dtype = dtype
+        self.legacy_only = legacy_only
+        self.read_only = read_only
+        self.host_copy = host_copy
+        self.refuse = refuse
+        self.counter = DeleterCounter() if counter is None else counter
+        self.calls: list[dict[str, Any]] = []
+
+    def __dlpack_device__(self) -> tuple[DLDeviceType | int, int]:
+        dev = self.device[0]
+        try:
+            return (DLDeviceType(dev), self.device[1])
+        except ValueError:
+            return (dev, self.device[1])
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        if self.legacy_only and kwargs:
+            raise TypeError(f"__dlpack__() got unexpected keyword argument(s) {sorted(kwargs)}")
+        self.calls.append({"stream": stream, **kwargs})
+        if self.refuse is not None:
+            raise BufferError(self.refuse)
+        max_version = kwargs.get("max_version")
+        dl_device = kwargs.get("dl_device")
+        copy = kwargs.get("copy")
+        versioned = max_version is not None and max_version[0] >= 1
+        flags = FLAG_READ_ONLY if (self.read_only and versioned) else 0
+        arr, device = self.array, self.capsule_device
+        if dl_device is not None and tuple(dl_device) != tuple(self.device):
+            if tuple(dl_device) != (DLDeviceType.kDLCPU, 0) or not self.host_copy:
+                raise BufferError(f"unsupported device requested: {tuple(dl_device)}")
+            if copy is False:
+                raise BufferError("a copy to the host is needed but copy=False")
+            arr, device = np.array(self.array, copy=True), (DLDeviceType.kDLCPU, 0)
+            flags = FLAG_IS_COPIED if versioned else 0
+        elif copy:
+            arr = np.array(self.array, copy=True)
+            flags = (flags | FLAG_IS_COPIED) if versioned else flags
+        return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
+                            flags=flags, counter=self.counter,
+                            strides=tuple(s // arr.itemsize for s in arr.strides))
