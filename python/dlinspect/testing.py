@@ -78,8 +78,8 @@ def make_capsule(
     ndim : int or None
         ``DLTensor.ndim``; defaults to ``len(shape)``. Any value may be forged:
         ``shape`` and ``strides`` arrays are always allocated with at least
-        ``ndim`` entries (padded with 1), so a reader that trusts ``ndim`` never
-        reads out of bounds.
+        ``min(ndim, 1024)`` entries (padded with 1), so a reader that trusts an
+        ``ndim`` up to 1024 never reads out of bounds.
     address : int or None
         A raw address for ``DLTensor.data`` instead of ``data``'s memory. The
         memory is not kept alive; use it only for headers nobody dereferences.

@@ -1,0 +1,25 @@
+"""Shared fixtures: optional producers are skipped, with a reason, where missing."""
+
+from __future__ import annotations
+
+import os
+
+# JAX on CPU only, quietly, for every test process.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def torch():
+    return pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+
+@pytest.fixture(scope="session")
+def jax():
+    return pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+
+
+@pytest.fixture(scope="session")
+def ml_dtypes():
+    return pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")

@@ -1,0 +1,375 @@
+"""peek(): read a DLPack header in place, from capsules and from producers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import dlinspect
+from dlinspect import DLDataTypeCode as C
+from dlinspect import DLDeviceType as D
+from dlinspect import (
+    CapsuleConsumedError,
+    MalformedTensorError,
+    NotDLPackError,
+    ProducerError,
+    UnsupportedVersionError,
+    peek,
+)
+from dlinspect.testing import (
+    FLAG_IS_COPIED,
+    FLAG_IS_SUBBYTE_TYPE_PADDED,
+    FLAG_READ_ONLY,
+    DeleterCounter,
+    FakeProducer,
+    make_capsule,
+)
+from dlinspect._core import capsule_name
+
+EXPECTED_NAMES = {
+    (C.kDLInt, 8): "int8", (C.kDLInt, 64): "int64", (C.kDLInt, 4): "int4",
+    (C.kDLUInt, 16): "uint16", (C.kDLUInt, 2): "uint2",
+    (C.kDLFloat, 16): "float16", (C.kDLFloat, 32): "float32", (C.kDLFloat, 64): "float64",
+    (C.kDLOpaqueHandle, 64): "opaque64", (C.kDLBfloat, 16): "bfloat16",
+    (C.kDLComplex, 64): "complex64", (C.kDLComplex, 128): "complex128", (C.kDLBool, 8): "bool",
+    (C.kDLFloat8_e3m4, 8): "float8_e3m4", (C.kDLFloat8_e4m3, 8): "float8_e4m3",
+    (C.kDLFloat8_e4m3b11fnuz, 8): "float8_e4m3b11fnuz", (C.kDLFloat8_e4m3fn, 8): "float8_e4m3fn",
+    (C.kDLFloat8_e4m3fnuz, 8): "float8_e4m3fnuz", (C.kDLFloat8_e5m2, 8): "float8_e5m2",
+    (C.kDLFloat8_e5m2fnuz, 8): "float8_e5m2fnuz", (C.kDLFloat8_e8m0fnu, 8): "float8_e8m0fnu",
+    (C.kDLFloat6_e2m3fn, 6): "float6_e2m3fn", (C.kDLFloat6_e3m2fn, 6): "float6_e3m2fn",
+    (C.kDLFloat4_e2m1fn, 4): "float4_e2m1fn",
+}
+
+
+class TestCapsules:
+    @pytest.mark.parametrize("versioned", [False, True])
+    @pytest.mark.parametrize("device", list(D) + [42])
+    def test_every_device_type(self, device, versioned):
+        cap = make_capsule(np.zeros((2, 3), np.float32), device=(device, 3), versioned=versioned)
+        info = peek(cap)
+        assert info.device_type == device and info.device_id == 3
+        assert info.device == (device, 3)
+        assert info.capsule_device is None
+        assert info.host_accessible == (device in (D.kDLCPU, D.kDLCUDAHost, D.kDLROCMHost, D.kDLCUDAManaged))
+        if device == 42:
+            assert type(info.device_type) is int and "DLDeviceType(42):3" in repr(info)
+        else:
+            assert str(info.device_type) == device.name and f"{device.name}:3" in repr(info)
+
+    @pytest.mark.parametrize(("code", "bits"), sorted(EXPECTED_NAMES))
+    def test_every_dtype_code(self, code, bits):
+        cap = make_capsule(shape=(5,), dtype=(code, bits, 1), address=0)
+        info = peek(cap)
+        assert info.dtype == (code, bits, 1)
+        assert info.dtype_name == EXPECTED_NAMES[(code, bits)]
+        assert info.itemsize == (bits + 7) // 8
+        assert info.nbytes == (5 * bits + 7) // 8
+
+    def test_unknown_code_and_lanes_are_described(self):
+        assert peek(make_capsule(shape=(2,), dtype=(99, 8, 1), address=0)).dtype_name == \
+            "DLDataType(code=99, bits=8)"
+        info = peek(make_capsule(shape=(2,), dtype=(C.kDLFloat, 32, 4), address=0))
+        assert info.dtype_name == "float32x4" and info.numpy_dtype is None
+        assert info.itemsize == 16 and info.nbytes == 32
+
+    def test_numpy_dtypes(self, ml_dtypes):
+        for (code, bits), name in EXPECTED_NAMES.items():
+            dt = peek(make_capsule(shape=(1,), dtype=(code, bits), address=0)).numpy_dtype
+            if code == C.kDLOpaqueHandle:
+                assert dt is None
+            else:
+                assert dt is not None and dt.name == name, (name, dt)
+
+    def test_subbyte_packed_and_padded(self):
+        assert peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=0)).nbytes == 5
+        padded = peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=0,
+                                   flags=FLAG_IS_SUBBYTE_TYPE_PADDED))
+        assert padded.nbytes == 9
+        assert peek(make_capsule(shape=(7,), dtype=(C.kDLFloat6_e2m3fn, 6), address=0)).nbytes == 6
+
+    @pytest.mark.parametrize("versioned", [False, True])
+    def test_capsule_unchanged_and_still_consumable(self, versioned):
+        counter = DeleterCounter()
+        src = np.arange(6, dtype=np.float64).reshape(2, 3)
+        cap = make_capsule(src, counter=counter, versioned=versioned)
+        name = capsule_name(cap)
+        for _ in range(3):
+            info = peek(cap)
+        assert capsule_name(cap) == name and counter.calls == 0
+        assert info.shape == (2, 3) and info.data_ptr == src.ctypes.data
+
+        class Holder:  # numpy.from_dlpack wants __dlpack__, not a bare capsule
+            def __dlpack__(self, **kw):
+                return cap
+        out = np.from_dlpack(Holder())
+        np.testing.assert_array_equal(out, src)
+        assert capsule_name(cap) == "used_" + name and counter.calls == 0
+        del out
+        assert counter.calls == 1
+        del cap
+        assert counter.calls == 1
+
+    def test_deleter_runs_once_when_unconsumed_capsule_dies(self):
+        counter = DeleterCounter()
+        cap = make_capsule(np.ones(3), counter=counter)
+        peek(cap)
+        del cap
+        assert counter.calls == 1
+
+    @pytest.mark.parametrize("name", ["used_dltensor", "used_dltensor_versioned"])
+    def test_consumed_capsule(self, name):  # C10
+        cap = make_capsule(address=0xDEAD, shape=(3,), name=name, null_deleter=True,
+                           versioned=name.endswith("versioned"))
+        with pytest.raises(CapsuleConsumedError, match="already took the tensor"):
+            peek(cap)
+        with pytest.raises(ValueError):
+            peek(cap)
+
+    def test_really_consumed_numpy_capsule(self):  # C10 with a real producer
+        x = np.arange(3.0)
+
+        class Holder:
+            def __init__(self):
+                self.cap = x.__dlpack__()
+
+            def __dlpack__(self, **kw):
+                return self.cap
+        h = Holder()
+        np.from_dlpack(h)
+        with pytest.raises(CapsuleConsumedError, match="used_dltensor"):
+            peek(h.cap)
+
+    def test_foreign_capsule(self):
+        cap = make_capsule(shape=(1,), address=0, name="not_a_tensor", null_deleter=True)
+        with pytest.raises(NotDLPackError, match="not_a_tensor"):
+            peek(cap)
+
+    @pytest.mark.parametrize("major", [0, 2, 3])
+    def test_unsupported_major_version(self, major):
+        cap = make_capsule(shape=(2,), address=0, version=(major, 7), ndim=-5)
+        with pytest.raises(UnsupportedVersionError, match=f"version {major}.7"):
+            peek(cap)
+
+    def test_versioned_fields(self):
+        info = peek(make_capsule(np.ones(2), version=(1, 1), flags=FLAG_READ_ONLY | FLAG_IS_COPIED))
+        assert info.version == (1, 1) and info.read_only and info.is_copied
+        assert info.capsule_name == "dltensor_versioned" and info.source == "dltensor_versioned"
+        legacy = peek(make_capsule(np.ones(2), versioned=False))
+        assert legacy.version is None and legacy.read_only is None and legacy.is_copied is None
+        assert legacy.capsule_name == "dltensor"
+
+    def test_null_strides_are_row_major(self):
+        info = peek(make_capsule(shape=(2, 3, 4), address=0))
+        assert info.strides_null and info.strides == (12, 4, 1) and info.is_c_contiguous
+        assert info.byte_strides == (48, 16, 4)
+
+    def test_zero_dim_and_null_shape(self):
+        info = peek(make_capsule(shape=None, ndim=0, address=64))
+        assert info.shape == () and info.size == 1 and info.nbytes == 4 and not info.strides_null
+
+    def test_zero_size_and_null_data(self):
+        info = peek(make_capsule(shape=(0, 5), strides=(7, 3)))
+        assert info.size == 0 and info.nbytes == 0 and info.data_ptr == 0
+        assert info.alignment == 4096 and info.is_c_contiguous and info.is_compact
+
+    def test_alignment_and_byte_offset(self):
+        info = peek(make_capsule(shape=(2,), address=4096 * 3, byte_offset=48))
+        assert info.data_ptr == 4096 * 3 + 48 and info.alignment == 16 and info.byte_offset == 48
+        assert peek(make_capsule(shape=(2,), address=4096 * 5)).alignment == 4096
+        assert peek(make_capsule(shape=(2,), address=3)).alignment == 1
+
+    def test_more_dims_than_inline_storage(self):
+        shape = (1, 2) * 10
+        info = peek(make_capsule(shape=shape, address=0))
+        assert info.shape == shape and info.size == 2 ** 10 and info.ndim == 20
+        assert peek(make_capsule(shape=(1,) * dlinspect.MAX_NDIM, address=0)).ndim == 64
+
+
+MALFORMED = [
+    ("ndim -1", dict(shape=(2,), ndim=-1), "ndim is -1"),
+    ("ndim huge", dict(shape=(2,), ndim=65), "ndim is 65"),
+    ("ndim int32 max", dict(shape=(2,), ndim=2**31 - 1), "ndim is 2147483647"),
+    ("null shape", dict(shape=None, ndim=2), "shape is NULL"),
+    ("negative extent", dict(shape=(3, -2)), r"shape\[1\] is -2"),
+    ("element overflow", dict(shape=(2**40, 2**40)), "more than 2\\*\\*63-1 elements"),
+    ("byte overflow", dict(shape=(2**60, 4), dtype="float64"), "overflows int64"),
+    ("stride overflow", dict(shape=(4, 4), strides=(2**62, 1)), "reach past"),
+    ("stride int64 min", dict(shape=(2,), strides=(-(2**63),)), "reach past"),
+    ("span byte overflow", dict(shape=(2, 2), strides=(2**61, 1), dtype="float64"), "span more than"),
+]
+
+
+class TestMalformed:
+    @pytest.mark.parametrize(("case", "kwargs", "message"), MALFORMED, ids=[m[0] for m in MALFORMED])
+    @pytest.mark.parametrize("versioned", [False, True])
+    def test_malformed_header(self, case, kwargs, message, versioned):
+        counter = DeleterCounter()
+        cap = make_capsule(address=0, versioned=versioned, counter=counter, **kwargs)
+        with pytest.raises(MalformedTensorError, match=message):
+            peek(cap)
+        with pytest.raises(BufferError):
+            peek(cap)
+        assert counter.calls == 0
+        del cap
+        assert counter.calls == 1
+
+    def test_huge_zero_size_is_fine(self):
+        info = peek(make_capsule(shape=(2**62, 0, 2**62), address=0))
+        assert info.size == 0 and info.nbytes == 0
+
+
+class TestNumpy:
+    def test_c_contiguous(self):
+        x = np.zeros((3, 4), np.float32)
+        info = peek(x)
+        assert (info.shape, info.strides, info.dtype_name) == ((3, 4), (4, 1), "float32")
+        assert info.is_c_contiguous and not info.is_f_contiguous and info.is_compact
+        assert info.version == (1, 0) and info.read_only is False and info.source == "dltensor_versioned"
+        assert info.data_ptr == x.ctypes.data and info.nbytes == 48
+
+    def test_transpose_is_compact_not_c(self):  # C13
+        info = peek(np.ones((2, 3)).T)
+        assert info.strides == (1, 3) and info.is_f_contiguous and info.is_compact
+        assert not info.is_c_contiguous
+
+    def test_slice_with_gap(self):  # C3
+        info = peek(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])
+        assert info.strides == (3, 1) and not info.is_compact and not info.is_c_contiguous
+        assert not info.has_broadcast and not info.has_negative_strides
+
+    def test_broadcast(self):  # C4
+        info = peek(np.broadcast_to(np.float32(7), (3, 4)))
+        assert info.strides == (0, 0) and info.has_broadcast and not info.is_compact
+        assert info.read_only is True
+
+    def test_negative_strides(self):  # C5
+        x = np.arange(8, dtype=np.float32)[::-1]
+        info = peek(x)
+        assert info.strides == (-1,) and info.has_negative_strides and not info.is_compact
+        assert info.data_ptr == x.ctypes.data
+
+    def test_read_only(self):  # C6
+        x = np.ones(3)
+        x.flags.writeable = False
+        info = peek(x)
+        assert info.read_only is True and info.version == (1, 0)
+
+    def test_bool(self):  # C8
+        info = peek(np.array([True, False]))
+        assert info.dtype_name == "bool" and info.dtype == (C.kDLBool, 8, 1)
+
+    def test_zero_d_and_zero_size(self):
+        assert peek(np.array(3.0)).shape == ()
+        info = peek(np.empty((0, 3), np.int16))
+        assert info.size == 0 and info.is_c_contiguous and info.is_f_contiguous
+
+    def test_bare_capsule(self):  # C11
+        info = peek(np.arange(3.0).__dlpack__())
+        assert info.device == (D.kDLCPU, 0) and info.capsule_name == "dltensor"
+
+
+class TestTorch:
+    def test_exchange_api_path(self, torch):
+        t = torch.ones(3, 4)
+        assert dlinspect._core.exchange_api_version(torch.Tensor) is not None
+        info = peek(t)
+        assert info.source == "exchange_api" and info.capsule_name is None
+        assert info.shape == (3, 4) and info.data_ptr == t.data_ptr()
+
+    @pytest.mark.parametrize("make", [
+        lambda torch: torch.ones(3, 4).t(),
+        lambda torch: torch.zeros(2, 3, 4).permute(2, 0, 1),
+    ])
+    def test_permutations_are_compact(self, torch, make):  # C13
+        info = peek(make(torch))
+        assert info.is_compact and not info.is_c_contiguous
+
+    def test_expand_is_broadcast(self, torch):  # C4
+        info = peek(torch.tensor([1.0, 2.0]).expand(3, 2))
+        assert info.strides == (0, 1) and info.has_broadcast
+
+    def test_bool_bfloat16_float8(self, torch):  # C8, C9
+        assert peek(torch.tensor([1, 2, 3]) > 2).dtype_name == "bool"
+        assert peek(torch.arange(3, dtype=torch.bfloat16)).dtype_name == "bfloat16"
+        assert peek(torch.zeros(3, dtype=torch.float8_e4m3fn)).dtype_name == "float8_e4m3fn"
+
+    def test_capsule_from_torch(self, torch):
+        t = torch.arange(6.0).reshape(2, 3)
+        cap = t.__dlpack__(max_version=(1, 0))
+        info = peek(cap)
+        assert info.capsule_name == "dltensor_versioned" and info.shape == (2, 3)
+        assert torch.from_dlpack(cap).sum().item() == 15.0
+
+    def test_requires_grad_is_described(self, torch):
+        # The exchange API describes it; routing decides (see test_route).
+        assert peek(torch.ones(2, requires_grad=True)).shape == (2,)
+
+
+class TestJax:
+    def test_jax_array(self, jax):
+        import jax.numpy as jnp
+        info = peek(jnp.arange(6, dtype=jnp.float32).reshape(2, 3))
+        assert info.shape == (2, 3) and info.device_type == D.kDLCPU and info.dtype_name == "float32"
+
+
+class TestProducers:
+    def test_dlpack_device_wins_and_capsule_device_is_kept(self):  # C14, C1
+        p = FakeProducer(np.ones(3, np.float32), device=(D.kDLCUDAHost, 0), capsule_device=(D.kDLCPU, 0))
+        info = peek(p)
+        assert info.device == (D.kDLCUDAHost, 0) and info.capsule_device == (D.kDLCPU, 0)
+        assert info.host_accessible and "capsule_device=kDLCPU:0" in repr(info)
+        assert p.calls == [{"stream": None, "max_version": (1, 3)}]
+        assert p.counter.calls == 1
+
+    def test_old_producer_retried_without_max_version(self):
+        p = FakeProducer(np.ones(3), legacy_only=True)
+        info = peek(p)
+        assert info.capsule_name == "dltensor" and len(p.calls) == 1
+        assert p.counter.calls == 1
+
+    def test_producer_refusal_keeps_reason(self):  # C17
+        p = FakeProducer(np.ones(3), refuse="Can't export tensors that require gradient, use tensor.detach()")
+        with pytest.raises(ProducerError, match=r"require gradient.*detach\(\)") as err:
+            peek(p)
+        assert isinstance(err.value.__cause__, BufferError)
+
+    def test_not_dlpack(self):
+        with pytest.raises(NotDLPackError, match="neither a DLPack capsule nor has __dlpack__"):
+            peek([1, 2, 3])
+        with pytest.raises(TypeError):
+            peek(object())
+
+    def test_vulkan_producer(self):  # C2
+        info = peek(FakeProducer(np.ones((2, 2), np.float32), device=(D.kDLVulkan, 1)))
+        assert info.device == (D.kDLVulkan, 1) and not info.host_accessible
+
+
+class TestTensorInfo:
+    def test_immutable(self):
+        info = peek(np.ones(3))
+        with pytest.raises(AttributeError):
+            info.shape = (4,)
+        with pytest.raises(AttributeError):
+            info.extra = 1
+        with pytest.raises(TypeError):
+            dlinspect.TensorInfo()
+
+    def test_pickle_round_trip(self):
+        info = peek(FakeProducer(np.ones((2, 3), np.float32).T, device=(D.kDLCUDAHost, 0),
+                                 capsule_device=(D.kDLCPU, 0), read_only=True))
+        back = pickle.loads(pickle.dumps(info))
+        assert back == info and back.to_dict() == info.to_dict() and repr(back) == repr(info)
+
+    def test_repr_one_line(self):
+        x = np.zeros((3, 4), np.float32)
+        r = repr(peek(x))
+        assert r.startswith("<TensorInfo kDLCPU:0 float32[3, 4] strides=(4, 1) C-contiguous 48 B align=")
+        assert "\n" not in r
+
+    def test_to_dict_is_plain(self):
+        import json
+        d = peek(np.ones((2, 2))).to_dict()
+        assert json.loads(json.dumps(d)) == d
+        assert d["shape"] == [2, 2] and d["device_type"] == "kDLCPU"
