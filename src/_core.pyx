@@ -6,6 +6,7 @@ Pointer names follow one scheme throughout: ``dlm`` is a ``DLManagedTensor*``,
 Every header field is untrusted (see ``_fill``).
 """
 
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t, INT64_MAX
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy
@@ -75,6 +76,8 @@ cdef inline int64_t _abs64(int64_t v) noexcept nogil:
     return -v if v < 0 else v
 
 
+@cython.freelist(32)
+@cython.final
 cdef class TensorInfo:
     """What a DLPack header says about a tensor, read without consuming it.
 
@@ -166,24 +169,24 @@ cdef class TensorInfo:
     cdef int64_t* _strides
     cdef int64_t _inline[2 * _INLINE_NDIM]
 
-    def __cinit__(self):
-        self._shape = self._inline
-        self._strides = self._inline + _INLINE_NDIM
-
     def __dealloc__(self):
         if self._shape != self._inline:
-            free(self._shape)
+            free(self._shape)     # NULL (never filled) or malloc'd by _alloc
+        self._shape = NULL
 
     def __init__(self, *args, **kwargs):
         raise TypeError("TensorInfo is made by dlinspect.peek(); it has no public constructor")
 
     cdef int _alloc(self, int32_t ndim) except -1:
+        # contract: called once, by _new_info, before any other use.
         if ndim > _INLINE_NDIM:
             self._shape = <int64_t*>malloc(2 * ndim * sizeof(int64_t))
             if self._shape == NULL:
-                self._shape = self._inline
                 raise MemoryError()
             self._strides = self._shape + ndim
+        else:
+            self._shape = self._inline
+            self._strides = self._inline + _INLINE_NDIM
         return 0
 
     # -- identity --------------------------------------------------------
@@ -686,6 +689,8 @@ cdef int _device_of(object obj, int32_t* dev_type, int32_t* dev_id) except -1:
     return 0
 
 
+@cython.binding(False)
+@cython.always_allow_keywords(False)
 def peek(obj):
     """Read a DLPack tensor's header without consuming it.
 
@@ -1104,3 +1109,12 @@ def take(cap, bint read_only):
         owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         PyCapsule_SetName(cap, LEGACY_USED)
     return owner
+
+
+def peek_exported(cap, int32_t device_type, int32_t device_id):
+    """Peek a capsule a producer just exported, with the device its
+    ``__dlpack_device__`` reported (the header's own is kept as capsule_device)."""
+    cdef TensorInfo info = _peek_capsule(cap)
+    info._dev_type = device_type
+    info._dev_id = device_id
+    return info

@@ -6,9 +6,10 @@
  * `dlpack.h`.  tests/test_abi.py compiles a probe against an official header,
  * when one is installed, and checks every sizeof, offsetof and enum value.
  *
- * The names are the upstream ones, so code reads the same as code written
- * against the official header.  Include guard and macros are prefixed so that
- * this header and the official one can never clash in one translation unit.
+ * The type and enum names are the upstream ones, so code reads the same as
+ * code written against the official header; for that reason the two headers
+ * cannot be included in one translation unit.  Our own macros (include
+ * guard, capsule names, version) carry a DLINSPECT_ prefix.
  */
 #ifndef DLINSPECT_DLPACK_H_
 #define DLINSPECT_DLPACK_H_

@@ -1,0 +1,239 @@
+"""What the installed JAX can take, found out once, and the import itself.
+
+Nothing here is a table frozen for one JAX version: the DLDeviceType to platform
+mapping comes from jax's own ``jax._src.dlpack`` when it has one, the backends
+from ``xla_bridge``, the CPU alignment and the dtypes from small probes run the
+first time they are needed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._enums import DLDeviceType as D
+
+__all__ = ["caps", "force_public_api", "JaxCaps"]
+
+# The mapping jax 0.4-0.10 uses; only used where jax does not expose its own.
+_DEFAULT_PLATFORMS = {D.kDLCPU: "cpu", D.kDLCUDA: "cuda", D.kDLCUDAHost: "cuda",
+                      D.kDLROCM: "rocm", D.kDLROCMHost: "rocm", D.kDLOneAPI: "oneapi"}
+_PINNED = frozenset({D.kDLCUDAHost, D.kDLROCMHost, 20})  # 20: JAX's kDLTPUHost
+
+
+class JaxCaps:
+    """The installed JAX's DLPack import abilities (one instance per process).
+
+    Attributes
+    ----------
+    platforms : dict
+        ``DLDeviceType`` value to JAX platform name, for platforms whose backend
+        is initialised here.
+    mapping : dict
+        ``DLDeviceType`` value to platform name, as the installed jax maps them.
+    direct : bool
+        jaxlib's own ``dlpack_managed_tensor_to_buffer`` has the signature
+        dlinspect expects and is used; False means the public
+        ``jax.dlpack.from_dlpack`` is used instead.
+    direct_reason : str
+        Why the direct path is or is not in use.
+    """
+
+    def __init__(self) -> None:
+        import jax
+        from jax._src import xla_bridge
+
+        self.jax = jax
+        self.jnp = jax.numpy
+        self._lock = threading.Lock()
+        try:
+            from jax._src import dlpack as jdl
+            self.mapping = {int(k): v for k, v in jdl._DL_DEVICE_TO_PLATFORM.items()}
+        except (ImportError, AttributeError):
+            self.mapping = {int(k): v for k, v in _DEFAULT_PLATFORMS.items()}
+        backends = set(xla_bridge.backends())
+        self.platforms = {k: v for k, v in self.mapping.items() if v in backends}
+        self._backends = {p: xla_bridge.get_backend(p) for p in set(self.platforms.values())}
+        self._devices: dict[tuple[int, int], Any] = {}
+        self._dtypes: dict[tuple[int, int, int], str | None] = {}
+        self._cpu_align: int | None = None
+        self.direct, self.direct_reason, self._import = _find_direct_import()
+        if os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1":
+            self.direct, self.direct_reason = False, "DLINSPECT_JAX_PUBLIC_API=1 forces the public API"
+        from jax._src import dtypes as jdtypes
+        self._canonicalize = jdtypes.canonicalize_dtype
+
+    # -- devices ---------------------------------------------------------
+    def device_for(self, device_type: int, device_id: int) -> Any:
+        """The ``jax.Device`` for a DLPack device, or None where JAX has no backend."""
+        key = (device_type, device_id)
+        dev = self._devices.get(key)
+        if dev is None:
+            platform = self.platforms.get(device_type)
+            if platform is None:
+                return None
+            try:
+                dev = self._backends[platform].device_from_local_hardware_id(device_id)
+            except Exception:  # no such ordinal on this machine
+                return None
+            self._devices[key] = dev
+        return dev
+
+    def cpu_device(self) -> Any:
+        return self.jax.devices("cpu")[0]
+
+    def stream_for(self, device_type: int, jax_device: Any) -> int | None:
+        """The ``stream`` to pass to ``__dlpack__`` (array API, ``__dlpack__`` *stream*).
+
+        None for CPU and pinned host; on CUDA/ROCm the stream JAX waits on,
+        where ``0`` (ambiguous on CUDA) becomes ``1``, the legacy default stream.
+        """
+        if device_type not in (D.kDLCUDA, D.kDLROCM) or jax_device is None:
+            return None
+        try:
+            stream = jax_device.get_stream_for_external_ready_events()
+        except Exception:
+            return None
+        if stream == 0 and device_type == D.kDLCUDA:
+            return 1
+        return stream
+
+    # -- CPU alignment -------------------------------------------------------
+    @property
+    def cpu_alignment(self) -> int:
+        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy."""
+        if self._cpu_align is None:
+            self._cpu_align = self._probe_alignment()
+        return self._cpu_align
+
+    def _probe_alignment(self) -> int:
+        from .testing import aligned_empty, make_capsule
+        dev = self.cpu_device()
+        for align in (8, 16, 32, 64, 128, 256):
+            buf = aligned_empty((8,), np.float64, alignment=2 * align, offset=align)
+            cap = make_capsule(buf, versioned=False)
+            try:
+                self.import_capsule(cap, dev, None, False, int(D.kDLCPU))
+                return align
+            except Exception:
+                continue
+        return 4096
+
+    # -- dtypes ----------------------------------------------------------
+    def dtype_problem(self, code: int, bits: int, lanes: int) -> str | None:
+        """None if JAX imports this ``DLDataType``; else JAX's own reason (probed once)."""
+        key = (code, bits, lanes)
+        if key not in self._dtypes:
+            self._dtypes[key] = self._probe_dtype(key)
+        return self._dtypes[key]
+
+    def _probe_dtype(self, key: tuple[int, int, int]) -> str | None:
+        from .testing import aligned_empty, make_capsule
+        code, bits, lanes = key
+        if lanes != 1:
+            return f"JAX has no vector types (lanes={lanes})"
+        if bits == 0:
+            return "a 0-bit type holds no data"
+        buf = aligned_empty((64,), np.uint8, alignment=256)
+        buf[:] = 0
+        cap = make_capsule(buf, shape=(8,), dtype=key, versioned=False)
+        try:
+            self.import_capsule(cap, self.cpu_device(), None, None, int(D.kDLCPU))
+        except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
+            return str(exc).split("\n")[0]
+        return None
+
+    # -- 64-bit types ----------------------------------------------------
+    def narrowed(self, np_dtype: np.dtype | None) -> np.dtype | None:
+        """The dtype JAX turns ``np_dtype`` into with x64 off, or None if unchanged."""
+        if np_dtype is None or np_dtype.itemsize < 8 or self.jax.config.jax_enable_x64:
+            return None
+        canon = np.dtype(self._canonicalize(np_dtype))
+        return None if canon == np_dtype else canon
+
+    def canonicalize(self, arr: Any) -> Any:
+        canon = self._canonicalize(arr.dtype)
+        if canon == arr.dtype:
+            return arr
+        return self.jnp.asarray(arr, dtype=canon)
+
+    # -- import --------------------------------------------------------------
+    def import_capsule(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
+                       dl_device_type: int) -> Any:
+        """Import a ``"dltensor"`` capsule onto ``device`` (consumes it only on success)."""
+        if self.direct:
+            return self._import(cap, device, stream, copy, dl_device_type)
+        return _public_import(self.jax, cap, device, stream, copy, dl_device_type)
+
+
+def _find_direct_import() -> tuple[bool, str, Any]:
+    """jaxlib's import function, if it exists with the signature dlinspect calls."""
+    try:
+        from jax._src.lib import _jax
+        fn = _jax.dlpack_managed_tensor_to_buffer
+    except (ImportError, AttributeError) as exc:
+        return False, f"jaxlib has no dlpack_managed_tensor_to_buffer ({exc})", None
+    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
+    wanted = ("dlpack", "device", "stream", "copy", "dl_device_type")
+    if not all(name in doc for name in wanted):
+        return False, f"jaxlib's dlpack_managed_tensor_to_buffer has another signature: {doc}", None
+    return True, "jaxlib's dlpack_managed_tensor_to_buffer(dlpack, device, stream, copy, dl_device_type)", fn
+
+
+class _CapsuleProducer:
+    """A capsule dressed as a producer, for the public ``jax.dlpack.from_dlpack``."""
+
+    __slots__ = ("_cap", "_device")
+
+    def __init__(self, cap: Any, device: tuple[int, int]) -> None:
+        self._cap = cap
+        self._device = device
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        return self._cap
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def _public_import(jax: Any, cap: Any, device: Any, stream: int | None, copy: bool | None,
+                   dl_device_type: int) -> Any:
+    hw_id = getattr(device, "local_hardware_id", None)
+    dev_id = device.id if hw_id is None else hw_id
+    wrapper = _CapsuleProducer(cap, (dl_device_type, dev_id))
+    return jax.dlpack.from_dlpack(wrapper, copy=copy)
+
+
+_caps: JaxCaps | None = None
+_caps_lock = threading.Lock()
+
+
+def caps() -> JaxCaps:
+    """The process-wide :class:`JaxCaps` (imports jax on first call)."""
+    global _caps
+    if _caps is None:
+        with _caps_lock:
+            if _caps is None:
+                try:
+                    _caps = JaxCaps()
+                except ImportError as exc:
+                    raise ImportError(
+                        "dlinspect.to_jax needs jax, which is not installed here; install it "
+                        "with: pip install 'dlinspect[jax]'") from exc
+    return _caps
+
+
+def force_public_api(on: bool = True) -> None:
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack``.
+
+    For testing the fallback path; ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up.
+    """
+    c = caps()
+    if on:
+        c.direct, c.direct_reason = False, "forced by dlinspect._jax.force_public_api()"
+    else:
+        c.direct, c.direct_reason, c._import = _find_direct_import()

@@ -1,0 +1,651 @@
+"""Routing: ``plan`` decides where a tensor can go, ``to_jax`` / ``to_host`` take it there.
+
+The flow is one-way (see DESIGN.md): the header is read (``peek``), a pure
+decision is made from it (``_decide``), and only then is anything imported or
+copied (``_execute``). A failed route leaves a caller's capsule unconsumed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._core import TensorInfo, peek, peek_exported, producer_error
+from ._enums import DLDeviceType as D
+from ._enums import device_name
+from .errors import (
+    CopyRequiredError,
+    DLInspectWarning,
+    NotDLPackError,
+    UnsupportedDeviceError,
+    UnsupportedDTypeError,
+)
+
+__all__ = ["Route", "plan", "explain", "to_jax", "to_host"]
+
+ZERO_COPY, COPY, HOST_FALLBACK, ERROR = "zero-copy", "copy", "host-fallback", "error"
+_MAX_VERSION = _core.ABI_VERSION
+_HOST_DEVICE = (int(D.kDLCPU), 0)
+
+# What execute does (internal; Route.kind is the public word for it).
+_IMPORT = "import"                  # hand the capsule to JAX as it is
+_HOST_COPY = "host-copy"            # copy host memory into a C-order, aligned array, import that
+_PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
+_RAISE = "raise"
+
+
+class Route:
+    """Where a tensor goes and why: the result of :func:`plan`.
+
+    Attributes
+    ----------
+    kind : str
+        ``"zero-copy"`` (JAX or NumPy views the producer's memory),
+        ``"copy"`` (a copy on a device JAX has: strides, alignment, read-only,
+        dtype narrowing, device transfer or ``copy=True``), ``"host-fallback"``
+        (the memory is on a device this JAX has no backend for: it goes through
+        host memory), or ``"error"``.
+    zero_copy : bool
+        No byte of the tensor is copied (true also for a pinned-host tensor
+        viewed through the CPU backend, a ``"host-fallback"``).
+    reason : str
+        One sentence: why this route.
+    copy_bytes : int
+        Bytes the route copies, counted on the source tensor (0 for zero-copy).
+    jax_device : jax.Device or None
+        The device the array ends up on (None for ``target="host"`` and errors).
+    error : Exception or None
+        The exception executing the route raises (kind ``"error"`` only).
+    warning : str or None
+        A warning executing the route emits (64-bit narrowing with x64 off).
+    info : TensorInfo
+        The header the decision was made from.
+    target : str
+        ``"jax"`` or ``"host"``.
+    """
+
+    __slots__ = ("kind", "zero_copy", "reason", "copy_bytes", "jax_device", "error", "warning",
+                 "info", "target", "_action", "_import_type", "_import_device")
+
+    def __init__(self, kind: str, reason: str, info: TensorInfo, target: str, *,
+                 copy_bytes: int = 0, jax_device: Any = None, error: Exception | None = None,
+                 warning: str | None = None, action: str = _IMPORT, import_type: int = 1,
+                 import_device: Any = None) -> None:
+        self.kind = kind
+        self.reason = reason
+        self.info = info
+        self.target = target
+        self.copy_bytes = copy_bytes
+        self.zero_copy = copy_bytes == 0 and kind != ERROR and action != _PRODUCER_COPY
+        self.jax_device = jax_device
+        self.error = error
+        self.warning = warning
+        self._action = action
+        self._import_type = import_type
+        self._import_device = import_device
+
+    def __repr__(self) -> str:
+        return f"<Route {self.kind} to {self.target}: {self.reason}>"
+
+
+def _describe(info: TensorInfo) -> str:
+    return (f"a {info.dtype_name} tensor of shape {info.shape} on "
+            f"{device_name(info.device_type, info.device_id)}")
+
+
+def _error(info: TensorInfo, target: str, exc: Exception) -> Route:
+    return Route(ERROR, str(exc).split(". ")[0] + ".", info, target, error=exc, action=_RAISE)
+
+
+def _platform_list(c: Any) -> str:
+    return ", ".join(sorted(set(b.platform for b in c.jax.devices()))) or "none"
+
+
+def _device_fix(info: TensorInfo) -> str:
+    dt = int(info.device_type)
+    plugin = {D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
+              D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}.get(dt)
+    parts = ["move it to host memory first (torch: t.cpu())"]
+    if plugin:
+        parts.append(f"install {plugin}")
+    parts.append('or keep fallback="host" (the default) so dlinspect goes through host memory')
+    return ", ".join(parts)
+
+
+# ---- the decision (pure) ---------------------------------------------------------
+
+def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallback: str,
+                readonly: str, has_producer: bool) -> Route:
+    target = "jax"
+    dt = int(info.device_type)
+    code, bits, lanes = info.dtype
+    problem = c.dtype_problem(code, bits, lanes)
+    if problem is not None:
+        return _error(info, target, UnsupportedDTypeError(
+            f"{_describe(info)} has DLDataType(code={code}, bits={bits}, lanes={lanes}) "
+            f"({info.dtype_name}), which JAX cannot hold: {problem}. Convert it with its own "
+            f"library first (e.g. t.float() or t.view(torch.uint8)), or use dlinspect.to_host."))
+    src_dev = c.device_for(dt, info.device_id)
+    import_type = dt
+    host_view = False
+    if src_dev is None:
+        if info.host_accessible:
+            # Pinned / managed host memory, no backend for its platform: the CPU can read it.
+            src_dev, import_type, host_view = c.cpu_device(), int(D.kDLCPU), True
+        else:
+            tried = "nothing (fallback='raise')"
+            exc_args = (f"{_describe(info)} cannot go to JAX: this JAX has no backend for "
+                        f"{device_name(dt)} (platforms here: {_platform_list(c)}).")
+            if fallback == "raise" or not has_producer:
+                if not has_producer and fallback != "raise":
+                    tried = "nothing: a bare capsule has no producer to ask for a host copy"
+                return _error(info, target, UnsupportedDeviceError(
+                    f"{exc_args} Tried: {tried}. To fix: {_device_fix(info)}"
+                    + ("; pass the producer object instead of its capsule." if not has_producer else ".")))
+            if copy is False:
+                return _error(info, target, CopyRequiredError(
+                    f"{exc_args} Going through host memory needs a copy, but copy=False. "
+                    f"To fix: pass copy=None, or move the tensor to host memory yourself."))
+            return Route(HOST_FALLBACK,
+                         f"{device_name(dt)} has no JAX backend here; the producer is asked for a "
+                         f"host copy (dl_device=(kDLCPU, 0), copy=True), else numpy.asarray.",
+                         info, target, copy_bytes=info.nbytes, jax_device=device or c.cpu_device(),
+                         action=_PRODUCER_COPY)
+    dest = device or src_dev
+    needs: list[str] = []
+    if not info.is_compact:
+        what = ("broadcast (stride 0)" if info.has_broadcast else
+                "negative strides" if info.has_negative_strides else "gaps between elements")
+        needs.append(f"strides {info.strides} for shape {info.shape} have {what}, which JAX "
+                     f"cannot view")
+    if info.read_only and readonly != "share":
+        needs.append("the producer marked it read-only (pass readonly='share' to import it "
+                     "without a copy)")
+    if (info.host_accessible and info.alignment < c.cpu_alignment and info.size > 0
+            and c.platforms.get(import_type) == "cpu"):
+        needs.append(f"its data pointer {info.data_ptr:#x} is {info.alignment}-byte aligned and "
+                     f"XLA:CPU views only {c.cpu_alignment}-byte aligned memory")
+    narrowed = c.narrowed(info.numpy_dtype)
+    warning = None
+    if narrowed is not None:
+        warning = (f"{info.dtype_name} is narrowed to {narrowed.name} because JAX's x64 mode is "
+                   f"off (values may change, as jax.dlpack.from_dlpack does); to keep 64 bits, "
+                   f'call jax.config.update("jax_enable_x64", True) first.')
+        needs.append(f"JAX narrows {info.dtype_name} to {narrowed.name} with x64 off")
+    if dest != src_dev:
+        needs.append(f"it moves from {src_dev} to {dest}")
+    if copy is False and needs:
+        return _error(info, target, CopyRequiredError(
+            f"{_describe(info)} needs a copy, but copy=False: {'; '.join(needs)}. To fix: pass "
+            f"copy=None, or give the producer memory JAX can view (C order, 64-byte aligned, "
+            f"e.g. numpy.ascontiguousarray or a torch tensor)."))
+    host_copy = info.host_accessible and (not info.is_compact or bool(needs[:3] and any(
+        n.startswith(("strides", "the producer", "its data")) for n in needs)))
+    if copy:
+        needs.append("copy=True was asked for")
+        host_copy = host_copy or info.host_accessible
+    if not info.is_compact and not info.host_accessible:
+        return _error(info, target, UnsupportedDeviceError(
+            f"{_describe(info)} has strides {info.strides}, which JAX cannot import, and its "
+            f"memory is not host-accessible for dlinspect to copy. To fix: make it contiguous "
+            f"with its own library first (torch: t.contiguous())."))
+    if not needs:
+        kind, reason = (HOST_FALLBACK, f"{device_name(dt)} memory is host memory; JAX's CPU "
+                        f"backend views it without a copy.") if host_view else (
+                        ZERO_COPY, f"JAX views the producer's memory on {dest}.")
+        return Route(kind, reason, info, target, jax_device=dest, import_type=import_type,
+                     import_device=src_dev)
+    kind = HOST_FALLBACK if host_view else COPY
+    return Route(kind, f"A copy is needed: {'; '.join(needs)}.", info, target,
+                 copy_bytes=info.nbytes, jax_device=dest, warning=warning,
+                 action=_HOST_COPY if host_copy else _IMPORT, import_type=import_type,
+                 import_device=src_dev)
+
+
+def _decide_host(info: TensorInfo, copy: bool | None, has_producer: bool) -> Route:
+    target = "host"
+    if info.numpy_dtype is None:
+        return _error(info, target, UnsupportedDTypeError(
+            f"{_describe(info)} has DLDataType(code={info.dtype.code}, bits={info.dtype.bits}, "
+            f"lanes={info.dtype.lanes}), which has no NumPy dtype here (install ml_dtypes for "
+            f"bfloat16, float8, float4/6 and int4). To fix: convert it with its own library first."))
+    packed = info.dtype.bits * info.dtype.lanes < 8 and not (info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED)
+    if info.host_accessible:
+        if packed and info.size > 1:
+            if copy is False:
+                return _error(info, target, CopyRequiredError(
+                    f"{_describe(info)} packs {info.dtype.bits}-bit elements, while NumPy stores "
+                    f"one per byte: unpacking needs a copy, but copy=False. To fix: pass copy=None."))
+            return Route(COPY, f"{info.dtype.bits}-bit elements are packed; NumPy holds one per "
+                         f"byte, so they are unpacked into a copy.", info, target,
+                         copy_bytes=info.nbytes, action=_HOST_COPY)
+        if copy:
+            return Route(COPY, "copy=True was asked for.", info, target, copy_bytes=info.nbytes,
+                         action=_HOST_COPY)
+        return Route(ZERO_COPY, f"NumPy views the {device_name(int(info.device_type))} memory "
+                     f"directly.", info, target)
+    exc_head = f"{_describe(info)} is not in host memory."
+    if not has_producer:
+        return _error(info, target, UnsupportedDeviceError(
+            f"{exc_head} A bare capsule has no producer to ask for a host copy. To fix: pass the "
+            f"producer object itself, or {_device_fix(info)}."))
+    if copy is False:
+        return _error(info, target, CopyRequiredError(
+            f"{exc_head} Bringing it to the host needs a copy, but copy=False. To fix: pass copy=None."))
+    return Route(HOST_FALLBACK, f"{device_name(int(info.device_type))} memory is not host-accessible; "
+                 f"the producer is asked for a host copy (dl_device=(kDLCPU, 0), copy=True).",
+                 info, target, copy_bytes=info.nbytes, action=_PRODUCER_COPY)
+
+
+def _check_options(target: str, fallback: str, readonly: str) -> None:
+    if target not in ("jax", "host"):
+        raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
+    if fallback not in ("host", "raise"):
+        raise ValueError(f"fallback must be 'host' or 'raise', not {fallback!r}")
+    if readonly not in ("copy", "share"):
+        raise ValueError(f"readonly must be 'copy' or 'share', not {readonly!r}")
+
+
+def _single_device(device: Any) -> Any:
+    if device is None or not hasattr(device, "device_set"):
+        return device
+    devices = device.device_set
+    if len(devices) != 1:
+        raise ValueError(f"to_jax takes a jax.Device or a single-device sharding; this sharding "
+                         f"spans {len(devices)} devices.")
+    return next(iter(devices))
+
+
+def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
+         fallback: str = "host", readonly: str = "copy") -> Route:
+    """Decide where a tensor would go, without importing or copying anything.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or TensorInfo
+        The tensor (a capsule is only read, never consumed).
+    target : {"jax", "host"}
+        Where it should go.
+    device : jax.Device or single-device Sharding, optional
+        Destination device for ``target="jax"``; default: the source's own.
+    copy : bool or None
+        Array API ``copy``: True always copies, False never (a needed copy becomes a
+        ``CopyRequiredError`` route), None copies only where needed.
+    fallback : {"host", "raise"}
+        What to do with memory on a device JAX has no backend for: go through host
+        memory, or an ``UnsupportedDeviceError`` route.
+    readonly : {"copy", "share"}
+        Read-only memory (versioned READ_ONLY flag) is copied by default;
+        ``"share"`` imports it without a copy (see :func:`to_jax`).
+
+    Returns
+    -------
+    Route
+        ``kind``, ``reason``, ``copy_bytes``, ``jax_device``, ``error``.
+
+    Raises
+    ------
+    DLInspectError
+        Only what :func:`peek` raises for an unreadable header; every routing
+        problem is returned as a route of kind ``"error"``.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
+    'copy'
+    """
+    _check_options(target, fallback, readonly)
+    has_producer = not _is_capsule(x)
+    info = x if isinstance(x, TensorInfo) else peek(x)
+    if target == "host":
+        return _decide_host(info, copy, has_producer)
+    from ._jax import caps
+    return _decide_jax(info, caps(), _single_device(device), copy, fallback, readonly, has_producer)
+
+
+def explain(x: Any, target: str = "jax", **options: Any) -> str:
+    """The header and the route, in a few readable lines.
+
+    Takes the same arguments as :func:`plan`; reads, never consumes.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> print(dlinspect.explain(np.ones(3, np.float32), target="host"))  # doctest: +ELLIPSIS
+    <TensorInfo kDLCPU:0 float32[3] ...>
+    route to host: zero-copy
+      NumPy views the kDLCPU memory directly.
+    """
+    route = plan(x, target, **options)
+    info = route.info
+    lines = [repr(info), f"route to {route.target}: {route.kind}"
+             + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else ""),
+             f"  {route.reason}"]
+    if route.jax_device is not None:
+        lines.append(f"  JAX device: {route.jax_device}")
+    if route.warning:
+        lines.append(f"  warning: {route.warning}")
+    if route.error is not None:
+        lines.append(f"  error: {type(route.error).__name__}: {route.error}")
+    return "\n".join(lines)
+
+
+# ---- execution ---------------------------------------------------------------
+
+_CAPSULE_TYPE = type(np.empty(0).__dlpack__())
+
+
+def _is_capsule(x: Any) -> bool:
+    return type(x) is _CAPSULE_TYPE
+
+
+def _is_tensor(x: Any) -> bool:
+    return type(x) is _CAPSULE_TYPE or hasattr(x, "__dlpack__")
+
+
+def _export(x: Any, stream: Any = None, **kwargs: Any) -> Any:
+    """``x.__dlpack__(stream=..., max_version=(1, 3), **kwargs)``; older producers retried bare."""
+    try:
+        try:
+            return x.__dlpack__(stream=stream, max_version=_MAX_VERSION, **kwargs)
+        except TypeError:
+            if kwargs:
+                raise
+            return x.__dlpack__(stream=stream)
+    except BufferError as exc:
+        raise producer_error(x, exc) from exc
+
+
+def _device_of(x: Any) -> tuple[int, int] | None:
+    get = getattr(x, "__dlpack_device__", None)
+    if get is None:
+        return None
+    dev = get()
+    return (int(dev[0]), int(dev[1]))
+
+
+def _aligned_like(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _host_view(cap: Any, info: TensorInfo) -> tuple[np.ndarray, Any]:
+    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it)."""
+    read_only = info.read_only is not False  # legacy capsules cannot say: read-only, as NumPy does
+    owner = _core.take(cap, read_only)
+    if info.size == 0:
+        return np.empty(info.shape, info.numpy_dtype), owner
+    raw = np.asarray(owner)
+    return raw.view(info.numpy_dtype), owner
+
+
+def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
+    """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
+    owner = _core.take(cap, True)
+    try:
+        if not info.is_c_contiguous:
+            raise UnsupportedDTypeError(
+                f"{_describe(info)} is packed {info.dtype.bits}-bit data with strides "
+                f"{info.strides}; dlinspect unpacks only C-contiguous packed data.")
+        bits = info.dtype.bits
+        raw = np.frombuffer(_core_bytes(info), np.uint8) if False else None
+        raw = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * info.nbytes).from_address(info.data_ptr))
+        per = 8 // bits
+        shifts = np.arange(per, dtype=np.uint8) * bits
+        vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
+        if info.dtype.code == 0:  # kDLInt: sign-extend
+            vals = ((vals.astype(np.int8) ^ (1 << (bits - 1))) - (1 << (bits - 1))).astype(np.int8)
+            return vals.astype(info.numpy_dtype).reshape(info.shape)
+        return vals.astype(np.uint8).view(info.numpy_dtype).reshape(info.shape).copy() \
+            if info.dtype.code != 1 else vals.astype(info.numpy_dtype).reshape(info.shape)
+    finally:
+        del owner
+
+
+def _core_bytes(info: TensorInfo) -> bytes:  # pragma: no cover - placeholder never called
+    raise NotImplementedError
+
+
+def _host_copy(cap: Any, info: TensorInfo) -> np.ndarray:
+    """One copy of host memory into a fresh C-order, 64-byte aligned array; frees the source."""
+    view, owner = _host_view(cap, info)
+    out = _aligned_like(info.shape, view.dtype)
+    np.copyto(out, view)
+    del view, owner  # the producer's deleter runs here, right after the copy
+    return out
+
+
+def _import_numpy(c: Any, arr: np.ndarray, device: Any) -> Any:
+    """Import a NumPy array (ours, C order) onto ``device`` without a further copy if aligned."""
+    return c.import_capsule(arr.__dlpack__(), device, None, None, int(D.kDLCPU))
+
+
+def _import_capsule(c: Any, cap: Any, route: Route, copy: bool | None, stream: Any) -> Any:
+    if _core.capsule_name(cap) == "dltensor_versioned":
+        adapter = _core.legacy_from_versioned(cap)
+        try:
+            return c.import_capsule(adapter, route._import_device, stream, copy, route._import_type)
+        except BaseException:
+            _core.restore_versioned(adapter, cap)
+            raise
+    return c.import_capsule(cap, route._import_device, stream, copy, route._import_type)
+
+
+def _finish(c: Any, arr: Any, route: Route) -> Any:
+    if route.warning is not None:
+        warnings.warn(route.warning, DLInspectWarning, stacklevel=4)
+        arr = c.canonicalize(arr)
+    if route.jax_device is not None and route.jax_device != route._import_device:
+        arr = c.jax.device_put(arr, route.jax_device)
+    return arr
+
+
+def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stream: Any,
+                 fallback: str, readonly: str) -> Any:
+    action = route._action
+    if action is _RAISE:
+        raise route.error  # type: ignore[misc]
+    if action is _IMPORT:
+        arr = _import_capsule(c, cap, route, copy if route.kind == ZERO_COPY else None, stream)
+        return _finish(c, arr, route)
+    if action is _HOST_COPY:
+        host = _host_copy(cap, route.info)
+        return _finish(c, _import_numpy(c, host, route._import_device), route)
+    # _PRODUCER_COPY: the device has no JAX backend; go through host memory.
+    del cap  # the device capsule is not needed: its producer frees it now
+    host_obj = _host_from_producer(x, route.info)
+    return _one_to_jax(host_obj, route.jax_device, None, fallback, readonly)
+
+
+def _host_from_producer(x: Any, info: TensorInfo) -> Any:
+    """A host tensor with x's values: the producer's host copy, else numpy.asarray(x)."""
+    tried = []
+    try:
+        cap = _export(x, None, dl_device=_HOST_DEVICE, copy=True)
+        host_info = peek(cap)
+        if host_info.host_accessible:
+            return cap
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
+                     f"{device_name(int(host_info.device_type))}")
+    except Exception as exc:  # TypeError (old producer), BufferError (cannot), ...
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
+                     f"{type(exc).__name__}: {exc}")
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        tried.append(f"numpy.asarray raised {type(exc).__name__}: {exc}")
+    raise UnsupportedDeviceError(
+        f"{_describe(info)} could not be brought to host memory. Tried: {'; '.join(tried)}. "
+        f"To fix: {_device_fix(info)}.")
+
+
+def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
+    from ._jax import caps
+    c = caps()
+    if type(x) is _CAPSULE_TYPE:
+        cap = x
+        info = peek(cap)
+        stream = None
+    elif hasattr(x, "__dlpack__"):
+        dev = _device_of(x)
+        stream = None
+        if dev is not None and dev[0] in (D.kDLCUDA, D.kDLROCM):
+            stream = c.stream_for(dev[0], c.device_for(dev[0], dev[1]))
+        cap = _export(x, stream)
+        info = peek(cap) if dev is None else peek_exported(cap, dev[0], dev[1])
+    else:
+        raise NotDLPackError(
+            f"to_jax takes DLPack producers, capsules, or pytrees of them; got an object of "
+            f"type {type(x).__module__}.{type(x).__qualname__}.")
+    route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
+    return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly)
+
+
+def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: str = "host",
+           readonly: str = "copy") -> Any:
+    """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or pytree of them
+        A tensor from any producer (NumPy, PyTorch, CuPy, JAX...), a bare capsule
+        (``"dltensor"`` or ``"dltensor_versioned"``), or a dict / list / tuple /
+        namedtuple of them (walked with ``jax.tree_util``).
+    device : jax.Device or single-device Sharding, optional
+        Destination; a device other than the source's means import, then ``device_put``.
+    copy : bool or None
+        Array API ``copy`` (``from_dlpack``): True always copies; False never does
+        and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
+        strides, read-only, device transfer, dtype narrowing); None copies only
+        where needed.
+    fallback : {"host", "raise"}
+        For memory on a device this JAX has no backend for (OpenCL, Vulkan,
+        Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
+        host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
+        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``.
+    readonly : {"copy", "share"}
+        Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
+        array) is copied by default. ``"share"`` imports it without a copy: JAX
+        never writes an array it did not allocate, except through buffer
+        donation, so do not donate such arrays (``jax.jit(donate_argnums=...)``).
+
+    Returns
+    -------
+    jax.Array or pytree of jax.Array
+        The same structure as ``x``.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    UnsupportedDeviceError
+        The memory cannot reach JAX (a ``BufferError``); the message names the
+        device, shape, dtype, JAX platforms, what was tried and the fix.
+    UnsupportedDTypeError
+        JAX cannot hold the dtype (a ``BufferError``); names code, bits, lanes.
+    ProducerError
+        The producer refused to export (requires_grad, conjugate bit...).
+    CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From reading the header (see :func:`peek`).
+
+    Warns
+    -----
+    DLInspectWarning
+        A 64-bit dtype is narrowed to 32 bits because JAX's x64 mode is off
+        (the same values ``jax.dlpack.from_dlpack`` gives).
+
+    Notes
+    -----
+    Follows the array API ``__dlpack__`` protocol: ``stream`` is None for CPU
+    and pinned memory and JAX's consumer stream on CUDA/ROCm (never 0 on
+    CUDA); ``max_version=(1, 3)`` is asked for, and a versioned capsule is
+    handed to JAX through a zero-copy legacy adapter. On every route the
+    producer's deleter runs exactly once: when the jax.Array dies for
+    zero-copy, right after the copy otherwise. A route that fails leaves a
+    caller's capsule unconsumed.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
+    6.0
+    """
+    _check_options("jax", fallback, readonly)
+    device = _single_device(device)
+    if _is_tensor(x):
+        return _one_to_jax(x, device, copy, fallback, readonly)
+    from jax import tree_util
+    return tree_util.tree_map(lambda leaf: _one_to_jax(leaf, device, copy, fallback, readonly),
+                              x, is_leaf=_is_tensor)
+
+
+def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
+    """A NumPy array of a DLPack tensor's values, zero-copy for host memory.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__`` or DLPack capsule
+        The tensor.
+    copy : bool or None
+        True always copies; False never does (``CopyRequiredError`` where the
+        memory is not host-accessible or packed sub-byte data must be
+        unpacked); None copies only where needed.
+
+    Returns
+    -------
+    numpy.ndarray
+        Views the producer's memory for kDLCPU, kDLCUDAHost, kDLROCMHost and
+        kDLCUDAManaged, including bfloat16, float8 and int4 (through
+        ml_dtypes), which ``numpy.from_dlpack`` refuses. Not writeable when the
+        source is read-only (a legacy capsule cannot say, so it is read-only,
+        as NumPy does). Device memory goes through the producer's host copy
+        (``dl_device=(kDLCPU, 0), copy=True``).
+
+    Raises
+    ------
+    UnsupportedDeviceError
+        No host copy could be had (a ``BufferError``).
+    UnsupportedDTypeError
+        No NumPy dtype exists for the tensor's dtype here (a ``BufferError``).
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_host(np.arange(3.0)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    is_cap = type(x) is _CAPSULE_TYPE
+    if is_cap:
+        cap = x
+        info = peek(cap)
+    elif hasattr(x, "__dlpack__"):
+        dev = _device_of(x)
+        cap = _export(x)
+        info = peek(cap) if dev is None else peek_exported(cap, dev[0], dev[1])
+    else:
+        raise NotDLPackError(
+            f"to_host takes a DLPack producer or capsule; got an object of type "
+            f"{type(x).__module__}.{type(x).__qualname__}.")
+    route = _decide_host(info, copy, not is_cap)
+    action = route._action
+    if action is _RAISE:
+        raise route.error  # type: ignore[misc]
+    if action is _PRODUCER_COPY:
+        del cap
+        host = _host_from_producer(x, info)
+        return host if isinstance(host, np.ndarray) else to_host(host)
+    packed = info.dtype.bits * info.dtype.lanes < 8 and not (info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED)
+    if packed and info.size > 1:
+        return _unpack_subbyte(cap, info)
+    if action is _HOST_COPY:
+        return _host_copy(cap, info)
+    view, _owner = _host_view(cap, info)
+    return view
