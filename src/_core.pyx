@@ -372,6 +372,18 @@ cdef class TensorInfo:
             expected *= self._shape[order[j]]
         return True
 
+    def _plain(self, uintptr_t min_align, int max_bits):
+        """True when JAX can view this tensor as it is: one lane of at most
+        ``max_bits`` bits, not read-only, compact, non-empty, data aligned to
+        ``min_align`` bytes (the to_jax fast path; plan() decides the rest)."""
+        if self._lanes != 1 or self._bits > max_bits or self._size == 0:
+            return False
+        if self._flags & DLPACK_FLAG_BITMASK_READ_ONLY:
+            return False
+        if ((self._data + <uintptr_t>self._byte_offset) & (min_align - 1)) != 0:
+            return False
+        return self._is_compact()
+
     @property
     def has_broadcast(self):
         cdef int i
@@ -1118,3 +1130,30 @@ def peek_exported(cap, int32_t device_type, int32_t device_id):
     info._dev_type = device_type
     info._dev_id = device_id
     return info
+
+
+def take_bytes(HostOwner owner, Py_ssize_t nbytes):
+    """A read-only uint8 NumPy-compatible view of the first ``nbytes`` of an owner's data."""
+    return _ByteView(owner, nbytes)
+
+
+cdef class _ByteView:
+    cdef readonly HostOwner owner
+    cdef Py_ssize_t nbytes
+
+    def __cinit__(self, HostOwner owner, Py_ssize_t nbytes):
+        self.owner = owner
+        self.nbytes = nbytes
+
+    @property
+    def __array_interface__(self):
+        return {"version": 3, "shape": (self.nbytes,), "typestr": "|u1",
+                "data": (self.owner.info.data_ptr, True)}
+
+
+def as_legacy(cap):
+    """``cap`` itself if it is a "dltensor" capsule; a zero-copy legacy adapter
+    (see :func:`legacy_from_versioned`, which consumes ``cap``) if versioned."""
+    if PyCapsule_IsValid(cap, LEGACY):
+        return cap
+    return legacy_from_versioned(cap)

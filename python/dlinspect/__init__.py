@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
+from ._route import Route, explain, plan, to_host, to_jax
 from .errors import (
     CapsuleConsumedError,
     CopyRequiredError,
@@ -34,6 +35,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "peek",
+    "plan",
+    "explain",
+    "to_jax",
+    "to_host",
+    "Route",
     "TensorInfo",
     "MAX_NDIM",
     "DLDeviceType",

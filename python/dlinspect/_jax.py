@@ -66,6 +66,14 @@ class JaxCaps:
             self.direct, self.direct_reason = False, "DLINSPECT_JAX_PUBLIC_API=1 forces the public API"
         from jax._src import dtypes as jdtypes
         self._canonicalize = jdtypes.canonicalize_dtype
+        # Per device type: the alignment the fast path of to_jax requires
+        # (XLA:CPU's for host memory; none known for device memory).
+        self._fast_align = {k: (self.cpu_alignment if v == "cpu" else 1)
+                            for k, v in self.platforms.items()}
+
+    def fast_bits(self) -> int:
+        """Widest element, in bits, that JAX keeps as it is (32 with x64 off)."""
+        return 64 if self.jax.config.jax_enable_x64 else 32
 
     # -- devices ---------------------------------------------------------
     def device_for(self, device_type: int, device_id: int) -> Any:

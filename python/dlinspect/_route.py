@@ -394,22 +394,19 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
                 f"{_describe(info)} is packed {info.dtype.bits}-bit data with strides "
                 f"{info.strides}; dlinspect unpacks only C-contiguous packed data.")
         bits = info.dtype.bits
-        raw = np.frombuffer(_core_bytes(info), np.uint8) if False else None
-        raw = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * info.nbytes).from_address(info.data_ptr))
-        per = 8 // bits
-        shifts = np.arange(per, dtype=np.uint8) * bits
+        raw = np.asarray(owner_bytes := _core.take_bytes(owner, info.nbytes))
+        shifts = np.arange(8 // bits, dtype=np.uint8) * bits
+        # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
         vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
-        if info.dtype.code == 0:  # kDLInt: sign-extend
-            vals = ((vals.astype(np.int8) ^ (1 << (bits - 1))) - (1 << (bits - 1))).astype(np.int8)
+        if info.dtype.code == 0:  # kDLInt: sign-extend, then convert by value
+            half = 1 << (bits - 1)
+            return ((vals.astype(np.int8) ^ half) - half).astype(info.numpy_dtype).reshape(info.shape)
+        if info.dtype.code == 1:  # kDLUInt: convert by value
             return vals.astype(info.numpy_dtype).reshape(info.shape)
-        return vals.astype(np.uint8).view(info.numpy_dtype).reshape(info.shape).copy() \
-            if info.dtype.code != 1 else vals.astype(info.numpy_dtype).reshape(info.shape)
+        # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
+        return vals.view(info.numpy_dtype).reshape(info.shape).copy()
     finally:
         del owner
-
-
-def _core_bytes(info: TensorInfo) -> bytes:  # pragma: no cover - placeholder never called
-    raise NotImplementedError
 
 
 def _host_copy(cap: Any, info: TensorInfo) -> np.ndarray:
@@ -427,14 +424,13 @@ def _import_numpy(c: Any, arr: np.ndarray, device: Any) -> Any:
 
 
 def _import_capsule(c: Any, cap: Any, route: Route, copy: bool | None, stream: Any) -> Any:
-    if _core.capsule_name(cap) == "dltensor_versioned":
-        adapter = _core.legacy_from_versioned(cap)
-        try:
-            return c.import_capsule(adapter, route._import_device, stream, copy, route._import_type)
-        except BaseException:
-            _core.restore_versioned(adapter, cap)
-            raise
-    return c.import_capsule(cap, route._import_device, stream, copy, route._import_type)
+    legacy = _core.as_legacy(cap)
+    try:
+        return c.import_capsule(legacy, route._import_device, stream, copy, route._import_type)
+    except BaseException:
+        if legacy is not cap:
+            _core.restore_versioned(legacy, cap)
+        raise
 
 
 def _finish(c: Any, arr: Any, route: Route) -> Any:
@@ -486,14 +482,15 @@ def _host_from_producer(x: Any, info: TensorInfo) -> Any:
 
 
 def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
-    from ._jax import caps
-    c = caps()
-    if type(x) is _CAPSULE_TYPE:
+    c = _caps if _caps is not None else _load_caps()
+    tp = type(x)
+    if tp is _CAPSULE_TYPE:
         cap = x
         info = peek(cap)
         stream = None
     elif hasattr(x, "__dlpack__"):
-        dev = _device_of(x)
+        # numpy.ndarray answers __dlpack_device__ from the same field as its header.
+        dev = None if tp is np.ndarray else _device_of(x)
         stream = None
         if dev is not None and dev[0] in (D.kDLCUDA, D.kDLROCM):
             stream = c.stream_for(dev[0], c.device_for(dev[0], dev[1]))
@@ -502,9 +499,33 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
     else:
         raise NotDLPackError(
             f"to_jax takes DLPack producers, capsules, or pytrees of them; got an object of "
-            f"type {type(x).__module__}.{type(x).__qualname__}.")
-    route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
+            f"type {tp.__module__}.{tp.__qualname__}.")
+    if device is None and copy is not True:
+        # Fast path: memory JAX views as it is, on a device it has, in a dtype it keeps.
+        dt = info.device_type
+        src = c._devices.get((dt, info.device_id))
+        if src is not None and info._plain(c._fast_align.get(dt, 4096), c.fast_bits()):
+            key = info.dtype
+            if key in c._dtypes and c._dtypes[key] is None:
+                legacy = _core.as_legacy(cap)
+                try:
+                    return c.import_capsule(legacy, src, stream, copy, dt)
+                except BaseException:
+                    if legacy is not cap:
+                        _core.restore_versioned(legacy, cap)
+                    raise
+    route = _decide_jax(info, c, device, copy, fallback, readonly, tp is not _CAPSULE_TYPE)
     return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly)
+
+
+_caps = None
+
+
+def _load_caps() -> Any:
+    global _caps
+    from ._jax import caps
+    _caps = caps()
+    return _caps
 
 
 def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: str = "host",
