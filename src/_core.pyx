@@ -800,6 +800,7 @@ cdef int _fill_exchange(const DLPackExchangeAPI* api, object obj, DLTensor* t) e
 
 _HINTS = (
     ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
+    ("gradient", "call .detach() first (the tensor takes part in autograd)"),
     ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("negative bit", "call .resolve_neg() first"),
@@ -812,7 +813,9 @@ _HINTS = (
 
 def producer_error(obj, BaseException exc):
     """A ProducerError that keeps the producer's reason and adds what to do."""
-    reason = str(exc) or type(exc).__name__
+    reason = (str(exc) or type(exc).__name__).rstrip()
+    if not reason.endswith((".", "!", "?")):
+        reason += "."
     low = reason.lower()
     todo = next((hint for key, hint in _HINTS if key in low),
                 "convert the tensor with its own library first (e.g. .cpu(), .contiguous())")

@@ -473,7 +473,10 @@ def _host_from_producer(x: Any, info: TensorInfo) -> Any:
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
                      f"{type(exc).__name__}: {exc}")
     try:
-        return np.asarray(x)
+        arr = np.asarray(x)
+        if arr.dtype != object:
+            return arr
+        tried.append("numpy.asarray gave an object array (the producer has no __array__)")
     except Exception as exc:
         tried.append(f"numpy.asarray raised {type(exc).__name__}: {exc}")
     raise UnsupportedDeviceError(

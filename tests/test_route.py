@@ -1,0 +1,458 @@
+"""plan / explain / to_jax / to_host: every route, its values, its errors, its lifetimes.
+
+Every row of shared/cases/CASES.md is a test here (marked "C<n>") or in test_peek.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+import jax.numpy as jnp  # noqa: E402
+
+import dlinspect  # noqa: E402
+from dlinspect import DLDeviceType as D  # noqa: E402
+from dlinspect import (  # noqa: E402
+    CapsuleConsumedError,
+    CopyRequiredError,
+    DLInspectWarning,
+    NotDLPackError,
+    ProducerError,
+    UnsupportedDeviceError,
+    UnsupportedDTypeError,
+    explain,
+    plan,
+    to_host,
+    to_jax,
+)
+from dlinspect import _jax as djax  # noqa: E402
+from dlinspect._core import capsule_name  # noqa: E402
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
+
+
+@pytest.fixture(params=["direct", "public"])
+def import_path(request):
+    """Run a test through jaxlib's import function and through jax.dlpack.from_dlpack."""
+    djax.force_public_api(request.param == "public")
+    assert djax.caps().direct == (request.param == "direct")
+    yield request.param
+    djax.force_public_api(False)
+
+
+def aligned(values, dtype=np.float32):
+    values = np.asarray(values, dtype)
+    out = aligned_empty(values.shape, dtype, alignment=64)
+    out[...] = values
+    return out
+
+
+def buffer_pointer(arr):
+    return arr.addressable_data(0).unsafe_buffer_pointer()
+
+
+class TestZeroCopy:
+    def test_aligned_numpy(self, import_path):
+        x = aligned(np.arange(12).reshape(3, 4))
+        assert plan(x).kind == "zero-copy" and plan(x).zero_copy and plan(x).copy_bytes == 0
+        y = to_jax(x)
+        assert isinstance(y, jax.Array) and buffer_pointer(y) == x.ctypes.data
+        np.testing.assert_array_equal(np.asarray(y), x)
+
+    def test_torch_tensor(self, torch, import_path):
+        t = torch.arange(12.0).reshape(3, 4)
+        y = to_jax(t)
+        assert buffer_pointer(y) == t.data_ptr()
+        np.testing.assert_array_equal(np.asarray(y), t.numpy())
+
+    @pytest.mark.parametrize("make", [
+        lambda torch: torch.arange(12.0).reshape(3, 4).t(),
+        lambda torch: torch.arange(24.0).reshape(2, 3, 4).permute(2, 0, 1),
+    ])
+    def test_transposes(self, torch, make, import_path):  # C13
+        t = make(torch)
+        assert plan(t).kind == "zero-copy"
+        np.testing.assert_array_equal(np.asarray(to_jax(t)), t.numpy())
+
+    def test_numpy_transpose(self):  # C13
+        x = aligned(np.arange(6.0).reshape(2, 3)).T
+        np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
+
+    def test_bare_capsule(self, import_path):  # C11
+        x = aligned(np.arange(3.0, dtype=np.float32))
+        cap = x.__dlpack__()
+        y = to_jax(cap)
+        np.testing.assert_array_equal(np.asarray(y), [0, 1, 2])
+        assert capsule_name(cap) == "used_dltensor"
+
+    def test_bare_versioned_capsule_through_adapter(self, import_path):
+        counter = DeleterCounter()
+        x = aligned([1, 2, 3])
+        cap = make_capsule(x, counter=counter)
+        y = to_jax(cap)
+        assert capsule_name(cap) == "used_dltensor_versioned" and counter.calls == 0
+        assert buffer_pointer(y) == x.ctypes.data
+        del y
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_device_argument(self):
+        dev = jax.devices("cpu")[0]
+        x = aligned([1, 2])
+        assert to_jax(x, device=dev).devices() == {dev}
+        sharding = jax.sharding.SingleDeviceSharding(dev)
+        assert to_jax(x, device=sharding).devices() == {dev}
+
+
+class TestCopies:
+    def test_slice_with_gaps(self, import_path):  # C3
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2]
+        route = plan(x)
+        assert route.kind == "copy" and "gaps" in route.reason and route.copy_bytes == 16
+        np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
+        with pytest.raises(CopyRequiredError, match=r"strides \(3, 1\)"):
+            to_jax(x, copy=False)
+        with pytest.raises(ValueError):
+            to_jax(x, copy=False)
+
+    def test_broadcast(self, torch, import_path):  # C4
+        t = torch.tensor([1.0, 2.0]).expand(3, 2)
+        assert "broadcast" in plan(t).reason
+        np.testing.assert_array_equal(np.asarray(to_jax(t)), t.numpy())
+        b = np.broadcast_to(np.float32(7), (3, 4))
+        np.testing.assert_array_equal(np.asarray(to_jax(b)), np.full((3, 4), 7, np.float32))
+
+    def test_negative_strides(self, import_path):  # C5
+        x = np.arange(8, dtype=np.float32)[::-1]
+        assert "negative strides" in plan(x).reason
+        np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
+
+    def test_read_only(self, import_path):  # C6
+        x = aligned([1, 2, 3])
+        x.flags.writeable = False
+        route = plan(x)
+        assert route.kind == "copy" and "read-only" in route.reason
+        y = to_jax(x)
+        np.testing.assert_array_equal(np.asarray(y), x)
+        assert buffer_pointer(y) != x.ctypes.data
+        with pytest.raises(CopyRequiredError, match="read-only"):
+            to_jax(x, copy=False)
+        shared = to_jax(x, readonly="share")
+        assert plan(x, readonly="share").kind == "zero-copy"
+        assert buffer_pointer(shared) == x.ctypes.data
+
+    def test_misaligned(self, import_path):  # C7
+        x = aligned_empty((3, 4), np.float32, alignment=64, offset=16)
+        x[...] = 1
+        route = plan(x)
+        assert route.kind == "copy" and "16-byte aligned" in route.reason
+        assert f"{djax.caps().cpu_alignment}-byte" in route.reason
+        np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
+        with pytest.raises(CopyRequiredError, match="16-byte aligned.*ascontiguousarray"):
+            to_jax(x, copy=False)
+
+    def test_copy_true(self, import_path):
+        x = aligned([1, 2])
+        y = to_jax(x, copy=True)
+        assert plan(x, copy=True).kind == "copy"
+        assert buffer_pointer(y) != x.ctypes.data
+
+    @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint64])
+    def test_x64_narrowing_matches_jax(self, dtype, import_path):  # C15
+        x = aligned([1, 2**33 + 5, 7], dtype)
+        with pytest.warns(DLInspectWarning, match=r'jax_enable_x64", True'):
+            ours = to_jax(x)
+        expected = jax.dlpack.from_dlpack(x)
+        assert ours.dtype == expected.dtype
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(expected))
+        with pytest.raises(CopyRequiredError, match="narrows"):
+            to_jax(x, copy=False)
+
+    def test_x64_enabled_keeps_64_bits(self):
+        with jax.enable_x64(True):
+            x = aligned([2**40], np.int64)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                y = to_jax(x)
+            assert y.dtype == np.int64 and int(y[0]) == 2**40
+
+
+class TestHostFallback:
+    def test_pinned_host_without_cuda(self, import_path):  # C1
+        counter = DeleterCounter()
+        x = aligned([1, 2, 3, 4])
+        cap = make_capsule(x, device=(D.kDLCUDAHost, 0), counter=counter)
+        info = dlinspect.peek(cap)
+        assert info.host_accessible and info.device_type == D.kDLCUDAHost
+        route = plan(cap)
+        assert route.kind == "host-fallback" and route.zero_copy
+        y = to_jax(cap)
+        np.testing.assert_array_equal(np.asarray(y), x)
+        assert buffer_pointer(y) == x.ctypes.data
+        host = to_host(make_capsule(x, device=(D.kDLCUDAHost, 0)))
+        assert host.ctypes.data == x.ctypes.data and plan(x, "host").kind == "zero-copy"
+
+    def test_pinned_producer_disagreeing_header(self):  # C14
+        p = FakeProducer(aligned([5, 6]), device=(D.kDLCUDAHost, 0), capsule_device=(D.kDLCPU, 0))
+        info = dlinspect.peek(p)
+        assert info.device == (D.kDLCUDAHost, 0) and info.capsule_device == (D.kDLCPU, 0)
+        np.testing.assert_array_equal(np.asarray(to_jax(p)), [5, 6])
+        assert all(call["stream"] is None for call in p.calls)  # pinned: stream None
+
+    @pytest.mark.parametrize("device", [D.kDLOpenCL, D.kDLVulkan, D.kDLMetal, D.kDLROCM, D.kDLOneAPI])
+    def test_device_without_backend(self, device, import_path):  # C2
+        src = np.arange(6, dtype=np.float32).reshape(2, 3)
+        p = FakeProducer(src, device=(device, 0))
+        route = plan(p)
+        assert route.kind == "host-fallback" and not route.zero_copy and route.copy_bytes == 24
+        y = to_jax(p)
+        np.testing.assert_array_equal(np.asarray(y), src)
+        assert p.calls[-1]["dl_device"] == (1, 0) and p.calls[-1]["copy"] is True
+        del y
+        gc.collect()
+        assert p.counter.calls == len(p.calls)  # every capsule served was freed once
+
+        with pytest.raises(UnsupportedDeviceError) as err:
+            to_jax(p, fallback="raise")
+        msg = str(err.value)
+        for part in (f"{device.name}:0", "(2, 3)", "float32", "platforms here: cpu", "t.cpu()",
+                     'fallback="host"'):
+            assert part in msg, (part, msg)
+        assert isinstance(err.value, BufferError)
+
+    def test_producer_without_host_copy_falls_back_to_asarray(self):
+        class ArrayLike(FakeProducer):
+            def __array__(self, dtype=None, copy=None):
+                return np.array(self.array, dtype=dtype)
+        p = ArrayLike(np.ones(3, np.float32), device=(D.kDLVulkan, 0), host_copy=False)
+        np.testing.assert_array_equal(np.asarray(to_jax(p)), np.ones(3))
+
+    def test_nothing_works(self):
+        p = FakeProducer(np.ones(3, np.float32), device=(D.kDLMetal, 2), host_copy=False)
+        with pytest.raises(UnsupportedDeviceError, match=r"kDLMetal:2.*Tried: .*unsupported device "
+                                                          r"requested.*numpy.asarray"):
+            to_jax(p)
+
+    def test_bare_device_capsule(self):
+        cap = make_capsule(np.ones(2, np.float32), device=(D.kDLVulkan, 0))
+        with pytest.raises(UnsupportedDeviceError, match="bare capsule"):
+            to_jax(cap)
+        assert capsule_name(cap) == "dltensor_versioned"
+
+    def test_copy_false_device(self):
+        p = FakeProducer(np.ones(2, np.float32), device=(D.kDLVulkan, 0))
+        with pytest.raises(CopyRequiredError, match="copy=False"):
+            to_jax(p, copy=False)
+
+    def test_to_host_device(self):
+        src = np.arange(4.0)
+        p = FakeProducer(src, device=(D.kDLCUDA, 0))
+        assert plan(p, "host").kind == "host-fallback"
+        np.testing.assert_array_equal(to_host(p), src)
+        with pytest.raises(CopyRequiredError):
+            to_host(p, copy=False)
+
+
+class TestDtypes:
+    @pytest.mark.parametrize("dtype", [(15, 6, 1), (3, 64, 1), (2, 32, 4)])
+    def test_dtypes_jax_cannot_hold(self, dtype):
+        cap = make_capsule(aligned_empty((8,), np.uint8, 64), shape=(2,), dtype=dtype)
+        with pytest.raises(UnsupportedDTypeError, match=f"code={dtype[0]}, bits={dtype[1]}, "
+                                                          f"lanes={dtype[2]}"):
+            to_jax(cap)
+        assert capsule_name(cap) == "dltensor_versioned"
+
+    def test_bool_every_route(self, torch, import_path):  # C8
+        b = np.array([True, False, True, True])
+        np.testing.assert_array_equal(np.asarray(to_jax(b)), b)
+        np.testing.assert_array_equal(np.asarray(to_jax(b[::2])), b[::2])
+        np.testing.assert_array_equal(to_host(b), b)
+        t = torch.tensor([1, 2, 3]) > 2
+        assert dlinspect.peek(t).dtype_name == "bool"
+        np.testing.assert_array_equal(np.asarray(to_jax(t)), [False, False, True])
+        v = FakeProducer(b, device=(D.kDLVulkan, 0))
+        np.testing.assert_array_equal(np.asarray(to_jax(v)), b)
+
+    def test_bfloat16_float8_to_host(self, torch, ml_dtypes):  # C9
+        t = torch.arange(3, dtype=torch.bfloat16)
+        h = to_host(t)
+        assert h.dtype == ml_dtypes.bfloat16 and h.ctypes.data == t.data_ptr()
+        np.testing.assert_array_equal(h.view(np.uint16), t.view(torch.int16).numpy().view(np.uint16))
+        f = torch.tensor([0.5, -2.0, 448.0]).to(torch.float8_e4m3fn)
+        h8 = to_host(f)
+        assert h8.dtype == ml_dtypes.float8_e4m3fn
+        np.testing.assert_array_equal(h8.view(np.uint8), f.view(torch.uint8).numpy())
+        np.testing.assert_array_equal(np.asarray(to_jax(f)).view(np.uint8), f.view(torch.uint8).numpy())
+
+    def test_packed_int4_to_host(self, ml_dtypes):
+        cap = make_capsule(np.array([0x21, 0xF7], np.uint8), shape=(4,), dtype=(0, 4))
+        assert plan(cap, "host").kind == "copy"
+        np.testing.assert_array_equal(to_host(cap).astype(np.int8), [1, 2, 7, -1])
+        padded = make_capsule(np.array([3, -2], np.int8), shape=(2,), dtype=(0, 4),
+                              flags=dlinspect.testing.FLAG_IS_SUBBYTE_TYPE_PADDED)
+        h = to_host(padded)
+        assert h.dtype == ml_dtypes.int4 and h.astype(np.int8).tolist() == [3, -2]
+
+
+class TestErrors:
+    def test_consumed_capsule(self):  # C10
+        cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,
+                           versioned=False)
+        for fn in (to_jax, to_host, plan, explain):
+            with pytest.raises(CapsuleConsumedError, match="already took"):
+                fn(cap)
+
+    def test_producer_refusals(self, torch):  # C17
+        with pytest.raises(ProducerError, match=r"(?s)require gradient.*\.detach\(\)") as err:
+            to_jax(torch.ones(2, requires_grad=True))
+        assert isinstance(err.value.__cause__, BufferError)
+        with pytest.raises(ProducerError, match=r"(?s)conjugate.*resolve_conj\(\)"):
+            to_jax(torch.ones(2, dtype=torch.complex64).conj())
+        with pytest.raises(ProducerError, match=r"to_dense\(\)"):
+            to_jax(torch.eye(2).to_sparse())
+
+    def test_not_dlpack(self):
+        with pytest.raises(NotDLPackError):
+            to_jax(object())
+        with pytest.raises(NotDLPackError):
+            to_host("text")
+
+    def test_bad_options(self):
+        with pytest.raises(ValueError, match="fallback"):
+            to_jax(np.ones(1), fallback="maybe")
+        with pytest.raises(ValueError, match="target"):
+            plan(np.ones(1), target="gpu")
+
+    def test_explain(self):
+        text = explain(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])
+        assert text.splitlines()[0].startswith("<TensorInfo kDLCPU:0 float32[2, 2]")
+        assert "route to jax: copy (16 B copied)" in text
+        err = explain(FakeProducer(np.ones(1, np.float32), device=(D.kDLVulkan, 0)), fallback="raise")
+        assert "UnsupportedDeviceError" in err
+
+
+class TestLifetimes:  # C12
+    def _capsule(self, counter, **kw):
+        return make_capsule(aligned([1, 2, 3, 4]), counter=counter, **kw)
+
+    @pytest.mark.parametrize("versioned", [False, True])
+    def test_zero_copy_deleter_when_array_dies(self, versioned, import_path):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, versioned=versioned)
+        dlinspect.peek(cap)
+        assert counter.calls == 0
+        y = to_jax(cap)
+        assert counter.calls == 0
+        del cap
+        assert counter.calls == 0
+        del y
+        gc.collect()
+        assert counter.calls == 1
+
+    @pytest.mark.parametrize("kw", [dict(strides=(2,), shape=(2,)), dict(flags=1)],
+                             ids=["strided", "read-only"])
+    def test_copy_deleter_right_after_copy(self, kw, import_path):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, **kw)
+        y = to_jax(cap)
+        assert counter.calls == 1
+        del cap, y
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_host_fallback_deleters(self):
+        p = FakeProducer(np.ones(4, np.float32), device=(D.kDLOpenCL, 0))
+        y = to_jax(p)
+        del y
+        gc.collect()
+        assert p.counter.calls == len(p.calls) == 2
+
+    def test_error_route_leaves_capsule_unconsumed(self):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, device=(D.kDLVulkan, 0))
+        with pytest.raises(UnsupportedDeviceError):
+            to_jax(cap)
+        misaligned = make_capsule(aligned_empty((4,), np.float32, 64, offset=16), counter=counter)
+        with pytest.raises(CopyRequiredError):
+            to_jax(misaligned, copy=False)
+        assert capsule_name(cap) == "dltensor_versioned" and capsule_name(misaligned) == "dltensor_versioned"
+        assert counter.calls == 0
+        y = np.from_dlpack(type("H", (), {"__dlpack__": lambda self, **k: misaligned})())
+        assert y.shape == (4,)
+        del cap, misaligned, y
+        gc.collect()
+        assert counter.calls == 2
+
+    def test_failed_import_restores_versioned_capsule(self, monkeypatch):
+        counter = DeleterCounter()
+        cap = self._capsule(counter)
+        c = djax.caps()
+
+        def boom(*args):
+            raise RuntimeError("import failed")
+        monkeypatch.setattr(c, "import_capsule", boom)
+        with pytest.raises(RuntimeError, match="import failed"):
+            to_jax(cap)
+        assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+        monkeypatch.undo()
+        y = to_jax(cap)
+        del cap, y
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_to_host_view_keeps_tensor_alive(self):
+        counter = DeleterCounter()
+        h = to_host(self._capsule(counter))
+        assert counter.calls == 0 and h.tolist() == [1, 2, 3, 4]
+        view = h[1:]
+        del h
+        gc.collect()
+        assert counter.calls == 0 and view.tolist() == [2, 3, 4]
+        del view
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_to_host_read_only(self):
+        x = np.ones(3)
+        x.flags.writeable = False
+        assert not to_host(x).flags.writeable
+        assert to_host(np.ones(3)).flags.writeable
+
+
+class TestProducers:
+    def test_streams_none_on_cpu(self):
+        p = FakeProducer(aligned([1, 2]))
+        to_jax(p)
+        assert p.calls == [{"stream": None, "max_version": (1, 3)}]
+
+    def test_old_producer_retried(self, import_path):
+        p = FakeProducer(aligned([1, 2]), legacy_only=True)
+        np.testing.assert_array_equal(np.asarray(to_jax(p)), [1, 2])
+        assert p.calls == [{"stream": None}]
+
+    def test_batch_dict(self, torch):  # C16
+        batch = {"x": torch.randn(4, 8), "y": torch.tensor([True, False, True, False]),
+                 "idx": torch.arange(4)}
+        with pytest.warns(DLInspectWarning, match="int64"):
+            out = to_jax(batch)
+        assert set(out) == {"x", "y", "idx"} and all(isinstance(v, jax.Array) for v in out.values())
+        np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"].numpy())
+        np.testing.assert_array_equal(np.asarray(out["y"]), batch["y"].numpy())
+        np.testing.assert_array_equal(np.asarray(out["idx"]), [0, 1, 2, 3])
+
+    def test_nested_pytree(self):
+        from collections import namedtuple
+        Pair = namedtuple("Pair", "a b")
+        out = to_jax([Pair(aligned([1]), (aligned([2]),))])
+        assert isinstance(out[0], Pair) and float(out[0].b[0][0]) == 2.0
+
+
+def test_jax_platform_table_comes_from_installed_jax():
+    c = djax.caps()
+    from jax._src import dlpack as jdl
+    assert c.mapping == {int(k): v for k, v in jdl._DL_DEVICE_TO_PLATFORM.items()}
+    assert c.platforms == {k: v for k, v in c.mapping.items() if v == "cpu"}
+    assert c.dtype_problem(15, 6, 1) is not None and c.dtype_problem(2, 32, 1) is None
