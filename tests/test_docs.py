@@ -1,0 +1,33 @@
+"""The examples in public docstrings run, so they cannot rot."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import dlinspect
+from dlinspect import _core, _route, testing
+
+pytest.importorskip("jax", reason="the routing examples need jax")
+
+
+@pytest.mark.parametrize("module", [_core, _route, testing], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    tests = finder.find(module, module.__name__, globs={})
+    if module is _core:  # a Cython module: its builtin functions are found one by one
+        tests = finder.find(_core.peek, "peek", globs={})
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.attempted > 0, f"no examples found in {module.__name__}"
+    assert result.failed == 0
+
+
+def test_public_api_is_documented():
+    for name in dlinspect.__all__:
+        obj = getattr(dlinspect, name)
+        if callable(obj):
+            assert obj.__doc__ and len(obj.__doc__) > 40, name
