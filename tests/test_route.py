@@ -456,3 +456,33 @@ def test_jax_platform_table_comes_from_installed_jax():
     assert c.mapping == {int(k): v for k, v in jdl._DL_DEVICE_TO_PLATFORM.items()}
     assert c.platforms == {k: v for k, v in c.mapping.items() if v == "cpu"}
     assert c.dtype_problem(15, 6, 1) is not None and c.dtype_problem(2, 32, 1) is None
+
+
+class TestStreams:
+    """The ``stream`` handed to ``__dlpack__`` (array API ``__dlpack__``, *stream*)."""
+
+    class _Dev:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def get_stream_for_external_ready_events(self):
+            return self.stream
+
+    @pytest.mark.parametrize(("device_type", "jax_stream", "expected"), [
+        (D.kDLCUDA, 0, 1),          # 0 is ambiguous on CUDA: the legacy default stream is 1
+        (D.kDLCUDA, 0x7F00, 0x7F00),
+        (D.kDLROCM, 0, 0),          # ROCm's default stream is 0
+        (D.kDLCPU, 5, None),        # CPU and pinned host: always None
+        (D.kDLCUDAHost, 5, None),
+    ])
+    def test_stream_rules(self, device_type, jax_stream, expected):
+        assert djax.caps().stream_for(device_type, self._Dev(jax_stream)) == expected
+
+    def test_no_backend_means_no_stream(self):
+        assert djax.caps().stream_for(D.kDLCUDA, None) is None
+
+    def test_device_producer_asked_with_stream_none_for_host_copy(self):
+        p = FakeProducer(np.ones(2, np.float32), device=(D.kDLCUDA, 0))
+        to_jax(p)
+        assert [c["stream"] for c in p.calls] == [None, None]  # no CUDA backend here
+        assert p.calls[1]["dl_device"] == (1, 0)

@@ -68,12 +68,12 @@ class Route:
     """
 
     __slots__ = ("kind", "zero_copy", "reason", "copy_bytes", "jax_device", "error", "warning",
-                 "info", "target", "_action", "_import_type", "_import_device")
+                 "info", "target", "_action", "_import_type", "_import_device", "_import_copy")
 
     def __init__(self, kind: str, reason: str, info: TensorInfo, target: str, *,
                  copy_bytes: int = 0, jax_device: Any = None, error: Exception | None = None,
                  warning: str | None = None, action: str = _IMPORT, import_type: int = 1,
-                 import_device: Any = None) -> None:
+                 import_device: Any = None, import_copy: bool | None = None) -> None:
         self.kind = kind
         self.reason = reason
         self.info = info
@@ -86,6 +86,7 @@ class Route:
         self._action = action
         self._import_type = import_type
         self._import_device = import_device
+        self._import_copy = import_copy
 
     def __repr__(self) -> str:
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
@@ -182,11 +183,12 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
             f"{_describe(info)} needs a copy, but copy=False: {'; '.join(needs)}. To fix: pass "
             f"copy=None, or give the producer memory JAX can view (C order, 64-byte aligned, "
             f"e.g. numpy.ascontiguousarray or a torch tensor)."))
-    host_copy = info.host_accessible and (not info.is_compact or bool(needs[:3] and any(
-        n.startswith(("strides", "the producer", "its data")) for n in needs)))
+    # Layout, read-only and alignment problems (the first three checks) need a
+    # copy of the bytes themselves; narrowing and device moves happen after import.
+    bytes_copy = len(needs) > (narrowed is not None) + (dest != src_dev)
     if copy:
         needs.append("copy=True was asked for")
-        host_copy = host_copy or info.host_accessible
+        bytes_copy = True
     if not info.is_compact and not info.host_accessible:
         return _error(info, target, UnsupportedDeviceError(
             f"{_describe(info)} has strides {info.strides}, which JAX cannot import, and its "
@@ -199,10 +201,13 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
         return Route(kind, reason, info, target, jax_device=dest, import_type=import_type,
                      import_device=src_dev)
     kind = HOST_FALLBACK if host_view else COPY
+    # Host memory is copied by dlinspect (so the producer's deleter runs right
+    # after); device memory is copied by JAX's importer (copy=True).
     return Route(kind, f"A copy is needed: {'; '.join(needs)}.", info, target,
                  copy_bytes=info.nbytes, jax_device=dest, warning=warning,
-                 action=_HOST_COPY if host_copy else _IMPORT, import_type=import_type,
-                 import_device=src_dev)
+                 action=_HOST_COPY if bytes_copy and info.host_accessible else _IMPORT,
+                 import_type=import_type, import_device=src_dev,
+                 import_copy=True if bytes_copy else None)
 
 
 def _decide_host(info: TensorInfo, copy: bool | None, has_producer: bool) -> Route:
@@ -448,7 +453,8 @@ def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stre
     if action is _RAISE:
         raise route.error  # type: ignore[misc]
     if action is _IMPORT:
-        arr = _import_capsule(c, cap, route, copy if route.kind == ZERO_COPY else None, stream)
+        arr = _import_capsule(c, cap, route, copy if route.kind == ZERO_COPY else route._import_copy,
+                              stream)
         return _finish(c, arr, route)
     if action is _HOST_COPY:
         host = _host_copy(cap, route.info)
