@@ -32,13 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import timeit
 
 import numpy
 
 import dlinspect
+from _bench import ratio_targets, time_statement
 
 try:
     import torch
@@ -77,18 +76,6 @@ def make_namespace() -> dict:
     return namespace
 
 
-def time_statement(stmt: str, namespace: dict, repeat: int) -> dict:
-    timer = timeit.Timer(stmt, globals=namespace)
-    number, _ = timer.autorange()
-    runs_us = [total / number * 1e6 for total in timer.repeat(repeat=repeat, number=number)]
-    return {
-        "stmt": stmt,
-        "number": number,
-        "repeat": repeat,
-        "median_us": statistics.median(runs_us),
-        "min_us": min(runs_us),
-        "runs_us": runs_us,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,17 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<{width}}  {results[name]['median_us']:>10.4f}")
 
     print()
-    targets = []
-    for description, measured, baseline, limit in TARGETS:
-        if measured not in results or baseline not in results:
-            status, ratio = "SKIP", None
-            print(f"SKIP  {description}: torch is not installed")
-        else:
-            ratio = results[measured]["median_us"] / results[baseline]["median_us"]
-            status = "PASS" if ratio <= limit else "FAIL"
-            print(f"{status}  {description}: {measured} / {baseline} = {ratio:.3f}")
-        targets.append({"target": description, "measured": measured, "baseline": baseline,
-                        "limit": limit, "ratio": ratio, "status": status})
+    targets = ratio_targets(TARGETS, results)
 
     if args.json:
         report = {"unit": "microseconds per call", "versions": versions,

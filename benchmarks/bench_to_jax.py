@@ -44,9 +44,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import timeit
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -57,6 +55,7 @@ import jaxlib
 import numpy
 
 import dlinspect
+from _bench import ratio_targets, time_statement
 from dlinspect.testing import aligned_empty
 
 try:
@@ -125,18 +124,6 @@ def make_namespace() -> dict:
     return namespace
 
 
-def time_statement(stmt: str, namespace: dict, repeat: int) -> dict:
-    timer = timeit.Timer(stmt, globals=namespace)
-    number, _ = timer.autorange()
-    runs_us = [total / number * 1e6 for total in timer.repeat(repeat=repeat, number=number)]
-    return {
-        "stmt": stmt,
-        "number": number,
-        "repeat": repeat,
-        "median_us": statistics.median(runs_us),
-        "min_us": min(runs_us),
-        "runs_us": runs_us,
-    }
 
 
 def rss_kib() -> int:
@@ -150,7 +137,8 @@ def rss_kib() -> int:
 
 def run_sweep(repeat: int, results: dict) -> list[dict]:
     sweep = []
-    print(f"\n{'size':>8}  {'plan':<10}  {'to_jax µs':>10}  {'from_dlpack µs':>14}  {'repeat':>6}")
+    print(f"\n{'size':>8}  {'plan':<10}  {'to_jax µs':>10}  {'from_dlpack µs':>14}"
+          f"  {'repeat':>6}")
     print(f"{'-' * 8}  {'-' * 10}  {'-' * 10}  {'-' * 14}  {'-' * 6}")
     for label, nbytes in SIZES:
         x = aligned_filled((nbytes // 4,))
@@ -230,17 +218,7 @@ def main(argv: list[str] | None = None) -> int:
           f"+{memory['growth_kib']} KiB; shares the array's memory: {memory['shares_memory']}")
 
     print()
-    targets = []
-    for description, measured, baseline, limit in TARGETS:
-        if measured not in results or baseline not in results:
-            status, ratio = "SKIP", None
-            print(f"SKIP  {description}: torch is not installed")
-        else:
-            ratio = results[measured]["median_us"] / results[baseline]["median_us"]
-            status = "PASS" if ratio <= limit else "FAIL"
-            print(f"{status}  {description}: {measured} / {baseline} = {ratio:.3f}")
-        targets.append({"target": description, "measured": measured, "baseline": baseline,
-                        "limit": limit, "ratio": ratio, "status": status})
+    targets = ratio_targets(TARGETS, results)
 
     description = f"to_jax flat across sizes (zero-copy): max/min <= {FLAT_LIMIT}"
     slowest = max(sweep, key=lambda row: row["to_jax_us"])
@@ -248,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio = slowest["to_jax_us"] / fastest["to_jax_us"]
     not_zero_copy = [row["size"] for row in sweep if not row["zero_copy"]]
     status = "PASS" if ratio <= FLAT_LIMIT and not not_zero_copy else "FAIL"
+    extra = f"; not zero-copy: {', '.join(not_zero_copy)}" if not_zero_copy else ""
     print(f"{status}  {description}: to_jax(x) {slowest['size']} / to_jax(x) {fastest['size']}"
-          f" = {ratio:.3f}" + (f"; not zero-copy: {', '.join(not_zero_copy)}" if not_zero_copy else ""))
+          f" = {ratio:.3f}{extra}")
     targets.append({"target": description, "measured": f"to_jax(x) {slowest['size']}",
                     "baseline": f"to_jax(x) {fastest['size']}", "limit": FLAT_LIMIT,
                     "ratio": ratio, "not_zero_copy": not_zero_copy, "status": status})

@@ -543,6 +543,11 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
                 f"elements. The producer wrote a corrupt header.")
     if zero:
         size = 0
+    if t.data == NULL and size > 0:
+        raise MalformedTensorError(
+            f"DLTensor.data is NULL but the shape {_shape_text(t.shape, ndim)} holds {size} "
+            f"element(s); only zero-size tensors may have NULL data. The producer wrote a "
+            f"corrupt header.")
     if t.strides == NULL:
         stride = 1
         for i in range(ndim - 1, -1, -1):
@@ -765,7 +770,7 @@ def peek(obj):
         memset(&t, 0, sizeof(DLTensor))
         try:
             _fill_exchange(entry.api, obj, &t)
-        except BufferError as exc:
+        except (BufferError, RuntimeError, ValueError) as exc:
             raise producer_error(obj, exc) from exc
         return _new_info(&t, SRC_EXCHANGE, 0)
     if not entry.has_dlpack:
@@ -775,7 +780,7 @@ def peek(obj):
             f"(NumPy, PyTorch, JAX, CuPy...) or the capsule its __dlpack__() returns.")
     try:
         cap = _call_dlpack(obj)
-    except BufferError as exc:
+    except (BufferError, RuntimeError, ValueError) as exc:
         raise producer_error(obj, exc) from exc
     if not PyCapsule_CheckExact(cap):
         raise NotDLPackError(
@@ -805,6 +810,7 @@ _HINTS = (
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("negative bit", "call .resolve_neg() first"),
     ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
     ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
     ("readonly", "pass the array to dlinspect, which asks for a versioned capsule, or copy it"),
     ("read-only", "pass the array to dlinspect, which asks for a versioned capsule, or copy it"),
@@ -813,7 +819,8 @@ _HINTS = (
 
 def producer_error(obj, BaseException exc):
     """A ProducerError that keeps the producer's reason and adds what to do."""
-    reason = (str(exc) or type(exc).__name__).rstrip()
+    # First line only: C++ producers append a stack trace (kept in __cause__).
+    reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
     if not reason.endswith((".", "!", "?")):
         reason += "."
     low = reason.lower()

@@ -60,7 +60,7 @@ class TestCapsules:
 
     @pytest.mark.parametrize(("code", "bits"), sorted(EXPECTED_NAMES))
     def test_every_dtype_code(self, code, bits):
-        cap = make_capsule(shape=(5,), dtype=(code, bits, 1), address=0)
+        cap = make_capsule(shape=(5,), dtype=(code, bits, 1), address=4096)
         info = peek(cap)
         assert info.dtype == (code, bits, 1)
         assert info.dtype_name == EXPECTED_NAMES[(code, bits)]
@@ -68,26 +68,26 @@ class TestCapsules:
         assert info.nbytes == (5 * bits + 7) // 8
 
     def test_unknown_code_and_lanes_are_described(self):
-        assert peek(make_capsule(shape=(2,), dtype=(99, 8, 1), address=0)).dtype_name == \
+        assert peek(make_capsule(shape=(2,), dtype=(99, 8, 1), address=4096)).dtype_name == \
             "DLDataType(code=99, bits=8)"
-        info = peek(make_capsule(shape=(2,), dtype=(C.kDLFloat, 32, 4), address=0))
+        info = peek(make_capsule(shape=(2,), dtype=(C.kDLFloat, 32, 4), address=4096))
         assert info.dtype_name == "float32x4" and info.numpy_dtype is None
         assert info.itemsize == 16 and info.nbytes == 32
 
     def test_numpy_dtypes(self, ml_dtypes):
         for (code, bits), name in EXPECTED_NAMES.items():
-            dt = peek(make_capsule(shape=(1,), dtype=(code, bits), address=0)).numpy_dtype
+            dt = peek(make_capsule(shape=(1,), dtype=(code, bits), address=4096)).numpy_dtype
             if code == C.kDLOpaqueHandle:
                 assert dt is None
             else:
                 assert dt is not None and dt.name == name, (name, dt)
 
     def test_subbyte_packed_and_padded(self):
-        assert peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=0)).nbytes == 5
-        padded = peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=0,
+        assert peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=4096)).nbytes == 5
+        padded = peek(make_capsule(shape=(3, 3), dtype=(C.kDLInt, 4), address=4096,
                                    flags=FLAG_IS_SUBBYTE_TYPE_PADDED))
         assert padded.nbytes == 9
-        assert peek(make_capsule(shape=(7,), dtype=(C.kDLFloat6_e2m3fn, 6), address=0)).nbytes == 6
+        assert peek(make_capsule(shape=(7,), dtype=(C.kDLFloat6_e2m3fn, 6), address=4096)).nbytes == 6
 
     @pytest.mark.parametrize("versioned", [False, True])
     def test_capsule_unchanged_and_still_consumable(self, versioned):
@@ -142,13 +142,13 @@ class TestCapsules:
             peek(h.cap)
 
     def test_foreign_capsule(self):
-        cap = make_capsule(shape=(1,), address=0, name="not_a_tensor", null_deleter=True)
+        cap = make_capsule(shape=(1,), address=4096, name="not_a_tensor", null_deleter=True)
         with pytest.raises(NotDLPackError, match="not_a_tensor"):
             peek(cap)
 
     @pytest.mark.parametrize("major", [0, 2, 3])
     def test_unsupported_major_version(self, major):
-        cap = make_capsule(shape=(2,), address=0, version=(major, 7), ndim=-5)
+        cap = make_capsule(shape=(2,), address=4096, version=(major, 7), ndim=-5)
         with pytest.raises(UnsupportedVersionError, match=f"version {major}.7"):
             peek(cap)
 
@@ -161,7 +161,7 @@ class TestCapsules:
         assert legacy.capsule_name == "dltensor"
 
     def test_null_strides_are_row_major(self):
-        info = peek(make_capsule(shape=(2, 3, 4), address=0))
+        info = peek(make_capsule(shape=(2, 3, 4), address=4096))
         assert info.strides_null and info.strides == (12, 4, 1) and info.is_c_contiguous
         assert info.byte_strides == (48, 16, 4)
 
@@ -182,9 +182,9 @@ class TestCapsules:
 
     def test_more_dims_than_inline_storage(self):
         shape = (1, 2) * 10
-        info = peek(make_capsule(shape=shape, address=0))
+        info = peek(make_capsule(shape=shape, address=4096))
         assert info.shape == shape and info.size == 2 ** 10 and info.ndim == 20
-        assert peek(make_capsule(shape=(1,) * dlinspect.MAX_NDIM, address=0)).ndim == 64
+        assert peek(make_capsule(shape=(1,) * dlinspect.MAX_NDIM, address=4096)).ndim == 64
 
 
 MALFORMED = [
@@ -206,7 +206,7 @@ class TestMalformed:
     @pytest.mark.parametrize("versioned", [False, True])
     def test_malformed_header(self, case, kwargs, message, versioned):
         counter = DeleterCounter()
-        cap = make_capsule(address=0, versioned=versioned, counter=counter, **kwargs)
+        cap = make_capsule(address=4096, versioned=versioned, counter=counter, **kwargs)
         with pytest.raises(MalformedTensorError, match=message):
             peek(cap)
         with pytest.raises(BufferError):
@@ -215,8 +215,13 @@ class TestMalformed:
         del cap
         assert counter.calls == 1
 
+    def test_null_data_with_elements(self):
+        with pytest.raises(MalformedTensorError, match="data is NULL but the shape \\(4,\\) holds 4"):
+            peek(make_capsule(None, shape=(4,)))
+        assert peek(make_capsule(None, shape=(0, 4))).size == 0
+
     def test_huge_zero_size_is_fine(self):
-        info = peek(make_capsule(shape=(2**62, 0, 2**62), address=0))
+        info = peek(make_capsule(shape=(2**62, 0, 2**62), address=4096))
         assert info.size == 0 and info.nbytes == 0
 
 

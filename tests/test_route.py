@@ -486,3 +486,64 @@ class TestStreams:
         to_jax(p)
         assert [c["stream"] for c in p.calls] == [None, None]  # no CUDA backend here
         assert p.calls[1]["dl_device"] == (1, 0)
+
+
+class TestRegressions:
+    """Inputs a first outside trial broke; each stands for its kind."""
+
+    def test_failed_to_host_leaves_capsule_unconsumed(self):
+        counter = DeleterCounter()
+        for kw in (dict(shape=(2, 3), strides=(1, 2), dtype=(0, 4)),   # packed, strided
+                   dict(shape=(5,), dtype=(15, 6))):                   # packed across bytes
+            cap = make_capsule(aligned_empty((8,), np.uint8, 64), counter=counter, **kw)
+            assert plan(cap, "host").kind == "error"
+            with pytest.raises(UnsupportedDTypeError, match="unpacks only C-contiguous 1-, 2- and 4-bit"):
+                to_host(cap)
+            assert capsule_name(cap) == "dltensor_versioned"
+        assert counter.calls == 0
+
+    def test_plan_sees_producer_refusals(self, torch):
+        for t in (torch.ones(2, requires_grad=True), torch.tensor([1j]).conj()):
+            route = plan(t)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+
+    def test_peek_wraps_producer_runtime_errors(self, torch):
+        with pytest.raises(ProducerError, match="to_dense"):
+            dlinspect.peek(torch.eye(3).to_sparse())
+
+    def test_bad_device_argument(self):
+        for bad in ("cpu", 1, 0):
+            with pytest.raises(TypeError, match="jax.Device"):
+                to_jax(aligned([1.0]), device=bad)
+
+    def test_misbehaving_producers(self):
+        class ReturnsNone:
+            def __dlpack__(self, **kw):
+                return None
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        class BadDevice(FakeProducer):
+            def __dlpack_device__(self):
+                return "cpu"
+
+        class NoKeywords:
+            def __init__(self):
+                self.x = aligned([4.0, 5.0])
+
+            def __dlpack__(self):
+                return self.x.__dlpack__()
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        for fn in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(NotDLPackError, match="not a PyCapsule"):
+                fn(ReturnsNone())
+            with pytest.raises(dlinspect.MalformedTensorError, match="__dlpack_device__"):
+                fn(BadDevice(np.ones(1)))
+        np.testing.assert_array_equal(np.asarray(to_jax(NoKeywords())), [4.0, 5.0])
+        np.testing.assert_array_equal(to_host(NoKeywords()), [4.0, 5.0])
+        with pytest.raises(NotDLPackError):
+            to_jax(np.ndarray)

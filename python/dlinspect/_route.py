@@ -18,6 +18,8 @@ from ._enums import DLDeviceType as D
 from ._enums import device_name
 from .errors import (
     CopyRequiredError,
+    MalformedTensorError,
+    ProducerError,
     DLInspectWarning,
     NotDLPackError,
     UnsupportedDeviceError,
@@ -153,9 +155,9 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
             return Route(HOST_FALLBACK,
                          f"{device_name(dt)} has no JAX backend here; the producer is asked for a "
                          f"host copy (dl_device=(kDLCPU, 0), copy=True), else numpy.asarray.",
-                         info, target, copy_bytes=info.nbytes, jax_device=device or c.cpu_device(),
+                         info, target, copy_bytes=info.nbytes, jax_device=c.cpu_device() if device is None else device,
                          action=_PRODUCER_COPY)
-    dest = device or src_dev
+    dest = src_dev if device is None else device
     needs: list[str] = []
     if not info.is_compact:
         what = ("broadcast (stride 0)" if info.has_broadcast else
@@ -220,6 +222,13 @@ def _decide_host(info: TensorInfo, copy: bool | None, has_producer: bool) -> Rou
     packed = info.dtype.bits * info.dtype.lanes < 8 and not (info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED)
     if info.host_accessible:
         if packed and info.size > 1:
+            bits = info.dtype.bits * info.dtype.lanes
+            if 8 % bits or not info.is_c_contiguous:
+                return _error(info, target, UnsupportedDTypeError(
+                    f"{_describe(info)} packs {bits}-bit elements "
+                    f"{'across byte boundaries' if 8 % bits else f'with strides {info.strides}'}; "
+                    f"dlinspect unpacks only C-contiguous 1-, 2- and 4-bit data. To fix: ask the "
+                    f"producer for padded storage, or unpack with its own library."))
             if copy is False:
                 return _error(info, target, CopyRequiredError(
                     f"{_describe(info)} packs {info.dtype.bits}-bit elements, while NumPy stores "
@@ -255,7 +264,12 @@ def _check_options(target: str, fallback: str, readonly: str) -> None:
 
 
 def _single_device(device: Any) -> Any:
-    if device is None or not hasattr(device, "device_set"):
+    if device is None:
+        return None
+    if not hasattr(device, "device_set"):
+        if not (hasattr(device, "platform") and hasattr(device, "id")):
+            raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
+                            f"{device!r}; e.g. device=jax.devices('cpu')[0].")
         return device
     devices = device.device_set
     if len(devices) != 1:
@@ -305,11 +319,22 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     """
     _check_options(target, fallback, readonly)
     has_producer = not _is_capsule(x)
-    info = x if isinstance(x, TensorInfo) else peek(x)
-    if target == "host":
+    c = None
+    if target == "jax":
+        from ._jax import caps
+        c = caps()
+    if isinstance(x, TensorInfo):
+        info = x
+    else:
+        # The same export to_jax makes, so the producer's own refusals show in the plan.
+        try:
+            _, info, _ = _read(x, c)
+        except ProducerError as exc:
+            info = peek(x)
+            return _error(info, target, exc)
+    if c is None:
         return _decide_host(info, copy, has_producer)
-    from ._jax import caps
-    return _decide_jax(info, caps(), _single_device(device), copy, fallback, readonly, has_producer)
+    return _decide_jax(info, c, _single_device(device), copy, fallback, readonly, has_producer)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:
@@ -356,13 +381,17 @@ def _export(x: Any, stream: Any = None, **kwargs: Any) -> Any:
     """``x.__dlpack__(stream=..., max_version=(1, 3), **kwargs)``; older producers retried bare."""
     try:
         try:
-            return x.__dlpack__(stream=stream, max_version=_MAX_VERSION, **kwargs)
+            cap = x.__dlpack__(stream=stream, max_version=_MAX_VERSION, **kwargs)
         except TypeError:
             if kwargs:
                 raise
-            return x.__dlpack__(stream=stream)
-    except BufferError as exc:
+            cap = x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
+    except (BufferError, RuntimeError, ValueError) as exc:
         raise producer_error(x, exc) from exc
+    if type(cap) is not _CAPSULE_TYPE:
+        raise NotDLPackError(f"{type(x).__name__}.__dlpack__() returned "
+                             f"{type(cap).__name__}, not a PyCapsule.")
+    return cap
 
 
 def _device_of(x: Any) -> tuple[int, int] | None:
@@ -370,7 +399,12 @@ def _device_of(x: Any) -> tuple[int, int] | None:
     if get is None:
         return None
     dev = get()
-    return (int(dev[0]), int(dev[1]))
+    try:
+        return (int(dev[0]), int(dev[1]))
+    except (TypeError, ValueError, IndexError) as exc:
+        raise MalformedTensorError(
+            f"{type(x).__name__}.__dlpack_device__() returned {dev!r}; the array API requires "
+            f"a (device_type, device_id) pair of ints.") from exc
 
 
 def _aligned_like(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
@@ -394,10 +428,6 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
     owner = _core.take(cap, True)
     try:
-        if not info.is_c_contiguous:
-            raise UnsupportedDTypeError(
-                f"{_describe(info)} is packed {info.dtype.bits}-bit data with strides "
-                f"{info.strides}; dlinspect unpacks only C-contiguous packed data.")
         bits = info.dtype.bits
         raw = np.asarray(owner_bytes := _core.take_bytes(owner, info.nbytes))
         shifts = np.arange(8 // bits, dtype=np.uint8) * bits
@@ -490,25 +520,32 @@ def _host_from_producer(x: Any, info: TensorInfo) -> Any:
         f"To fix: {_device_fix(info)}.")
 
 
+def _read(x: Any, c: Any) -> tuple[Any, TensorInfo, Any]:
+    """Export ``x`` once (stream chosen for JAX when ``c`` is given) and read its header.
+
+    Returns ``(capsule, info, stream)``; a bare capsule is read, not consumed.
+    """
+    tp = type(x)
+    if tp is _CAPSULE_TYPE:
+        return x, peek(x), None
+    if not hasattr(x, "__dlpack__") or isinstance(x, type):
+        raise NotDLPackError(
+            f"expected a DLPack producer, a capsule, or a pytree of them; got an object of "
+            f"type {tp.__module__}.{tp.__qualname__}.")
+    # numpy.ndarray answers __dlpack_device__ from the same field as its header.
+    dev = None if tp is np.ndarray else _device_of(x)
+    stream = None
+    if c is not None and dev is not None and dev[0] in (D.kDLCUDA, D.kDLROCM):
+        stream = c.stream_for(dev[0], c.device_for(dev[0], dev[1]))
+    cap = _export(x, stream)
+    info = peek(cap) if dev is None else peek_exported(cap, dev[0], dev[1])
+    return cap, info, stream
+
+
 def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
     c = _caps if _caps is not None else _load_caps()
     tp = type(x)
-    if tp is _CAPSULE_TYPE:
-        cap = x
-        info = peek(cap)
-        stream = None
-    elif hasattr(x, "__dlpack__"):
-        # numpy.ndarray answers __dlpack_device__ from the same field as its header.
-        dev = None if tp is np.ndarray else _device_of(x)
-        stream = None
-        if dev is not None and dev[0] in (D.kDLCUDA, D.kDLROCM):
-            stream = c.stream_for(dev[0], c.device_for(dev[0], dev[1]))
-        cap = _export(x, stream)
-        info = peek(cap) if dev is None else peek_exported(cap, dev[0], dev[1])
-    else:
-        raise NotDLPackError(
-            f"to_jax takes DLPack producers, capsules, or pytrees of them; got an object of "
-            f"type {tp.__module__}.{tp.__qualname__}.")
+    cap, info, stream = _read(x, c)
     if device is None and copy is not True:
         # Fast path: memory JAX views as it is, on a device it has, in a dtype it keeps.
         dt = info.device_type
@@ -653,17 +690,7 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     [0.0, 1.0, 2.0]
     """
     is_cap = type(x) is _CAPSULE_TYPE
-    if is_cap:
-        cap = x
-        info = peek(cap)
-    elif hasattr(x, "__dlpack__"):
-        dev = _device_of(x)
-        cap = _export(x)
-        info = peek(cap) if dev is None else peek_exported(cap, dev[0], dev[1])
-    else:
-        raise NotDLPackError(
-            f"to_host takes a DLPack producer or capsule; got an object of type "
-            f"{type(x).__module__}.{type(x).__qualname__}.")
+    cap, info, _ = _read(x, None)
     route = _decide_host(info, copy, not is_cap)
     action = route._action
     if action is _RAISE:
