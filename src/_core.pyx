@@ -1078,14 +1078,6 @@ def capsule_name(cap):
     return None if name == NULL else name.decode(errors="replace")
 
 
-def set_legacy_device(cap, int device_type):
-    """Overwrite the device type inside a "dltensor" capsule that dlinspect made."""
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
-    if dlm.deleter != _adapter_deleter:
-        raise ValueError("only adapter capsules made by dlinspect may be changed")
-    dlm.dl_tensor.device.device_type = device_type
-
-
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:

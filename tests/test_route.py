@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
-import jax.numpy as jnp  # noqa: E402
 
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402

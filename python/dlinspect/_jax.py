@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
 from ._enums import DLDeviceType as D
 
 __all__ = ["caps", "force_public_api", "JaxCaps"]
@@ -49,7 +48,6 @@ class JaxCaps:
 
         self.jax = jax
         self.jnp = jax.numpy
-        self._lock = threading.Lock()
         try:
             from jax._src import dlpack as jdl
             self.mapping = {int(k): v for k, v in jdl._DL_DEVICE_TO_PLATFORM.items()}

@@ -429,7 +429,7 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
     owner = _core.take(cap, True)
     try:
         bits = info.dtype.bits
-        raw = np.asarray(owner_bytes := _core.take_bytes(owner, info.nbytes))
+        raw = np.asarray(_core.take_bytes(owner, info.nbytes))
         shifts = np.arange(8 // bits, dtype=np.uint8) * bits
         # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
         vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
