@@ -25,6 +25,7 @@ cdef extern from "Python.h":
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
     PyObject* PyErr_Occurred()
+    void PyErr_Clear()
     void PyErr_WriteUnraisable(object obj)
 
 from dlinspect.errors import (
@@ -372,7 +373,7 @@ cdef class TensorInfo:
             expected *= self._shape[order[j]]
         return True
 
-    def _plain(self, uintptr_t min_align, int max_bits):
+    cdef bint _plain(self, uintptr_t min_align, int max_bits) noexcept:
         """True when JAX can view this tensor as it is: one lane of at most
         ``max_bits`` bits, not read-only, compact, non-empty, data aligned to
         ``min_align`` bytes (the to_jax fast path; plan() decides the rest)."""
@@ -1159,3 +1160,107 @@ def as_legacy(cap):
     if PyCapsule_IsValid(cap, LEGACY):
         return cap
     return legacy_from_versioned(cap)
+
+
+# ---- to_jax's fast path ----------------------------------------------------
+
+cdef class JaxFastPath:
+    """What to_jax's fast path needs from the installed JAX, fixed at start-up.
+
+    Built by ``dlinspect._jax.JaxCaps.fast_path``. ``import_fn(capsule,
+    device, stream, copy, dl_device_type)`` imports a "dltensor" capsule (jaxlib's
+    own function, or a wrapper over the public API); ``ok_dtypes`` holds
+    ``code | bits << 8`` of the one-lane dtypes JAX was found to import and is
+    filled by the dtype probe; ``x64.value`` is JAX's ``jax_enable_x64``.
+    ``check_pinned``: JAX has a backend for pinned host memory, so a kDLCPU
+    header from the exchange API (which says kDLCPU for a pinned torch tensor)
+    is not enough and ``__dlpack_device__`` is asked.
+    """
+    cdef object import_fn, cpu_device, x64
+    cdef set ok_dtypes
+    cdef uintptr_t cpu_align
+    cdef bint check_pinned
+
+    def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, set ok_dtypes,
+                  bint check_pinned):
+        if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
+            raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
+        self.import_fn = import_fn
+        self.cpu_device = cpu_device
+        self.cpu_align = cpu_align
+        self.x64 = x64
+        self.ok_dtypes = ok_dtypes
+        self.check_pinned = check_pinned
+
+
+cdef tuple _NOT_FAST = (None, None)
+
+
+@cython.binding(False)
+def fast_to_jax(x, JaxFastPath fp):
+    """Import ``x`` into JAX's CPU device with no copy, when nothing needs deciding.
+
+    Takes kDLCPU memory (device id 0) that is compact, aligned to XLA:CPU's
+    alignment, writable, non-empty, of a dtype JAX keeps as it is. Exports once
+    (``__dlpack__(max_version=(1, 3))``), validates the header as :func:`peek`
+    does, adapts a versioned capsule to a legacy one, and calls ``fp.import_fn``.
+
+    Returns
+    -------
+    jax.Array, or tuple
+        The array; else ``(capsule, TensorInfo)`` when ``x`` was exported (or is
+        a capsule) but needs the general route, or ``(None, None)`` when nothing
+        was exported (not a DLPack object, or memory not on the CPU).
+
+    Raises
+    ------
+    ProducerError, MalformedTensorError, UnsupportedVersionError, CapsuleConsumedError
+        As :func:`peek`; and whatever the import raises, with a versioned capsule
+        given back its name (unconsumed).
+    """
+    cdef DLTensor t
+    cdef _TypeEntry entry
+    cdef int32_t dev_type = -1, dev_id = 0
+    cdef TensorInfo info
+    cdef bint asked = False
+    if PyCapsule_CheckExact(x):
+        cap = x
+    else:
+        entry = _entry_for(type(x))
+        if not entry.has_dlpack:
+            return _NOT_FAST
+        if entry.api != NULL and not fp.check_pinned:
+            # The exchange API fills the header on the stack: the device, cheaply.
+            memset(&t, 0, sizeof(DLTensor))
+            if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
+                PyErr_Clear()  # the general route asks __dlpack__ and reports its reason
+                return _NOT_FAST
+            if t.device.device_type != kDLCPU:
+                return _NOT_FAST
+        elif entry.has_device:
+            _device_of(x, &dev_type, &dev_id)
+            if dev_type != kDLCPU:
+                return _NOT_FAST
+            asked = True
+        try:
+            cap = _call_dlpack(x)
+        except (BufferError, RuntimeError, ValueError) as exc:
+            raise producer_error(x, exc) from exc
+        if not PyCapsule_CheckExact(cap):
+            return _NOT_FAST
+    info = _peek_capsule(cap)
+    if asked:
+        info._dev_type = dev_type
+        info._dev_id = dev_id
+    if info._dev_type != kDLCPU or info._dev_id != 0 \
+            or not info._plain(fp.cpu_align, 64 if fp.x64.value else 32) \
+            or (info._code | (info._bits << 8)) not in fp.ok_dtypes:
+        return (cap, info)
+    if info._source == SRC_LEGACY:
+        return fp.import_fn(cap, fp.cpu_device, None, None, <int>kDLCPU)
+    legacy = legacy_from_versioned(cap)
+    try:
+        return fp.import_fn(legacy, fp.cpu_device, None, None, <int>kDLCPU)
+    except BaseException:
+        restore_versioned(legacy, cap)
+        raise

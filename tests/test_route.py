@@ -393,6 +393,9 @@ class TestLifetimes:  # C12
         def boom(*args):
             raise RuntimeError("import failed")
         monkeypatch.setattr(c, "import_capsule", boom)
+        monkeypatch.setattr(c, "_import", boom)
+        monkeypatch.setattr(djax, "_public_import", lambda jax, *args: boom(*args))
+        monkeypatch.setattr(c, "_fast", None)  # rebuilt around boom; undo restores it
         with pytest.raises(RuntimeError, match="import failed"):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
@@ -546,3 +549,78 @@ class TestRegressions:
         np.testing.assert_array_equal(to_host(NoKeywords()), [4.0, 5.0])
         with pytest.raises(NotDLPackError):
             to_jax(np.ndarray)
+
+
+class TestFastPath:
+    """_core.fast_to_jax: imports only what needs no decision, hands the rest on unconsumed."""
+
+    def fast(self):
+        return djax.caps().fast_path()
+
+    def test_plain_numpy_is_imported_in_place(self, import_path):
+        x = aligned(np.arange(8))
+        to_jax(x)  # the dtype probe runs once, on the general route
+        y = dlinspect._core.fast_to_jax(x, self.fast())
+        assert isinstance(y, jax.Array) and buffer_pointer(y) == x.ctypes.data
+        x[0] = 42.0
+        assert float(y[0]) == 42.0
+
+    @pytest.mark.parametrize("make, why", [
+        (lambda: aligned_empty((4,), np.float32, 64, offset=16), "misaligned"),
+        (lambda: aligned(np.ones((4, 4)))[:, ::2], "strided"),
+        (lambda: aligned(np.ones(4), np.float64), "64-bit with x64 off"),
+        (lambda: np.zeros((0,), np.float32), "empty"),
+    ])
+    def test_needs_a_decision_returns_the_export(self, make, why):
+        x = make()
+        cap, info = dlinspect._core.fast_to_jax(x, self.fast())
+        assert capsule_name(cap) == "dltensor_versioned", why
+        assert info.shape == x.shape
+
+    def test_read_only_returns_the_export(self):
+        x = aligned(np.ones(4))
+        x.flags.writeable = False
+        cap, info = dlinspect._core.fast_to_jax(x, self.fast())
+        assert info.read_only and capsule_name(cap) == "dltensor_versioned"
+
+    def test_bare_capsule_left_unconsumed_when_not_fast(self):
+        counter = DeleterCounter()
+        cap = make_capsule(aligned_empty((4,), np.float32, 64, offset=16), counter=counter)
+        got_cap, info = dlinspect._core.fast_to_jax(cap, self.fast())
+        assert got_cap is cap and capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+
+    def test_device_memory_is_not_exported(self):
+        p = FakeProducer(np.ones(4, np.float32), (D.kDLVulkan, 0))
+        assert dlinspect._core.fast_to_jax(p, self.fast()) == (None, None)
+        assert p.calls == []  # only __dlpack_device__ was asked
+        assert dlinspect._core.fast_to_jax({"a": 1}, self.fast()) == (None, None)
+
+    def test_exchange_api_device_stands_in_for_dlpack_device(self, torch):
+        """A kDLCPU exchange header is enough unless JAX has a pinned-host backend (a
+        pinned torch tensor says kDLCPU there and kDLCUDAHost in __dlpack_device__)."""
+        asked = []
+
+        class Spy(torch.Tensor):
+            def __dlpack_device__(self):
+                asked.append(1)
+                return super().__dlpack_device__()
+
+        t = torch.ones(16).as_subclass(Spy)
+        c = djax.caps()
+        to_jax(torch.ones(16))
+        for check_pinned, calls in ((False, 0), (True, 1)):
+            asked.clear()
+            fp = dlinspect._core.JaxFastPath(c._import, c.cpu_device(), c.cpu_alignment,
+                                             djax._X64Flag(jax.config), c._fast_dtypes,
+                                             check_pinned)
+            y = dlinspect._core.fast_to_jax(t, fp)
+            assert isinstance(y, jax.Array) and len(asked) == calls
+            np.testing.assert_array_equal(np.asarray(y), np.ones(16, np.float32))
+
+    def test_x64_is_read_per_call(self):
+        x = aligned(np.arange(4), np.float64)
+        with jax.enable_x64(True):
+            to_jax(x)  # probe float64
+            y = dlinspect._core.fast_to_jax(x, self.fast())
+            assert isinstance(y, jax.Array) and y.dtype == np.float64
+        assert type(dlinspect._core.fast_to_jax(x, self.fast())) is tuple

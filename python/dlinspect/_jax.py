@@ -8,6 +8,7 @@ first time they are needed.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any
@@ -64,14 +65,22 @@ class JaxCaps:
             self.direct, self.direct_reason = False, "DLINSPECT_JAX_PUBLIC_API=1 forces the public API"
         from jax._src import dtypes as jdtypes
         self._canonicalize = jdtypes.canonicalize_dtype
-        # Per device type: the alignment the fast path of to_jax requires
-        # (XLA:CPU's for host memory; none known for device memory).
-        self._fast_align = {k: (self.cpu_alignment if v == "cpu" else 1)
-                            for k, v in self.platforms.items()}
+        self._fast_dtypes: set[int] = set()  # code | bits << 8, see _core.JaxFastPath
+        self._fast: Any = None
 
-    def fast_bits(self) -> int:
-        """Widest element, in bits, that JAX keeps as it is (32 with x64 off)."""
-        return 64 if self.jax.config.jax_enable_x64 else 32
+    def fast_path(self) -> Any:
+        """The :class:`dlinspect._core.JaxFastPath` of this JAX (built once)."""
+        if self._fast is None:
+            from . import _core
+            try:
+                from jax._src.config import enable_x64 as x64
+            except ImportError:  # a jax without the State object: read jax.config
+                x64 = _X64Flag(self.jax.config)
+            import_fn = self._import if self.direct else functools.partial(_public_import, self.jax)
+            pinned = any(k in _PINNED for k in self.platforms)
+            self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, x64,
+                                           self._fast_dtypes, pinned)
+        return self._fast
 
     # -- devices ---------------------------------------------------------
     def device_for(self, device_type: int, device_id: int) -> Any:
@@ -134,7 +143,9 @@ class JaxCaps:
         """None if JAX imports this ``DLDataType``; else JAX's own reason (probed once)."""
         key = (code, bits, lanes)
         if key not in self._dtypes:
-            self._dtypes[key] = self._probe_dtype(key)
+            problem = self._dtypes[key] = self._probe_dtype(key)
+            if problem is None:
+                self._fast_dtypes.add(code | bits << 8)
         return self._dtypes[key]
 
     def _probe_dtype(self, key: tuple[int, int, int]) -> str | None:
@@ -174,6 +185,19 @@ class JaxCaps:
         if self.direct:
             return self._import(cap, device, stream, copy, dl_device_type)
         return _public_import(self.jax, cap, device, stream, copy, dl_device_type)
+
+
+class _X64Flag:
+    """``.value`` is ``jax.config.jax_enable_x64`` (for jax without ``config.enable_x64``)."""
+
+    __slots__ = ("_config",)
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    @property
+    def value(self) -> bool:
+        return bool(self._config.jax_enable_x64)
 
 
 def _find_direct_import() -> tuple[bool, str, Any]:
@@ -243,3 +267,4 @@ def force_public_api(on: bool = True) -> None:
         c.direct, c.direct_reason = False, "forced by dlinspect._jax.force_public_api()"
     else:
         c.direct, c.direct_reason, c._import = _find_direct_import()
+    c._fast = None

@@ -544,23 +544,27 @@ def _read(x: Any, c: Any) -> tuple[Any, TensorInfo, Any]:
 
 def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
     c = _caps if _caps is not None else _load_caps()
-    tp = type(x)
-    cap, info, stream = _read(x, c)
     if device is None and copy is not True:
-        # Fast path: memory JAX views as it is, on a device it has, in a dtype it keeps.
-        dt = info.device_type
-        src = c._devices.get((dt, info.device_id))
-        if src is not None and info._plain(c._fast_align.get(dt, 4096), c.fast_bits()):
-            key = info.dtype
-            if key in c._dtypes and c._dtypes[key] is None:
-                legacy = _core.as_legacy(cap)
-                try:
-                    return c.import_capsule(legacy, src, stream, copy, dt)
-                except BaseException:
-                    if legacy is not cap:
-                        _core.restore_versioned(legacy, cap)
-                    raise
-    route = _decide_jax(info, c, device, copy, fallback, readonly, tp is not _CAPSULE_TYPE)
+        # Fast path (C): aligned, compact, writable CPU memory in a dtype JAX keeps.
+        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
+        if type(got) is not tuple:
+            return got
+        return _general_to_jax(c, x, got, device, copy, fallback, readonly)
+    return _general_to_jax(c, x, _NOT_READ, device, copy, fallback, readonly)
+
+
+_NOT_READ = (None, None)
+
+
+def _general_to_jax(c: Any, x: Any, got: tuple[Any, Any], device: Any, copy: bool | None,
+                    fallback: str, readonly: str) -> Any:
+    """Decide and execute the route; ``got`` is what the fast path exported, if anything."""
+    cap, info = got
+    if cap is None:
+        cap, info, stream = _read(x, c)
+    else:
+        stream = None  # the fast path exports CPU memory only (or was handed a capsule)
+    route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
     return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly)
 
 
@@ -643,8 +647,18 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: st
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    _check_options("jax", fallback, readonly)
-    device = _single_device(device)
+    if fallback != "host" or readonly != "copy":
+        _check_options("jax", fallback, readonly)
+    if device is not None:
+        device = _single_device(device)
+    elif copy is not True:
+        # The fast path, inlined from _one_to_jax: one Python frame less per call.
+        c = _caps if _caps is not None else _load_caps()
+        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
+        if type(got) is not tuple:
+            return got
+        if got[0] is not None or _is_tensor(x):
+            return _general_to_jax(c, x, got, device, copy, fallback, readonly)
     if _is_tensor(x):
         return _one_to_jax(x, device, copy, fallback, readonly)
     from jax import tree_util
