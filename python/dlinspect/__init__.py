@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
+from ._prefetch import prefetch_to_jax
 from ._route import Route, explain, plan, to_host, to_jax
 from .errors import (
     CapsuleConsumedError,
@@ -26,6 +27,7 @@ from .errors import (
     MalformedTensorError,
     NotDLPackError,
     ProducerError,
+    ShardingError,
     UnsupportedDeviceError,
     UnsupportedDTypeError,
     UnsupportedVersionError,
@@ -39,6 +41,7 @@ __all__ = [
     "explain",
     "to_jax",
     "to_host",
+    "prefetch_to_jax",
     "Route",
     "TensorInfo",
     "MAX_NDIM",
@@ -54,5 +57,6 @@ __all__ = [
     "UnsupportedDTypeError",
     "CopyRequiredError",
     "ProducerError",
+    "ShardingError",
     "DLInspectWarning",
 ]

@@ -67,15 +67,22 @@ class Route:
         The header the decision was made from.
     target : str
         ``"jax"`` or ``"host"``.
+    shards : tuple of (jax.Device, tuple of slice, Route)
+        With ``plan(x, sharding=...)`` and host memory bound for CPU devices:
+        each device's index into ``x`` (as
+        ``Sharding.addressable_devices_indices_map`` gives it) and that slice's
+        own route. Empty otherwise.
     """
 
     __slots__ = ("kind", "zero_copy", "reason", "copy_bytes", "jax_device", "error", "warning",
-                 "info", "target", "_action", "_import_type", "_import_device", "_import_copy")
+                 "info", "target", "shards", "_action", "_import_type", "_import_device",
+                 "_import_copy")
 
     def __init__(self, kind: str, reason: str, info: TensorInfo, target: str, *,
                  copy_bytes: int = 0, jax_device: Any = None, error: Exception | None = None,
                  warning: str | None = None, action: str = _IMPORT, import_type: int = 1,
-                 import_device: Any = None, import_copy: bool | None = None) -> None:
+                 import_device: Any = None, import_copy: bool | None = None,
+                 shards: tuple[Any, ...] = ()) -> None:
         self.kind = kind
         self.reason = reason
         self.info = info
@@ -85,6 +92,7 @@ class Route:
         self.jax_device = jax_device
         self.error = error
         self.warning = warning
+        self.shards = shards
         self._action = action
         self._import_type = import_type
         self._import_device = import_device
@@ -157,6 +165,10 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
                          f"host copy (dl_device=(kDLCPU, 0), copy=True), else numpy.asarray.",
                          info, target, copy_bytes=info.nbytes, jax_device=c.cpu_device() if device is None else device,
                          action=_PRODUCER_COPY)
+    if (device is not None and device != src_dev and info.host_accessible
+            and getattr(device, "platform", None) == "cpu"
+            and c.platforms.get(import_type) == "cpu"):
+        src_dev = device  # host memory: every CPU device views it as it is
     dest = src_dev if device is None else device
     needs: list[str] = []
     if not info.is_compact:
@@ -279,7 +291,7 @@ def _single_device(device: Any) -> Any:
 
 
 def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
-         fallback: str = "host", readonly: str = "copy") -> Route:
+         sharding: Any = None, fallback: str = "host", readonly: str = "copy") -> Route:
     """Decide where a tensor would go, without importing or copying anything.
 
     Parameters
@@ -293,6 +305,10 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     copy : bool or None
         Array API ``copy``: True always copies, False never (a needed copy becomes a
         ``CopyRequiredError`` route), None copies only where needed.
+    sharding : jax.sharding.Sharding, optional
+        Plan the split over several devices (see :func:`to_jax`); the route's
+        ``shards`` then give each device's index and route, and an uneven split
+        is a ``ShardingError`` route.
     fallback : {"host", "raise"}
         What to do with memory on a device JAX has no backend for: go through host
         memory, or an ``UnsupportedDeviceError`` route.
@@ -334,7 +350,13 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
             return _error(info, target, exc)
     if c is None:
         return _decide_host(info, copy, has_producer)
-    return _decide_jax(info, c, _single_device(device), copy, fallback, readonly, has_producer)
+    if sharding is not None and len(sharding.device_set) > 1:
+        if device is not None:
+            raise ValueError("plan takes device= or sharding=, not both; pass one of them.")
+        from . import _shard
+        return _shard.decide(info, c, sharding, copy, fallback, readonly, has_producer)
+    return _decide_jax(info, c, _single_device(device if sharding is None else sharding), copy,
+                       fallback, readonly, has_producer)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:
@@ -357,11 +379,21 @@ def explain(x: Any, target: str = "jax", **options: Any) -> str:
              f"  {route.reason}"]
     if route.jax_device is not None:
         lines.append(f"  JAX device: {route.jax_device}")
+    for dev, index, shard in route.shards:
+        lines.append(f"  shard {_index_text(index)} -> {dev}: {shard.kind}"
+                     + (f" ({shard.copy_bytes} B copied)" if shard.copy_bytes else ""))
     if route.warning:
         lines.append(f"  warning: {route.warning}")
     if route.error is not None:
         lines.append(f"  error: {type(route.error).__name__}: {route.error}")
     return "\n".join(lines)
+
+
+def _index_text(index: tuple[slice, ...]) -> str:
+    parts = [":" if sl == slice(None) else
+             f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
+             + (f":{sl.step}" if sl.step not in (None, 1) else "") for sl in index]
+    return f"[{', '.join(parts)}]"
 
 
 # ---- execution ---------------------------------------------------------------
@@ -414,9 +446,14 @@ def _aligned_like(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) 
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def _host_view(cap: Any, info: TensorInfo) -> tuple[np.ndarray, Any]:
-    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it)."""
-    read_only = info.read_only is not False  # legacy capsules cannot say: read-only, as NumPy does
+def _host_view(cap: Any, info: TensorInfo, read_only: bool | None = None) -> tuple[np.ndarray, Any]:
+    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it).
+
+    ``read_only`` None: a legacy capsule, which cannot say, gives a read-only
+    view, as NumPy does.
+    """
+    if read_only is None:
+        read_only = info.read_only is not False
     owner = _core.take(cap, read_only)
     if info.size == 0:
         return np.empty(info.shape, info.numpy_dtype), owner
@@ -549,21 +586,15 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
         got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
         if type(got) is not tuple:
             return got
-        return _general_to_jax(c, x, got, device, copy, fallback, readonly)
-    return _general_to_jax(c, x, _NOT_READ, device, copy, fallback, readonly)
+        if got[0] is not None:  # exported CPU memory (or was handed a capsule): no stream
+            return _general_to_jax(c, x, got[0], got[1], None, device, copy, fallback, readonly)
+    cap, info, stream = _read(x, c)
+    return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly)
 
 
-_NOT_READ = (None, None)
-
-
-def _general_to_jax(c: Any, x: Any, got: tuple[Any, Any], device: Any, copy: bool | None,
-                    fallback: str, readonly: str) -> Any:
-    """Decide and execute the route; ``got`` is what the fast path exported, if anything."""
-    cap, info = got
-    if cap is None:
-        cap, info, stream = _read(x, c)
-    else:
-        stream = None  # the fast path exports CPU memory only (or was handed a capsule)
+def _general_to_jax(c: Any, x: Any, cap: Any, info: TensorInfo, stream: Any, device: Any,
+                    copy: bool | None, fallback: str, readonly: str) -> Any:
+    """Decide and execute the route of a tensor already exported (``cap``) and read."""
     route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
     return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly)
 
@@ -578,8 +609,8 @@ def _load_caps() -> Any:
     return _caps
 
 
-def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: str = "host",
-           readonly: str = "copy") -> Any:
+def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
+           fallback: str = "host", readonly: str = "copy") -> Any:
     """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
 
     Parameters
@@ -595,6 +626,17 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: st
         and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
         strides, read-only, device transfer, dtype narrowing); None copies only
         where needed.
+    sharding : jax.sharding.Sharding or pytree of them, optional
+        Spread each leaf over several devices (instead of ``device``), e.g.
+        ``NamedSharding(mesh, PartitionSpec("data"))`` splits the leading (batch)
+        axis, ``PartitionSpec()`` replicates. A pytree of shardings is a prefix
+        of ``x``'s structure, as in ``jax.device_put``. Host memory bound for
+        CPU devices is split in place: each device imports its slice, zero-copy
+        where the slice's memory allows (see ``plan(x, sharding=...).shards``),
+        and JAX assembles the array (``jax.make_array_from_single_device_arrays``).
+        Other memory goes to JAX whole, then ``jax.device_put(array, sharding)``;
+        a sharding spanning several processes takes ``x`` as this process's part
+        (``jax.make_array_from_process_local_data``).
     fallback : {"host", "raise"}
         For memory on a device this JAX has no backend for (OpenCL, Vulkan,
         Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
@@ -620,6 +662,9 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: st
         device, shape, dtype, JAX platforms, what was tried and the fix.
     UnsupportedDTypeError
         JAX cannot hold the dtype (a ``BufferError``); names code, bits, lanes.
+    ShardingError
+        An axis does not divide evenly into the shards ``sharding`` cuts it
+        into (a ``ValueError``); names the size, the shard count and the fix.
     ProducerError
         The producer refused to export (requires_grad, conjugate bit...).
     CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
@@ -649,6 +694,8 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: st
     """
     if fallback != "host" or readonly != "copy":
         _check_options("jax", fallback, readonly)
+    if sharding is not None:
+        return _to_jax_sharded(x, device, sharding, copy, fallback, readonly)
     if device is not None:
         device = _single_device(device)
     elif copy is not True:
@@ -657,13 +704,44 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, fallback: st
         got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
         if type(got) is not tuple:
             return got
-        if got[0] is not None or _is_tensor(x):
-            return _general_to_jax(c, x, got, device, copy, fallback, readonly)
+        if got[0] is not None:
+            return _general_to_jax(c, x, got[0], got[1], None, device, copy, fallback, readonly)
+        if _is_tensor(x):
+            cap, info, stream = _read(x, c)
+            return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly)
     if _is_tensor(x):
         return _one_to_jax(x, device, copy, fallback, readonly)
     from jax import tree_util
     return tree_util.tree_map(lambda leaf: _one_to_jax(leaf, device, copy, fallback, readonly),
                               x, is_leaf=_is_tensor)
+
+
+def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallback: str,
+                    readonly: str) -> Any:
+    if device is not None:
+        raise ValueError("to_jax takes device= or sharding=, not both; pass one of them.")
+    from jax import tree_util
+    from jax.sharding import Sharding
+    from . import _shard
+    c = _caps if _caps is not None else _load_caps()
+
+    def one(leaf: Any, s: Any) -> Any:
+        if not isinstance(s, Sharding):
+            raise TypeError(f"sharding must be a jax.sharding.Sharding or a pytree of them, "
+                            f"not {type(s).__name__}; e.g. NamedSharding(mesh, PartitionSpec('data')).")
+        if len(s.device_set) == 1:
+            return _one_to_jax(leaf, _single_device(s), copy, fallback, readonly)
+        return _shard.to_jax_sharded(leaf, c, s, copy, fallback, readonly)
+
+    def subtree(s: Any, sub: Any) -> Any:
+        if _is_tensor(sub):
+            return one(sub, s)
+        return tree_util.tree_map(lambda leaf: one(leaf, s), sub, is_leaf=_is_tensor)
+
+    if isinstance(sharding, Sharding):
+        return subtree(sharding, x)
+    # A pytree of shardings, a prefix of x's structure (as jax.device_put takes).
+    return tree_util.tree_map(subtree, sharding, x, is_leaf=lambda s: isinstance(s, Sharding))
 
 
 def to_host(x: Any, copy: bool | None = None) -> np.ndarray:

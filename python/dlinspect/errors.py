@@ -19,6 +19,7 @@ __all__ = [
     "UnsupportedDTypeError",
     "CopyRequiredError",
     "ProducerError",
+    "ShardingError",
     "DLInspectWarning",
 ]
 
@@ -78,6 +79,16 @@ class ProducerError(DLInspectError, BufferError):
 
     The message keeps the producer's own reason and adds what to do; the
     producer's exception is chained as ``__cause__``.
+    """
+
+
+class ShardingError(DLInspectError, ValueError):
+    """A tensor cannot be split over a ``jax.sharding.Sharding`` as asked.
+
+    Raised when an axis (usually the batch axis) does not divide evenly by the
+    number of shards the sharding cuts it into; the message gives the axis
+    size, the shard count and what to do. A ``ValueError``, as JAX raises for
+    the same case.
     """
 
 

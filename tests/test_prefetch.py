@@ -1,0 +1,154 @@
+"""prefetch_to_jax: order, errors at the right batch, early stop, deleters, DataLoader workers."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+
+import dlinspect  # noqa: E402
+from dlinspect import DLDeviceType as D  # noqa: E402
+from dlinspect import UnsupportedDeviceError, plan, prefetch_to_jax  # noqa: E402
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name == "dlinspect-prefetch"]
+
+
+def batch_of(i, counter=None):
+    x = aligned_empty((4, 3), np.float32, 64)
+    x[...] = i
+    return {"x": make_capsule(x, counter=counter) if counter is not None else x,
+            "y": np.full((4,), i, np.int32)}
+
+
+def test_order_and_values():
+    got = [(float(b["x"][0, 0]), int(b["y"][0])) for b in prefetch_to_jax(batch_of(i) for i in range(7))]
+    assert got == [(i, i) for i in range(7)]
+    assert prefetch_threads() == []
+
+
+@pytest.mark.parametrize("size", [1, 2, 5])
+def test_every_deleter_once(size):
+    counter = DeleterCounter()
+    n = 0
+    for b in prefetch_to_jax((batch_of(i, counter) for i in range(6)), size=size):
+        assert isinstance(b["x"], jax.Array)
+        n += 1
+    del b
+    gc.collect()
+    assert n == 6 and counter.calls == 6
+
+
+def test_source_error_raised_at_its_batch():
+    boom = RuntimeError("batch 3 is corrupt")
+
+    def source():
+        for i in range(6):
+            if i == 3:
+                raise boom
+            yield batch_of(i)
+
+    seen = []
+    with pytest.raises(RuntimeError) as info:
+        for b in prefetch_to_jax(source(), size=4):
+            seen.append(int(b["y"][0]))
+    assert info.value is boom and seen == [0, 1, 2]
+    assert prefetch_threads() == []
+
+
+def test_conversion_error_raised_at_its_batch():
+    def source():
+        for i in range(5):
+            b = batch_of(i)
+            if i == 2:
+                b["x"] = FakeProducer(np.ones(3, np.float32), (D.kDLVulkan, 0))
+            yield b
+
+    seen = []
+    with pytest.raises(UnsupportedDeviceError, match="kDLVulkan"):
+        for b in prefetch_to_jax(source(), fallback="raise"):
+            seen.append(int(b["y"][0]))
+    assert seen == [0, 1]
+
+
+def test_early_stop_joins_the_thread_and_frees_every_batch():
+    counter = DeleterCounter()
+    made = []
+    closed = []
+
+    def source():
+        try:
+            for i in range(1000):
+                made.append(i)
+                yield batch_of(i, counter)
+        finally:
+            closed.append(True)
+
+    for b in prefetch_to_jax(source(), size=3):
+        break
+    del b
+    gc.collect()
+    assert prefetch_threads() == []
+    assert closed == [True]
+    assert 1 <= len(made) <= 1 + 3 + 2  # the consumed one, the queue, one in hand
+    assert counter.calls == len(made)
+
+
+def test_consumer_exception_stops_the_worker():
+    with pytest.raises(KeyError):
+        for b in prefetch_to_jax(batch_of(i) for i in range(100)):
+            raise KeyError("consumer failed")
+    assert prefetch_threads() == []
+
+
+def test_device_and_options_pass_through():
+    dev = jax.devices("cpu")[0]
+    out = list(prefetch_to_jax([np.arange(3.0, dtype=np.float32)], device=dev, copy=True))
+    assert out[0].devices() == {dev} and out[0].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match="size"):
+        prefetch_to_jax([], size=0)
+    with pytest.raises(ValueError, match="fallback"):
+        prefetch_to_jax([], fallback="maybe")
+
+
+def test_progress_bar(capsys):
+    pytest.importorskip("tqdm", reason="tqdm is not installed")
+    out = list(prefetch_to_jax([np.ones(2, np.float32)] * 3, progress=True))
+    assert len(out) == 3
+    assert "3/3" in capsys.readouterr().err
+
+
+def test_progress_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with pytest.raises(ImportError, match="pip install tqdm"):
+        prefetch_to_jax([], progress=True)
+
+
+def test_dataloader_workers_shared_memory_zero_copy(torch):
+    """Batches collated in worker processes arrive in shared memory; they import in place."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    images = torch.arange(64 * 3 * 8 * 8, dtype=torch.float32).reshape(64, 3, 8, 8)
+    labels = torch.arange(64, dtype=torch.int32)
+    loader = DataLoader(TensorDataset(images, labels), batch_size=16, num_workers=2,
+                        multiprocessing_context="spawn")
+    seen = 0
+    for batch_images, batch_labels in loader:
+        assert batch_images.is_shared()
+        assert plan(batch_images).kind == "zero-copy"
+        x = dlinspect.to_jax(batch_images)
+        assert x.addressable_data(0).unsafe_buffer_pointer() == batch_images.data_ptr()
+        np.testing.assert_array_equal(np.asarray(x), batch_images.numpy())
+        seen += 1
+    assert seen == 4
+    # And through prefetch_to_jax, in order:
+    firsts = [int(lab[0]) for _, lab in prefetch_to_jax(loader)]
+    assert firsts == [0, 16, 32, 48]
