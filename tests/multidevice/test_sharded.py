@@ -1,0 +1,186 @@
+"""to_jax(..., sharding=...) and prefetch_to_jax over 4 forced CPU devices."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import dlinspect
+from dlinspect import DLDeviceType as D
+from dlinspect import CopyRequiredError, DLInspectWarning, ShardingError, plan, to_jax
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule
+
+if len(jax.devices()) != 4:
+    pytest.fail(f"expected 4 forced CPU devices, found {jax.devices()}", pytrace=False)
+
+MESH = Mesh(np.array(jax.devices()), ("data",))
+DATA = NamedSharding(MESH, P("data"))
+REPLICATED = NamedSharding(MESH, P())
+
+
+def aligned(values, dtype=np.float32):
+    values = np.asarray(values, dtype)
+    out = aligned_empty(values.shape, dtype, alignment=64)
+    out[...] = values
+    return out
+
+
+def shard_pointers(arr):
+    return {s.device: s.data.unsafe_buffer_pointer() for s in arr.addressable_shards}
+
+
+def test_aligned_batch_splits_zero_copy():
+    x = aligned(np.arange(8 * 3 * 4 * 4).reshape(8, 3, 4, 4))
+    route = plan(x, sharding=DATA)
+    assert route.kind == "zero-copy" and route.copy_bytes == 0 and len(route.shards) == 4
+    assert all(r.zero_copy for _, _, r in route.shards)
+    y = to_jax(x, sharding=DATA)
+    assert y.shape == x.shape and y.sharding == DATA
+    np.testing.assert_array_equal(np.asarray(y), x)
+    row = x[0].nbytes
+    assert shard_pointers(y) == {d: x.ctypes.data + 2 * k * row for k, d in enumerate(jax.devices())}
+    x[1, 0, 0, 0] = -1.0   # shard 0
+    x[7, 2, 3, 3] = -2.0   # shard 3
+    assert float(y[1, 0, 0, 0]) == -1.0 and float(y[7, 2, 3, 3]) == -2.0
+
+
+def test_plan_predicts_which_shards_copy():
+    # 12 rows of one float32: shards start every 12 bytes; only the first is 64-aligned.
+    x = aligned(np.arange(12).reshape(12, 1))
+    route = plan(x, sharding=DATA)
+    kinds = [r.kind for _, _, r in route.shards]
+    assert kinds == ["zero-copy", "copy", "copy", "copy"] and route.kind == "copy"
+    assert route.copy_bytes == 3 * 12
+    y = to_jax(x, sharding=DATA)
+    x[0, 0] = 100.0   # the zero-copy shard sees it
+    x[3, 0] = 300.0   # the copied ones do not
+    assert float(y[0, 0]) == 100.0 and float(y[3, 0]) == 3.0
+    text = dlinspect.explain(x, sharding=DATA)
+    assert "shard [3:6, :] -> " in text and "1 of 4 shards" in text
+
+
+def test_torch_batch(torch):
+    t = torch.arange(16 * 32, dtype=torch.float32).reshape(16, 32)
+    assert plan(t, sharding=DATA).kind == "zero-copy"
+    y = to_jax(t, sharding=DATA)
+    t[15, 31] = -3.0
+    assert float(y[15, 31]) == -3.0 and y.sharding == DATA
+
+
+def test_uneven_batch():
+    x = aligned(np.ones((10, 2)))
+    route = plan(x, sharding=DATA)
+    assert route.kind == "error" and isinstance(route.error, ShardingError)
+    with pytest.raises(ShardingError, match=r"10 elements.*4 shards.*drop_last=True"):
+        to_jax(x, sharding=DATA)
+    with pytest.raises(ShardingError, match="dimensions"):
+        to_jax(aligned(np.float32(1.0)), sharding=DATA)
+
+
+def test_replicated_leaf_shares_memory():
+    x = aligned(np.arange(6))
+    y = to_jax(x, sharding=REPLICATED)
+    assert y.sharding == REPLICATED
+    assert set(shard_pointers(y).values()) == {x.ctypes.data}
+    np.testing.assert_array_equal(np.asarray(y), x)
+
+
+def test_mixed_dtypes_and_sharding_prefix_tree():
+    batch = {"images": aligned(np.random.default_rng(0).random((8, 4, 4))),
+             "labels": np.arange(8, dtype=np.int64),
+             "mask": np.array([True, False] * 4),
+             "meta": {"scale": aligned(np.ones(3))}}
+    shardings = {"images": DATA, "labels": DATA, "mask": DATA, "meta": REPLICATED}
+    with pytest.warns(DLInspectWarning, match="int64"):
+        out = to_jax(batch, sharding=shardings)
+    assert out["images"].dtype == np.float32 and out["labels"].dtype == np.int32
+    assert out["mask"].dtype == np.bool_ and out["meta"]["scale"].sharding == REPLICATED
+    for key in ("images", "labels", "mask"):
+        np.testing.assert_array_equal(np.asarray(out[key]), batch[key])
+        assert out[key].sharding == DATA
+
+
+def test_one_sharding_for_a_whole_tree():
+    out = to_jax({"a": aligned(np.ones((4, 2))), "b": [aligned(np.zeros(8))]}, sharding=DATA)
+    assert out["a"].sharding == DATA and out["b"][0].sharding == DATA
+
+
+def test_deleter_runs_once_after_the_last_shard():
+    counter = DeleterCounter()
+    cap = make_capsule(aligned(np.arange(8)), counter=counter)
+    y = to_jax(cap, sharding=DATA)
+    gc.collect()
+    assert counter.calls == 0
+    shards = [s.data for s in y.addressable_shards]
+    del y
+    gc.collect()
+    assert counter.calls == 0       # single-device arrays still view the memory
+    del shards
+    gc.collect()
+    assert counter.calls == 1
+
+
+def test_failed_split_leaves_capsule_unconsumed():
+    counter = DeleterCounter()
+    cap = make_capsule(aligned(np.ones((6, 2))), counter=counter)
+    with pytest.raises(ShardingError):
+        to_jax(cap, sharding=DATA)
+    assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+
+
+def test_copy_false_and_copy_true():
+    misaligned = aligned_empty((8,), np.float32, 64, offset=4)
+    misaligned[:] = 1
+    with pytest.raises(CopyRequiredError):
+        to_jax(misaligned, sharding=DATA, copy=False)
+    x = aligned(np.arange(8))
+    y = to_jax(x, sharding=DATA, copy=True)
+    x[0] = -1
+    assert float(y[0]) == 0.0
+
+
+def test_read_only_copies_unless_shared():
+    x = aligned(np.arange(8 * 16).reshape(8, 16))
+    x.flags.writeable = False
+    assert plan(x, sharding=DATA).kind == "copy"
+    assert plan(x, sharding=DATA, readonly="share").kind == "zero-copy"
+    np.testing.assert_array_equal(np.asarray(to_jax(x, sharding=DATA)), x)
+
+
+def test_device_without_backend_goes_whole_then_device_put():
+    p = FakeProducer(np.arange(8, dtype=np.float32), (D.kDLVulkan, 0))
+    route = plan(p, sharding=DATA)
+    assert route.kind == "copy" and route.shards == () and "device_put" in route.reason
+    y = to_jax(p, sharding=DATA)
+    assert y.sharding == DATA and y.tolist() == list(range(8))
+
+
+def test_two_dimensional_mesh():
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+    s = NamedSharding(mesh, P("data", "model"))
+    x = aligned(np.arange(4 * 32).reshape(4, 32))
+    route = plan(x, sharding=s)
+    assert len(route.shards) == 4   # column halves are strided: copied, values right
+    y = to_jax(x, sharding=s)
+    np.testing.assert_array_equal(np.asarray(y), x)
+    assert y.sharding == s
+
+
+def test_device_and_sharding_together_is_an_error():
+    with pytest.raises(ValueError, match="not both"):
+        to_jax(np.ones(4), device=jax.devices()[0], sharding=DATA)
+
+
+def test_prefetch_with_sharding():
+    batches = [{"x": aligned(np.full((8, 2), i))} for i in range(5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = list(dlinspect.prefetch_to_jax(batches, sharding=DATA))
+    assert [float(b["x"][0, 0]) for b in out] == [0, 1, 2, 3, 4]
+    assert all(b["x"].sharding == DATA for b in out)
