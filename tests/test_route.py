@@ -159,9 +159,14 @@ class TestCopies:
         assert plan(x, copy=True).kind == "copy"
         assert buffer_pointer(y) != x.ctypes.data
 
-    @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint64])
-    def test_x64_narrowing_matches_jax(self, dtype, import_path):  # C15
-        x = aligned([1, 2**33 + 5, 7], dtype)
+    @pytest.mark.parametrize("dtype, values", [
+        (np.float64, [1 / 3, 1e300, -1e-300, np.nan, 2.0**33 + 5]),
+        (np.int64, [1, 2**33 + 5, -(2**40) - 3, 7]),
+        (np.uint64, [1, 2**63 + 2**33 + 5, 7]),
+        (np.complex128, [1 / 3 + 1e300j, -2.5]),
+    ])
+    def test_x64_narrowing_matches_jax(self, dtype, values, import_path):  # C15
+        x = aligned(values, dtype)
         with pytest.warns(DLInspectWarning, match=r'jax_enable_x64", True'):
             ours = to_jax(x)
         expected = jax.dlpack.from_dlpack(x)

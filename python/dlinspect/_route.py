@@ -198,8 +198,11 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
             f"copy=None, or give the producer memory JAX can view (C order, 64-byte aligned, "
             f"e.g. numpy.ascontiguousarray or a torch tensor)."))
     # Layout, read-only and alignment problems (the first three checks) need a
-    # copy of the bytes themselves; narrowing and device moves happen after import.
-    bytes_copy = len(needs) > (narrowed is not None) + (dest != src_dev)
+    # copy of the bytes themselves; narrowing and device moves happen after import,
+    # except that host memory is narrowed by the copy itself (one pass; NumPy's
+    # cast gives the values JAX's does: wrap-around for integers, IEEE rounding).
+    bytes_copy = (len(needs) > (narrowed is not None) + (dest != src_dev)
+                  or (narrowed is not None and info.host_accessible))
     if copy:
         needs.append("copy=True was asked for")
         bytes_copy = True
@@ -481,11 +484,15 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
         del owner
 
 
-def _host_copy(cap: Any, info: TensorInfo) -> np.ndarray:
-    """One copy of host memory into a fresh C-order, 64-byte aligned array; frees the source."""
+def _host_copy(cap: Any, info: TensorInfo, dtype: np.dtype | None = None) -> np.ndarray:
+    """One copy of host memory into a fresh C-order, 64-byte aligned array; frees the source.
+
+    ``dtype``: cast to it on the way (JAX's x64 narrowing).
+    """
     view, owner = _host_view(cap, info)
-    out = _aligned_like(info.shape, view.dtype)
-    np.copyto(out, view)
+    out = _aligned_like(info.shape, view.dtype if dtype is None else dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # float64 -> float32 overflow is inf, as in JAX
+        np.copyto(out, view, casting="unsafe")
     del view, owner  # the producer's deleter runs here, right after the copy
     return out
 
@@ -524,7 +531,7 @@ def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stre
                               stream)
         return _finish(c, arr, route)
     if action is _HOST_COPY:
-        host = _host_copy(cap, route.info)
+        host = _host_copy(cap, route.info, route.warning and c.narrowed(route.info.numpy_dtype))
         return _finish(c, _import_numpy(c, host, route._import_device), route)
     # _PRODUCER_COPY: the device has no JAX backend; go through host memory.
     del cap  # the device capsule is not needed: its producer frees it now

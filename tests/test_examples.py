@@ -1,0 +1,53 @@
+"""The example scripts run as a user runs them, and the training one learns."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_example(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def accuracy(out: str) -> float:
+    match = re.search(r"test accuracy: ([0-9.]+)", out)
+    assert match, out
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def single_device_accuracy():
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install 'dlinspect[examples]')")
+    out = run_example("examples/train_digits.py")
+    assert "route to jax: zero-copy" in out
+    return accuracy(out)
+
+
+def test_train_digits_learns(single_device_accuracy):
+    assert single_device_accuracy > 0.9  # chance is 0.1
+
+
+def test_train_digits_data_parallel_with_workers(single_device_accuracy):
+    out = run_example("examples/train_digits.py", "--devices", "4", "--workers", "2")
+    assert "devices: 4" in out and "4 of 4 shards are views" in out
+    assert abs(accuracy(out) - single_device_accuracy) <= 0.02
+
+
+def test_demo_runs():
+    out = run_example("examples/demo.py")
+    assert "kDLVulkan" in out
