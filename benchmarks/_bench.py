@@ -36,3 +36,21 @@ def ratio_targets(targets: list, results: dict) -> list[dict]:
         out.append({"target": description, "measured": measured, "baseline": baseline,
                     "limit": limit, "ratio": ratio, "status": status})
     return out
+
+
+def versions() -> dict:
+    """Versions of Python and of every library the benchmarks touch (None: not installed)."""
+    import importlib.metadata
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in ("numpy", "jax", "jaxlib", "torch", "ml_dtypes", "dlinspect"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def print_versions(found: dict) -> None:
+    print("  ".join(f"{name} {version or 'not installed'}" for name, version in found.items()))

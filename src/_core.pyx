@@ -7,7 +7,7 @@ Every header field is untrusted (see ``_fill``).
 """
 
 cimport cython
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t, INT64_MAX
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MAX
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy
 from cpython.object cimport PyObject
@@ -26,6 +26,7 @@ cdef extern from "Python.h":
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
     PyObject* PyErr_Occurred()
     void PyErr_Clear()
+    int PyErr_WarnEx(object category, const char* message, Py_ssize_t stack_level) except -1
     void PyErr_WriteUnraisable(object obj)
 
 from dlinspect.errors import (
@@ -1174,15 +1175,19 @@ cdef class JaxFastPath:
     filled by the dtype probe; ``x64.value`` is JAX's ``jax_enable_x64``.
     ``check_pinned``: JAX has a backend for pinned host memory, so a kDLCPU
     header from the exchange API (which says kDLCPU for a pinned torch tensor)
-    is not enough and ``__dlpack_device__`` is asked.
+    is not enough and ``__dlpack_device__`` is asked. ``narrow`` maps the
+    ``code | bits << 8`` key of a 64-bit dtype to ``(key of the 32-bit dtype JAX
+    narrows it to with x64 off, warning text)``; ``warning_type`` is the warning
+    category (DLInspectWarning).
     """
-    cdef object import_fn, cpu_device, x64
+    cdef object import_fn, cpu_device, x64, warning_type
     cdef set ok_dtypes
+    cdef dict narrow
     cdef uintptr_t cpu_align
     cdef bint check_pinned
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, set ok_dtypes,
-                  bint check_pinned):
+                  bint check_pinned, dict narrow=None, warning_type=None):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.import_fn = import_fn
@@ -1191,13 +1196,66 @@ cdef class JaxFastPath:
         self.x64 = x64
         self.ok_dtypes = ok_dtypes
         self.check_pinned = check_pinned
+        self.narrow = {} if narrow is None else narrow
+        self.warning_type = warning_type
 
 
 cdef tuple _NOT_FAST = (None, None)
 
 
+cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
+    free(dlm)   # header, shape, strides and data are one allocation
+
+
+cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
+    """A "dltensor" capsule owning a 64-byte aligned copy of ``info``'s (compact)
+    memory, each element cast to (dst_code, dst_bits) as NumPy's unsafe cast and
+    JAX's x64 narrowing do: integers wrap, floats round to nearest (IEEE)."""
+    cdef int32_t ndim = info._ndim
+    cdef int64_t n = info._size, i
+    cdef size_t head = sizeof(DLManagedTensor) + 2 * <size_t>ndim * sizeof(int64_t)
+    cdef size_t dst_bytes = <size_t>n * (dst_bits // 8)
+    cdef char* block = <char*>malloc(head + 64 + dst_bytes)
+    if block == NULL:
+        raise MemoryError()
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
+    cdef int64_t* shape = <int64_t*>(block + sizeof(DLManagedTensor))
+    cdef char* dst = block + head + ((64 - (<uintptr_t>(block + head) & 63)) & 63)
+    cdef const char* src = <const char*>(info._data + <uintptr_t>info._byte_offset)
+    memcpy(shape, info._shape, ndim * sizeof(int64_t))
+    memcpy(shape + ndim, info._strides, ndim * sizeof(int64_t))
+    # Compact memory: the elements form one dense block, cast in memory order;
+    # the copy keeps the source's strides.
+    if info._code == kDLComplex:
+        for i in range(2 * n):
+            (<float*>dst)[i] = <float>(<const double*>src)[i]
+    elif info._code == kDLFloat:
+        for i in range(n):
+            (<float*>dst)[i] = <float>(<const double*>src)[i]
+    else:
+        for i in range(n):   # kDLInt / kDLUInt: keep the low 32 bits
+            (<uint32_t*>dst)[i] = <uint32_t>(<const uint64_t*>src)[i]
+    memset(dlm, 0, sizeof(DLManagedTensor))
+    dlm.dl_tensor.data = dst
+    dlm.dl_tensor.device.device_type = kDLCPU
+    dlm.dl_tensor.device.device_id = 0
+    dlm.dl_tensor.ndim = ndim
+    dlm.dl_tensor.dtype.code = dst_code
+    dlm.dl_tensor.dtype.bits = dst_bits
+    dlm.dl_tensor.dtype.lanes = 1
+    dlm.dl_tensor.shape = shape
+    dlm.dl_tensor.strides = shape + ndim
+    dlm.manager_ctx = NULL
+    dlm.deleter = _free_block_deleter
+    try:
+        return PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
+    except BaseException:
+        free(block)
+        raise
+
+
 @cython.binding(False)
-def fast_to_jax(x, JaxFastPath fp):
+def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
     """Import ``x`` into JAX's CPU device with no copy, when nothing needs deciding.
 
     Takes kDLCPU memory (device id 0) that is compact, aligned to XLA:CPU's
@@ -1252,9 +1310,13 @@ def fast_to_jax(x, JaxFastPath fp):
     if asked:
         info._dev_type = dev_type
         info._dev_id = dev_id
-    if info._dev_type != kDLCPU or info._dev_id != 0 \
-            or not info._plain(fp.cpu_align, 64 if fp.x64.value else 32) \
-            or (info._code | (info._bits << 8)) not in fp.ok_dtypes:
+    key = info._code | (info._bits << 8)
+    if info._dev_type != kDLCPU or info._dev_id != 0 or key not in fp.ok_dtypes:
+        return (cap, info)
+    if not info._plain(fp.cpu_align, 64 if fp.x64.value else 32):
+        if may_narrow and info._bits >= 64 and info._lanes == 1 and info._size > 0 \
+                and key in fp.narrow and not fp.x64.value and info._is_compact():
+            return _narrow_and_import(cap, info, fp, key)
         return (cap, info)
     if info._source == SRC_LEGACY:
         return fp.import_fn(cap, fp.cpu_device, None, None, <int>kDLCPU)
@@ -1264,3 +1326,18 @@ def fast_to_jax(x, JaxFastPath fp):
     except BaseException:
         restore_versioned(legacy, cap)
         raise
+
+
+cdef object _narrow_and_import(object cap, TensorInfo info, JaxFastPath fp, object key):
+    """x64 off: copy-and-cast host memory to the 32-bit dtype JAX would give, import
+    the copy, and free the source right away (consuming ``cap``)."""
+    dst_key, text = fp.narrow[key]
+    if dst_key not in fp.ok_dtypes:
+        return (cap, info)
+    PyErr_WarnEx(fp.warning_type, text, 2)
+    copy = _narrowed_copy(info, dst_key & 0xFF, dst_key >> 8)
+    arr = fp.import_fn(copy, fp.cpu_device, None, None, <int>kDLCPU)
+    del copy
+    owner = take(cap, True)   # consume the source; its deleter runs right here
+    del owner
+    return arr

@@ -629,3 +629,23 @@ class TestFastPath:
             y = dlinspect._core.fast_to_jax(x, self.fast())
             assert isinstance(y, jax.Array) and y.dtype == np.float64
         assert type(dlinspect._core.fast_to_jax(x, self.fast())) is tuple
+
+    @pytest.mark.parametrize("dtype, values", [
+        (np.float64, [1 / 3, 1e300, -1e-300, np.nan]),
+        (np.int64, [1, 2**33 + 5, -(2**40) - 3]),
+        (np.uint64, [1, 2**63 + 2**33 + 5]),
+        (np.complex128, [1 / 3 + 1e300j, -2.5]),
+    ])
+    def test_narrowing_copy_in_c(self, dtype, values):
+        x = aligned(values, dtype)[None, :].repeat(3, axis=0).T  # compact, F-order
+        expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
+        counter = DeleterCounter()
+        cap = make_capsule(x, counter=counter)
+        assert dlinspect._core.fast_to_jax(cap, self.fast(), False)[0] is cap  # copy=False: no
+        with pytest.warns(DLInspectWarning, match="narrowed"):
+            y = dlinspect._core.fast_to_jax(cap, self.fast(), True)
+        assert isinstance(y, jax.Array) and y.dtype == expected.dtype
+        assert counter.calls == 1 and capsule_name(cap).startswith("used_")  # freed after the copy
+        x[...] = 0
+        np.testing.assert_array_equal(np.asarray(y), expected)
+        assert buffer_pointer(y) % 64 == 0

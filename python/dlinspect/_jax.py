@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._enums import DLDeviceType as D
+from .errors import DLInspectWarning
 
 __all__ = ["caps", "force_public_api", "JaxCaps"]
 
@@ -67,6 +68,7 @@ class JaxCaps:
         self._canonicalize = jdtypes.canonicalize_dtype
         self._fast_dtypes: set[int] = set()  # code | bits << 8, see _core.JaxFastPath
         self._fast: Any = None
+        self._narrow: dict[np.dtype, np.dtype | None] = {}  # x64 off: dtype -> narrowed or None
 
     def fast_path(self) -> Any:
         """The :class:`dlinspect._core.JaxFastPath` of this JAX (built once)."""
@@ -79,8 +81,26 @@ class JaxCaps:
             import_fn = self._import if self.direct else functools.partial(_public_import, self.jax)
             pinned = any(k in _PINNED for k in self.platforms)
             self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, x64,
-                                           self._fast_dtypes, pinned)
+                                           self._fast_dtypes, pinned, self._narrow_table(),
+                                           DLInspectWarning)
         return self._fast
+
+    def _narrow_table(self) -> dict[int, tuple[int, bytes]]:
+        """For the fast path: ``code | bits << 8`` of each 64-bit dtype -> (that of the
+        dtype JAX narrows it to with x64 off, the DLInspectWarning text)."""
+        from jax._src.config import enable_x64
+        from ._dtypes import dldtype_from_numpy, dtype_name
+        from ._route import _narrowing_text
+        table = {}
+        for code, bits in ((0, 64), (1, 64), (2, 64), (5, 128)):  # int, uint, float, complex
+            wide = np.dtype(dtype_name(code, bits))
+            with enable_x64(False):
+                narrow = np.dtype(self._canonicalize(wide))
+            ncode, nbits, _ = dldtype_from_numpy(narrow)
+            if narrow != wide and self.dtype_problem(ncode, nbits, 1) is None:
+                text = _narrowing_text(dtype_name(code, bits), narrow)[0]
+                table[code | bits << 8] = (ncode | nbits << 8, text.encode())
+        return table
 
     # -- devices ---------------------------------------------------------
     def device_for(self, device_type: int, device_id: int) -> Any:
@@ -169,8 +189,11 @@ class JaxCaps:
         """The dtype JAX turns ``np_dtype`` into with x64 off, or None if unchanged."""
         if np_dtype is None or np_dtype.itemsize < 8 or self.jax.config.jax_enable_x64:
             return None
-        canon = np.dtype(self._canonicalize(np_dtype))
-        return None if canon == np_dtype else canon
+        canon = self._narrow.get(np_dtype, False)
+        if canon is False:
+            canon = np.dtype(self._canonicalize(np_dtype))
+            canon = self._narrow[np_dtype] = None if canon == np_dtype else canon
+        return canon
 
     def canonicalize(self, arr: Any) -> Any:
         canon = self._canonicalize(arr.dtype)

@@ -7,6 +7,8 @@ copied (``_execute``). A failed route leaves a caller's capsule unconsumed.
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 from typing import Any
 
@@ -126,6 +128,16 @@ def _device_fix(info: TensorInfo) -> str:
     return ", ".join(parts)
 
 
+@functools.lru_cache(maxsize=64)
+def _narrowing_text(name: str, to: np.dtype) -> tuple[str, str]:
+    """(warning, reason) for JAX's x64 narrowing of ``name`` to ``to``."""
+    narrowed = to.name
+    return (f"{name} is narrowed to {narrowed} because JAX's x64 mode is off (values may "
+            f"change, as jax.dlpack.from_dlpack does); to keep 64 bits, call "
+            f'jax.config.update("jax_enable_x64", True) first.',
+            f"JAX narrows {name} to {narrowed} with x64 off")
+
+
 # ---- the decision (pure) ---------------------------------------------------------
 
 def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallback: str,
@@ -186,10 +198,8 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
     narrowed = c.narrowed(info.numpy_dtype)
     warning = None
     if narrowed is not None:
-        warning = (f"{info.dtype_name} is narrowed to {narrowed.name} because JAX's x64 mode is "
-                   f"off (values may change, as jax.dlpack.from_dlpack does); to keep 64 bits, "
-                   f'call jax.config.update("jax_enable_x64", True) first.')
-        needs.append(f"JAX narrows {info.dtype_name} to {narrowed.name} with x64 off")
+        warning, need = _narrowing_text(info.dtype_name, narrowed)
+        needs.append(need)
     if dest != src_dev:
         needs.append(f"it moves from {src_dev} to {dest}")
     if copy is False and needs:
@@ -443,7 +453,7 @@ def _device_of(x: Any) -> tuple[int, int] | None:
 
 
 def _aligned_like(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes].view(dtype).reshape(shape)
@@ -590,7 +600,7 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
     c = _caps if _caps is not None else _load_caps()
     if device is None and copy is not True:
         # Fast path (C): aligned, compact, writable CPU memory in a dtype JAX keeps.
-        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
+        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path(), copy is None)
         if type(got) is not tuple:
             return got
         if got[0] is not None:  # exported CPU memory (or was handed a capsule): no stream
@@ -708,7 +718,7 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     elif copy is not True:
         # The fast path, inlined from _one_to_jax: one Python frame less per call.
         c = _caps if _caps is not None else _load_caps()
-        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path())
+        got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path(), copy is None)
         if type(got) is not tuple:
             return got
         if got[0] is not None:

@@ -80,11 +80,17 @@ def _split_on_host(info: TensorInfo, devices: Any) -> bool:
             and all(d.platform == "cpu" for d in devices))
 
 
+def spans_processes(sharding: Any) -> bool:
+    """True when ``sharding`` has devices this process cannot address (multi-process)."""
+    return not sharding.is_fully_addressable
+
+
 def decide(info: TensorInfo, c: Any, sharding: Any, copy: bool | None, fallback: str,
            readonly: str, has_producer: bool) -> Route:
     """The route of ``info`` onto ``sharding`` (pure: imports and copies nothing)."""
     target = "jax"
-    if sharding.is_fully_addressable:
+    local = not spans_processes(sharding)
+    if local:
         problem = uneven(info.shape, sharding)
         if problem is not None:
             return _error(info, target, ShardingError(f"{_describe(info)} cannot be sharded: {problem}"))
@@ -98,8 +104,7 @@ def decide(info: TensorInfo, c: Any, sharding: Any, copy: bool | None, fallback:
     if whole.kind == ERROR:
         return whole
     n = len(sharding.device_set)
-    how = ("JAX's device_put spreads it over the "
-           f"{n} devices of the sharding" if sharding.is_fully_addressable else
+    how = (f"JAX's device_put spreads it over the {n} devices of the sharding" if local else
            "jax.make_array_from_process_local_data spreads this process's part over its devices")
     if copy is False:
         return _error(info, target, CopyRequiredError(
@@ -107,7 +112,7 @@ def decide(info: TensorInfo, c: Any, sharding: Any, copy: bool | None, fallback:
             f"devices, so {how}, which copies. To fix: pass copy=None."))
     return Route(COPY, f"{whole.reason} Then {how}.", info, target,
                  copy_bytes=whole.copy_bytes + info.nbytes, warning=whole.warning,
-                 action=_DEVICE_PUT if sharding.is_fully_addressable else _PROCESS_LOCAL)
+                 action=_DEVICE_PUT if local else _PROCESS_LOCAL)
 
 
 def _combine(info: TensorInfo, shards: tuple[Any, ...]) -> Route:

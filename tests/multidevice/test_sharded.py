@@ -184,3 +184,17 @@ def test_prefetch_with_sharding():
         out = list(dlinspect.prefetch_to_jax(batches, sharding=DATA))
     assert [float(b["x"][0, 0]) for b in out] == [0, 1, 2, 3, 4]
     assert all(b["x"].sharding == DATA for b in out)
+
+
+def test_process_local_data_path(monkeypatch):
+    """A sharding spanning several processes: x is this process's part, and JAX's
+    make_array_from_process_local_data builds the global array (in one process the
+    global array is that part)."""
+    from dlinspect import _shard
+    monkeypatch.setattr(_shard, "spans_processes", lambda sharding: True)
+    x = aligned(np.arange(8 * 3).reshape(8, 3))
+    route = plan(x, sharding=DATA)
+    assert route.kind == "copy" and "make_array_from_process_local_data" in route.reason
+    y = to_jax(x, sharding=DATA)
+    assert y.sharding == DATA
+    np.testing.assert_array_equal(np.asarray(y), x)
