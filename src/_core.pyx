@@ -26,7 +26,6 @@ cdef extern from "Python.h":
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
     PyObject* PyErr_Occurred()
     void PyErr_Clear()
-    int PyErr_WarnEx(object category, const char* message, Py_ssize_t stack_level) except -1
     void PyErr_WriteUnraisable(object obj)
 
 from dlinspect.errors import (
@@ -1177,17 +1176,17 @@ cdef class JaxFastPath:
     header from the exchange API (which says kDLCPU for a pinned torch tensor)
     is not enough and ``__dlpack_device__`` is asked. ``narrow`` maps the
     ``code | bits << 8`` key of a 64-bit dtype to ``(key of the 32-bit dtype JAX
-    narrows it to with x64 off, warning text)``; ``warning_type`` is the warning
-    category (DLInspectWarning).
+    narrows it to with x64 off, warning text)``; ``warn(text)`` emits that
+    warning (a DLInspectWarning at the caller's line).
     """
-    cdef object import_fn, cpu_device, x64, warning_type
+    cdef object import_fn, cpu_device, x64, warn
     cdef set ok_dtypes
     cdef dict narrow
     cdef uintptr_t cpu_align
     cdef bint check_pinned
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, set ok_dtypes,
-                  bint check_pinned, dict narrow=None, warning_type=None):
+                  bint check_pinned, dict narrow=None, warn=None):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.import_fn = import_fn
@@ -1197,7 +1196,7 @@ cdef class JaxFastPath:
         self.ok_dtypes = ok_dtypes
         self.check_pinned = check_pinned
         self.narrow = {} if narrow is None else narrow
-        self.warning_type = warning_type
+        self.warn = warn
 
 
 cdef tuple _NOT_FAST = (None, None)
@@ -1334,7 +1333,7 @@ cdef object _narrow_and_import(object cap, TensorInfo info, JaxFastPath fp, obje
     dst_key, text = fp.narrow[key]
     if dst_key not in fp.ok_dtypes:
         return (cap, info)
-    PyErr_WarnEx(fp.warning_type, text, 2)
+    fp.warn(text)
     copy = _narrowed_copy(info, dst_key & 0xFF, dst_key >> 8)
     arr = fp.import_fn(copy, fp.cpu_device, None, None, <int>kDLCPU)
     del copy

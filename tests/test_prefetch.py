@@ -152,3 +152,44 @@ def test_dataloader_workers_shared_memory_zero_copy(torch):
     # And through prefetch_to_jax, in order:
     firsts = [int(lab[0]) for _, lab in prefetch_to_jax(loader)]
     assert firsts == [0, 16, 32, 48]
+
+
+def test_exit_with_a_live_worker_is_clean():
+    """The interpreter exits cleanly while a worker is still converting (atexit joins it)."""
+    import subprocess
+    code = ("import itertools, warnings, numpy as np, dlinspect\n"
+            "warnings.simplefilter('ignore', dlinspect.DLInspectWarning)\n"
+            "src = ({'x': np.ones((64, 64), np.float32), 'y': np.arange(64)} for _ in itertools.count())\n"
+            "it = dlinspect.prefetch_to_jax(src, size=64)\n"
+            "next(it)\n")
+    for _ in range(5):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+
+
+def test_stop_while_the_source_blocks(monkeypatch):
+    from dlinspect import _prefetch
+    monkeypatch.setattr(_prefetch, "_JOIN_S", 0.2)
+    release = threading.Event()
+
+    def source():
+        yield np.ones(2, np.float32)
+        release.wait(30)  # stuck
+        yield np.ones(2, np.float32)
+
+    g = prefetch_to_jax(source())
+    next(g)
+    with pytest.warns(dlinspect.DLInspectWarning, match="inside next"):
+        g.close()
+    release.set()
+    for t in prefetch_threads():
+        t.join(5)
+    assert prefetch_threads() == []
+
+
+def test_worker_uses_the_callers_x64_mode():
+    with jax.enable_x64(True):
+        direct = dlinspect.to_jax(np.arange(4))
+        fetched = next(iter(prefetch_to_jax([np.arange(4)])))
+    assert direct.dtype == fetched.dtype == np.int64

@@ -175,6 +175,14 @@ class TestCopies:
         with pytest.raises(CopyRequiredError, match="narrows"):
             to_jax(x, copy=False)
 
+    def test_narrowing_warning_points_at_the_caller(self):
+        x = aligned([1, 2], np.int64)
+        for call in (lambda: to_jax(x), lambda: to_jax(x), lambda: to_jax({"a": [x]}),
+                     lambda: to_jax(x[::-1])):
+            with pytest.warns(DLInspectWarning) as record:
+                call()
+            assert {w.filename for w in record} == {__file__}
+
     def test_x64_enabled_keeps_64_bits(self):
         with jax.enable_x64(True):
             x = aligned([2**40], np.int64)
@@ -499,15 +507,32 @@ class TestRegressions:
     """Inputs a first outside trial broke; each stands for its kind."""
 
     def test_failed_to_host_leaves_capsule_unconsumed(self):
-        counter = DeleterCounter()
         for kw in (dict(shape=(2, 3), strides=(1, 2), dtype=(0, 4)),   # packed, strided
                    dict(shape=(5,), dtype=(15, 6))):                   # packed across bytes
+            counter = DeleterCounter()
             cap = make_capsule(aligned_empty((8,), np.uint8, 64), counter=counter, **kw)
             assert plan(cap, "host").kind == "error"
             with pytest.raises(UnsupportedDTypeError, match="unpacks only C-contiguous 1-, 2- and 4-bit"):
                 to_host(cap)
-            assert capsule_name(cap) == "dltensor_versioned"
-        assert counter.calls == 0
+            assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+            del cap
+            assert counter.calls == 1
+
+    def test_error_route_frees_the_export_at_once(self):
+        """A failed route leaves no reference cycle holding the producer's export: its
+        deleter runs when the exception is dropped, not at the next garbage collection."""
+        p = FakeProducer(np.ones(3, np.float32), (D.kDLVulkan, 0))
+        gc.disable()
+        try:
+            with pytest.raises(UnsupportedDeviceError):
+                to_jax(p, fallback="raise")
+            assert p.counter.calls == 1
+            with pytest.raises(CopyRequiredError):
+                to_jax(FakeProducer(np.ones((3, 3), np.float32)[:, ::2], counter=p.counter),
+                       copy=False)
+            assert p.counter.calls == 2
+        finally:
+            gc.enable()
 
     def test_plan_sees_producer_refusals(self, torch):
         for t in (torch.ones(2, requires_grad=True), torch.tensor([1j]).conj()):

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ._enums import DLDeviceType as D
-from .errors import DLInspectWarning
 
 __all__ = ["caps", "force_public_api", "JaxCaps"]
 
@@ -74,6 +73,7 @@ class JaxCaps:
         """The :class:`dlinspect._core.JaxFastPath` of this JAX (built once)."""
         if self._fast is None:
             from . import _core
+            from ._route import warn
             try:
                 from jax._src.config import enable_x64 as x64
             except ImportError:  # a jax without the State object: read jax.config
@@ -82,10 +82,10 @@ class JaxCaps:
             pinned = any(k in _PINNED for k in self.platforms)
             self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, x64,
                                            self._fast_dtypes, pinned, self._narrow_table(),
-                                           DLInspectWarning)
+                                           warn)
         return self._fast
 
-    def _narrow_table(self) -> dict[int, tuple[int, bytes]]:
+    def _narrow_table(self) -> dict[int, tuple[int, str]]:
         """For the fast path: ``code | bits << 8`` of each 64-bit dtype -> (that of the
         dtype JAX narrows it to with x64 off, the DLInspectWarning text)."""
         from jax._src.config import enable_x64
@@ -99,7 +99,7 @@ class JaxCaps:
             ncode, nbits, _ = dldtype_from_numpy(narrow)
             if narrow != wide and self.dtype_problem(ncode, nbits, 1) is None:
                 text = _narrowing_text(dtype_name(code, bits), narrow)[0]
-                table[code | bits << 8] = (ncode | nbits << 8, text.encode())
+                table[code | bits << 8] = (ncode | nbits << 8, text)
         return table
 
     # -- devices ---------------------------------------------------------

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._route import _check_options, to_jax
+from .errors import DLInspectWarning
 
 __all__ = ["prefetch_to_jax"]
 
 _BATCH, _FAILED, _DONE = 0, 1, 2
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
+_JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
+
+# Workers still running, stopped and joined at interpreter exit: a daemon thread
+# killed inside jaxlib during finalization aborts the process.
+_live: set[tuple[threading.Thread, threading.Event]] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        live = list(_live)
+    for _, stop in live:
+        stop.set()
+    for worker, _ in live:
+        worker.join(_JOIN_S)
 
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
@@ -53,6 +72,11 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     ImportError
         ``progress=True`` without tqdm installed.
 
+    Warns
+    -----
+    DLInspectWarning
+        Stopping early while the source is stuck in ``next()`` for over 5 s.
+
     Notes
     -----
     The worker thread takes items from ``iterable`` and calls :func:`to_jax`
@@ -61,7 +85,11 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     stop, converted batches still waiting are dropped (their producers'
     deleters run), the worker thread is joined, and ``iterable``'s iterator is
     closed if it has ``close()``. A worker blocked inside ``next()`` of a
-    slow ``iterable`` is joined after that call returns.
+    slow ``iterable`` is waited for up to 5 s; past that it is left to finish
+    (a daemon thread), with a ``DLInspectWarning``. Live workers are stopped
+    and joined at interpreter exit. The worker converts under the caller's
+    x64 mode at the time of the call (``jax.enable_x64`` is thread-local).
+    One consumer at a time: the returned generator is not thread-safe.
 
     Examples
     --------
@@ -74,9 +102,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
     _check_options("jax", fallback, readonly)
     bar = _progress_bar(iterable) if progress else None
+    from jax._src.config import enable_x64
     return _prefetch(iter(iterable), size, bar,
                      dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
-                          readonly=readonly))
+                          readonly=readonly),
+                     # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
+                     bool(enable_x64.value))
 
 
 def _progress_bar(iterable: Iterable[Any]) -> Any:
@@ -92,7 +123,8 @@ def _progress_bar(iterable: Iterable[Any]) -> Any:
     return tqdm(total=total, unit="batch", desc="prefetch_to_jax")
 
 
-def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any]) -> Iterator[Any]:
+def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
+              x64: bool) -> Iterator[Any]:
     ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
     stop = threading.Event()
 
@@ -106,17 +138,25 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any]) -
         return False
 
     def work() -> None:
+        from jax._src.config import enable_x64
         try:
-            for batch in it:
-                if stop.is_set() or not put((_BATCH, to_jax(batch, **options))):
-                    return
-                del batch
+            with enable_x64(x64):
+                for batch in it:
+                    if stop.is_set() or not put((_BATCH, to_jax(batch, **options))):
+                        return
+                    del batch
         except BaseException as exc:  # handed to the consumer, raised at this batch
             put((_FAILED, exc))
             return
+        finally:
+            with _live_lock:
+                _live.discard(entry)
         put((_DONE, None))
 
     worker = threading.Thread(target=work, name="dlinspect-prefetch", daemon=True)
+    entry = (worker, stop)
+    with _live_lock:
+        _live.add(entry)
     worker.start()
     try:
         while True:
@@ -132,11 +172,18 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any]) -
     finally:
         stop.set()
         _drain(ready)            # frees batches waiting ahead; unblocks a waiting put
-        worker.join()
+        if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
+            worker.join(_JOIN_S)
         _drain(ready)
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+        if worker.is_alive():
+            warnings.warn(
+                f"prefetch_to_jax stopped, but its source has been inside next() for over "
+                f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
+                f"thread) and the source is not closed.", DLInspectWarning, stacklevel=2)
+        else:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
         if bar is not None:
             bar.close()
 

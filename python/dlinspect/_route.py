@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
 import warnings
 from typing import Any
 
@@ -17,6 +19,7 @@ import numpy as np
 from . import _core
 from ._core import TensorInfo, peek, peek_exported, producer_error
 from ._enums import DLDeviceType as D
+from ._dtypes import dldtype_from_numpy
 from ._enums import device_name
 from .errors import (
     CopyRequiredError,
@@ -221,6 +224,19 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
             f"{_describe(info)} has strides {info.strides}, which JAX cannot import, and its "
             f"memory is not host-accessible for dlinspect to copy. To fix: make it contiguous "
             f"with its own library first (torch: t.contiguous())."))
+    packed = bits * lanes < 8 and not (info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED)
+    if packed and bytes_copy and info.host_accessible and info.size > 1:
+        return _error(info, target, UnsupportedDTypeError(
+            f"{_describe(info)} packs {bits * lanes}-bit elements and needs a copy "
+            f"({'; '.join(needs)}), but dlinspect copies packed sub-byte data only into NumPy "
+            f"(dlinspect.to_host unpacks it). To fix: give JAX aligned, contiguous memory, or "
+            f"unpack it with its own library first."))
+    if not needs and info.size == 0 and info.host_accessible:
+        # Nothing to view: JAX gets a new empty array (jaxlib refuses even an
+        # empty view of a pointer that is not 64-byte aligned).
+        return Route(ZERO_COPY, "The tensor is empty: JAX gets a new empty array; no byte "
+                     "is copied.", info, target, jax_device=dest, action=_HOST_COPY,
+                     import_type=import_type, import_device=src_dev)
     if not needs:
         kind, reason = (HOST_FALLBACK, f"{device_name(dt)} memory is host memory; JAX's CPU "
                         f"backend views it without a copy.") if host_view else (
@@ -363,13 +379,14 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
             return _error(info, target, exc)
     if c is None:
         return _decide_host(info, copy, has_producer)
-    if sharding is not None and len(sharding.device_set) > 1:
+    if sharding is not None:
+        from . import _shard
         if device is not None:
             raise ValueError("plan takes device= or sharding=, not both; pass one of them.")
-        from . import _shard
-        return _shard.decide(info, c, sharding, copy, fallback, readonly, has_producer)
-    return _decide_jax(info, c, _single_device(device if sharding is None else sharding), copy,
-                       fallback, readonly, has_producer)
+        if not _shard.plain_device(_check_sharding(sharding)):
+            return _shard.decide(info, c, sharding, copy, fallback, readonly, has_producer)
+        device = sharding
+    return _decide_jax(info, c, _single_device(device), copy, fallback, readonly, has_producer)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:
@@ -507,24 +524,69 @@ def _host_copy(cap: Any, info: TensorInfo, dtype: np.dtype | None = None) -> np.
     return out
 
 
+def _raise(route: Route) -> None:
+    """Raise ``route.error`` without a reference cycle (error -> traceback -> the
+    caller's frame -> route -> error) that would keep the capsule, and the
+    producer's memory, alive until the next garbage collection."""
+    error = route.error
+    route.error = None
+    try:
+        raise error  # type: ignore[misc]
+    finally:
+        del error
+
+
+def _capsule_of(arr: np.ndarray, read_only: bool = False) -> Any:
+    """A "dltensor_versioned" capsule viewing host array ``arr`` (which it keeps alive).
+
+    Made by dlinspect rather than ``arr.__dlpack__()``, which NumPy refuses for
+    the ml_dtypes types (bfloat16, float8...).
+    """
+    item = arr.itemsize
+    strides = None if arr.flags.c_contiguous else tuple(st // item for st in arr.strides)
+    code, bits, lanes = dldtype_from_numpy(arr.dtype)
+    return _core._make_capsule(arr, arr.ctypes.data, arr.shape, None, strides, code, bits, lanes,
+                               int(D.kDLCPU), 0, 0, True, _MAX_VERSION[0], _MAX_VERSION[1],
+                               _core.FLAG_READ_ONLY if read_only else 0, None, None, False)
+
+
 def _import_numpy(c: Any, arr: np.ndarray, device: Any) -> Any:
     """Import a NumPy array (ours, C order) onto ``device`` without a further copy if aligned."""
-    return c.import_capsule(arr.__dlpack__(), device, None, None, int(D.kDLCPU))
+    return _import_capsule(c, _capsule_of(arr), device, int(D.kDLCPU), None, None)
 
 
-def _import_capsule(c: Any, cap: Any, route: Route, copy: bool | None, stream: Any) -> Any:
+def _import_capsule(c: Any, cap: Any, device: Any, dl_device_type: int, copy: bool | None,
+                    stream: Any) -> Any:
     legacy = _core.as_legacy(cap)
     try:
-        return c.import_capsule(legacy, route._import_device, stream, copy, route._import_type)
+        return c.import_capsule(legacy, device, stream, copy, dl_device_type)
     except BaseException:
         if legacy is not cap:
             _core.restore_versioned(legacy, cap)
         raise
 
 
-def _finish(c: Any, arr: Any, route: Route) -> Any:
+def warn(message: str) -> None:
+    """A DLInspectWarning attributed to the first caller outside dlinspect and jax
+    (through jax.tree_util, a pytree's leaves are converted inside jax's frames)."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and _internal(frame.f_code.co_filename):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, DLInspectWarning, stacklevel=level)
+
+
+_HERE = os.path.dirname(__file__) + os.sep
+_JAX_DIR = os.sep + "jax" + os.sep
+
+
+def _internal(filename: str) -> bool:
+    return filename.startswith(_HERE) or _JAX_DIR in filename
+
+
+def _finish(c: Any, arr: Any, route: Route, quiet: bool = False) -> Any:
     if route.warning is not None:
-        warnings.warn(route.warning, DLInspectWarning, stacklevel=4)
+        if not quiet:
+            warn(route.warning)
         arr = c.canonicalize(arr)
     if route.jax_device is not None and route.jax_device != route._import_device:
         arr = c.jax.device_put(arr, route.jax_device)
@@ -532,21 +594,21 @@ def _finish(c: Any, arr: Any, route: Route) -> Any:
 
 
 def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stream: Any,
-                 fallback: str, readonly: str) -> Any:
+                 fallback: str, readonly: str, quiet: bool = False) -> Any:
     action = route._action
     if action is _RAISE:
-        raise route.error  # type: ignore[misc]
+        _raise(route)
     if action is _IMPORT:
-        arr = _import_capsule(c, cap, route, copy if route.kind == ZERO_COPY else route._import_copy,
-                              stream)
-        return _finish(c, arr, route)
+        arr = _import_capsule(c, cap, route._import_device, route._import_type,
+                              copy if route.kind == ZERO_COPY else route._import_copy, stream)
+        return _finish(c, arr, route, quiet)
     if action is _HOST_COPY:
         host = _host_copy(cap, route.info, route.warning and c.narrowed(route.info.numpy_dtype))
-        return _finish(c, _import_numpy(c, host, route._import_device), route)
+        return _finish(c, _import_numpy(c, host, route._import_device), route, quiet)
     # _PRODUCER_COPY: the device has no JAX backend; go through host memory.
     del cap  # the device capsule is not needed: its producer frees it now
     host_obj = _host_from_producer(x, route.info)
-    return _one_to_jax(host_obj, route.jax_device, None, fallback, readonly)
+    return _one_to_jax(host_obj, route.jax_device, None, fallback, readonly, quiet)
 
 
 def _host_from_producer(x: Any, info: TensorInfo) -> Any:
@@ -596,7 +658,8 @@ def _read(x: Any, c: Any) -> tuple[Any, TensorInfo, Any]:
     return cap, info, stream
 
 
-def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
+def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
+                quiet: bool = False) -> Any:
     c = _caps if _caps is not None else _load_caps()
     if device is None and copy is not True:
         # Fast path (C): aligned, compact, writable CPU memory in a dtype JAX keeps.
@@ -606,14 +669,14 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
         if got[0] is not None:  # exported CPU memory (or was handed a capsule): no stream
             return _general_to_jax(c, x, got[0], got[1], None, device, copy, fallback, readonly)
     cap, info, stream = _read(x, c)
-    return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly)
+    return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly, quiet)
 
 
 def _general_to_jax(c: Any, x: Any, cap: Any, info: TensorInfo, stream: Any, device: Any,
-                    copy: bool | None, fallback: str, readonly: str) -> Any:
+                    copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
     """Decide and execute the route of a tensor already exported (``cap``) and read."""
     route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
-    return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly)
+    return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly, quiet)
 
 
 _caps = None
@@ -743,10 +806,9 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
     c = _caps if _caps is not None else _load_caps()
 
     def one(leaf: Any, s: Any) -> Any:
-        if not isinstance(s, Sharding):
-            raise TypeError(f"sharding must be a jax.sharding.Sharding or a pytree of them, "
-                            f"not {type(s).__name__}; e.g. NamedSharding(mesh, PartitionSpec('data')).")
-        if len(s.device_set) == 1:
+        if s is None:  # default placement, as in jax.device_put
+            return _one_to_jax(leaf, None, copy, fallback, readonly)
+        if _shard.plain_device(_check_sharding(s)):
             return _one_to_jax(leaf, _single_device(s), copy, fallback, readonly)
         return _shard.to_jax_sharded(leaf, c, s, copy, fallback, readonly)
 
@@ -755,10 +817,26 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
             return one(sub, s)
         return tree_util.tree_map(lambda leaf: one(leaf, s), sub, is_leaf=_is_tensor)
 
-    if isinstance(sharding, Sharding):
+    if sharding is None or isinstance(sharding, Sharding):
         return subtree(sharding, x)
     # A pytree of shardings, a prefix of x's structure (as jax.device_put takes).
-    return tree_util.tree_map(subtree, sharding, x, is_leaf=lambda s: isinstance(s, Sharding))
+    is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
+    try:
+        tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure is "
+            f"a prefix of the batch's: {str(exc).splitlines()[0]}") from None
+    return tree_util.tree_map(subtree, sharding, x, is_leaf=is_leaf)
+
+
+def _check_sharding(s: Any) -> Any:
+    from jax.sharding import Sharding
+    if not isinstance(s, Sharding):
+        raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
+                        f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
+                        f"PartitionSpec('data')).")
+    return s
 
 
 def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
@@ -803,7 +881,7 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     route = _decide_host(info, copy, not is_cap)
     action = route._action
     if action is _RAISE:
-        raise route.error  # type: ignore[misc]
+        _raise(route)
     if action is _PRODUCER_COPY:
         del cap
         host = _host_from_producer(x, info)

@@ -17,8 +17,8 @@ from typing import Any
 from . import _core
 from ._core import TensorInfo
 from ._route import (
-    _CAPSULE_TYPE, _RAISE, COPY, ERROR, ZERO_COPY, CopyRequiredError, Route, _decide_jax,
-    _describe, _error, _host_view, _one_to_jax, _read, _general_to_jax,
+    _CAPSULE_TYPE, _RAISE, COPY, ERROR, ZERO_COPY, CopyRequiredError, Route, _capsule_of,
+    _decide_jax, _describe, _error, _general_to_jax, _host_view, _one_to_jax, _raise, _read, warn,
 )
 from .errors import ShardingError
 
@@ -69,15 +69,30 @@ def slice_info(info: TensorInfo, index: tuple[slice, ...]) -> TensorInfo:
         if count:
             offset += start * strides[axis] * info.itemsize
         shape[axis], strides[axis] = count, strides[axis] * step
+    if offset < 0:  # negative strides: the slice starts before data; move data instead
+        state[11], offset = state[11] + offset, 0
     state[4], state[5], state[6], state[10] = tuple(shape), tuple(strides), False, offset
     return _core._rebuild_info(tuple(state))
 
 
-def _split_on_host(info: TensorInfo, devices: Any) -> bool:
-    """Host memory, CPU devices only, and whole bytes per element: slice a host view."""
-    return (info.host_accessible and info.numpy_dtype is not None and info.size > 0
+def plain_device(sharding: Any) -> bool:
+    """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
+    from jax.sharding import SingleDeviceSharding
+    return type(sharding) is SingleDeviceSharding and default_memory(sharding)
+
+
+def default_memory(sharding: Any) -> bool:
+    """True when ``sharding`` puts arrays in each device's default memory (not pinned_host...)."""
+    kind = getattr(sharding, "memory_kind", None)
+    return kind is None or all(kind == d.default_memory().kind for d in sharding.device_set)
+
+
+def _split_on_host(info: TensorInfo, sharding: Any, devices: Any) -> bool:
+    """Host memory, CPU devices in their default memory, whole bytes per element:
+    slice a host view."""
+    return (info.host_accessible and info.numpy_dtype is not None
             and info.dtype.bits * info.dtype.lanes % 8 == 0
-            and all(d.platform == "cpu" for d in devices))
+            and all(d.platform == "cpu" for d in devices) and default_memory(sharding))
 
 
 def spans_processes(sharding: Any) -> bool:
@@ -95,7 +110,7 @@ def decide(info: TensorInfo, c: Any, sharding: Any, copy: bool | None, fallback:
         if problem is not None:
             return _error(info, target, ShardingError(f"{_describe(info)} cannot be sharded: {problem}"))
         index_map = sharding.addressable_devices_indices_map(info.shape)
-        if _split_on_host(info, index_map):
+        if _split_on_host(info, sharding, index_map):
             shards = tuple((dev, idx, _decide_jax(slice_info(info, idx), c, dev, copy, fallback,
                                                   readonly, has_producer))
                            for dev, idx in index_map.items())
@@ -140,15 +155,20 @@ def to_jax_sharded(x: Any, c: Any, sharding: Any, copy: bool | None, fallback: s
     route = decide(info, c, sharding, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
     action = route._action
     if action is _RAISE:
-        raise route.error  # type: ignore[misc]
+        _raise(route)
     if action is _SPLIT:
         # One owner for the whole tensor: the producer's deleter runs when the
         # last shard (or view) dies. A legacy capsule cannot say read-only and
         # is imported as writable, as to_jax does.
-        view, _ = _host_view(cap, info, read_only=info.read_only is True)
+        read_only = info.read_only is True
+        view, _ = _host_view(cap, info, read_only=read_only)
         del cap
-        arrays = [_one_to_jax(view[idx], dev, copy, fallback, readonly)
+        # view[idx, ...]: an array even for a 0-d leaf (view[()] is a scalar).
+        arrays = [_one_to_jax(_capsule_of(view[(*idx, ...)], read_only), dev, copy, fallback,
+                              readonly, quiet=True)
                   for dev, idx, _ in route.shards]
+        if route.warning is not None:
+            warn(route.warning)
         return c.jax.make_array_from_single_device_arrays(info.shape, sharding, arrays)
     whole = _general_to_jax(c, x, cap, info, stream, None, copy, fallback, readonly)
     if action is _PROCESS_LOCAL:

@@ -198,3 +198,71 @@ def test_process_local_data_path(monkeypatch):
     y = to_jax(x, sharding=DATA)
     assert y.sharding == DATA
     np.testing.assert_array_equal(np.asarray(y), x)
+
+
+class TestOutsideTrial:
+    """Inputs an outside trial broke; each stands for its kind."""
+
+    def test_negative_strides(self):
+        x = aligned(np.arange(8))[::-1]
+        assert plan(x, sharding=DATA).kind == "copy"
+        np.testing.assert_array_equal(np.asarray(to_jax(x, sharding=DATA)), x)
+        y = aligned(np.arange(32).reshape(4, 8))[:, ::-1]
+        col = NamedSharding(MESH, P(None, "data"))
+        np.testing.assert_array_equal(np.asarray(to_jax(y, sharding=col)), y)
+
+    def test_zero_d_leaf_replicated(self, torch):
+        for x in (aligned(np.float32(3.0)), torch.tensor(3.0)):
+            y = to_jax(x, sharding=REPLICATED)
+            assert y.shape == () and float(y) == 3.0 and y.sharding == REPLICATED
+        counter = DeleterCounter()
+        cap = make_capsule(aligned(np.float32(2.0)), counter=counter)
+        assert plan(cap, sharding=REPLICATED).kind == "zero-copy"
+        assert float(to_jax(cap, sharding=REPLICATED)) == 2.0
+
+    def test_memory_kind_is_kept(self):
+        x = aligned(np.arange(8 * 4).reshape(8, 4))
+        for kind in ("pinned_host", "unpinned_host"):
+            try:
+                s = NamedSharding(MESH, P("data"), memory_kind=kind)
+            except ValueError:
+                continue  # not offered by this backend
+            expected = jax.device_put(x, s)
+            y = to_jax(x, sharding=s)
+            assert y.sharding.memory_kind == expected.sharding.memory_kind == kind
+            np.testing.assert_array_equal(np.asarray(y), x)
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[1], memory_kind=kind)
+            assert to_jax(x, sharding=one).sharding.memory_kind == kind
+
+    def test_one_device_named_sharding_is_kept(self):
+        s = NamedSharding(Mesh(np.array(jax.devices()[2:3]), ("data",)), P("data"))
+        x = aligned(np.ones((8, 4)))
+        y = to_jax(x, sharding=s)
+        assert y.sharding == s == jax.device_put(x, s).sharding
+        assert plan(x, sharding=s).kind == "zero-copy"
+
+    def test_none_in_a_sharding_tree_is_default_placement(self):
+        x = aligned(np.ones((8, 4)))
+        out = to_jax({"a": x, "b": x}, sharding={"a": DATA, "b": None})
+        assert out["a"].sharding == DATA and out["b"].devices() == {jax.devices()[0]}
+
+    def test_bad_sharding_arguments(self):
+        x = aligned(np.ones((8, 4)))
+        with pytest.raises(TypeError, match="jax.sharding.Sharding"):
+            plan(x, sharding={"a": DATA})
+        with pytest.raises(ValueError, match="prefix of the batch"):
+            to_jax({"a": x}, sharding={"b": DATA})
+        with pytest.raises(TypeError, match="jax.sharding.Sharding"):
+            to_jax(x, sharding="data")
+
+    def test_empty_batch(self):
+        x = np.zeros((0, 3), np.float32)
+        route = plan(x, sharding=DATA)
+        assert route.kind == "zero-copy" and route.zero_copy and route.copy_bytes == 0
+        y = to_jax(x, sharding=DATA, copy=False)
+        assert y.shape == (0, 3) and y.sharding == DATA
+
+    def test_one_warning_per_narrowed_leaf(self):
+        with pytest.warns(DLInspectWarning) as record:
+            to_jax(np.arange(8, dtype=np.int64), sharding=DATA)
+        assert len(record) == 1 and record[0].filename == __file__
