@@ -538,12 +538,14 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
         info._shape[i] = extent
         if extent == 0:
             zero = True
-        elif not zero and __builtin_mul_overflow(size, extent, &size):
-            raise MalformedTensorError(
-                f"DLTensor.shape {_shape_text(t.shape, ndim)} holds more than 2**63-1 "
-                f"elements. The producer wrote a corrupt header.")
     if zero:
-        size = 0
+        size = 0   # whatever the other extents: an empty tensor
+    else:
+        for i in range(ndim):
+            if __builtin_mul_overflow(size, info._shape[i], &size):
+                raise MalformedTensorError(
+                    f"DLTensor.shape {_shape_text(t.shape, ndim)} holds more than 2**63-1 "
+                    f"elements. The producer wrote a corrupt header.")
     if t.data == NULL and size > 0:
         raise MalformedTensorError(
             f"DLTensor.data is NULL but the shape {_shape_text(t.shape, ndim)} holds {size} "
@@ -553,8 +555,11 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
         stride = 1
         for i in range(ndim - 1, -1, -1):
             info._strides[i] = stride
-            if info._shape[i] > 0:
-                stride *= info._shape[i]      # bounded by size: cannot overflow
+            # Bounded by size when size > 0; an empty tensor's nonzero extents may
+            # multiply past int64 (e.g. (2**62, 0, 2**62)): its outer strides are
+            # then never used to address anything and are written as 0.
+            if info._shape[i] > 0 and __builtin_mul_overflow(stride, info._shape[i], &stride):
+                stride = 0
     else:
         memcpy(info._strides, t.strides, ndim * sizeof(int64_t))
     info._size = size

@@ -223,6 +223,11 @@ class TestMalformed:
     def test_huge_zero_size_is_fine(self):
         info = peek(make_capsule(shape=(2**62, 0, 2**62), address=4096))
         assert info.size == 0 and info.nbytes == 0
+        # NULL strides: C order (zero extents count as 1). UBSan found the signed overflow
+        # of the unused last product 2**62 * 2**62; regression input for it.
+        assert info.strides == (2**62, 2**62, 1) and info.is_c_contiguous and info.is_compact
+        info = peek(make_capsule(shape=(2**40, 2**40, 0, 2**40), address=4096))
+        assert info.size == 0 and info.strides == (0, 2**40, 2**40, 1)
 
 
 class TestNumpy:
