@@ -13,8 +13,9 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" ninja cmake
 python -m pip install -q torch==2.13.0
 python -m pip install -q --no-build-isolation -Cbuild-dir=build-asan \
-    -Ccmake.define.DLINSPECT_SANITIZE=ON -e ".[test,jax]"
-so=$(python -c "import dlinspect._core as c; print(c.__file__)")
+    -Ccmake.define.DLINSPECT_SANITIZE=ON -e ".[test,jax,examples]" apache-tvm-ffi
+# (not imported to find it: an instrumented module imported without the preload aborts)
+so=$(ls "$(python -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")"/dlinspect/_core*.so)
 if ! grep -q __asan_report "$so" || ! grep -q __ubsan_handle "$so"; then
     echo "sanitize.sh: $so is not instrumented" >&2
     exit 1
@@ -29,5 +30,6 @@ fi
 # alloc_dealloc_mismatch / odr: false reports from uninstrumented C++ in jaxlib and torch.
 export ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:detect_odr_violation=0:abort_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export DLINSPECT_SANITIZED=1  # the leak soak skips its RSS bound (ASan keeps freed memory)
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
     python -m pytest -q -p no:cacheprovider "${tests[@]}"

@@ -125,9 +125,10 @@ def test_deleter_runs_once_capsules(route):
         else:
             y = dlinspect.to_jax(p)
             np.testing.assert_array_equal(np.asarray(y), values())
-        assert counter.calls == len(p.calls) > 0  # every capsule it served is freed already
+        # Every capsule it served is freed already, but the host copy if JAX views it.
+        assert counter.calls in (len(p.calls), len(p.calls) - 1)
         del y
-        assert counter.calls == len(p.calls)
+        assert counter.calls == len(p.calls) > 0
         return
     cap, counter = capsule_producer()
     y = convert(route, cap)
@@ -184,7 +185,8 @@ def test_leak_soak(tmp_path):
     for route, row in report["routes"].items():
         assert row["conversions"] == n, (route, row)
         assert row["deleter_calls"] == row["capsules"], (route, row)
-        assert row["rss_growth_kib"] < 5 * 1024, (route, row)
+        if not os.environ.get("DLINSPECT_SANITIZED"):  # ASan's quarantine holds freed memory
+            assert row["rss_growth_kib"] < 5 * 1024, (route, row)
 
 
 def test_threads():

@@ -10,7 +10,7 @@ from ._enums import DLDataTypeCode as C
 
 __all__ = ["dtype_name", "numpy_dtype", "dldtype_from_numpy"]
 
-_FIXED_NAMES = {
+_FIXED_NAMES: dict[tuple[int, int], str] = {
     (C.kDLBfloat, 16): "bfloat16",
     (C.kDLBool, 8): "bool",
     (C.kDLFloat8_e3m4, 8): "float8_e3m4",
@@ -25,7 +25,7 @@ _FIXED_NAMES = {
     (C.kDLFloat6_e3m2fn, 6): "float6_e3m2fn",
     (C.kDLFloat4_e2m1fn, 4): "float4_e2m1fn",
 }
-_PREFIX = {C.kDLInt: "int", C.kDLUInt: "uint", C.kDLFloat: "float", C.kDLComplex: "complex"}
+_PREFIX: dict[int, str] = {C.kDLInt: "int", C.kDLUInt: "uint", C.kDLFloat: "float", C.kDLComplex: "complex"}
 # Names NumPy itself knows; the rest come from ml_dtypes when it is installed.
 _NUMPY_NAMES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -94,7 +94,7 @@ def dldtype_from_numpy(dtype: object) -> tuple[int, int, int]:
     ValueError
         If DLPack has no code for the dtype (object, string, datetime...).
     """
-    dt = np.dtype(dtype)
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
     name = dt.name
     for (code, bits), fixed in _FIXED_NAMES.items():
         if fixed == name:

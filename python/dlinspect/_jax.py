@@ -67,6 +67,13 @@ class JaxCaps:
         self._canonicalize = jdtypes.canonicalize_dtype
         self._fast_dtypes: set[int] = set()  # code | bits << 8, see _core.JaxFastPath
         self._fast: Any = None
+        # .value: jax_enable_x64 as this thread sees it (jax.enable_x64 is thread-local)
+        self.x64: Any
+        try:
+            from jax._src.config import enable_x64
+            self.x64 = enable_x64
+        except ImportError:  # a jax without the State object: read jax.config
+            self.x64 = _X64Flag(jax.config)
         self._narrow: dict[np.dtype, np.dtype | None] = {}  # x64 off: dtype -> narrowed or None
 
     def fast_path(self) -> Any:
@@ -74,13 +81,9 @@ class JaxCaps:
         if self._fast is None:
             from . import _core
             from ._route import warn
-            try:
-                from jax._src.config import enable_x64 as x64
-            except ImportError:  # a jax without the State object: read jax.config
-                x64 = _X64Flag(self.jax.config)
             import_fn = self._import if self.direct else functools.partial(_public_import, self.jax)
             pinned = any(k in _PINNED for k in self.platforms)
-            self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, x64,
+            self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, self.x64,
                                            self._fast_dtypes, pinned, self._narrow_table(),
                                            warn)
         return self._fast
@@ -187,13 +190,12 @@ class JaxCaps:
     # -- 64-bit types ----------------------------------------------------
     def narrowed(self, np_dtype: np.dtype | None) -> np.dtype | None:
         """The dtype JAX turns ``np_dtype`` into with x64 off, or None if unchanged."""
-        if np_dtype is None or np_dtype.itemsize < 8 or self.jax.config.jax_enable_x64:
+        if np_dtype is None or np_dtype.itemsize < 8 or self.x64.value:
             return None
-        canon = self._narrow.get(np_dtype, False)
-        if canon is False:
+        if np_dtype not in self._narrow:
             canon = np.dtype(self._canonicalize(np_dtype))
-            canon = self._narrow[np_dtype] = None if canon == np_dtype else canon
-        return canon
+            self._narrow[np_dtype] = None if canon == np_dtype else canon
+        return self._narrow[np_dtype]
 
     def canonicalize(self, arr: Any) -> Any:
         canon = self._canonicalize(arr.dtype)

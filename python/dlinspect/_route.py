@@ -122,8 +122,9 @@ def _platform_list(c: Any) -> str:
 
 def _device_fix(info: TensorInfo) -> str:
     dt = int(info.device_type)
-    plugin = {D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
-              D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}.get(dt)
+    plugins: dict[int, str] = {D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
+               D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}
+    plugin = plugins.get(dt)
     parts = ["move it to host memory first (torch: t.cpu())"]
     if plugin:
         parts.append(f"install {plugin}")
@@ -485,10 +486,12 @@ def _host_view(cap: Any, info: TensorInfo, read_only: bool | None = None) -> tup
     if read_only is None:
         read_only = info.read_only is not False
     owner = _core.take(cap, read_only)
+    dtype = info.numpy_dtype
+    assert dtype is not None  # routes reaching here were decided with a NumPy dtype
     if info.size == 0:
-        return np.empty(info.shape, info.numpy_dtype), owner
+        return np.empty(info.shape, dtype), owner
     raw = np.asarray(owner)
-    return raw.view(info.numpy_dtype), owner
+    return raw.view(dtype), owner
 
 
 def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
@@ -506,7 +509,7 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
         if info.dtype.code == 1:  # kDLUInt: convert by value
             return vals.astype(info.numpy_dtype).reshape(info.shape)
         # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
-        return vals.view(info.numpy_dtype).reshape(info.shape).copy()
+        return vals.view(info.numpy_dtype).reshape(info.shape).copy()  # type: ignore[arg-type]
     finally:
         del owner
 
@@ -570,8 +573,9 @@ def warn(message: str) -> None:
     """A DLInspectWarning attributed to the first caller outside dlinspect and jax
     (through jax.tree_util, a pytree's leaves are converted inside jax's frames)."""
     level, frame = 2, sys._getframe(1)
-    while frame is not None and _internal(frame.f_code.co_filename):
-        level, frame = level + 1, frame.f_back
+    frame_or_none: Any = frame
+    while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename):
+        level, frame_or_none = level + 1, frame_or_none.f_back
     warnings.warn(message, DLInspectWarning, stacklevel=level)
 
 
@@ -603,7 +607,8 @@ def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stre
                               copy if route.kind == ZERO_COPY else route._import_copy, stream)
         return _finish(c, arr, route, quiet)
     if action is _HOST_COPY:
-        host = _host_copy(cap, route.info, route.warning and c.narrowed(route.info.numpy_dtype))
+        narrow = c.narrowed(route.info.numpy_dtype) if route.warning is not None else None
+        host = _host_copy(cap, route.info, narrow)
         return _finish(c, _import_numpy(c, host, route._import_device), route, quiet)
     # _PRODUCER_COPY: the device has no JAX backend; go through host memory.
     del cap  # the device capsule is not needed: its producer frees it now

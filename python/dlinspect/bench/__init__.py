@@ -1,0 +1,164 @@
+"""dlinspect's benchmark suites, runnable from an installed wheel.
+
+``dlinspect bench`` (see :mod:`dlinspect.cli`) runs them; the scripts in the
+repository's ``benchmarks/`` folder are thin entry points over the same code.
+Suites: ``peek``, ``to_jax``, ``sweep`` (per-call cost against tensor size, for
+every consumer installed) and ``loader`` (a torch DataLoader into JAX). Every
+figure is a median measured in the run that reports it; targets are ratios
+against baselines measured in the same run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._common import format_suite, machine, versions
+
+__all__ = ["SUITES", "run_suites", "format_report", "plot_sweep", "write_markdown"]
+
+SUITES = ("peek", "to_jax", "sweep", "loader")
+
+
+def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: int | None = None,
+               progress: bool = True) -> dict[str, Any]:
+    """Run the named suites; returns ``{"versions", "machine", "quick", "seconds", "suites"}``.
+
+    ``quick`` runs fewer repeats, shorter timings and smaller sizes (about 30 s
+    on two cores). ``progress`` draws a tqdm bar on stderr when tqdm is installed.
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(names), unit="suite", desc="dlinspect bench", leave=False)
+        except ImportError:
+            bar = None
+
+    def tick(what: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(what, refresh=True)
+
+    start = time.perf_counter()
+    suites = {}
+    for name in names:
+        module = importlib.import_module(f"dlinspect.bench.{name}")
+        suites[name] = module.run(quick=quick, repeat=repeat, tick=tick)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return {"versions": versions(), "machine": machine(), "quick": quick,
+            "jax_platform": _jax_platform(), "seconds": time.perf_counter() - start,
+            "suites": suites}
+
+
+def _jax_platform() -> str | None:
+    try:
+        import jax
+        return jax.default_backend()
+    except ImportError:
+        return None
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The whole report as text: versions, then each suite's medians, notes and targets."""
+    head = "  ".join(f"{k} {v or 'not installed'}" for k, v in report["versions"].items())
+    lines = [head, f"machine: {report['machine']}, JAX platform {report['jax_platform']}"
+             + (" (quick)" if report["quick"] else ""), ""]
+    for result in report["suites"].values():
+        lines += [format_suite(result), ""]
+    return "\n".join(lines)
+
+
+def plot_sweep(report: dict[str, Any], path: str) -> None:
+    """Per-call cost against tensor size for each method of the ``sweep`` suite, as a PNG.
+
+    Raises
+    ------
+    ImportError
+        matplotlib is not installed (``pip install matplotlib``).
+    ValueError
+        The report has no ``sweep`` suite.
+    """
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("dlinspect bench --plot draws with matplotlib, which is not installed; "
+                          "install it with: pip install matplotlib") from exc
+    sweep = report["suites"].get("sweep")
+    if sweep is None:
+        raise ValueError("--plot needs the sweep suite; run it too (dlinspect bench sweep ...)")
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    sizes = [p["nbytes"] for p in sweep["sweep"]]
+    for method in sweep["methods"]:
+        ax.plot(sizes, [p[method] for p in sweep["sweep"]], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [p["size"] for p in sweep["sweep"]])
+    ax.set_xlabel("tensor size (float32, 64-byte aligned)")
+    ax.set_ylabel("median µs per call")
+    v = report["versions"]
+    ax.set_title(f"DLPack import cost by size (jax {v.get('jax')}, {report['machine']})",
+                 fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(report: dict[str, Any], path: str, command: str,
+                   plot: str | None = None) -> None:
+    """BENCHMARKS.md from a report: the command, versions, every table and target."""
+    v = report["versions"]
+    out = ["# Benchmarks", "",
+           "Every figure here comes from one run of the command below on the development "
+           "machine; this file was written by that run (`--markdown`), not by hand.", "",
+           f"```\n{command}\n```", "",
+           f"Machine: {report['machine']}, JAX platform {report['jax_platform']}. "
+           + ", ".join(f"{k} {val or 'not installed'}" for k, val in v.items())
+           + f". The run took {report['seconds']:.0f} s.", ""]
+    if plot:
+        out += [f"![per-call cost against tensor size]({plot})", ""]
+    for name, result in report["suites"].items():
+        out += [f"## {name}", "", f"Median {result['unit']}"
+                + (f", {result['repeat']} runs" if "repeat" in result else "") + ".", ""]
+        if name == "sweep":
+            methods = result["methods"]
+            out += ["| size | plan | " + " | ".join(methods) + " |",
+                    "| --- | --- | " + " | ".join("---:" for _ in methods) + " |"]
+            for p in result["sweep"]:
+                out.append(f"| {p['size']} | {p['plan']} | "
+                           + " | ".join(f"{p[m]:.2f}" for m in methods) + " |")
+        elif name == "loader" and "tables" in result:
+            cols = ("conversion", "beside_step", "end_to_end")
+            out += ["| method | conversion only | beside a 1 ms host-free step | end to end |",
+                    "| --- | ---: | ---: | ---: |"]
+            for method in result["tables"]["conversion"]:
+                out.append(f"| {method} | " + " | ".join(
+                    f"{result['tables'][c][method]['median']:,.0f}" for c in cols) + " |")
+            out += ["", "Sharded over 4 forced CPU devices, conversion only:", "",
+                    "| method | batches/s |", "| --- | ---: |"]
+            for m, row in result["sharded"]["rows"].items():
+                out.append(f"| {m} | {row['median']:,.0f} |")
+        else:
+            out += ["| call | median |", "| --- | ---: |"]
+            for r in result["rows"]:
+                out.append(f"| `{r['name']}` | {r['median']:.4g} |")
+        out.append("")
+        out += [f"- {note}" for note in result.get("notes", [])]
+        out += [f"- **{t['status']}** {t['target']}"
+                + ("" if t["value"] is None else f": {t['value']:.4g}") for t in result["targets"]]
+        out.append("")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out))

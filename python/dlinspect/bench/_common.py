@@ -1,0 +1,104 @@
+"""Timing, reporting and the result format shared by the benchmark suites.
+
+A suite's ``run(quick, repeat, tick)`` returns a dict:
+
+``title``, ``unit`` ("µs per call" or "batches/s"), ``rows`` (a list of dicts with
+``name`` and ``median``, the figure in ``unit``, plus whatever the suite adds),
+``targets`` (dicts with ``target``, ``status`` "PASS"/"FAIL"/"SKIP", ``value``),
+``notes`` (lines of text) and optional suite-specific keys (``sweep``, ``memory``...).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+KIB = 1024
+MIB = 1024 * KIB
+
+Tick = Callable[[str], None]
+
+
+def time_statement(stmt: str, namespace: dict[str, Any], repeat: int,
+                   min_run_s: float = 0.2) -> dict[str, Any]:
+    """Median per-call time of ``stmt`` in µs: a loop count giving >= ``min_run_s``
+    per run (``timeit``'s autorange when 0.2 s), then ``repeat`` runs."""
+    timer = timeit.Timer(stmt, globals=namespace)
+    number = 1
+    while True:
+        if timer.timeit(number) >= min_run_s:
+            break
+        number *= 2 if min_run_s < 0.2 else 10
+    runs_us = [total / number * 1e6 for total in timer.repeat(repeat=repeat, number=number)]
+    return {"stmt": stmt, "number": number, "repeat": repeat,
+            "median": statistics.median(runs_us), "min": min(runs_us), "runs": runs_us}
+
+
+def ratio_target(description: str, rows: dict[str, dict[str, Any]], measured: str,
+                 baseline: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
+    """``measured / baseline`` (or its inverse for rates) against ``limit``."""
+    if measured not in rows or baseline not in rows:
+        return {"target": description, "status": "SKIP", "value": None, "limit": limit,
+                "why": "a row is missing (optional library not installed)"}
+    ratio = rows[measured]["median"] / rows[baseline]["median"]
+    ok = ratio >= limit if higher_is_better else ratio <= limit
+    return {"target": description, "status": "PASS" if ok else "FAIL", "value": ratio,
+            "limit": limit, "measured": measured, "baseline": baseline}
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python and of every library the suites touch (None: not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("numpy", "jax", "jaxlib", "torch", "ml_dtypes", "dlinspect"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def machine() -> str:
+    return f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs"
+
+
+def rss_kib() -> int:
+    """This process's resident set size (VmRSS of /proc/self/status), in KiB."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS line in /proc/self/status")
+
+
+def optional(name: str) -> Any:
+    """The module ``name``, or None where it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def format_suite(result: dict[str, Any]) -> str:
+    """A suite's rows, notes and targets as text."""
+    lines = [f"== {result['title']} ({result['unit']})"]
+    rows = result["rows"]
+    if rows:
+        width = max(len(r["name"]) for r in rows)
+        lines.append(f"{'name':<{width}}  {'median':>12}")
+        lines.append(f"{'-' * width}  {'-' * 12}")
+        for r in rows:
+            lines.append(f"{r['name']:<{width}}  {_fmt(r['median']):>12}")
+    lines.extend(result.get("notes", []))
+    for t in result["targets"]:
+        value = "" if t["value"] is None else f": {_fmt(t['value'])}"
+        lines.append(f"{t['status']:<4}  {t['target']}{value}")
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"

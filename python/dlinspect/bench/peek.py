@@ -1,0 +1,61 @@
+"""Suite ``peek``: one ``dlinspect.peek`` call next to the calls it replaces.
+
+Rows, median µs per call (``timeit``; every statement one global lookup plus calls):
+
+    id(x)                 the floor of any call from Python into C
+    peek(cap)             a ``x.__dlpack__(max_version=(1, 3))`` capsule made once
+    peek(x)               a 32x32 float32 NumPy array
+    peek(x.__dlpack__())  baseline for peek(x): export a capsule, then peek it
+    peek(t)               a 32x32 float32 torch CPU tensor (DLPack 1.3 C exchange API)
+    t.__dlpack__()        torch's own export, which peek(t) avoids
+    numpy.from_dlpack(x)  a full DLPack round trip in NumPy
+
+Targets: peek(cap) <= 2.5x id(x); peek(x) <= 1.5x peek(x.__dlpack__());
+peek(t) <= 0.25x t.__dlpack__(). torch is optional (its rows are skipped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy
+
+import dlinspect
+
+from ._common import Tick, optional, ratio_target, time_statement
+
+CASES = [
+    ("id(x)", "id(x)", False),
+    ("peek(cap)", "peek(cap)", False),
+    ("peek(x)", "peek(x)", False),
+    ("peek(x.__dlpack__())", "peek(x.__dlpack__())", False),
+    ("peek(t)", "peek(t)", True),
+    ("t.__dlpack__()", "t.__dlpack__()", True),
+    ("numpy.from_dlpack(x)", "from_dlpack(x)", False),
+]
+TARGETS = [
+    ("peek(capsule) <= 2.5x id()", "peek(cap)", "id(x)", 2.5),
+    ("peek(numpy array) <= 1.5x peek(x.__dlpack__())", "peek(x)", "peek(x.__dlpack__())", 1.5),
+    ("peek(torch tensor) <= 0.25x t.__dlpack__()", "peek(t)", "t.__dlpack__()", 0.25),
+]
+
+
+def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None) -> dict[str, Any]:
+    repeat = repeat or (3 if quick else 15)
+    torch = optional("torch")
+    x = numpy.zeros((32, 32), dtype=numpy.float32)
+    ns: dict[str, Any] = {"x": x, "cap": x.__dlpack__(max_version=(1, 3)), "peek": dlinspect.peek,
+                          "from_dlpack": numpy.from_dlpack}
+    if torch is not None:
+        ns["t"] = torch.zeros((32, 32), dtype=torch.float32)
+    rows = []
+    for name, stmt, needs_torch in CASES:
+        if needs_torch and torch is None:
+            continue
+        if tick:
+            tick(f"peek: {name}")
+        rows.append({"name": name, **time_statement(stmt, ns, repeat, 0.02 if quick else 0.2)})
+    by_name = {r["name"]: r for r in rows}
+    return {"title": "peek", "unit": "µs per call", "rows": rows, "repeat": repeat,
+            "targets": [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in TARGETS],
+            "notes": [] if torch else ["torch is not installed: its rows are skipped"]}

@@ -1,0 +1,210 @@
+"""The ``dlinspect`` command (also ``python -m dlinspect``).
+
+Subcommands:
+
+``doctor``
+    What this installation can do: versions, JAX backends and devices, whether
+    jaxlib's import function is used directly or the public API, what
+    ``to_jax`` would do with a float32 tensor from every DLDeviceType, and which
+    array types offer the DLPack C exchange API. ``--json`` for machines.
+``inspect``
+    ``explain()`` of a ``.npy`` file (memory-mapped, read-only) or of the value
+    of a Python expression (``--expr``, evaluated with ``np``, ``torch``, ``jax``,
+    ``jnp`` and ``dlinspect`` in scope). Exit code 0 when the route is
+    zero-copy, copy or host-fallback, 2 when it is an error.
+``bench``
+    The benchmark suites (see :mod:`dlinspect.bench`) against plain
+    ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
+    ``--markdown``; ``--quick`` takes about 30 s on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main", "doctor_report"]
+
+EXIT_ERROR_ROUTE = 2
+
+
+def doctor_report() -> dict[str, Any]:
+    """Everything ``dlinspect doctor`` prints, as a JSON-able dict.
+
+    Keys: ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
+    ``direct_reason``, ``cpu_alignment``); ``device_types`` (one row per
+    DLDeviceType: ``name``, ``value``, ``route``, ``reason``); ``exchange_api``
+    (array type name to ``[major, minor]`` or None).
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import numpy as np
+
+    import dlinspect
+    from dlinspect import _core
+    from dlinspect.bench._common import optional, versions
+    from dlinspect.testing import FakeProducer, aligned_empty
+
+    report: dict[str, Any] = {"versions": versions()}
+    jax = optional("jax")
+    if jax is None:
+        report["jax"] = None
+    else:
+        from dlinspect._jax import caps
+        c = caps()
+        report["jax"] = {
+            "platforms": sorted({d.platform for d in jax.devices()}),
+            "devices": [str(d) for d in jax.devices()],
+            "direct_import": c.direct, "direct_reason": c.direct_reason,
+            "cpu_alignment": c.cpu_alignment,
+            "dlpack_platforms": {str(dlinspect.DLDeviceType(k)) if k in
+                                 dlinspect.DLDeviceType._value2member_map_ else str(k): v
+                                 for k, v in sorted(c.mapping.items())},
+        }
+    rows = []
+    x = aligned_empty((4, 4), np.float32, 64)
+    x[...] = 1
+    for dt in dlinspect.DLDeviceType:
+        if jax is None:
+            rows.append({"name": str(dt), "value": int(dt), "route": "error",
+                         "reason": "jax is not installed (pip install jax)"})
+            continue
+        route = dlinspect.plan(FakeProducer(x, (dt, 0)))
+        rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
+                     "reason": route.reason})
+    report["device_types"] = rows
+    types: dict[str, Any] = {"numpy.ndarray": np.ndarray}
+    for module, attr in (("torch", "Tensor"), ("cupy", "ndarray")):
+        mod = optional(module)
+        if mod is not None:
+            types[f"{module}.{attr}"] = getattr(mod, attr)
+    if jax is not None:
+        types["jax.Array"] = type(jax.numpy.zeros(1))
+    report["exchange_api"] = {name: (list(v) if (v := _core.exchange_api_version(tp)) else None)
+                              for name, tp in types.items()}
+    return report
+
+
+def _print_doctor(r: dict[str, Any]) -> None:
+    print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
+    j = r["jax"]
+    if j is None:
+        print("jax: not installed; to_jax is unavailable (pip install 'dlinspect[jax]')")
+    else:
+        print(f"jax platforms: {', '.join(j['platforms'])}; devices: {', '.join(j['devices'])}")
+        print(f"import path: {'direct (jaxlib)' if j['direct_import'] else 'public jax.dlpack.from_dlpack'}"
+              f" -- {j['direct_reason']}")
+        print(f"XLA:CPU zero-copy alignment: {j['cpu_alignment']} bytes")
+    print("\nto_jax of a float32 tensor from each DLDeviceType, here:")
+    width = max(len(row["name"]) for row in r["device_types"])
+    for row in r["device_types"]:
+        print(f"  {row['name']:<{width}} ({row['value']:>2})  {row['route']:<13} {row['reason']}")
+    print("\nDLPack C exchange API (__dlpack_c_exchange_api__):")
+    for name, version in r["exchange_api"].items():
+        print(f"  {name}: " + (f"version {version[0]}.{version[1]}" if version else "no"))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import numpy as np
+
+    import dlinspect
+    if (args.path is None) == (args.expr is None):
+        print("dlinspect inspect: give a .npy path or --expr EXPRESSION (one of them)",
+              file=sys.stderr)
+        return 1
+    if args.path is not None:
+        x = np.load(args.path, mmap_mode="r", allow_pickle=False)
+    else:
+        from dlinspect.bench._common import optional
+        scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
+        for name in ("torch", "jax"):
+            if (mod := optional(name)) is not None:
+                scope[name] = mod
+        if "jax" in scope:
+            scope["jnp"] = scope["jax"].numpy
+        x = eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
+    copy = {"none": None, "true": True, "false": False}[args.copy]
+    options: dict[str, Any] = {"copy": copy}
+    if args.target == "jax":
+        options.update(fallback=args.fallback, readonly=args.readonly)
+    try:
+        route = dlinspect.plan(x, args.target, **options)
+    except dlinspect.DLInspectError as exc:
+        print(f"{type(exc).__name__}: {exc}")
+        return EXIT_ERROR_ROUTE
+    print(dlinspect.explain(x, args.target, **options))
+    return EXIT_ERROR_ROUTE if route.kind == "error" else 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from dlinspect import bench
+    report = bench.run_suites(args.suites or bench.SUITES, quick=args.quick, repeat=args.repeat,
+                              progress=not args.no_progress)
+    print(bench.format_report(report))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.json}")
+    if args.plot:
+        try:
+            bench.plot_sweep(report, args.plot)
+        except (ImportError, ValueError) as exc:
+            print(f"dlinspect bench: no plot: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.plot}")
+    if args.markdown:
+        command = "dlinspect bench " + " ".join(sys.argv[2:])
+        bench.write_markdown(report, args.markdown, command,
+                             os.path.relpath(args.plot, os.path.dirname(args.markdown) or ".")
+                             if args.plot else None)
+        print(f"wrote {args.markdown}")
+    failed = any(t["status"] == "FAIL" for s in report["suites"].values() for t in s["targets"])
+    return 1 if args.check and failed else 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlinspect", description="Read DLPack tensor headers "
+                                     "without consuming them, and route tensors into JAX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("doctor", help="what this installation can do")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p = sub.add_parser("inspect", help="explain the route of a .npy file or an expression")
+    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped, read-only)")
+    p.add_argument("--expr", help="a Python expression giving a tensor, e.g. 'np.ones((3, 4))[:, ::2]'")
+    p.add_argument("--target", choices=("jax", "host"), default="jax")
+    p.add_argument("--copy", choices=("none", "true", "false"), default="none")
+    p.add_argument("--fallback", choices=("host", "raise"), default="host")
+    p.add_argument("--readonly", choices=("copy", "share"), default="copy")
+    p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
+    p.add_argument("suites", nargs="*", help="suites to run (default: all): peek, to_jax, sweep, loader")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (~30 s on two cores)")
+    p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
+    p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="plot per-call cost against size (matplotlib)")
+    p.add_argument("--markdown", metavar="FILE.md", help="write the report as Markdown")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dlinspect`` command; returns its exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "doctor":
+        report = doctor_report()
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            _print_doctor(report)
+        return 0
+    if args.command == "inspect":
+        return _inspect(args)
+    return _bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
