@@ -1228,17 +1228,19 @@ cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
     cdef const char* src = <const char*>(info._data + <uintptr_t>info._byte_offset)
     memcpy(shape, info._shape, ndim * sizeof(int64_t))
     memcpy(shape + ndim, info._strides, ndim * sizeof(int64_t))
+    cdef double d
+    cdef uint64_t u
     # Compact memory: the elements form one dense block, cast in memory order;
-    # the copy keeps the source's strides.
-    if info._code == kDLComplex:
-        for i in range(2 * n):
-            (<float*>dst)[i] = <float>(<const double*>src)[i]
-    elif info._code == kDLFloat:
-        for i in range(n):
-            (<float*>dst)[i] = <float>(<const double*>src)[i]
+    # the copy keeps the source's strides. The source may be misaligned for its
+    # type (DLPack allows it): each element is loaded with memcpy.
+    if info._code == kDLComplex or info._code == kDLFloat:
+        for i in range(2 * n if info._code == kDLComplex else n):
+            memcpy(&d, src + 8 * i, 8)
+            (<float*>dst)[i] = <float>d
     else:
         for i in range(n):   # kDLInt / kDLUInt: keep the low 32 bits
-            (<uint32_t*>dst)[i] = <uint32_t>(<const uint64_t*>src)[i]
+            memcpy(&u, src + 8 * i, 8)
+            (<uint32_t*>dst)[i] = <uint32_t>u
     memset(dlm, 0, sizeof(DLManagedTensor))
     dlm.dl_tensor.data = dst
     dlm.dl_tensor.device.device_type = kDLCPU

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import pytest
 
 import dlinspect
-from dlinspect import _core, _route, testing
+from dlinspect import _core, _prefetch, _route, testing
 
 pytest.importorskip("jax", reason="the routing examples need jax")
 
 
-@pytest.mark.parametrize("module", [_core, _route, testing], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_core, _route, _prefetch, testing], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     finder = doctest.DocTestFinder(exclude_empty=True)
     tests = finder.find(module, module.__name__, globs={})
@@ -31,3 +32,13 @@ def test_public_api_is_documented():
         obj = getattr(dlinspect, name)
         if callable(obj):
             assert obj.__doc__ and len(obj.__doc__) > 40, name
+
+
+def test_readme_examples():
+    """Every ``>>>`` example of README.md, in order, in one namespace."""
+    pytest.importorskip("torch", reason="the README examples use torch")
+    readme = Path(__file__).parents[1] / "README.md"
+    result = doctest.testfile(str(readme), module_relative=False, globs={},
+                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 25
+    assert result.failed == 0

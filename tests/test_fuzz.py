@@ -24,7 +24,8 @@ def test_fuzz_suite(tmp_path):
     env = dict(os.environ, DLINSPECT_FUZZ="1", DLINSPECT_FUZZ_REPORT=str(report),
                JAX_PLATFORMS="cpu", DLINSPECT_FUZZ_EXAMPLES_SCALE=str(scale))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "fuzz")],
+        # -s: a crash's report (segfault, sanitizer) reaches this process's output
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(HERE / "fuzz")],
         cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, (f"fuzz subprocess exited {proc.returncode} (a negative code "
                                   f"is a signal: a crash)\n" + proc.stdout[-6000:] + proc.stderr[-3000:])

@@ -18,7 +18,7 @@ def test_multidevice_suite():
     env = dict(os.environ, DLINSPECT_MULTIDEVICE="1", JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=4")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "multidevice")],
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(HERE / "multidevice")],
         cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]

@@ -674,3 +674,15 @@ class TestFastPath:
         x[...] = 0
         np.testing.assert_array_equal(np.asarray(y), expected)
         assert buffer_pointer(y) % 64 == 0
+
+    @pytest.mark.parametrize("offset", [1, 3, 4])
+    def test_narrowing_copy_of_misaligned_memory(self, offset):
+        """UBSan found misaligned double loads in the C narrowing copy (regression input)."""
+        for dtype in (np.float64, np.int64, np.complex128):
+            x = aligned_empty((5,), dtype, 64, offset=offset)
+            x[...] = np.arange(5) * 1.5 if dtype is not np.int64 else np.arange(5) - 2**40
+            expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
+            with pytest.warns(DLInspectWarning):
+                y = dlinspect._core.fast_to_jax(make_capsule(x), self.fast(), True)
+            assert isinstance(y, jax.Array)
+            np.testing.assert_array_equal(np.asarray(y), expected)

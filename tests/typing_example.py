@@ -6,6 +6,7 @@ import numpy as np
 
 import dlinspect
 from dlinspect import DLDeviceType, Route, TensorInfo
+from dlinspect.testing import DeleterCounter
 
 x = np.ones((3, 4), np.float32)
 info: TensorInfo = dlinspect.peek(x)
@@ -19,5 +20,5 @@ route: Route = dlinspect.plan(x, "host", copy=None)
 kind: str = route.kind
 text: str = dlinspect.explain(x, target="host")
 host: np.ndarray = dlinspect.to_host(x)
-counter = dlinspect.testing.DeleterCounter()
+counter = DeleterCounter()
 calls: int = counter.calls

@@ -112,6 +112,7 @@ def _inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
     import dlinspect
+    import dlinspect.testing  # noqa: F401 - in scope for --expr (FakeProducer, make_capsule)
     if (args.path is None) == (args.expr is None):
         print("dlinspect inspect: give a .npy path or --expr EXPRESSION (one of them)",
               file=sys.stderr)

@@ -56,7 +56,10 @@ def report():
     yield
     path = os.environ.get("DLINSPECT_FUZZ_REPORT")
     if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
+        old = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
         for k, v in COUNTS.items():
             old[k] = old.get(k, 0) + v
         with open(path, "w") as f:

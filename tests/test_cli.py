@@ -1,0 +1,108 @@
+"""The dlinspect command through a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+
+import dlinspect  # noqa: E402
+
+
+def cli(*args: str, env: dict[str, str] | None = None, pre: str = "") -> subprocess.CompletedProcess:
+    code = pre + "import sys; from dlinspect.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+
+
+def test_doctor_text_lists_every_device_type():
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stderr
+    for dt in dlinspect.DLDeviceType:
+        assert f"  {dt.name} " in proc.stdout
+    assert "import path: direct (jaxlib)" in proc.stdout
+    assert "torch.Tensor" in proc.stdout or "torch" not in sys.modules
+
+
+def test_doctor_json():
+    proc = cli("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report) == {"versions", "jax", "device_types", "exchange_api"}
+    assert [row["value"] for row in report["device_types"]] == [int(d) for d in dlinspect.DLDeviceType]
+    assert {row["route"] for row in report["device_types"]} <= {"zero-copy", "copy", "host-fallback", "error"}
+    cpu = next(row for row in report["device_types"] if row["name"] == "kDLCPU")
+    assert cpu["route"] == "zero-copy"
+    assert report["jax"]["direct_import"] is True and report["exchange_api"]["numpy.ndarray"] is None
+
+
+def test_python_dash_m():
+    proc = subprocess.run([sys.executable, "-m", "dlinspect", "doctor", "--json"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0 and json.loads(proc.stdout)["versions"]["dlinspect"]
+
+
+def test_inspect_npy_and_expressions(tmp_path):
+    path = tmp_path / "batch.npy"
+    np.save(path, np.ones((4, 4), np.float32))
+    proc = cli("inspect", str(path))
+    assert proc.returncode == 0 and "read-only" in proc.stdout and "route to jax: copy" in proc.stdout
+    proc = cli("inspect", str(path), "--readonly", "share")
+    assert proc.returncode == 0 and "route to jax: zero-copy" in proc.stdout
+    proc = cli("inspect", "--expr", "np.ones((4, 4))[:, ::2]", "--copy", "false")
+    assert proc.returncode == 2 and "CopyRequiredError" in proc.stdout
+    proc = cli("inspect", "--expr", "dlinspect.testing.FakeProducer(np.ones(3), (7, 0))",
+               "--fallback", "raise")
+    assert proc.returncode == 2 and "kDLVulkan" in proc.stdout
+    proc = cli("inspect", "--expr", "np.arange(3)", "--target", "host")
+    assert proc.returncode == 0 and "route to host: zero-copy" in proc.stdout
+    assert cli("inspect").returncode == 1
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = cli("bench", "--quick", "--no-progress", "--json", str(out / "b.json"),
+               "--plot", str(out / "b.png"), "--markdown", str(out / "B.md"))
+    return proc, out
+
+
+def test_bench_quick_json_has_every_suite(quick_bench):
+    proc, out = quick_bench
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "b.json").read_text())
+    assert set(report["suites"]) == {"peek", "to_jax", "sweep", "loader"}
+    assert report["seconds"] < 60
+    for name, suite in report["suites"].items():
+        assert suite["targets"], name
+        if name != "loader" or "torch" in report["versions"] and report["versions"]["torch"]:
+            assert suite["rows"] and all(r["median"] > 0 for r in suite["rows"]), name
+    methods = report["suites"]["sweep"]["methods"]
+    assert {"to_jax", "jax.dlpack.from_dlpack", "numpy.from_dlpack"} <= set(methods)
+
+
+def test_bench_plot_and_markdown(quick_bench):
+    proc, out = quick_bench
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    assert (out / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "B.md").read_text()
+    assert md.startswith("# Benchmarks") and "dlinspect bench --quick" in md and "b.png" in md
+
+
+def test_bench_plot_without_matplotlib(tmp_path):
+    proc = cli("bench", "sweep", "--quick", "--no-progress", "--plot", str(tmp_path / "x.png"),
+               pre="import sys; sys.modules['matplotlib'] = None; ")
+    assert proc.returncode == 1 and "pip install matplotlib" in proc.stderr
+
+
+def test_benchmark_scripts_are_entry_points():
+    proc = subprocess.run([sys.executable, "benchmarks/bench_peek.py", "--quick", "--no-progress"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 0 and "peek(cap)" in proc.stdout

@@ -1,0 +1,36 @@
+"""mypy passes over the package (with the stubs of the compiled extension) and a typed example."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
+def test_mypy():
+    pytest.importorskip("mypy", reason="mypy is not installed (pip install mypy)")
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "Success" in proc.stdout
+
+
+def test_stub_matches_the_extension():
+    """Every public name of the compiled module is declared in _core.pyi, and the reverse."""
+    import ast
+
+    import dlinspect._core as core
+    with open(os.path.join(ROOT, "python", "dlinspect", "_core.pyi"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    declared |= {t.id for n in tree.body if isinstance(n, (ast.AnnAssign, ast.Assign))
+                 for t in ([n.target] if isinstance(n, ast.AnnAssign) else n.targets)
+                 if isinstance(t, ast.Name)}
+    public = {n for n in dir(core) if not n.startswith("_") and
+              getattr(getattr(core, n), "__module__", "dlinspect._core") == "dlinspect._core"}
+    assert public - declared == set()
+    assert {n for n in declared - {"Capsule"} if not n.startswith("_")} - public == set()
