@@ -120,11 +120,14 @@ def _platform_list(c: Any) -> str:
     return ", ".join(sorted(set(b.platform for b in c.jax.devices()))) or "none"
 
 
+_PLUGINS: dict[int, str] = {
+    D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
+    D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}
+
+
 def _device_fix(info: TensorInfo) -> str:
     dt = int(info.device_type)
-    plugins: dict[int, str] = {D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
-               D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}
-    plugin = plugins.get(dt)
+    plugin = _PLUGINS.get(dt)
     parts = ["move it to host memory first (torch: t.cpu())"]
     if plugin:
         parts.append(f"install {plugin}")
