@@ -193,7 +193,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``dlinspect`` command; returns its exit code."""
+    """Run the ``dlinspect`` command.
+
+    Parameters
+    ----------
+    argv : sequence of str or None
+        The arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0; 2 from ``inspect`` for an error route; 1 for a usage
+        error, a missing plot library, or ``bench --check`` with a failed target.
+    """
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         report = doctor_report()

@@ -25,10 +25,30 @@ SUITES = ("peek", "to_jax", "sweep", "loader")
 
 def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: int | None = None,
                progress: bool = True) -> dict[str, Any]:
-    """Run the named suites; returns ``{"versions", "machine", "quick", "seconds", "suites"}``.
+    """Run benchmark suites and return their results.
 
-    ``quick`` runs fewer repeats, shorter timings and smaller sizes (about 30 s
-    on two cores). ``progress`` draws a tqdm bar on stderr when tqdm is installed.
+    Parameters
+    ----------
+    names : sequence of str
+        Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``).
+    quick : bool
+        Fewer repeats, shorter timings, smaller sizes: about 30 s on two cores.
+    repeat : int or None
+        Runs per measurement (default 15, or 3 with ``quick``).
+    progress : bool
+        Draw a tqdm progress bar on stderr (when tqdm is installed).
+
+    Returns
+    -------
+    dict
+        ``versions``, ``machine``, ``quick``, ``jax_platform``, ``seconds`` (wall
+        time of the run) and ``suites``: per suite, its ``rows`` (``median`` in the
+        suite's ``unit``: µs per call or batches/s), ``targets`` and ``notes``.
+
+    Raises
+    ------
+    ValueError
+        An unknown suite name.
     """
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     unknown = [n for n in names if n not in SUITES]
@@ -69,7 +89,17 @@ def _jax_platform() -> str | None:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The whole report as text: versions, then each suite's medians, notes and targets."""
+    """The whole report as text: versions, then each suite's medians, notes and targets.
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_suites` returned.
+
+    Returns
+    -------
+    str
+    """
     head = "  ".join(f"{k} {v or 'not installed'}" for k, v in report["versions"].items())
     lines = [head, f"machine: {report['machine']}, JAX platform {report['jax_platform']}"
              + (" (quick)" if report["quick"] else ""), ""]
@@ -80,6 +110,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 def plot_sweep(report: dict[str, Any], path: str) -> None:
     """Per-call cost against tensor size for each method of the ``sweep`` suite, as a PNG.
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_suites` returned, with the ``sweep`` suite.
+    path : str
+        Where to write the PNG (log-log: size in bytes, median µs per call).
 
     Raises
     ------
@@ -119,7 +156,19 @@ def plot_sweep(report: dict[str, Any], path: str) -> None:
 
 def write_markdown(report: dict[str, Any], path: str, command: str,
                    plot: str | None = None) -> None:
-    """BENCHMARKS.md from a report: the command, versions, every table and target."""
+    """Write a Markdown report: the command, versions, every table and target.
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_suites` returned.
+    path : str
+        The Markdown file to write.
+    command : str
+        The command that produced the run (shown verbatim).
+    plot : str or None
+        Path of the sweep plot, relative to the Markdown file, to embed.
+    """
     v = report["versions"]
     out = ["# Benchmarks", "",
            "Every figure here comes from one run of the command below on the development "
