@@ -26,6 +26,7 @@ cdef extern from "Python.h":
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
     PyObject* PyErr_Occurred()
     void PyErr_Clear()
+    Py_ssize_t PyTuple_GET_SIZE(object t)
     void PyErr_WriteUnraisable(object obj)
 
 from dlinspect.errors import (
@@ -700,16 +701,25 @@ cdef object _call_dlpack(object obj):
 
 cdef int _device_of(object obj, int32_t* dev_type, int32_t* dev_id) except -1:
     cdef PyObject* args[1]
+    cdef tuple pair
     args[0] = <PyObject*>obj
-    dev = PyObject_VectorcallMethod(_S_DLPACK_DEVICE, args, 1, NULL)
     try:
-        dev_type[0] = dev[0]
-        dev_id[0] = dev[1]
-    except (TypeError, IndexError, OverflowError, ValueError) as exc:
-        raise MalformedTensorError(
-            f"{type(obj).__name__}.__dlpack_device__() returned {dev!r}; the array API "
-            f"requires a (device_type, device_id) pair of ints.") from exc
-    return 0
+        dev = PyObject_VectorcallMethod(_S_DLPACK_DEVICE, args, 1, NULL)
+    except (BufferError, RuntimeError, ValueError) as exc:
+        raise producer_error(obj, exc) from exc
+    # Checked before indexing: this module is compiled without bounds checks.
+    if type(dev) is tuple and PyTuple_GET_SIZE(dev) == 2:
+        pair = <tuple>dev
+        if isinstance(pair[0], int) and isinstance(pair[1], int):
+            try:
+                dev_type[0] = pair[0]
+                dev_id[0] = pair[1]
+                return 0
+            except OverflowError:
+                pass
+    raise MalformedTensorError(
+        f"{type(obj).__name__}.__dlpack_device__() returned {dev!r}; the array API requires "
+        f"a (device_type, device_id) tuple of two ints (int32).")
 
 
 @cython.binding(False)
@@ -819,6 +829,9 @@ _HINTS = (
     ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
     ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
     ("readonly", "pass the array to dlinspect, which asks for a versioned capsule, or copy it"),
+    ("only supports signed/unsigned integers",
+     "NumPy exports no other dtype (e.g. ml_dtypes bfloat16); dlinspect.to_jax, to_host and "
+     "plan take such arrays, or pass x.view(np.uint16)"),
     ("read-only", "pass the array to dlinspect, which asks for a versioned capsule, or copy it"),
 )
 
@@ -1205,6 +1218,9 @@ cdef class JaxFastPath:
 
 
 cdef tuple _NOT_FAST = (None, None)
+# Larger tensors are narrowed by NumPy on the general route: its cast is faster
+# there (vectorised, huge pages) and releases the GIL in the same way.
+cdef int64_t _NARROW_MAX_BYTES = 1 << 20
 
 
 cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
@@ -1233,14 +1249,17 @@ cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
     # Compact memory: the elements form one dense block, cast in memory order;
     # the copy keeps the source's strides. The source may be misaligned for its
     # type (DLPack allows it): each element is loaded with memcpy.
-    if info._code == kDLComplex or info._code == kDLFloat:
-        for i in range(2 * n if info._code == kDLComplex else n):
-            memcpy(&d, src + 8 * i, 8)
-            (<float*>dst)[i] = <float>d
-    else:
-        for i in range(n):   # kDLInt / kDLUInt: keep the low 32 bits
-            memcpy(&u, src + 8 * i, 8)
-            (<uint32_t*>dst)[i] = <uint32_t>u
+    cdef bint floating = info._code == kDLComplex or info._code == kDLFloat
+    cdef int64_t count = 2 * n if info._code == kDLComplex else n
+    with nogil:
+        if floating:
+            for i in range(count):
+                memcpy(&d, src + 8 * i, 8)
+                (<float*>dst)[i] = <float>d
+        else:
+            for i in range(count):   # kDLInt / kDLUInt: keep the low 32 bits
+                memcpy(&u, src + 8 * i, 8)
+                (<uint32_t*>dst)[i] = <uint32_t>u
     memset(dlm, 0, sizeof(DLManagedTensor))
     dlm.dl_tensor.data = dst
     dlm.dl_tensor.device.device_type = kDLCPU
@@ -1309,6 +1328,8 @@ def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
         try:
             cap = _call_dlpack(x)
         except (BufferError, RuntimeError, ValueError) as exc:
+            if type(x) is _np_ndarray:  # e.g. bfloat16, which NumPy will not export:
+                return _NOT_FAST        # the general route makes the capsule itself
             raise producer_error(x, exc) from exc
         if not PyCapsule_CheckExact(cap):
             return _NOT_FAST
@@ -1321,6 +1342,7 @@ def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
         return (cap, info)
     if not info._plain(fp.cpu_align, 64 if fp.x64.value else 32):
         if may_narrow and info._bits >= 64 and info._lanes == 1 and info._size > 0 \
+                and info._nbytes <= _NARROW_MAX_BYTES \
                 and key in fp.narrow and not fp.x64.value and info._is_compact():
             return _narrow_and_import(cap, info, fp, key)
         return (cap, info)

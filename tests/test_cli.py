@@ -51,10 +51,13 @@ def test_python_dash_m():
 def test_inspect_npy_and_expressions(tmp_path):
     path = tmp_path / "batch.npy"
     np.save(path, np.ones((4, 4), np.float32))
-    proc = cli("inspect", str(path))
-    assert proc.returncode == 0 and "read-only" in proc.stdout and "route to jax: copy" in proc.stdout
-    proc = cli("inspect", str(path), "--readonly", "share")
-    assert proc.returncode == 0 and "route to jax: zero-copy" in proc.stdout
+    before = path.read_bytes()
+    proc = cli("inspect", str(path))  # .npy data starts 64-byte aligned: zero-copy
+    assert proc.returncode == 0 and "route to jax: zero-copy" in proc.stdout, proc.stdout
+    assert path.read_bytes() == before
+    np.save(path, np.asfortranarray(np.ones((4, 16), np.float32)))   # saved F-order
+    proc = cli("inspect", str(path), "--copy", "false")
+    assert proc.returncode == 0 and "F-contiguous" in proc.stdout
     proc = cli("inspect", "--expr", "np.ones((4, 4))[:, ::2]", "--copy", "false")
     assert proc.returncode == 2 and "CopyRequiredError" in proc.stdout
     proc = cli("inspect", "--expr", "dlinspect.testing.FakeProducer(np.ones(3), (7, 0))",
@@ -63,6 +66,29 @@ def test_inspect_npy_and_expressions(tmp_path):
     proc = cli("inspect", "--expr", "np.arange(3)", "--target", "host")
     assert proc.returncode == 0 and "route to host: zero-copy" in proc.stdout
     assert cli("inspect").returncode == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (("inspect", "no/such/file.npy"), "cannot read no/such/file.npy: FileNotFoundError"),
+    (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
+    (("inspect", "--expr", "np.ones("), "SyntaxError"),
+    (("inspect", "--expr", "[np.ones(3)]"), "expected a tensor"),
+    (("inspect", "--copy", "maybe", "--expr", "1"), "invalid choice"),
+    (("bench", "nosuch"), "unknown suite(s) nosuch"),
+    (("bench", "peek", "--repeat", "0"), "--repeat must be at least 1"),
+    (("bench", "sweep", "--plot", "/no/such/dir/x.png"), "does not exist"),
+    (("bench", "peek", "--plot", "x.png"), "--plot draws the sweep suite"),
+    (("bench", "sweep", "--plot", "x.txt"), ".png, .svg or .pdf"),
+])
+def test_usage_errors_exit_1_with_a_message(args, message):
+    proc = cli(*args)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_doctor_when_jax_cannot_start():
+    proc = cli("doctor", env={"JAX_PLATFORMS": "nosuchplatform"})
+    assert proc.returncode == 0 and "jax: failed to start" in proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +125,7 @@ def test_bench_plot_without_matplotlib(tmp_path):
     proc = cli("bench", "sweep", "--quick", "--no-progress", "--plot", str(tmp_path / "x.png"),
                pre="import sys; sys.modules['matplotlib'] = None; ")
     assert proc.returncode == 1 and "pip install matplotlib" in proc.stderr
+    assert "sweep (µs per call)" not in proc.stdout  # refused before running anything
 
 
 def test_benchmark_scripts_are_entry_points():

@@ -193,3 +193,10 @@ def test_worker_uses_the_callers_x64_mode():
         direct = dlinspect.to_jax(np.arange(4))
         fetched = next(iter(prefetch_to_jax([np.arange(4)])))
     assert direct.dtype == fetched.dtype == np.int64
+
+
+def test_warnings_reach_the_consumer_at_its_line():
+    with pytest.warns(dlinspect.DLInspectWarning, match="int64") as record:
+        for _ in prefetch_to_jax([np.arange(4)] * 3):
+            pass
+    assert len(record) >= 1 and {w.filename for w in record} == {__file__}

@@ -686,3 +686,75 @@ class TestFastPath:
                 y = dlinspect._core.fast_to_jax(make_capsule(x), self.fast(), True)
             assert isinstance(y, jax.Array)
             np.testing.assert_array_equal(np.asarray(y), expected)
+
+
+class TestSecondTrial:
+    """Inputs a second outside trial broke; each stands for its kind."""
+
+    @pytest.mark.parametrize("device", [(), (1,), (1.5, 0), (1, 0, 5), [1, 0], "ab", None,
+                                        (1, 2**40)])
+    def test_bad_dlpack_device(self, device):
+        class P:
+            def __dlpack_device__(self):
+                return device
+
+            def __dlpack__(self, **kw):
+                return aligned([1.0, 2.0]).__dlpack__(**kw)
+
+        for call in (dlinspect.peek, to_jax, to_host, lambda p: plan(p).error and None):
+            with pytest.raises(dlinspect.MalformedTensorError, match="tuple of two ints"):
+                call(P())
+
+    def test_dlpack_device_refusal_is_a_producer_error(self):
+        class P:
+            def __dlpack_device__(self):
+                raise ValueError("Unknown device type meta for Dlpack")
+
+            def __dlpack__(self, **kw):
+                return aligned([1.0]).__dlpack__(**kw)
+
+        for call in (dlinspect.peek, to_jax):
+            with pytest.raises(ProducerError, match="meta"):
+                call(P())
+
+    def test_warning_as_error_leaves_capsule_unconsumed(self):
+        x = aligned(np.arange(8), np.int64)
+        for src in (x, x[::2]):
+            cap = make_capsule(src)
+            for _ in range(2):  # first call: general route (probe); second: fast path if plain
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", DLInspectWarning)
+                    with pytest.raises(DLInspectWarning):
+                        to_jax(cap)
+                assert capsule_name(cap) == "dltensor_versioned"
+            with pytest.warns(DLInspectWarning):
+                assert to_jax(cap).tolist() == src.tolist()
+
+    def test_narrowing_keeps_subnormals_as_jnp_asarray(self):
+        x = aligned([1e-40, -1e-45, 1e-39, 3.0], np.float64)
+        with pytest.warns(DLInspectWarning):
+            y = np.asarray(to_jax(x))
+        assert y.view(np.uint32).tolist() == np.asarray(jax.numpy.asarray(x)).view(np.uint32).tolist()
+
+    def test_large_narrowing_goes_through_numpy(self):
+        x = aligned(np.arange(400_000) - 2**40, np.int64)   # 3.2 MB > the C copy's 1 MiB
+        expected = np.asarray(jax.numpy.asarray(x))
+        for _ in range(2):
+            with pytest.warns(DLInspectWarning):
+                np.testing.assert_array_equal(np.asarray(to_jax(x)), expected)
+
+    def test_torch_negative_bit_is_refused(self, torch):
+        t = torch.tensor([1 + 2j, 3 + 4j]).conj().imag   # strided, lazily negated
+        assert t.is_neg()
+        with pytest.raises(ProducerError, match="resolve_neg"):
+            to_jax(t)
+        assert plan(t).kind == "error"
+        assert to_jax(t.resolve_neg()).tolist() == [-2.0, -4.0]
+
+    def test_numpy_ml_dtypes_arrays(self, ml_dtypes):
+        x = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)
+        assert plan(x).kind in ("zero-copy", "copy")
+        assert to_jax(x).dtype == ml_dtypes.bfloat16 and to_jax(x).tolist() == x.astype(np.float32).tolist()
+        assert to_host(x[:, ::2]).tolist() == x[:, ::2].astype(np.float32).tolist()
+        with pytest.raises(ProducerError, match="dlinspect.to_jax, to_host and plan take such arrays"):
+            dlinspect.peek(x)

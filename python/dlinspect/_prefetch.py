@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._route import _check_options, to_jax
+from ._route import _check_options, _collecting, to_jax, warn
 from .errors import DLInspectWarning
 
 __all__ = ["prefetch_to_jax"]
@@ -142,7 +142,11 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
         try:
             with enable_x64(x64):
                 for batch in it:
-                    if stop.is_set() or not put((_BATCH, to_jax(batch, **options))):
+                    # Warnings (x64 narrowing) are kept with the batch and emitted on
+                    # the consumer's thread, at the consumer's line.
+                    _collecting.messages = []
+                    converted = to_jax(batch, **options)
+                    if stop.is_set() or not put((_BATCH, (converted, _collecting.messages))):
                         return
                     del batch
         except BaseException as exc:  # handed to the consumer, raised at this batch
@@ -165,10 +169,14 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
                 return
             if kind == _FAILED:
                 raise value
+            batch, messages = value
+            for message in messages:
+                warn(message)
             if bar is not None:
                 bar.update(1)
-            yield value
             del value
+            yield batch
+            del batch
     finally:
         stop.set()
         _drain(ready)            # frees batches waiting ahead; unblocks a waiting put

@@ -11,6 +11,7 @@ import functools
 import math
 import os
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -444,7 +445,16 @@ def _is_tensor(x: Any) -> bool:
 
 
 def _export(x: Any, stream: Any = None, **kwargs: Any) -> Any:
-    """``x.__dlpack__(stream=..., max_version=(1, 3), **kwargs)``; older producers retried bare."""
+    """``x.__dlpack__(stream=..., max_version=(1, 3), **kwargs)``; older producers retried bare.
+
+    A NumPy array of a dtype NumPy will not export (the ml_dtypes bfloat16,
+    float8, int4...) gets a capsule made by dlinspect over the same memory.
+    A torch tensor with the lazy negative bit is refused: torch exports such a
+    tensor without applying it, so its values would arrive negated.
+    """
+    _refuse_lazy_negation(x)
+    if type(x) is np.ndarray and not kwargs and _numpy_cannot_export(x):
+        return _capsule_of(x, read_only=not x.flags.writeable)
     try:
         try:
             cap = x.__dlpack__(stream=stream, max_version=_MAX_VERSION, **kwargs)
@@ -464,13 +474,16 @@ def _device_of(x: Any) -> tuple[int, int] | None:
     get = getattr(x, "__dlpack_device__", None)
     if get is None:
         return None
-    dev = get()
     try:
+        dev = get()
+    except (BufferError, RuntimeError, ValueError) as exc:
+        raise producer_error(x, exc) from exc
+    if (type(dev) is tuple and len(dev) == 2 and all(isinstance(v, int) for v in dev)
+            and all(-2**31 <= v < 2**31 for v in dev)):
         return (int(dev[0]), int(dev[1]))
-    except (TypeError, ValueError, IndexError) as exc:
-        raise MalformedTensorError(
-            f"{type(x).__name__}.__dlpack_device__() returned {dev!r}; the array API requires "
-            f"a (device_type, device_id) pair of ints.") from exc
+    raise MalformedTensorError(
+        f"{type(x).__name__}.__dlpack_device__() returned {dev!r}; the array API requires a "
+        f"(device_type, device_id) tuple of two ints (int32).")
 
 
 def _aligned_like(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
@@ -542,6 +555,27 @@ def _raise(route: Route) -> None:
         del error
 
 
+def _refuse_lazy_negation(x: Any) -> None:
+    """torch exports a tensor with the lazy negative bit without applying it."""
+    is_neg = getattr(x, "is_neg", None)
+    if is_neg is not None and callable(is_neg) and is_neg() is True:
+        raise ProducerError(
+            f"{type(x).__module__}.{type(x).__qualname__} has the lazy negative bit set (e.g. "
+            f"t.conj().imag), which its __dlpack__ exports without applying: the values would "
+            f"arrive negated. To fix: call .resolve_neg() first.")
+
+
+def _numpy_cannot_export(x: np.ndarray) -> bool:
+    """A NumPy array whose dtype DLPack has a code for but NumPy refuses to export."""
+    if x.dtype.kind in "biufc" or not x.dtype.isnative:
+        return False
+    try:
+        dldtype_from_numpy(x.dtype)
+    except ValueError:
+        return False
+    return True
+
+
 def _capsule_of(arr: np.ndarray, read_only: bool = False) -> Any:
     """A "dltensor_versioned" capsule viewing host array ``arr`` (which it keeps alive).
 
@@ -574,7 +608,15 @@ def _import_capsule(c: Any, cap: Any, device: Any, dl_device_type: int, copy: bo
 
 def warn(message: str) -> None:
     """A DLInspectWarning attributed to the first caller outside dlinspect and jax
-    (through jax.tree_util, a pytree's leaves are converted inside jax's frames)."""
+    (through jax.tree_util, a pytree's leaves are converted inside jax's frames).
+
+    On a thread collecting warnings (``prefetch_to_jax``'s worker) the message is
+    kept for the consumer's thread to emit instead.
+    """
+    collected = getattr(_collecting, "messages", None)
+    if collected is not None:
+        collected.append(message)
+        return
     level, frame = 2, sys._getframe(1)
     frame_or_none: Any = frame
     while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename):
@@ -582,18 +624,26 @@ def warn(message: str) -> None:
     warnings.warn(message, DLInspectWarning, stacklevel=level)
 
 
+_collecting = threading.local()
 _HERE = os.path.dirname(__file__) + os.sep
-_JAX_DIR = os.sep + "jax" + os.sep
+_JAX_HERE: str | None = None
 
 
 def _internal(filename: str) -> bool:
-    return filename.startswith(_HERE) or _JAX_DIR in filename
+    global _JAX_HERE
+    if filename.startswith(_HERE):
+        return True
+    if _JAX_HERE is None:
+        jax = sys.modules.get("jax")
+        jax_file = getattr(jax, "__file__", None)
+        if jax_file is None:
+            return False
+        _JAX_HERE = os.path.dirname(jax_file) + os.sep
+    return filename.startswith(_JAX_HERE)
 
 
-def _finish(c: Any, arr: Any, route: Route, quiet: bool = False) -> Any:
+def _finish(c: Any, arr: Any, route: Route) -> Any:
     if route.warning is not None:
-        if not quiet:
-            warn(route.warning)
         arr = c.canonicalize(arr)
     if route.jax_device is not None and route.jax_device != route._import_device:
         arr = c.jax.device_put(arr, route.jax_device)
@@ -605,14 +655,18 @@ def _execute_jax(c: Any, route: Route, cap: Any, x: Any, copy: bool | None, stre
     action = route._action
     if action is _RAISE:
         _raise(route)
+    if route.warning is not None and not quiet:
+        # Before anything is consumed: a warning turned into an error (-W error)
+        # leaves a caller's capsule as it was, like any failed route.
+        warn(route.warning)
     if action is _IMPORT:
         arr = _import_capsule(c, cap, route._import_device, route._import_type,
                               copy if route.kind == ZERO_COPY else route._import_copy, stream)
-        return _finish(c, arr, route, quiet)
+        return _finish(c, arr, route)
     if action is _HOST_COPY:
         narrow = c.narrowed(route.info.numpy_dtype) if route.warning is not None else None
         host = _host_copy(cap, route.info, narrow)
-        return _finish(c, _import_numpy(c, host, route._import_device), route, quiet)
+        return _finish(c, _import_numpy(c, host, route._import_device), route)
     # _PRODUCER_COPY: the device has no JAX backend; go through host memory.
     del cap  # the device capsule is not needed: its producer frees it now
     host_obj = _host_from_producer(x, route.info)
@@ -683,6 +737,7 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
 def _general_to_jax(c: Any, x: Any, cap: Any, info: TensorInfo, stream: Any, device: Any,
                     copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
     """Decide and execute the route of a tensor already exported (``cap``) and read."""
+    _refuse_lazy_negation(x)  # (the fast path exported it without asking)
     route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
     return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly, quiet)
 

@@ -160,6 +160,8 @@ def to_jax_sharded(x: Any, c: Any, sharding: Any, copy: bool | None, fallback: s
         # One owner for the whole tensor: the producer's deleter runs when the
         # last shard (or view) dies. A legacy capsule cannot say read-only and
         # is imported as writable, as to_jax does.
+        if route.warning is not None:
+            warn(route.warning)  # before consuming: -W error leaves a capsule as it was
         read_only = info.read_only is True
         view, _ = _host_view(cap, info, read_only=read_only)
         del cap
@@ -167,8 +169,6 @@ def to_jax_sharded(x: Any, c: Any, sharding: Any, copy: bool | None, fallback: s
         arrays = [_one_to_jax(_capsule_of(view[(*idx, ...)], read_only), dev, copy, fallback,
                               readonly, quiet=True)
                   for dev, idx, _ in route.shards]
-        if route.warning is not None:
-            warn(route.warning)
         return c.jax.make_array_from_single_device_arrays(info.shape, sharding, arrays)
     whole = _general_to_jax(c, x, cap, info, stream, None, copy, fallback, readonly)
     if action is _PROCESS_LOCAL:

@@ -8,10 +8,12 @@ Subcommands:
     ``to_jax`` would do with a float32 tensor from every DLDeviceType, and which
     array types offer the DLPack C exchange API. ``--json`` for machines.
 ``inspect``
-    ``explain()`` of a ``.npy`` file (memory-mapped, read-only) or of the value
-    of a Python expression (``--expr``, evaluated with ``np``, ``torch``, ``jax``,
-    ``jnp`` and ``dlinspect`` in scope). Exit code 0 when the route is
-    zero-copy, copy or host-fallback, 2 when it is an error.
+    ``explain()`` of a ``.npy`` file (memory-mapped copy-on-write: the file is
+    never written, and the array is writable as ``np.load``'s would be) or of the
+    value of a Python expression (``--expr``, evaluated with ``np``, ``torch``,
+    ``jax``, ``jnp`` and ``dlinspect`` in scope). Exit code 0 when the route is
+    zero-copy, copy or host-fallback, 2 when it is an error, 1 when the file or
+    expression cannot be read or is not a tensor (and for any usage error).
 ``bench``
     The benchmark suites (see :mod:`dlinspect.bench`) against plain
     ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
@@ -29,7 +31,13 @@ from typing import Any
 
 __all__ = ["main", "doctor_report"]
 
+EXIT_USAGE = 1
 EXIT_ERROR_ROUTE = 2
+
+
+def _fail(message: str) -> int:
+    print(f"dlinspect: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def doctor_report() -> dict[str, Any]:
@@ -50,6 +58,12 @@ def doctor_report() -> dict[str, Any]:
 
     report: dict[str, Any] = {"versions": versions()}
     jax = optional("jax")
+    if jax is not None:
+        try:
+            jax.devices()
+        except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
+            report["jax_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            jax = None
     if jax is None:
         report["jax"] = None
     else:
@@ -70,7 +84,7 @@ def doctor_report() -> dict[str, Any]:
     for dt in dlinspect.DLDeviceType:
         if jax is None:
             rows.append({"name": str(dt), "value": int(dt), "route": "error",
-                         "reason": "jax is not installed (pip install jax)"})
+                         "reason": report.get("jax_error") or "jax is not installed (pip install jax)"})
             continue
         route = dlinspect.plan(FakeProducer(x, (dt, 0)))
         rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
@@ -91,7 +105,9 @@ def doctor_report() -> dict[str, Any]:
 def _print_doctor(r: dict[str, Any]) -> None:
     print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
     j = r["jax"]
-    if j is None:
+    if j is None and r.get("jax_error"):
+        print(f"jax: failed to start ({r['jax_error']}); check JAX_PLATFORMS and the jax plugins")
+    elif j is None:
         print("jax: not installed; to_jax is unavailable (pip install 'dlinspect[jax]')")
     else:
         print(f"jax platforms: {', '.join(j['platforms'])}; devices: {', '.join(j['devices'])}")
@@ -114,20 +130,16 @@ def _inspect(args: argparse.Namespace) -> int:
     import dlinspect
     import dlinspect.testing  # noqa: F401 - in scope for --expr (FakeProducer, make_capsule)
     if (args.path is None) == (args.expr is None):
-        print("dlinspect inspect: give a .npy path or --expr EXPRESSION (one of them)",
-              file=sys.stderr)
-        return 1
-    if args.path is not None:
-        x = np.load(args.path, mmap_mode="r", allow_pickle=False)
-    else:
-        from dlinspect.bench._common import optional
-        scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
-        for name in ("torch", "jax"):
-            if (mod := optional(name)) is not None:
-                scope[name] = mod
-        if "jax" in scope:
-            scope["jnp"] = scope["jax"].numpy
-        x = eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
+        return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
+    try:
+        x = _load_subject(args, np, dlinspect)
+    except Exception as exc:  # the user's file or expression: report it, no traceback
+        what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
+        return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
+    if not dlinspect._route._is_tensor(x):
+        return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
+                     f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
+                     f"at a time (for a dict or list, inspect each leaf).")
     copy = {"none": None, "true": True, "false": False}[args.copy]
     options: dict[str, Any] = {"copy": copy}
     if args.target == "jax":
@@ -141,9 +153,53 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_ERROR_ROUTE if route.kind == "error" else 0
 
 
+def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
+    if args.path is not None:
+        # Copy-on-write mapping: the file is never written, and the array is as
+        # writable as np.load's would be (mode "r" would always read "read-only").
+        return np.load(args.path, mmap_mode="c", allow_pickle=False)
+    from dlinspect.bench._common import optional
+    scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
+    for name in ("torch", "jax"):
+        if (mod := optional(name)) is not None:
+            scope[name] = mod
+    if "jax" in scope:
+        scope["jnp"] = scope["jax"].numpy
+    return eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
+
+
+def _writable(path: str) -> str | None:
+    """Why ``path`` cannot be written, or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{path}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"{path}: the folder {folder} is not writable"
+    return None
+
+
 def _bench(args: argparse.Namespace) -> int:
     from dlinspect import bench
-    report = bench.run_suites(args.suites or bench.SUITES, quick=args.quick, repeat=args.repeat,
+    suites = args.suites or list(bench.SUITES)
+    unknown = [s for s in suites if s not in bench.SUITES]
+    if unknown:
+        return _fail(f"bench: unknown suite(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(bench.SUITES)}")
+    # Everything the output needs is checked before a run that may take minutes.
+    if args.repeat is not None and args.repeat < 1:
+        return _fail(f"bench: --repeat must be at least 1, not {args.repeat}")
+    for path in (args.json, args.plot, args.markdown):
+        if path and (problem := _writable(path)):
+            return _fail(f"bench: cannot write {problem}")
+    if args.plot:
+        if "sweep" not in suites:
+            return _fail("bench: --plot draws the sweep suite; add it (dlinspect bench sweep ...)")
+        if os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+            return _fail(f"bench: --plot writes .png, .svg or .pdf, not {args.plot}")
+        if _missing("matplotlib"):
+            return _fail("bench: --plot draws with matplotlib, which is not installed; install "
+                         "it with: pip install matplotlib")
+    report = bench.run_suites(suites, quick=args.quick, repeat=args.repeat,
                               progress=not args.no_progress)
     print(bench.format_report(report))
     if args.json:
@@ -151,11 +207,7 @@ def _bench(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
         print(f"wrote {args.json}")
     if args.plot:
-        try:
-            bench.plot_sweep(report, args.plot)
-        except (ImportError, ValueError) as exc:
-            print(f"dlinspect bench: no plot: {exc}", file=sys.stderr)
-            return 1
+        bench.plot_sweep(report, args.plot)
         print(f"wrote {args.plot}")
     if args.markdown:
         command = "dlinspect bench " + " ".join(sys.argv[2:])
@@ -167,21 +219,38 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if args.check and failed else 0
 
 
+def _missing(module: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # e.g. sys.modules[module] is None
+        return True
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1: exit code 2 means "the route is an error" (inspect)."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlinspect", description="Read DLPack tensor headers "
+    parser = _Parser(prog="dlinspect", description="Read DLPack tensor headers "
                                      "without consuming them, and route tensors into JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="what this installation can do")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p = sub.add_parser("inspect", help="explain the route of a .npy file or an expression")
-    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped, read-only)")
+    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write)")
     p.add_argument("--expr", help="a Python expression giving a tensor, e.g. 'np.ones((3, 4))[:, ::2]'")
     p.add_argument("--target", choices=("jax", "host"), default="jax")
     p.add_argument("--copy", choices=("none", "true", "false"), default="none")
     p.add_argument("--fallback", choices=("host", "raise"), default="host")
     p.add_argument("--readonly", choices=("copy", "share"), default="copy")
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
-    p.add_argument("suites", nargs="*", help="suites to run (default: all): peek, to_jax, sweep, loader")
+    p.add_argument("suites", nargs="*", metavar="SUITE",
+                   help="suites to run (default: all): peek, to_jax, sweep, loader")
     p.add_argument("--quick", action="store_true", help="fewer, shorter runs (~30 s on two cores)")
     p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
@@ -207,6 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         error, a missing plot library, or ``bench --check`` with a failed target.
     """
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:  # e.g. `dlinspect doctor | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         report = doctor_report()
         if args.json:
