@@ -7,6 +7,7 @@ Every header field is untrusted (see ``_fill``).
 """
 
 cimport cython
+import re as _re
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MAX
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy
@@ -819,6 +820,7 @@ cdef int _fill_exchange(const DLPackExchangeAPI* api, object obj, DLTensor* t) e
     return -1
 
 
+_METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
 _HINTS = (
     ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
     ("gradient", "call .detach() first (the tensor takes part in autograd)"),
@@ -832,6 +834,7 @@ _HINTS = (
     ("only supports signed/unsigned integers",
      "NumPy exports no other dtype (e.g. ml_dtypes bfloat16); dlinspect.to_jax, to_host and "
      "plan take such arrays, or pass x.view(np.uint16)"),
+    ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
     ("read-only", "pass the array to dlinspect, which asks for a versioned capsule, or copy it"),
 )
 
@@ -845,9 +848,11 @@ def producer_error(obj, BaseException exc):
     low = reason.lower()
     todo = next((hint for key, hint in _HINTS if key in low),
                 "convert the tensor with its own library first (e.g. .cpu(), .contiguous())")
+    method = _METHOD.search(todo)
+    fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
     return ProducerError(
         f"{type(obj).__module__}.{type(obj).__qualname__}.__dlpack__() refused to export "
-        f"the tensor: {reason} To fix: {todo}.")
+        f"the tensor: {reason}{fix}")
 
 
 # ---- capsules that dlinspect owns: factory and adapters --------------------
@@ -1218,19 +1223,20 @@ cdef class JaxFastPath:
 
 
 cdef tuple _NOT_FAST = (None, None)
-# Larger tensors are narrowed by NumPy on the general route: its cast is faster
-# there (vectorised, huge pages) and releases the GIL in the same way.
-cdef int64_t _NARROW_MAX_BYTES = 1 << 20
+# Larger tensors are copied by NumPy on the general route: its copy and cast are
+# faster there (vectorised, huge pages) and release the GIL in the same way.
+cdef int64_t _COPY_MAX_BYTES = 1 << 20
 
 
 cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
     free(dlm)   # header, shape, strides and data are one allocation
 
 
-cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
+cdef object _aligned_copy(TensorInfo info, int dst_code, int dst_bits):
     """A "dltensor" capsule owning a 64-byte aligned copy of ``info``'s (compact)
-    memory, each element cast to (dst_code, dst_bits) as NumPy's unsafe cast and
-    JAX's x64 narrowing do: integers wrap, floats round to nearest (IEEE)."""
+    memory: the bytes as they are when (dst_code, dst_bits) is the source's dtype,
+    else each element cast as NumPy's unsafe cast and JAX's x64 narrowing do
+    (integers wrap, floats round to nearest, IEEE)."""
     cdef int32_t ndim = info._ndim
     cdef int64_t n = info._size, i
     cdef size_t head = sizeof(DLManagedTensor) + 2 * <size_t>ndim * sizeof(int64_t)
@@ -1251,8 +1257,11 @@ cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
     # type (DLPack allows it): each element is loaded with memcpy.
     cdef bint floating = info._code == kDLComplex or info._code == kDLFloat
     cdef int64_t count = 2 * n if info._code == kDLComplex else n
+    cdef bint same = dst_code == info._code and dst_bits == info._bits
     with nogil:
-        if floating:
+        if same:
+            memcpy(dst, src, dst_bytes)
+        elif floating:
             for i in range(count):
                 memcpy(&d, src + 8 * i, 8)
                 (<float*>dst)[i] = <float>d
@@ -1280,13 +1289,17 @@ cdef object _narrowed_copy(TensorInfo info, int dst_code, int dst_bits):
 
 
 @cython.binding(False)
-def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
-    """Import ``x`` into JAX's CPU device with no copy, when nothing needs deciding.
+def fast_to_jax(x, JaxFastPath fp, bint may_copy=False):
+    """Import ``x`` into JAX's CPU device when nothing needs deciding.
 
     Takes kDLCPU memory (device id 0) that is compact, aligned to XLA:CPU's
-    alignment, writable, non-empty, of a dtype JAX keeps as it is. Exports once
-    (``__dlpack__(max_version=(1, 3))``), validates the header as :func:`peek`
-    does, adapts a versioned capsule to a legacy one, and calls ``fp.import_fn``.
+    alignment, writable, non-empty, of a dtype JAX keeps as it is: no copy.
+    Exports once (``__dlpack__(max_version=(1, 3))``), validates the header as
+    :func:`peek` does, adapts a versioned capsule to a legacy one, and calls
+    ``fp.import_fn``. With ``may_copy`` (``copy=None``), compact, writable
+    tensors of at most 1 MiB that are only misaligned, or only need JAX's x64
+    narrowing, are copied in C into aligned memory (cast where narrowing, with
+    the DLInspectWarning) and the source is freed at once.
 
     Returns
     -------
@@ -1340,11 +1353,16 @@ def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
     key = info._code | (info._bits << 8)
     if info._dev_type != kDLCPU or info._dev_id != 0 or key not in fp.ok_dtypes:
         return (cap, info)
-    if not info._plain(fp.cpu_align, 64 if fp.x64.value else 32):
-        if may_narrow and info._bits >= 64 and info._lanes == 1 and info._size > 0 \
-                and info._nbytes <= _NARROW_MAX_BYTES \
-                and key in fp.narrow and not fp.x64.value and info._is_compact():
-            return _narrow_and_import(cap, info, fp, key)
+    cdef int max_bits = 64 if fp.x64.value else 32
+    if not info._plain(fp.cpu_align, max_bits):
+        if may_copy and info._lanes == 1 and info._size > 0 and info._bits % 8 == 0 \
+                and info._nbytes <= _COPY_MAX_BYTES \
+                and not (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and info._is_compact():
+            if info._bits <= max_bits:       # only misaligned
+                return _copy_and_import(cap, info, fp, key, None)
+            if key in fp.narrow:             # x64 off: only narrowing (and maybe alignment)
+                dst_key, text = fp.narrow[key]
+                return _copy_and_import(cap, info, fp, dst_key, text)
         return (cap, info)
     if info._source == SRC_LEGACY:
         return fp.import_fn(cap, fp.cpu_device, None, None, <int>kDLCPU)
@@ -1356,14 +1374,16 @@ def fast_to_jax(x, JaxFastPath fp, bint may_narrow=False):
         raise
 
 
-cdef object _narrow_and_import(object cap, TensorInfo info, JaxFastPath fp, object key):
-    """x64 off: copy-and-cast host memory to the 32-bit dtype JAX would give, import
-    the copy, and free the source right away (consuming ``cap``)."""
-    dst_key, text = fp.narrow[key]
+cdef object _copy_and_import(object cap, TensorInfo info, JaxFastPath fp, object dst_key,
+                             object text):
+    """Copy host memory into aligned memory (cast to ``dst_key``'s dtype, warning
+    ``text``, where JAX narrows), import the copy, and free the source right away
+    (consuming ``cap``)."""
     if dst_key not in fp.ok_dtypes:
         return (cap, info)
-    fp.warn(text)
-    copy = _narrowed_copy(info, dst_key & 0xFF, dst_key >> 8)
+    if text is not None:
+        fp.warn(text)   # before consuming: -W error leaves the capsule as it was
+    copy = _aligned_copy(info, dst_key & 0xFF, dst_key >> 8)
     arr = fp.import_fn(copy, fp.cpu_device, None, None, <int>kDLCPU)
     del copy
     owner = take(cap, True)   # consume the source; its deleter runs right here

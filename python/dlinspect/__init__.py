@@ -17,6 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
+from . import testing
 from ._prefetch import prefetch_to_jax
 from ._route import Route, explain, plan, to_host, to_jax
 from .errors import (

@@ -100,7 +100,7 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     """
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
-    _check_options("jax", fallback, readonly)
+    _check_options("jax", fallback, readonly, copy)
     bar = _progress_bar(iterable) if progress else None
     from jax._src.config import enable_x64
     return _prefetch(iter(iterable), size, bar,

@@ -57,8 +57,9 @@ class Route:
         (the memory is on a device this JAX has no backend for: it goes through
         host memory), or ``"error"``.
     zero_copy : bool
-        No byte of the tensor is copied (true also for a pinned-host tensor
-        viewed through the CPU backend, a ``"host-fallback"``).
+        No byte of the tensor is copied (kind ``"zero-copy"``; a pinned or
+        managed host tensor on a JAX without its platform is viewed by the CPU
+        backend, also ``"zero-copy"``).
     reason : str
         One sentence: why this route.
     copy_bytes : int
@@ -121,6 +122,8 @@ def _platform_list(c: Any) -> str:
     return ", ".join(sorted(set(b.platform for b in c.jax.devices()))) or "none"
 
 
+_PINNED_PLATFORM: dict[int, str] = {D.kDLCUDAHost: "cuda", D.kDLCUDAManaged: "cuda",
+                                    D.kDLROCMHost: "rocm"}
 _PLUGINS: dict[int, str] = {
     D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLROCM: "the jax ROCm plugin",
     D.kDLROCMHost: "the jax ROCm plugin", D.kDLOneAPI: "the Intel jax plugin"}
@@ -211,10 +214,19 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
     if dest != src_dev:
         needs.append(f"it moves from {src_dev} to {dest}")
     if copy is False and needs:
+        fixes = ["pass copy=None"]
+        if not info.is_compact:
+            fixes.append("make it contiguous first (numpy.ascontiguousarray, t.contiguous())")
+        if any("aligned" in n for n in needs):
+            fixes.append(f"allocate {c.cpu_alignment}-byte aligned memory "
+                         f"(dlinspect.testing.aligned_empty; torch tensors are)")
+        if narrowed is not None:
+            fixes.append('jax.config.update("jax_enable_x64", True)')
+        if info.read_only and readonly != "share":
+            fixes.append("readonly='share'")
         return _error(info, target, CopyRequiredError(
-            f"{_describe(info)} needs a copy, but copy=False: {'; '.join(needs)}. To fix: pass "
-            f"copy=None, or give the producer memory JAX can view (C order, 64-byte aligned, "
-            f"e.g. numpy.ascontiguousarray or a torch tensor)."))
+            f"{_describe(info)} needs a copy, but copy=False: {'; '.join(needs)}. To fix: "
+            f"{', or '.join(fixes)}."))
     # Layout, read-only and alignment problems (the first three checks) need a
     # copy of the bytes themselves; narrowing and device moves happen after import,
     # except that host memory is narrowed by the copy itself (one pass; NumPy's
@@ -243,12 +255,12 @@ def _decide_jax(info: TensorInfo, c: Any, device: Any, copy: bool | None, fallba
                      "is copied.", info, target, jax_device=dest, action=_HOST_COPY,
                      import_type=import_type, import_device=src_dev)
     if not needs:
-        kind, reason = (HOST_FALLBACK, f"{device_name(dt)} memory is host memory; JAX's CPU "
-                        f"backend views it without a copy.") if host_view else (
-                        ZERO_COPY, f"JAX views the producer's memory on {dest}.")
-        return Route(kind, reason, info, target, jax_device=dest, import_type=import_type,
+        reason = (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
+                  f"a copy (no {_PINNED_PLATFORM.get(dt, 'device')} backend here)." if host_view
+                  else f"JAX views the producer's memory on {dest}.")
+        return Route(ZERO_COPY, reason, info, target, jax_device=dest, import_type=import_type,
                      import_device=src_dev)
-    kind = HOST_FALLBACK if host_view else COPY
+    kind = COPY
     # Host memory is copied by dlinspect (so the producer's deleter runs right
     # after); device memory is copied by JAX's importer (copy=True).
     return Route(kind, f"A copy is needed: {'; '.join(needs)}.", info, target,
@@ -300,7 +312,9 @@ def _decide_host(info: TensorInfo, copy: bool | None, has_producer: bool) -> Rou
                  info, target, copy_bytes=info.nbytes, action=_PRODUCER_COPY)
 
 
-def _check_options(target: str, fallback: str, readonly: str) -> None:
+def _check_options(target: str, fallback: str, readonly: str, copy: Any = None) -> None:
+    if copy is not None and copy is not True and copy is not False:
+        raise ValueError(f"copy must be None, True or False, not {copy!r}")
     if target not in ("jax", "host"):
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
     if fallback not in ("host", "raise"):
@@ -367,7 +381,7 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
     'copy'
     """
-    _check_options(target, fallback, readonly)
+    _check_options(target, fallback, readonly, copy)
     has_producer = not _is_capsule(x)
     c = None
     if target == "jax":
@@ -410,8 +424,9 @@ def explain(x: Any, target: str = "jax", **options: Any) -> str:
     route = plan(x, target, **options)
     info = route.info
     lines = [repr(info), f"route to {route.target}: {route.kind}"
-             + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else ""),
-             f"  {route.reason}"]
+             + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
+    if route.error is None:  # (an error's message says it all, below)
+        lines.append(f"  {route.reason}")
     if route.jax_device is not None:
         lines.append(f"  JAX device: {route.jax_device}")
     for dev, index, shard in route.shards:
@@ -708,8 +723,9 @@ def _read(x: Any, c: Any) -> tuple[Any, TensorInfo, Any]:
         return x, peek(x), None
     if not hasattr(x, "__dlpack__") or isinstance(x, type):
         raise NotDLPackError(
-            f"expected a DLPack producer, a capsule, or a pytree of them; got an object of "
-            f"type {tp.__module__}.{tp.__qualname__}.")
+            f"expected a tensor (an object with __dlpack__) or a DLPack capsule; got an object "
+            f"of type {tp.__module__}.{tp.__qualname__}. (to_jax also walks dicts, lists and "
+            f"tuples of tensors; plan, explain and to_host take one tensor.)")
     # numpy.ndarray answers __dlpack_device__ from the same field as its header.
     dev = None if tp is np.ndarray else _device_of(x)
     stream = None
@@ -835,8 +851,9 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    if fallback != "host" or readonly != "copy":
-        _check_options("jax", fallback, readonly)
+    if fallback != "host" or readonly != "copy" or (copy is not None and copy is not True
+                                                     and copy is not False):
+        _check_options("jax", fallback, readonly, copy)
     if sharding is not None:
         return _to_jax_sharded(x, device, sharding, copy, fallback, readonly)
     if device is not None:
@@ -939,6 +956,8 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     >>> dlinspect.to_host(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
+    if copy is not None and copy is not True and copy is not False:
+        _check_options("host", "host", "copy", copy)
     is_cap = type(x) is _CAPSULE_TYPE
     cap, info, _ = _read(x, None)
     route = _decide_host(info, copy, not is_cap)

@@ -17,7 +17,7 @@ Subcommands:
 ``bench``
     The benchmark suites (see :mod:`dlinspect.bench`) against plain
     ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
-    ``--markdown``; ``--quick`` takes about 30 s on two cores.
+    ``--markdown``; ``--quick`` takes under 30 s on two cores.
 """
 
 from __future__ import annotations
@@ -241,17 +241,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="what this installation can do")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p = sub.add_parser("inspect", help="explain the route of a .npy file or an expression")
-    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write)")
-    p.add_argument("--expr", help="a Python expression giving a tensor, e.g. 'np.ones((3, 4))[:, ::2]'")
-    p.add_argument("--target", choices=("jax", "host"), default="jax")
-    p.add_argument("--copy", choices=("none", "true", "false"), default="none")
-    p.add_argument("--fallback", choices=("host", "raise"), default="host")
-    p.add_argument("--readonly", choices=("copy", "share"), default="copy")
+    p = sub.add_parser(
+        "inspect", help="explain the route of a .npy file or an expression",
+        description="Print dlinspect.explain() for one tensor. Exit code 0 when the route "
+                    "works (zero-copy, copy, host-fallback), 2 when it is an error, 1 when the "
+                    "input cannot be read or is not a tensor.")
+    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write; never written)")
+    p.add_argument("--expr", help="a Python expression giving a tensor, with np, torch, jax, jnp "
+                                  "and dlinspect in scope, e.g. 'np.ones((3, 4))[:, ::2]'")
+    p.add_argument("--target", choices=("jax", "host"), default="jax",
+                   help="route into JAX (to_jax) or NumPy (to_host); default jax")
+    p.add_argument("--copy", choices=("none", "true", "false"), default="none",
+                   help="the copy= option: none copies only where needed, false never")
+    p.add_argument("--fallback", choices=("host", "raise"), default="host",
+                   help="for devices this JAX has no backend for: through host memory, or an error")
+    p.add_argument("--readonly", choices=("copy", "share"), default="copy",
+                   help="read-only memory: copy it (default) or import it without a copy")
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help="suites to run (default: all): peek, to_jax, sweep, loader")
-    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (~30 s on two cores)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (under 30 s on two cores)")
     p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot per-call cost against size (matplotlib)")

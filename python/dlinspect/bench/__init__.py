@@ -32,7 +32,7 @@ def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: in
     names : sequence of str
         Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``).
     quick : bool
-        Fewer repeats, shorter timings, smaller sizes: about 30 s on two cores.
+        Fewer repeats, shorter timings, smaller sizes: under 30 s on two cores.
     repeat : int or None
         Runs per measurement (default 15, or 3 with ``quick``).
     progress : bool
@@ -171,8 +171,8 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
     """
     v = report["versions"]
     out = ["# Benchmarks", "",
-           "Every figure here comes from one run of the command below on the development "
-           "machine; this file was written by that run (`--markdown`), not by hand.", "",
+           "Every figure here comes from one run of the command below on the machine named "
+           "under it; this file was written by that run (`--markdown`), not by hand.", "",
            f"```\n{command}\n```", "",
            f"Machine: {report['machine']}, JAX platform {report['jax_platform']}. "
            + ", ".join(f"{k} {val or 'not installed'}" for k, val in v.items())
