@@ -1200,16 +1200,20 @@ cdef class JaxFastPath:
     is not enough and ``__dlpack_device__`` is asked. ``narrow`` maps the
     ``code | bits << 8`` key of a 64-bit dtype to ``(key of the 32-bit dtype JAX
     narrows it to with x64 off, warning text)``; ``warn(text)`` emits that
-    warning (a DLInspectWarning at the caller's line).
+    warning (a DLInspectWarning at the caller's line). ``guard_for(type)`` gives,
+    once per type with the exchange API, None or a ``guard(x)`` that is True when
+    the producer's ``__dlpack__`` would export ``x`` as it is: then the tensor
+    is taken through ``managed_tensor_from_py_object_no_sync`` instead of the
+    Python ``__dlpack__`` (the C API does not make the producer's refusals).
     """
-    cdef object import_fn, cpu_device, x64, warn
+    cdef object import_fn, cpu_device, x64, warn, guard_for
     cdef set ok_dtypes
-    cdef dict narrow
+    cdef dict narrow, guards
     cdef uintptr_t cpu_align
     cdef bint check_pinned
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, set ok_dtypes,
-                  bint check_pinned, dict narrow=None, warn=None):
+                  bint check_pinned, dict narrow=None, warn=None, guard_for=None):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.import_fn = import_fn
@@ -1220,9 +1224,31 @@ cdef class JaxFastPath:
         self.check_pinned = check_pinned
         self.narrow = {} if narrow is None else narrow
         self.warn = warn
+        self.guard_for = guard_for
+        self.guards = {}
+
+
+ctypedef int (*_ManagedFromPy)(void* py_object, DLManagedTensorVersioned** out) noexcept
+
+
+cdef object _owning_export(object x, const DLPackExchangeAPI* api):
+    """Take ``x`` through the exchange API's ``managed_tensor_from_py_object_no_sync``
+    into a "dltensor_versioned" capsule; None where the API declines."""
+    cdef DLManagedTensorVersioned* dlm_ver = NULL
+    cdef _ManagedFromPy take_fn = <_ManagedFromPy>api.managed_tensor_from_py_object_no_sync
+    if take_fn == NULL or take_fn(<void*>x, &dlm_ver) != 0 or dlm_ver == NULL:
+        PyErr_Clear()  # the general route asks __dlpack__ and reports its reason
+        return None
+    try:
+        return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
+    except BaseException:
+        if dlm_ver.deleter != NULL:
+            dlm_ver.deleter(dlm_ver)
+        raise
 
 
 cdef tuple _NOT_FAST = (None, None)
+cdef object _MISSING = object()
 # Larger tensors are copied by NumPy on the general route: its copy and cast are
 # faster there (vectorised, huge pages) and release the GIL in the same way.
 cdef int64_t _COPY_MAX_BYTES = 1 << 20
@@ -1319,6 +1345,7 @@ def fast_to_jax(x, JaxFastPath fp, bint may_copy=False):
     cdef int32_t dev_type = -1, dev_id = 0
     cdef TensorInfo info
     cdef bint asked = False
+    cap = None
     if PyCapsule_CheckExact(x):
         cap = x
     else:
@@ -1333,19 +1360,30 @@ def fast_to_jax(x, JaxFastPath fp, bint may_copy=False):
                 return _NOT_FAST
             if t.device.device_type != kDLCPU:
                 return _NOT_FAST
+            guard = fp.guards.get(type(x), _MISSING)
+            if guard is _MISSING:
+                guard = fp.guards[type(x)] = (fp.guard_for(type(x)) if fp.guard_for is not None
+                                              else None)
+            if guard is not None:
+                if not guard(x):   # refused or lazily negated: the general route says why
+                    return _NOT_FAST
+                cap = _owning_export(x, entry.api)
+                if cap is None:
+                    return _NOT_FAST
         elif entry.has_device:
             _device_of(x, &dev_type, &dev_id)
             if dev_type != kDLCPU:
                 return _NOT_FAST
             asked = True
-        try:
-            cap = _call_dlpack(x)
-        except (BufferError, RuntimeError, ValueError) as exc:
-            if type(x) is _np_ndarray:  # e.g. bfloat16, which NumPy will not export:
-                return _NOT_FAST        # the general route makes the capsule itself
-            raise producer_error(x, exc) from exc
-        if not PyCapsule_CheckExact(cap):
-            return _NOT_FAST
+        if cap is None:
+            try:
+                cap = _call_dlpack(x)
+            except (BufferError, RuntimeError, ValueError) as exc:
+                if type(x) is _np_ndarray:  # e.g. bfloat16, which NumPy will not export:
+                    return _NOT_FAST        # the general route makes the capsule itself
+                raise producer_error(x, exc) from exc
+            if not PyCapsule_CheckExact(cap):
+                return _NOT_FAST
     info = _peek_capsule(cap)
     if asked:
         info._dev_type = dev_type

@@ -774,3 +774,34 @@ class TestSecondTrial:
         np.testing.assert_array_equal(np.asarray(y), np.arange(32).reshape(4, 8))
         read_only = make_capsule(src, flags=dlinspect.testing.FLAG_READ_ONLY)
         assert type(dlinspect._core.fast_to_jax(read_only, dlinspect._jax.caps().fast_path(), True)) is tuple
+
+    def test_torch_taken_through_the_exchange_api(self, torch, monkeypatch):
+        """Plain CPU torch tensors skip torch's Python __dlpack__; tensors it would refuse
+        (requires grad, lazy conjugate or negative bit) still meet that refusal."""
+        calls = []
+        original = torch.Tensor.__dlpack__
+
+        def spy(self, *args, **kwargs):
+            calls.append(1)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "__dlpack__", spy)
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        to_jax(t)
+        calls.clear()
+        y = to_jax(t)
+        assert calls == [] and buffer_pointer(y) == t.data_ptr()
+        t[0, 0] = 7.0
+        assert float(y[0, 0]) == 7.0
+        del y
+        for bad, match in ((torch.ones(3, requires_grad=True), "gradient"),
+                           (torch.tensor([1j, 2j]).conj(), "conj"),
+                           (torch.tensor([1.0, 2.0])._neg_view(), "negative bit")):
+            with pytest.raises(ProducerError, match=match):
+                to_jax(bad)
+
+        class Sub(torch.Tensor):
+            pass
+        calls.clear()
+        to_jax(torch.ones(4).as_subclass(Sub))
+        assert calls  # a subclass may override __dlpack__: it is asked (via __torch_function__)

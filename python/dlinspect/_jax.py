@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 from typing import Any
 
@@ -85,7 +86,7 @@ class JaxCaps:
             pinned = any(k in _PINNED for k in self.platforms)
             self._fast = _core.JaxFastPath(import_fn, self.cpu_device(), self.cpu_alignment, self.x64,
                                            self._fast_dtypes, pinned, self._narrow_table(),
-                                           warn)
+                                           warn, _exchange_guard)
         return self._fast
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
@@ -210,6 +211,26 @@ class JaxCaps:
         if self.direct:
             return self._import(cap, device, stream, copy, dl_device_type)
         return _public_import(self.jax, cap, device, stream, copy, dl_device_type)
+
+
+def _exchange_guard(tp: type) -> Any:
+    """For the fast path: a check that ``x`` of type ``tp`` is a tensor its producer's
+    ``__dlpack__`` exports as it is, so the C exchange API may take it instead.
+
+    Only exact ``torch.Tensor`` (a subclass may override ``__dlpack__``). torch's
+    ``__dlpack__`` refuses tensors that require grad, have the lazy conjugate bit or
+    are not strided; its C API does not, and it also exports the lazy negative bit
+    unapplied. Such tensors go through ``__dlpack__`` and its refusals.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or tp is not torch.Tensor:
+        return None
+    strided = torch.strided
+
+    def guard(t: Any) -> bool:
+        return (not t.requires_grad and t.layout is strided and not t.is_conj()
+                and not t.is_neg() and not t.is_quantized)
+    return guard
 
 
 class _X64Flag:
