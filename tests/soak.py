@@ -24,15 +24,8 @@ import numpy as np
 
 import dlinspect
 from dlinspect import DLDeviceType as D
+from dlinspect.bench._common import rss_kib
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 def main(argv: list[str] | None = None) -> int:

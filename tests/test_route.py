@@ -30,7 +30,7 @@ from dlinspect import (  # noqa: E402
 )
 from dlinspect import _jax as djax  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
-from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, aligned_empty, make_capsule  # noqa: E402
 
 
 @pytest.fixture(params=["direct", "public"])
@@ -43,10 +43,7 @@ def import_path(request):
 
 
 def aligned(values, dtype=np.float32):
-    values = np.asarray(values, dtype)
-    out = aligned_empty(values.shape, dtype, alignment=64)
-    out[...] = values
-    return out
+    return aligned_array(values, dtype)
 
 
 def buffer_pointer(arr):

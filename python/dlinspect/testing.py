@@ -17,7 +17,7 @@ from ._core import DeleterCounter
 from ._dtypes import dldtype_from_numpy
 from ._enums import DLDeviceType
 
-__all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty"]
+__all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
 
 FLAG_READ_ONLY = _core.FLAG_READ_ONLY
 FLAG_IS_COPIED = _core.FLAG_IS_COPIED
@@ -228,3 +228,32 @@ class FakeProducer:
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
                             flags=flags, counter=self.counter,
                             strides=tuple(s // arr.itemsize for s in arr.strides))
+
+
+def aligned_array(values: Any, dtype: Any = np.float32, alignment: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``values`` whose data is ``alignment``-byte aligned.
+
+    Parameters
+    ----------
+    values : array_like
+        Any shape; converted with ``numpy.asarray(values, dtype)``.
+    dtype : numpy dtype
+        Element type (float32 by default).
+    alignment : int
+        In bytes; 64 is what XLA:CPU needs to view memory without a copy.
+
+    Returns
+    -------
+    numpy.ndarray
+        Same shape and values, memory from :func:`aligned_empty`.
+
+    Examples
+    --------
+    >>> from dlinspect.testing import aligned_array
+    >>> aligned_array([[1, 2], [3, 4]]).ctypes.data % 64
+    0
+    """
+    values = np.asarray(values, dtype)
+    out = aligned_empty(values.shape, values.dtype, alignment=alignment)
+    out[...] = values
+    return out

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import dlinspect
 from dlinspect import DLDeviceType as D
 from dlinspect import CopyRequiredError, DLInspectWarning, ShardingError, plan, to_jax
-from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, aligned_empty, make_capsule
 
 if len(jax.devices()) != 4:
     pytest.fail(f"expected 4 forced CPU devices, found {jax.devices()}", pytrace=False)
@@ -25,10 +25,7 @@ REPLICATED = NamedSharding(MESH, P())
 
 
 def aligned(values, dtype=np.float32):
-    values = np.asarray(values, dtype)
-    out = aligned_empty(values.shape, dtype, alignment=64)
-    out[...] = values
-    return out
+    return aligned_array(values, dtype)
 
 
 def shard_pointers(arr):

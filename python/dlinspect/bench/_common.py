@@ -39,6 +39,23 @@ def time_statement(stmt: str, namespace: dict[str, Any], repeat: int,
             "median": statistics.median(runs_us), "min": min(runs_us), "runs": runs_us}
 
 
+def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[str, Any],
+               repeat: int, quick: bool, tick: Tick | None,
+               targets: list[tuple[str, str, str, float]]) -> tuple[list[dict[str, Any]],
+                                                                    list[dict[str, Any]]]:
+    """Time ``(name, statement, needs torch)`` cases (torch ones skipped without torch in
+    ``namespace``) and check ``(description, measured, baseline, limit)`` ratio targets."""
+    rows = []
+    for name, stmt, needs_torch in cases:
+        if needs_torch and "t" not in namespace:
+            continue
+        if tick:
+            tick(f"{suite}: {name}")
+        rows.append({"name": name, **time_statement(stmt, namespace, repeat, 0.02 if quick else 0.2)})
+    by_name = {r["name"]: r for r in rows}
+    return rows, [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in targets]
+
+
 def ratio_target(description: str, rows: dict[str, dict[str, Any]], measured: str,
                  baseline: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
     """``measured / baseline`` (or its inverse for rates) against ``limit``."""

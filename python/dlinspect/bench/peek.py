@@ -22,7 +22,7 @@ import numpy
 
 import dlinspect
 
-from ._common import Tick, optional, ratio_target, time_statement
+from ._common import Tick, optional, time_cases
 
 CASES = [
     ("id(x)", "id(x)", False),
@@ -48,14 +48,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
                           "from_dlpack": numpy.from_dlpack}
     if torch is not None:
         ns["t"] = torch.zeros((32, 32), dtype=torch.float32)
-    rows = []
-    for name, stmt, needs_torch in CASES:
-        if needs_torch and torch is None:
-            continue
-        if tick:
-            tick(f"peek: {name}")
-        rows.append({"name": name, **time_statement(stmt, ns, repeat, 0.02 if quick else 0.2)})
-    by_name = {r["name"]: r for r in rows}
+    rows, targets = time_cases("peek", CASES, ns, repeat, quick, tick, TARGETS)
     return {"title": "peek", "unit": "µs per call", "rows": rows, "repeat": repeat,
-            "targets": [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in TARGETS],
+            "targets": targets,
             "notes": [] if torch else ["torch is not installed: its rows are skipped"]}

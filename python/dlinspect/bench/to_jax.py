@@ -30,7 +30,7 @@ import numpy
 import dlinspect
 from dlinspect.testing import aligned_empty
 
-from ._common import MIB, Tick, optional, ratio_target, rss_kib, time_statement
+from ._common import MIB, Tick, optional, rss_kib, time_cases
 
 CASES = [
     ("to_jax(x)", "to_jax(x).block_until_ready()", False),
@@ -80,15 +80,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     if torch is not None:
         ns["t"] = torch.ones(32, 32)
         ns["d"] = {f"w{i:02d}": torch.ones(64, dtype=torch.float32) for i in range(16)}
-    rows = []
-    for name, stmt, needs_torch in CASES:
-        if needs_torch and torch is None:
-            continue
-        if tick:
-            tick(f"to_jax: {name}")
-        rows.append({"name": name, **time_statement(stmt, ns, repeat, 0.02 if quick else 0.2)})
-    by_name = {r["name"]: r for r in rows}
-    targets = [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in TARGETS]
+    rows, targets = time_cases("to_jax", CASES, ns, repeat, quick, tick, TARGETS)
     if tick:
         tick("to_jax: memory")
     memory = measure_memory((64 if quick else 256) * MIB)
