@@ -744,8 +744,8 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
         got = _core.fast_to_jax(x, c._fast if c._fast is not None else c.fast_path(), copy is None)
         if type(got) is not tuple:
             return got
-        if got[0] is not None:  # exported CPU memory (or was handed a capsule): no stream
-            return _general_to_jax(c, x, got[0], got[1], None, device, copy, fallback, readonly)
+        if got[0] is not None:
+            return _from_fast_export(c, x, got, copy, fallback, readonly)
     cap, info, stream = _read(x, c)
     return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly, quiet)
 
@@ -753,9 +753,16 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
 def _general_to_jax(c: Any, x: Any, cap: Any, info: TensorInfo, stream: Any, device: Any,
                     copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
     """Decide and execute the route of a tensor already exported (``cap``) and read."""
-    _refuse_lazy_negation(x)  # (the fast path exported it without asking)
     route = _decide_jax(info, c, device, copy, fallback, readonly, type(x) is not _CAPSULE_TYPE)
     return _execute_jax(c, route, cap, x, copy, stream, fallback, readonly, quiet)
+
+
+def _from_fast_export(c: Any, x: Any, got: tuple[Any, TensorInfo], copy: bool | None,
+                      fallback: str, readonly: str) -> Any:
+    """The general route of what ``_core.fast_to_jax`` exported but could not import:
+    CPU memory (or a bare capsule), so no stream, and no device was asked for."""
+    _refuse_lazy_negation(x)  # exported without _export's checks
+    return _general_to_jax(c, x, got[0], got[1], None, None, copy, fallback, readonly)
 
 
 _caps = None
@@ -865,7 +872,7 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         if type(got) is not tuple:
             return got
         if got[0] is not None:
-            return _general_to_jax(c, x, got[0], got[1], None, device, copy, fallback, readonly)
+            return _from_fast_export(c, x, got, copy, fallback, readonly)
         if _is_tensor(x):
             cap, info, stream = _read(x, c)
             return _general_to_jax(c, x, cap, info, stream, device, copy, fallback, readonly)
