@@ -87,6 +87,8 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         DLTensor dl_tensor
 
     ctypedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out) noexcept
+    ctypedef int (*DLPackManagedTensorFromPyObjectNoSync)(
+        void* py_object, DLManagedTensorVersioned** out) noexcept
 
     ctypedef struct DLPackExchangeAPIHeader:
         DLPackVersion version
@@ -95,7 +97,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
     ctypedef struct DLPackExchangeAPI:
         DLPackExchangeAPIHeader header
         void* managed_tensor_allocator
-        void* managed_tensor_from_py_object_no_sync
+        DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync
         void* managed_tensor_to_py_object_no_sync
         DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync
         void* current_work_stream

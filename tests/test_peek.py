@@ -71,7 +71,7 @@ class TestCapsules:
         assert peek(make_capsule(shape=(2,), dtype=(99, 8, 1), address=4096)).dtype_name == \
             "DLDataType(code=99, bits=8)"
         info = peek(make_capsule(shape=(2,), dtype=(C.kDLFloat, 32, 4), address=4096))
-        assert info.dtype_name == "float32x4" and info.numpy_dtype is None
+        assert info.dtype_name == "float32x4" and info.numpy_dtype == np.float32  # one lane
         assert info.itemsize == 16 and info.nbytes == 32
 
     def test_numpy_dtypes(self, ml_dtypes):
@@ -198,6 +198,8 @@ MALFORMED = [
     ("stride overflow", dict(shape=(4, 4), strides=(2**62, 1)), "reach past"),
     ("stride int64 min", dict(shape=(2,), strides=(-(2**63),)), "reach past"),
     ("span byte overflow", dict(shape=(2, 2), strides=(2**61, 1), dtype="float64"), "span more than"),
+    ("zero lanes", dict(shape=(2,), dtype=(2, 32, 0)), "lanes is 0"),
+    ("offset past address space", dict(shape=(2,), byte_offset=2**64 - 16), "address space"),
 ]
 
 

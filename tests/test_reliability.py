@@ -37,7 +37,12 @@ ROUTES = ["zero-copy", "copy", "host-fallback", "error"]
 
 
 class Elsewhere:
-    """A real producer's tensor, reported as Vulkan memory: routes through host memory."""
+    """A real producer's tensor, presented as Vulkan memory: routes through host memory.
+
+    Its capsules say kDLVulkan, as its ``__dlpack_device__`` does (the header and
+    the device must agree); each owns the real producer's export, whose deleter
+    runs when the capsule's does. A host copy request goes to the real producer.
+    """
 
     def __init__(self, inner):
         self.inner = inner
@@ -46,7 +51,10 @@ class Elsewhere:
         return (D.kDLVulkan, 0)
 
     def __dlpack__(self, **kwargs):
-        return self.inner.__dlpack__(**kwargs)
+        if "dl_device" in kwargs:
+            return self.inner.__dlpack__(**kwargs)
+        view = dlinspect.to_host(self.inner.__dlpack__(**kwargs))   # owns the real export
+        return make_capsule(view, device=(D.kDLVulkan, 0))
 
 
 def values():

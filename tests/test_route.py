@@ -1,6 +1,7 @@
 """plan / explain / to_jax / to_host: every route, its values, its errors, its lifetimes.
 
-Every row of shared/cases/CASES.md is a test here (marked "C<n>") or in test_peek.py.
+Every row of shared/cases/CASES.md is a test here (marked "C<n>"), in test_peek.py or
+in test_agreement.py; each stands for its kind.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
 
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
@@ -19,6 +20,8 @@ from dlinspect import (  # noqa: E402
     CapsuleConsumedError,
     CopyRequiredError,
     DLInspectWarning,
+    MalformedTensorError,
+    Need,
     NotDLPackError,
     ProducerError,
     UnsupportedDeviceError,
@@ -28,7 +31,8 @@ from dlinspect import (  # noqa: E402
     to_host,
     to_jax,
 )
-from dlinspect import _jax as djax  # noqa: E402
+from dlinspect import _core  # noqa: E402
+from dlinspect import _jaxcaps as djax  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, aligned_empty, make_capsule  # noqa: E402
 
@@ -50,10 +54,16 @@ def buffer_pointer(arr):
     return arr.addressable_data(0).unsafe_buffer_pointer()
 
 
+def target():
+    return djax.caps().target
+
+
 class TestZeroCopy:
     def test_aligned_numpy(self, import_path):
         x = aligned(np.arange(12).reshape(3, 4))
-        assert plan(x).kind == "zero-copy" and plan(x).zero_copy and plan(x).copy_bytes == 0
+        route = plan(x)
+        assert route.kind == "zero-copy" and route.zero_copy and route.copy_bytes == 0
+        assert route.needs == 0
         y = to_jax(x)
         assert isinstance(y, jax.Array) and buffer_pointer(y) == x.ctypes.data
         np.testing.assert_array_equal(np.asarray(y), x)
@@ -108,6 +118,7 @@ class TestCopies:
         x = np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2]
         route = plan(x)
         assert route.kind == "copy" and "gaps" in route.reason and route.copy_bytes == 16
+        assert route.needs & Need.LAYOUT
         np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
         with pytest.raises(CopyRequiredError, match=r"strides \(3, 1\)"):
             to_jax(x, copy=False)
@@ -130,7 +141,7 @@ class TestCopies:
         x = aligned([1, 2, 3])
         x.flags.writeable = False
         route = plan(x)
-        assert route.kind == "copy" and "read-only" in route.reason
+        assert route.kind == "copy" and "read-only" in route.reason and route.needs == Need.READ_ONLY
         y = to_jax(x)
         np.testing.assert_array_equal(np.asarray(y), x)
         assert buffer_pointer(y) != x.ctypes.data
@@ -141,11 +152,14 @@ class TestCopies:
         assert buffer_pointer(shared) == x.ctypes.data
 
     def test_misaligned(self, import_path):  # C7
+        align = target().cpu_align
+        if align <= 16:
+            pytest.skip(f"XLA:CPU here views {align}-byte aligned memory: nothing is misaligned")
         x = aligned_empty((3, 4), np.float32, alignment=64, offset=16)
         x[...] = 1
         route = plan(x)
         assert route.kind == "copy" and "16-byte aligned" in route.reason
-        assert f"{djax.caps().cpu_alignment}-byte" in route.reason
+        assert f"{align}-byte" in route.reason and route.needs == Need.ALIGN
         np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
         with pytest.raises(CopyRequiredError, match="16-byte aligned.*aligned_empty"):
             to_jax(x, copy=False)
@@ -164,6 +178,7 @@ class TestCopies:
     ])
     def test_x64_narrowing_matches_jax(self, dtype, values, import_path):  # C15
         x = aligned(values, dtype)
+        assert plan(x).needs & Need.NARROW
         with pytest.warns(DLInspectWarning, match=r'jax_enable_x64", True'):
             ours = to_jax(x)
         expected = jax.dlpack.from_dlpack(x)
@@ -183,13 +198,112 @@ class TestCopies:
     def test_x64_enabled_keeps_64_bits(self):
         with jax.enable_x64(True):
             x = aligned([2**40], np.int64)
+            assert plan(x).needs == 0
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 y = to_jax(x)
             assert y.dtype == np.int64 and int(y[0]) == 2**40
 
+    def test_narrowing_keeps_subnormals_as_jnp_asarray(self):
+        x = aligned([1e-40, -1e-45, 1e-39, 3.0], np.float64)
+        with pytest.warns(DLInspectWarning):
+            y = np.asarray(to_jax(x))
+        assert y.view(np.uint32).tolist() == np.asarray(jax.numpy.asarray(x)).view(np.uint32).tolist()
 
-class TestHostFallback:
+    def test_large_narrowing_goes_through_numpy(self):
+        x = aligned(np.arange(400_000) - 2**40, np.int64)   # 3.2 MB > the C copy's 1 MiB
+        expected = np.asarray(jax.numpy.asarray(x))
+        for _ in range(2):
+            with pytest.warns(DLInspectWarning):
+                np.testing.assert_array_equal(np.asarray(to_jax(x)), expected)
+
+    def test_copies_are_aligned_as_xla_wants(self):
+        """Copies are aligned to the probed XLA:CPU alignment (at least 64 bytes)."""
+        align = max(target().cpu_align, 64)
+        for x in (aligned_empty((4, 8), np.float32, 64, offset=4),                 # C copy
+                  aligned_empty((1024, 1024), np.float32, 64, offset=4),           # NumPy copy
+                  np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]):          # strided
+            x[...] = 1
+            y = to_jax(x)
+            assert plan(x).kind == "copy" and buffer_pointer(y) % align == 0
+
+
+class TestSmallCopiesInC:
+    """Compact host tensors of at most 1 MiB whose only needs are ALIGN and NARROW
+    are copied by the core itself (``_core.to_jax_fast``), the source freed at once."""
+
+    @pytest.mark.parametrize("dtype, values", [
+        (np.float64, [1 / 3, 1e300, -1e-300, np.nan]),
+        (np.int64, [1, 2**33 + 5, -(2**40) - 3]),
+        (np.uint64, [1, 2**63 + 2**33 + 5]),
+        (np.complex128, [1 / 3 + 1e300j, -2.5]),
+    ])
+    def test_narrowing_copy(self, dtype, values):
+        x = aligned(values, dtype)[None, :].repeat(3, axis=0).T  # compact, F-order
+        expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
+        counter = DeleterCounter()
+        cap = make_capsule(x, counter=counter)
+        got = _core.to_jax_fast(cap, target(), False, False)   # copy=False: not here
+        assert type(got) is tuple and got[0] is cap and got[2] & Need.NARROW
+        with pytest.warns(DLInspectWarning, match="narrowed"):
+            y = _core.to_jax_fast(cap, target(), True, False)
+        assert isinstance(y, jax.Array) and y.dtype == expected.dtype
+        assert counter.calls == 1 and capsule_name(cap).startswith("used_")  # freed after the copy
+        x[...] = 0
+        np.testing.assert_array_equal(np.asarray(y), expected)
+
+    @pytest.mark.parametrize("offset", [1, 3, 4])
+    def test_narrowing_copy_of_misaligned_memory(self, offset):
+        """UBSan found misaligned double loads in the C narrowing copy (regression input)."""
+        for dtype in (np.float64, np.int64, np.complex128):
+            x = aligned_empty((5,), dtype, 64, offset=offset)
+            x[...] = np.arange(5) * 1.5 if dtype is not np.int64 else np.arange(5) - 2**40
+            expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
+            with pytest.warns(DLInspectWarning):
+                y = _core.to_jax_fast(make_capsule(x), target(), True, False)
+            assert isinstance(y, jax.Array)
+            np.testing.assert_array_equal(np.asarray(y), expected)
+
+    def test_misaligned_copy(self):
+        if target().cpu_align <= 16:
+            pytest.skip("XLA:CPU here views 16-byte aligned memory")
+        counter = DeleterCounter()
+        src = aligned_empty((4, 8), np.float32, 64, offset=16)
+        src[...] = np.arange(32).reshape(4, 8)
+        cap = make_capsule(src, counter=counter)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = _core.to_jax_fast(cap, target(), True, False)
+        assert isinstance(y, jax.Array) and buffer_pointer(y) % 64 == 0
+        assert buffer_pointer(y) != src.ctypes.data and counter.calls == 1
+        src[...] = -1
+        np.testing.assert_array_equal(np.asarray(y), np.arange(32).reshape(4, 8))
+
+    @pytest.mark.parametrize("make, need", [
+        (lambda: aligned(np.ones((4, 4)))[:, ::2], Need.LAYOUT),
+        (lambda: np.zeros((0,), np.float32), Need.EMPTY),
+        (lambda: _read_only(aligned(np.ones(4))), Need.READ_ONLY),
+    ])
+    def test_other_needs_go_back_unconsumed(self, make, need):
+        x = make()
+        cap, info, needs = _core.to_jax_fast(x, target(), True, False)
+        assert capsule_name(cap) == "dltensor_versioned" and needs & need
+        assert info.shape == x.shape
+
+    def test_x64_is_read_per_call(self):
+        x = aligned(np.arange(4), np.float64)
+        with jax.enable_x64(True):
+            y = _core.to_jax_fast(x, target(), False, False)
+            assert isinstance(y, jax.Array) and y.dtype == np.float64
+        assert type(_core.to_jax_fast(x, target(), False, False)) is tuple
+
+
+def _read_only(x):
+    x.flags.writeable = False
+    return x
+
+
+class TestForeignDevices:
     def test_pinned_host_without_cuda(self, import_path):  # C1
         counter = DeleterCounter()
         x = aligned([1, 2, 3, 4])
@@ -197,7 +311,8 @@ class TestHostFallback:
         info = dlinspect.peek(cap)
         assert info.host_accessible and info.device_type == D.kDLCUDAHost
         route = plan(cap)   # host memory the CPU backend views: no fallback needed
-        assert route.kind == "zero-copy" and route.zero_copy and "no cuda backend" in route.reason
+        assert route.kind == "zero-copy" and route.needs == Need.VIA_CPU
+        assert "no cuda backend" in route.reason
         y = to_jax(cap)
         np.testing.assert_array_equal(np.asarray(y), x)
         assert buffer_pointer(y) == x.ctypes.data
@@ -217,6 +332,7 @@ class TestHostFallback:
         p = FakeProducer(src, device=(device, 0))
         route = plan(p)
         assert route.kind == "host-fallback" and not route.zero_copy and route.copy_bytes == 24
+        assert route.needs & Need.DEVICE
         y = to_jax(p)
         np.testing.assert_array_equal(np.asarray(y), src)
         assert p.calls[-1]["dl_device"] == (1, 0) and p.calls[-1]["copy"] is True
@@ -264,15 +380,125 @@ class TestHostFallback:
         with pytest.raises(CopyRequiredError):
             to_host(p, copy=False)
 
+    @pytest.mark.parametrize("fn", ["to_jax", "to_host"])
+    def test_hints_name_only_what_can_work(self, fn):
+        """A fix never sends the user to the option or function that just failed."""
+        cap = make_capsule(np.ones(2, np.float32), device=(D.kDLOneAPI, 0))
+        call = to_jax if fn == "to_jax" else to_host
+        with pytest.raises(UnsupportedDeviceError) as err:
+            call(cap)
+        msg = str(err.value)
+        assert "fallback" not in msg and "producer object" in msg
+        with pytest.raises(UnsupportedDeviceError) as err:
+            to_jax(FakeProducer(np.ones(2, np.float32), (D.kDLOneAPI, 0)), fallback="raise")
+        assert 'pass fallback="host"' in str(err.value)
+
+
+class TestDeviceReconciliation:
+    """__dlpack_device__ and the header must agree before any memory is touched."""
+
+    @pytest.mark.parametrize("said, header", [
+        ((D.kDLCPU, 0), (D.kDLCUDA, 0)),       # C18: a real library shipped this
+        ((D.kDLCPU, 0), (D.kDLCPU, 1)),
+        ((D.kDLCUDA, 0), (D.kDLCPU, 0)),
+        ((D.kDLCUDAHost, 0), (D.kDLCUDA, 0)),
+        ((D.kDLCPU, None), (D.kDLVulkan, 0)),
+    ])
+    def test_disagreement_is_an_error_naming_both(self, said, header):
+        counter = DeleterCounter()
+        # A non-host address: reading it would crash the process.
+        p = FakeProducer(np.ones(4, np.float32), device=said, capsule_device=header,
+                         counter=counter)
+        for call in (dlinspect.peek, to_jax, to_host, lambda x: to_jax(x, copy=True)):
+            with pytest.raises(ProducerError) as err:
+                call(p)
+            assert dlinspect.DLDeviceType(header[0]).name in str(err.value)
+            assert dlinspect.DLDeviceType(said[0]).name in str(err.value)
+        for tgt in ("jax", "host"):
+            route = plan(p, tgt)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+        gc.collect()
+        assert counter.calls == len(p.calls)   # every export released, none consumed
+
+    def test_cuda_header_is_never_read_as_host_memory(self):  # C18
+        class Lying:
+            def __dlpack_device__(self):
+                return (D.kDLCPU, 0)
+
+            def __dlpack__(self, **kw):
+                return make_capsule(address=0x10, shape=(1 << 20,), dtype=np.float32,
+                                    device=(D.kDLCUDA, 0), null_deleter=True)
+        for call in (to_jax, to_host, dlinspect.peek):
+            with pytest.raises(ProducerError, match="kDLCUDA:0"):
+                call(Lying())
+
+    def test_none_device_id_taken_from_the_header(self):  # C19 (paddlepaddle 3.3.1)
+        x = aligned([1, 2, 3])
+        p = FakeProducer(x, device=(D.kDLCPU, None))
+        assert p.__dlpack_device__() == (D.kDLCPU, None)
+        assert dlinspect.peek(p).device == (D.kDLCPU, 0)
+        assert plan(p).kind == "zero-copy" and plan(p, "host").kind == "zero-copy"
+        assert buffer_pointer(to_jax(p)) == x.ctypes.data
+        assert to_host(p).ctypes.data == x.ctypes.data
+        pinned = FakeProducer(x, device=(D.kDLCUDAHost, None), capsule_device=(D.kDLCPU, 0))
+        assert dlinspect.peek(pinned).device == (D.kDLCUDAHost, 0)
+
+    @pytest.mark.parametrize("device", [(), (1,), (1.5, 0), (1, 0, 5), [1, 0], "ab", None,
+                                        (1, 2**40), (None, 0)])
+    def test_malformed_device_answer(self, device):
+        class P:
+            def __dlpack_device__(self):
+                return device
+
+            def __dlpack__(self, **kw):
+                return aligned([1.0, 2.0]).__dlpack__(**kw)
+
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(MalformedTensorError, match="tuple of two ints"):
+                call(P())
+        assert isinstance(plan(P()).error, MalformedTensorError)
+
 
 class TestDtypes:
-    @pytest.mark.parametrize("dtype", [(15, 6, 1), (3, 64, 1), (2, 32, 4)])
+    @pytest.mark.parametrize("dtype", [(15, 6, 1), (3, 64, 1), (99, 8, 1)])
     def test_dtypes_jax_cannot_hold(self, dtype):
         cap = make_capsule(aligned_empty((8,), np.uint8, 64), shape=(2,), dtype=dtype)
         with pytest.raises(UnsupportedDTypeError, match=f"code={dtype[0]}, bits={dtype[1]}, "
                                                           f"lanes={dtype[2]}"):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned"
+
+    def test_vector_lanes_become_a_trailing_axis(self):  # C22
+        x = aligned(np.arange(12).reshape(3, 4))
+        cap = lambda: make_capsule(x, shape=(3,), dtype=(2, 32, 4))  # noqa: E731
+        info = dlinspect.peek(cap())
+        assert info.dtype_name == "float32x4" and info.nbytes == 48
+        host = to_host(cap())
+        assert host.dtype == np.float32 and host.shape == (3, 4) and host.ctypes.data == x.ctypes.data
+        np.testing.assert_array_equal(host, x)
+        route = plan(cap())
+        assert route.kind == "zero-copy" and route.needs == Need.LANES and "trailing axis" in route.reason
+        y = to_jax(cap())
+        assert y.shape == (3, 4) and buffer_pointer(y) == x.ctypes.data
+        np.testing.assert_array_equal(np.asarray(y), x)
+        # strided vectors: a copy, the lanes still an axis
+        strided = make_capsule(x, shape=(2,), strides=(2,), dtype=(2, 32, 4))
+        assert plan(strided).kind == "copy"
+        np.testing.assert_array_equal(np.asarray(to_jax(strided)), x[::2])
+        np.testing.assert_array_equal(to_host(make_capsule(x, shape=(2,), strides=(2,),
+                                                           dtype=(2, 32, 4))), x[::2])
+        # on a device without a JAX backend: through the producer's host copy
+        v = FakeProducer(np.zeros(3, np.float32), (D.kDLVulkan, 0), dtype=(2, 32, 4))
+        assert plan(v).kind == "host-fallback"
+
+    def test_sub_byte_lanes_are_refused_with_the_reason(self):
+        cap = make_capsule(np.zeros(4, np.uint8), shape=(4,), dtype=(17, 4, 2))  # torch's fp4x2
+        with pytest.raises(UnsupportedDTypeError, match="share each byte"):
+            to_host(cap)
+        with pytest.raises(UnsupportedDTypeError) as err:
+            to_jax(cap)
+        assert "to_host" not in str(err.value)   # never point at what refuses too
+        assert "ml_dtypes" not in str(plan(cap, "host").error)
 
     def test_bool_every_route(self, torch, import_path):  # C8
         b = np.array([True, False, True, True])
@@ -305,16 +531,41 @@ class TestDtypes:
         h = to_host(padded)
         assert h.dtype == ml_dtypes.int4 and h.astype(np.int8).tolist() == [3, -2]
 
+    def test_packed_that_cannot_be_unpacked_leaves_capsule_unconsumed(self):
+        for kw in (dict(shape=(2, 3), strides=(1, 2), dtype=(0, 4)),   # packed, strided
+                   dict(shape=(5,), dtype=(15, 6))):                   # packed across bytes
+            counter = DeleterCounter()
+            cap = make_capsule(aligned_empty((8,), np.uint8, 64), counter=counter, **kw)
+            assert plan(cap, "host").kind == "error"
+            with pytest.raises(UnsupportedDTypeError, match="unpacks only C-contiguous 1-, 2- and 4-bit"):
+                to_host(cap)
+            assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+            del cap
+            assert counter.calls == 1
 
-class TestErrors:
-    def test_consumed_capsule(self):  # C10
-        cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,
-                           versioned=False)
-        for fn in (to_jax, to_host, plan, explain):
-            with pytest.raises(CapsuleConsumedError, match="already took"):
-                fn(cap)
+    def test_numpy_ml_dtypes_arrays(self, ml_dtypes):
+        x = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)
+        assert dlinspect.peek(x).dtype_name == "bfloat16"   # NumPy refuses to export it
+        assert plan(x).kind in ("zero-copy", "copy")
+        assert to_jax(x).dtype == ml_dtypes.bfloat16 and to_jax(x).tolist() == x.astype(np.float32).tolist()
+        assert to_host(x[:, ::2]).tolist() == x[:, ::2].astype(np.float32).tolist()
 
-    def test_producer_refusals(self, torch):  # C17
+    def test_empty_tensors(self):
+        for x in (np.zeros((0, 3), np.float32), np.zeros((2, 0), np.int64),
+                  aligned_empty((0,), np.float32, 64, offset=4)):
+            route = plan(x)
+            assert route.kind == "zero-copy" and route.needs & Need.EMPTY
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                y = to_jax(x, copy=False)
+            assert y.shape == x.shape
+            assert to_host(x).shape == x.shape
+
+
+class TestProducerErrors:
+    """Any exception a producer raises becomes a ProducerError with its own words."""
+
+    def test_torch_refusals(self, torch):  # C17
         with pytest.raises(ProducerError, match=r"(?s)require gradient.*\.detach\(\)") as err:
             to_jax(torch.ones(2, requires_grad=True))
         assert isinstance(err.value.__cause__, BufferError)
@@ -322,18 +573,127 @@ class TestErrors:
             to_jax(torch.ones(2, dtype=torch.complex64).conj())
         with pytest.raises(ProducerError, match=r"to_dense\(\)"):
             to_jax(torch.eye(2).to_sparse())
+        with pytest.raises(ProducerError, match="to_dense"):
+            dlinspect.peek(torch.eye(3).to_sparse())
+        for t in (torch.ones(2, requires_grad=True), torch.tensor([1j]).conj()):
+            route = plan(t)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+
+    @pytest.mark.parametrize("exc", [TypeError("Can only convert arrays with no nulls"),
+                                     RuntimeError("bad"), ValueError("no"), KeyError("k"),
+                                     type("ArrowTypeError", (TypeError,), {})("only arrays with no nulls"),
+                                     type("Custom", (Exception,), {})("custom words")])
+    def test_any_exception_type(self, exc):  # C20
+        p = FakeProducer(np.ones(3, np.float32), refuse=exc)
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError) as err:
+                call(p)
+            assert err.value.__cause__ is exc and str(exc).strip("'") in str(err.value)
+            assert type(exc).__name__ in str(err.value)
+        for tgt in ("jax", "host"):
+            route = plan(p, tgt)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+            assert route.info is None
+        assert all("max_version" in c for c in p.calls)   # one call each; never retried bare
+
+    def test_retry_only_for_keyword_type_errors(self):
+        p = FakeProducer(aligned([1, 2]), legacy_only=True)
+        np.testing.assert_array_equal(np.asarray(to_jax(p)), [1, 2])
+        assert p.calls == [{"stream": None}]
+
+        class NoKeywords:
+            def __init__(self):
+                self.x = aligned([4.0, 5.0])
+
+            def __dlpack__(self):
+                return self.x.__dlpack__()
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        np.testing.assert_array_equal(np.asarray(to_jax(NoKeywords())), [4.0, 5.0])
+        np.testing.assert_array_equal(to_host(NoKeywords()), [4.0, 5.0])
+
+    def test_dlpack_device_raising(self):
+        class P:
+            def __dlpack_device__(self):
+                raise NotImplementedError("Unknown device type meta for Dlpack")
+
+            def __dlpack__(self, **kw):
+                return aligned([1.0]).__dlpack__(**kw)
+
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError, match="__dlpack_device__.*meta") as err:
+                call(P())
+            assert isinstance(err.value.__cause__, NotImplementedError)
+        assert plan(P()).kind == "error"
+
+    def test_not_a_capsule(self):
+        class ReturnsNone:
+            def __dlpack__(self, **kw):
+                return None
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError, match="not a PyCapsule"):
+                call(ReturnsNone())
+
+    def test_lazy_negation_on_every_path(self, torch):  # C21
+        class Sub(torch.Tensor):
+            pass
+
+        plain = torch.arange(16.0)._neg_view()
+        for t in (plain, plain.as_subclass(Sub), torch.tensor([1 + 2j, 3 + 4j]).conj().imag,
+                  torch.arange(4.0).reshape(2, 2)._neg_view().t()):
+            assert t.is_neg()
+            for call in (to_jax, lambda t: to_jax(t, copy=True), lambda t: to_jax({"a": t}),
+                         lambda t: to_jax(t, device=jax.devices("cpu")[0])):
+                with pytest.raises(ProducerError, match=r"resolve_neg\(\)"):
+                    call(t)
+            assert plan(t).kind == "error"
+        assert to_jax(plain.resolve_neg()).tolist() == [-float(i) for i in range(16)]
+
+    def test_lazy_negation_with_a_pinned_capable_producer(self, torch, monkeypatch):  # C21
+        """The guard holds when __dlpack_device__ is asked too (a pinned-capable torch)."""
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        _core._forget_types()
+        try:
+            t = torch.arange(4.0)._neg_view()
+            with pytest.raises(ProducerError, match="resolve_neg"):
+                to_jax(t)
+            assert to_jax(torch.arange(4.0)).tolist() == [0, 1, 2, 3]
+        finally:
+            monkeypatch.undo()
+            _core._forget_types()
 
     def test_not_dlpack(self):
         with pytest.raises(NotDLPackError):
             to_jax(object())
         with pytest.raises(NotDLPackError):
             to_host("text")
+        with pytest.raises(NotDLPackError):
+            to_jax(np.ndarray)
+
+    def test_consumed_capsule(self):  # C10
+        cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,
+                           versioned=False)
+        for fn in (to_jax, to_host):
+            with pytest.raises(CapsuleConsumedError, match="already took"):
+                fn(cap)
+        route = plan(cap)
+        assert route.kind == "error" and isinstance(route.error, CapsuleConsumedError)
+        assert "already took" in explain(cap)
 
     def test_bad_options(self):
         with pytest.raises(ValueError, match="fallback"):
             to_jax(np.ones(1), fallback="maybe")
         with pytest.raises(ValueError, match="target"):
             plan(np.ones(1), target="gpu")
+        for bad in ("cpu", 1, 0):
+            with pytest.raises(TypeError, match="jax.Device"):
+                to_jax(aligned([1.0]), device=bad)
 
     def test_explain(self):
         text = explain(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])
@@ -341,6 +701,8 @@ class TestErrors:
         assert "route to jax: copy (16 B copied)" in text
         err = explain(FakeProducer(np.ones(1, np.float32), device=(D.kDLVulkan, 0)), fallback="raise")
         assert "UnsupportedDeviceError" in err
+        refused = explain(FakeProducer(np.ones(1), refuse="no"))
+        assert refused.startswith("<no header") and "ProducerError" in refused
 
 
 class TestLifetimes:  # C12
@@ -379,33 +741,55 @@ class TestLifetimes:  # C12
         gc.collect()
         assert p.counter.calls == len(p.calls) == 2
 
+    def test_plan_releases_its_export(self):
+        p = FakeProducer(aligned([1, 2]))
+        for _ in range(3):
+            plan(p)
+        assert p.counter.calls == len(p.calls) == 3
+
     def test_error_route_leaves_capsule_unconsumed(self):
         counter = DeleterCounter()
         cap = self._capsule(counter, device=(D.kDLVulkan, 0))
         with pytest.raises(UnsupportedDeviceError):
             to_jax(cap)
-        misaligned = make_capsule(aligned_empty((4,), np.float32, 64, offset=16), counter=counter)
+        misaligned = make_capsule(np.arange(6, dtype=np.float32)[::2], counter=counter)
         with pytest.raises(CopyRequiredError):
             to_jax(misaligned, copy=False)
         assert capsule_name(cap) == "dltensor_versioned" and capsule_name(misaligned) == "dltensor_versioned"
         assert counter.calls == 0
         y = np.from_dlpack(type("H", (), {"__dlpack__": lambda self, **k: misaligned})())
-        assert y.shape == (4,)
+        assert y.shape == (3,)
         del cap, misaligned, y
         gc.collect()
         assert counter.calls == 2
+
+    def test_error_route_frees_the_export_at_once(self):
+        """A failed route leaves no reference cycle holding the producer's export: its
+        deleter runs when the exception is dropped, not at the next garbage collection."""
+        p = FakeProducer(np.ones(3, np.float32), (D.kDLVulkan, 0))
+        gc.disable()
+        try:
+            with pytest.raises(UnsupportedDeviceError):
+                to_jax(p, fallback="raise")
+            assert p.counter.calls == 1
+            with pytest.raises(CopyRequiredError):
+                to_jax(FakeProducer(np.ones((3, 3), np.float32)[:, ::2], counter=p.counter),
+                       copy=False)
+            assert p.counter.calls == 2
+        finally:
+            gc.enable()
 
     def test_failed_import_restores_versioned_capsule(self, monkeypatch):
         counter = DeleterCounter()
         cap = self._capsule(counter)
         c = djax.caps()
+        c.target   # built (and its probes run) before the import breaks
 
         def boom(*args):
             raise RuntimeError("import failed")
-        monkeypatch.setattr(c, "import_capsule", boom)
-        monkeypatch.setattr(c, "_import", boom)
-        monkeypatch.setattr(djax, "_public_import", lambda jax, *args: boom(*args))
-        monkeypatch.setattr(c, "_fast", None)  # rebuilt around boom; undo restores it
+        monkeypatch.setattr(c, "_direct_fn", boom)
+        monkeypatch.setattr(c, "_target", None)
+        monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
         with pytest.raises(RuntimeError, match="import failed"):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
@@ -414,6 +798,19 @@ class TestLifetimes:  # C12
         del cap, y
         gc.collect()
         assert counter.calls == 1
+
+    def test_warning_as_error_leaves_capsule_unconsumed(self):
+        x = aligned(np.arange(8), np.int64)
+        for src in (x, x[::2]):
+            cap = make_capsule(src)
+            for _ in range(2):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", DLInspectWarning)
+                    with pytest.raises(DLInspectWarning):
+                        to_jax(cap)
+                assert capsule_name(cap) == "dltensor_versioned"
+            with pytest.warns(DLInspectWarning):
+                assert to_jax(cap).tolist() == src.tolist()
 
     def test_to_host_view_keeps_tensor_alive(self):
         counter = DeleterCounter()
@@ -434,16 +831,38 @@ class TestLifetimes:  # C12
         assert to_host(np.ones(3)).flags.writeable
 
 
-class TestProducers:
+class TestDerivedIntegers:
+    """TensorInfo's derived integers are exact or an error, never wrapped (C23)."""
+
+    def test_extent_one_with_huge_stride(self):  # C23
+        x = aligned(np.arange(4))
+        cap = make_capsule(x, shape=(4, 1), strides=(1, 2**62))
+        info = dlinspect.peek(cap)
+        assert info.byte_strides == (4, 2**64)
+        np.testing.assert_array_equal(to_host(cap).ravel(), np.arange(4))
+        np.testing.assert_array_equal(np.asarray(to_jax(make_capsule(x, shape=(4, 1),
+                                                                     strides=(1, 2**62)))).ravel(),
+                                      np.arange(4))
+
+    @pytest.mark.parametrize("stride", [2**63 - 1, -(2**63) + 1, 2**61, -(2**61)])
+    def test_int64_edges(self, stride):
+        x = aligned(np.arange(2))
+        info = dlinspect.peek(make_capsule(x, shape=(1, 2), strides=(stride, 1)))
+        assert info.byte_strides == (stride * 4, 4)
+        with pytest.raises(MalformedTensorError):
+            dlinspect.peek(make_capsule(x, shape=(2, 1), strides=(stride, 1)))
+
+    def test_data_plus_offset_past_the_address_space(self):
+        cap = make_capsule(address=2**64 - 8, shape=(1,), byte_offset=16, null_deleter=True)
+        with pytest.raises(MalformedTensorError, match="address space"):
+            dlinspect.peek(cap)
+
+
+class TestProducerProtocol:
     def test_streams_none_on_cpu(self):
         p = FakeProducer(aligned([1, 2]))
         to_jax(p)
         assert p.calls == [{"stream": None, "max_version": (1, 3)}]
-
-    def test_old_producer_retried(self, import_path):
-        p = FakeProducer(aligned([1, 2]), legacy_only=True)
-        np.testing.assert_array_equal(np.asarray(to_jax(p)), [1, 2])
-        assert p.calls == [{"stream": None}]
 
     def test_batch_dict(self, torch):  # C16
         batch = {"x": torch.randn(4, 8), "y": torch.tensor([True, False, True, False]),
@@ -461,13 +880,49 @@ class TestProducers:
         out = to_jax([Pair(aligned([1]), (aligned([2]),))])
         assert isinstance(out[0], Pair) and float(out[0].b[0][0]) == 2.0
 
+    def test_torch_taken_through_the_exchange_api(self, torch, monkeypatch):
+        """Plain CPU torch tensors skip torch's Python __dlpack__; tensors it would refuse
+        (requires grad, lazy conjugate or negative bit) still meet that refusal."""
+        calls = []
+        original = torch.Tensor.__dlpack__
 
-def test_jax_platform_table_comes_from_installed_jax():
+        def spy(self, *args, **kwargs):
+            calls.append(1)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "__dlpack__", spy)
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        y = to_jax(t)
+        assert calls == [] and buffer_pointer(y) == t.data_ptr()
+        t[0, 0] = 7.0
+        assert float(y[0, 0]) == 7.0
+        del y
+        for bad, match in ((torch.ones(3, requires_grad=True), "gradient"),
+                           (torch.tensor([1j, 2j]).conj(), "conj"),
+                           (torch.tensor([1.0, 2.0])._neg_view(), "negative bit")):
+            with pytest.raises(ProducerError, match=match):
+                to_jax(bad)
+
+        class Sub(torch.Tensor):
+            pass
+        calls.clear()
+        to_jax(torch.ones(4).as_subclass(Sub))
+        assert calls  # a subclass may override __dlpack__: it is asked
+
+    def test_exchange_api_type_cache_is_bounded(self):
+        for i in range(2 * _core.TYPES_MAX):
+            tp = type(f"T{i}", (FakeProducer,), {})
+            dlinspect.peek(tp(np.ones(1)))
+        assert _core._types_len() <= _core.TYPES_MAX
+
+
+def test_jax_capabilities_come_from_installed_jax():
     c = djax.caps()
     from jax._src import dlpack as jdl
     assert c.mapping == {int(k): v for k, v in jdl._DL_DEVICE_TO_PLATFORM.items()}
-    assert c.platforms == {k: v for k, v in c.mapping.items() if v == "cpu"}
-    assert c.dtype_problem(15, 6, 1) is not None and c.dtype_problem(2, 32, 1) is None
+    assert c.platforms == {"cpu"}
+    assert c.target.dtype_problem(15, 6) is not None and c.target.dtype_problem(2, 32) is None
+    assert [s.found for s in c.symbols][0] == "jax._src.lib._jax.dlpack_managed_tensor_to_buffer"
 
 
 class TestStreams:
@@ -488,317 +943,14 @@ class TestStreams:
         (D.kDLCUDAHost, 5, None),
     ])
     def test_stream_rules(self, device_type, jax_stream, expected):
-        assert djax.caps().stream_for(device_type, self._Dev(jax_stream)) == expected
+        assert djax.stream_of(device_type, self._Dev(jax_stream)) == expected
 
     def test_no_backend_means_no_stream(self):
-        assert djax.caps().stream_for(D.kDLCUDA, None) is None
+        assert djax.stream_of(D.kDLCUDA, None) is None
+        assert djax.caps().stream_for(D.kDLCUDA, 0) is None
 
     def test_device_producer_asked_with_stream_none_for_host_copy(self):
         p = FakeProducer(np.ones(2, np.float32), device=(D.kDLCUDA, 0))
         to_jax(p)
         assert [c["stream"] for c in p.calls] == [None, None]  # no CUDA backend here
         assert p.calls[1]["dl_device"] == (1, 0)
-
-
-class TestRegressions:
-    """Inputs a first outside trial broke; each stands for its kind."""
-
-    def test_failed_to_host_leaves_capsule_unconsumed(self):
-        for kw in (dict(shape=(2, 3), strides=(1, 2), dtype=(0, 4)),   # packed, strided
-                   dict(shape=(5,), dtype=(15, 6))):                   # packed across bytes
-            counter = DeleterCounter()
-            cap = make_capsule(aligned_empty((8,), np.uint8, 64), counter=counter, **kw)
-            assert plan(cap, "host").kind == "error"
-            with pytest.raises(UnsupportedDTypeError, match="unpacks only C-contiguous 1-, 2- and 4-bit"):
-                to_host(cap)
-            assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
-            del cap
-            assert counter.calls == 1
-
-    def test_error_route_frees_the_export_at_once(self):
-        """A failed route leaves no reference cycle holding the producer's export: its
-        deleter runs when the exception is dropped, not at the next garbage collection."""
-        p = FakeProducer(np.ones(3, np.float32), (D.kDLVulkan, 0))
-        gc.disable()
-        try:
-            with pytest.raises(UnsupportedDeviceError):
-                to_jax(p, fallback="raise")
-            assert p.counter.calls == 1
-            with pytest.raises(CopyRequiredError):
-                to_jax(FakeProducer(np.ones((3, 3), np.float32)[:, ::2], counter=p.counter),
-                       copy=False)
-            assert p.counter.calls == 2
-        finally:
-            gc.enable()
-
-    def test_plan_sees_producer_refusals(self, torch):
-        for t in (torch.ones(2, requires_grad=True), torch.tensor([1j]).conj()):
-            route = plan(t)
-            assert route.kind == "error" and isinstance(route.error, ProducerError)
-
-    def test_peek_wraps_producer_runtime_errors(self, torch):
-        with pytest.raises(ProducerError, match="to_dense"):
-            dlinspect.peek(torch.eye(3).to_sparse())
-
-    def test_bad_device_argument(self):
-        for bad in ("cpu", 1, 0):
-            with pytest.raises(TypeError, match="jax.Device"):
-                to_jax(aligned([1.0]), device=bad)
-
-    def test_misbehaving_producers(self):
-        class ReturnsNone:
-            def __dlpack__(self, **kw):
-                return None
-
-            def __dlpack_device__(self):
-                return (1, 0)
-
-        class BadDevice(FakeProducer):
-            def __dlpack_device__(self):
-                return "cpu"
-
-        class NoKeywords:
-            def __init__(self):
-                self.x = aligned([4.0, 5.0])
-
-            def __dlpack__(self):
-                return self.x.__dlpack__()
-
-            def __dlpack_device__(self):
-                return (1, 0)
-
-        for fn in (dlinspect.peek, to_jax, to_host):
-            with pytest.raises(NotDLPackError, match="not a PyCapsule"):
-                fn(ReturnsNone())
-            with pytest.raises(dlinspect.MalformedTensorError, match="__dlpack_device__"):
-                fn(BadDevice(np.ones(1)))
-        np.testing.assert_array_equal(np.asarray(to_jax(NoKeywords())), [4.0, 5.0])
-        np.testing.assert_array_equal(to_host(NoKeywords()), [4.0, 5.0])
-        with pytest.raises(NotDLPackError):
-            to_jax(np.ndarray)
-
-
-class TestFastPath:
-    """_core.fast_to_jax: imports only what needs no decision, hands the rest on unconsumed."""
-
-    def fast(self):
-        return djax.caps().fast_path()
-
-    def test_plain_numpy_is_imported_in_place(self, import_path):
-        x = aligned(np.arange(8))
-        to_jax(x)  # the dtype probe runs once, on the general route
-        y = dlinspect._core.fast_to_jax(x, self.fast())
-        assert isinstance(y, jax.Array) and buffer_pointer(y) == x.ctypes.data
-        x[0] = 42.0
-        assert float(y[0]) == 42.0
-
-    @pytest.mark.parametrize("make, why", [
-        (lambda: aligned_empty((4,), np.float32, 64, offset=16), "misaligned"),
-        (lambda: aligned(np.ones((4, 4)))[:, ::2], "strided"),
-        (lambda: aligned(np.ones(4), np.float64), "64-bit with x64 off"),
-        (lambda: np.zeros((0,), np.float32), "empty"),
-    ])
-    def test_needs_a_decision_returns_the_export(self, make, why):
-        x = make()
-        cap, info = dlinspect._core.fast_to_jax(x, self.fast())
-        assert capsule_name(cap) == "dltensor_versioned", why
-        assert info.shape == x.shape
-
-    def test_read_only_returns_the_export(self):
-        x = aligned(np.ones(4))
-        x.flags.writeable = False
-        cap, info = dlinspect._core.fast_to_jax(x, self.fast())
-        assert info.read_only and capsule_name(cap) == "dltensor_versioned"
-
-    def test_bare_capsule_left_unconsumed_when_not_fast(self):
-        counter = DeleterCounter()
-        cap = make_capsule(aligned_empty((4,), np.float32, 64, offset=16), counter=counter)
-        got_cap, info = dlinspect._core.fast_to_jax(cap, self.fast())
-        assert got_cap is cap and capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
-
-    def test_device_memory_is_not_exported(self):
-        p = FakeProducer(np.ones(4, np.float32), (D.kDLVulkan, 0))
-        assert dlinspect._core.fast_to_jax(p, self.fast()) == (None, None)
-        assert p.calls == []  # only __dlpack_device__ was asked
-        assert dlinspect._core.fast_to_jax({"a": 1}, self.fast()) == (None, None)
-
-    def test_exchange_api_device_stands_in_for_dlpack_device(self, torch):
-        """A kDLCPU exchange header is enough unless JAX has a pinned-host backend (a
-        pinned torch tensor says kDLCPU there and kDLCUDAHost in __dlpack_device__)."""
-        asked = []
-
-        class Spy(torch.Tensor):
-            def __dlpack_device__(self):
-                asked.append(1)
-                return super().__dlpack_device__()
-
-        t = torch.ones(16).as_subclass(Spy)
-        c = djax.caps()
-        to_jax(torch.ones(16))
-        for check_pinned, calls in ((False, 0), (True, 1)):
-            asked.clear()
-            fp = dlinspect._core.JaxFastPath(c._import, c.cpu_device(), c.cpu_alignment,
-                                             djax._X64Flag(jax.config), c._fast_dtypes,
-                                             check_pinned)
-            y = dlinspect._core.fast_to_jax(t, fp)
-            assert isinstance(y, jax.Array) and len(asked) == calls
-            np.testing.assert_array_equal(np.asarray(y), np.ones(16, np.float32))
-
-    def test_x64_is_read_per_call(self):
-        x = aligned(np.arange(4), np.float64)
-        with jax.enable_x64(True):
-            to_jax(x)  # probe float64
-            y = dlinspect._core.fast_to_jax(x, self.fast())
-            assert isinstance(y, jax.Array) and y.dtype == np.float64
-        assert type(dlinspect._core.fast_to_jax(x, self.fast())) is tuple
-
-    @pytest.mark.parametrize("dtype, values", [
-        (np.float64, [1 / 3, 1e300, -1e-300, np.nan]),
-        (np.int64, [1, 2**33 + 5, -(2**40) - 3]),
-        (np.uint64, [1, 2**63 + 2**33 + 5]),
-        (np.complex128, [1 / 3 + 1e300j, -2.5]),
-    ])
-    def test_narrowing_copy_in_c(self, dtype, values):
-        x = aligned(values, dtype)[None, :].repeat(3, axis=0).T  # compact, F-order
-        expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
-        counter = DeleterCounter()
-        cap = make_capsule(x, counter=counter)
-        assert dlinspect._core.fast_to_jax(cap, self.fast(), False)[0] is cap  # copy=False: no
-        with pytest.warns(DLInspectWarning, match="narrowed"):
-            y = dlinspect._core.fast_to_jax(cap, self.fast(), True)
-        assert isinstance(y, jax.Array) and y.dtype == expected.dtype
-        assert counter.calls == 1 and capsule_name(cap).startswith("used_")  # freed after the copy
-        x[...] = 0
-        np.testing.assert_array_equal(np.asarray(y), expected)
-        assert buffer_pointer(y) % 64 == 0
-
-    @pytest.mark.parametrize("offset", [1, 3, 4])
-    def test_narrowing_copy_of_misaligned_memory(self, offset):
-        """UBSan found misaligned double loads in the C narrowing copy (regression input)."""
-        for dtype in (np.float64, np.int64, np.complex128):
-            x = aligned_empty((5,), dtype, 64, offset=offset)
-            x[...] = np.arange(5) * 1.5 if dtype is not np.int64 else np.arange(5) - 2**40
-            expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
-            with pytest.warns(DLInspectWarning):
-                y = dlinspect._core.fast_to_jax(make_capsule(x), self.fast(), True)
-            assert isinstance(y, jax.Array)
-            np.testing.assert_array_equal(np.asarray(y), expected)
-
-
-class TestSecondTrial:
-    """Inputs a second outside trial broke; each stands for its kind."""
-
-    @pytest.mark.parametrize("device", [(), (1,), (1.5, 0), (1, 0, 5), [1, 0], "ab", None,
-                                        (1, 2**40)])
-    def test_bad_dlpack_device(self, device):
-        class P:
-            def __dlpack_device__(self):
-                return device
-
-            def __dlpack__(self, **kw):
-                return aligned([1.0, 2.0]).__dlpack__(**kw)
-
-        for call in (dlinspect.peek, to_jax, to_host, lambda p: plan(p).error and None):
-            with pytest.raises(dlinspect.MalformedTensorError, match="tuple of two ints"):
-                call(P())
-
-    def test_dlpack_device_refusal_is_a_producer_error(self):
-        class P:
-            def __dlpack_device__(self):
-                raise ValueError("Unknown device type meta for Dlpack")
-
-            def __dlpack__(self, **kw):
-                return aligned([1.0]).__dlpack__(**kw)
-
-        for call in (dlinspect.peek, to_jax):
-            with pytest.raises(ProducerError, match="meta"):
-                call(P())
-
-    def test_warning_as_error_leaves_capsule_unconsumed(self):
-        x = aligned(np.arange(8), np.int64)
-        for src in (x, x[::2]):
-            cap = make_capsule(src)
-            for _ in range(2):  # first call: general route (probe); second: fast path if plain
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", DLInspectWarning)
-                    with pytest.raises(DLInspectWarning):
-                        to_jax(cap)
-                assert capsule_name(cap) == "dltensor_versioned"
-            with pytest.warns(DLInspectWarning):
-                assert to_jax(cap).tolist() == src.tolist()
-
-    def test_narrowing_keeps_subnormals_as_jnp_asarray(self):
-        x = aligned([1e-40, -1e-45, 1e-39, 3.0], np.float64)
-        with pytest.warns(DLInspectWarning):
-            y = np.asarray(to_jax(x))
-        assert y.view(np.uint32).tolist() == np.asarray(jax.numpy.asarray(x)).view(np.uint32).tolist()
-
-    def test_large_narrowing_goes_through_numpy(self):
-        x = aligned(np.arange(400_000) - 2**40, np.int64)   # 3.2 MB > the C copy's 1 MiB
-        expected = np.asarray(jax.numpy.asarray(x))
-        for _ in range(2):
-            with pytest.warns(DLInspectWarning):
-                np.testing.assert_array_equal(np.asarray(to_jax(x)), expected)
-
-    def test_torch_negative_bit_is_refused(self, torch):
-        t = torch.tensor([1 + 2j, 3 + 4j]).conj().imag   # strided, lazily negated
-        assert t.is_neg()
-        with pytest.raises(ProducerError, match="resolve_neg"):
-            to_jax(t)
-        assert plan(t).kind == "error"
-        assert to_jax(t.resolve_neg()).tolist() == [-2.0, -4.0]
-
-    def test_numpy_ml_dtypes_arrays(self, ml_dtypes):
-        x = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)
-        assert plan(x).kind in ("zero-copy", "copy")
-        assert to_jax(x).dtype == ml_dtypes.bfloat16 and to_jax(x).tolist() == x.astype(np.float32).tolist()
-        assert to_host(x[:, ::2]).tolist() == x[:, ::2].astype(np.float32).tolist()
-        with pytest.raises(ProducerError, match="dlinspect.to_jax, to_host and plan take such arrays"):
-            dlinspect.peek(x)
-
-    def test_small_misaligned_copy_in_c(self):
-        counter = DeleterCounter()
-        src = aligned_empty((4, 8), np.float32, 64, offset=16)
-        src[...] = np.arange(32).reshape(4, 8)
-        cap = make_capsule(src, counter=counter)
-        to_jax(make_capsule(aligned(np.ones(2))))  # float32 probed
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            y = dlinspect._core.fast_to_jax(cap, dlinspect._jax.caps().fast_path(), True)
-        assert isinstance(y, jax.Array) and buffer_pointer(y) % 64 == 0
-        assert buffer_pointer(y) != src.ctypes.data and counter.calls == 1
-        src[...] = -1
-        np.testing.assert_array_equal(np.asarray(y), np.arange(32).reshape(4, 8))
-        read_only = make_capsule(src, flags=dlinspect.testing.FLAG_READ_ONLY)
-        assert type(dlinspect._core.fast_to_jax(read_only, dlinspect._jax.caps().fast_path(), True)) is tuple
-
-    def test_torch_taken_through_the_exchange_api(self, torch, monkeypatch):
-        """Plain CPU torch tensors skip torch's Python __dlpack__; tensors it would refuse
-        (requires grad, lazy conjugate or negative bit) still meet that refusal."""
-        calls = []
-        original = torch.Tensor.__dlpack__
-
-        def spy(self, *args, **kwargs):
-            calls.append(1)
-            return original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, "__dlpack__", spy)
-        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-        to_jax(t)
-        calls.clear()
-        y = to_jax(t)
-        assert calls == [] and buffer_pointer(y) == t.data_ptr()
-        t[0, 0] = 7.0
-        assert float(y[0, 0]) == 7.0
-        del y
-        for bad, match in ((torch.ones(3, requires_grad=True), "gradient"),
-                           (torch.tensor([1j, 2j]).conj(), "conj"),
-                           (torch.tensor([1.0, 2.0])._neg_view(), "negative bit")):
-            with pytest.raises(ProducerError, match=match):
-                to_jax(bad)
-
-        class Sub(torch.Tensor):
-            pass
-        calls.clear()
-        to_jax(torch.ones(4).as_subclass(Sub))
-        assert calls  # a subclass may override __dlpack__: it is asked (via __torch_function__)

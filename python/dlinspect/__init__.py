@@ -17,9 +17,10 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
-from . import testing
+from ._execute import to_host, to_jax
+from ._plan import Need, Route, explain, plan
 from ._prefetch import prefetch_to_jax
-from ._route import Route, explain, plan, to_host, to_jax
+from . import testing
 from .errors import (
     CapsuleConsumedError,
     CopyRequiredError,
@@ -44,6 +45,7 @@ __all__ = [
     "to_host",
     "prefetch_to_jax",
     "Route",
+    "Need",
     "TensorInfo",
     "MAX_NDIM",
     "DLDeviceType",

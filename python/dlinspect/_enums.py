@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-__all__ = ["DLDeviceType", "DLDataTypeCode", "DLDataType", "device_name", "HOST_ACCESSIBLE"]
+__all__ = ["DLDeviceType", "DLDataTypeCode", "DLDataType", "as_device_type", "device_name"]
 
 
 class DLDeviceType(enum.IntEnum):
@@ -74,22 +74,11 @@ class DLDataType(NamedTuple):
 
 
 _DEVICE_BY_VALUE = {m.value: m for m in DLDeviceType}
-_CODE_BY_VALUE = {m.value: m for m in DLDataTypeCode}
-
-#: Device types whose memory the host CPU can read directly.
-HOST_ACCESSIBLE = frozenset(
-    {DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost, DLDeviceType.kDLCUDAManaged}
-)
 
 
 def as_device_type(value: int) -> DLDeviceType | int:
     """The ``DLDeviceType`` member for ``value``, or ``value`` itself when unknown."""
     return _DEVICE_BY_VALUE.get(value, value)
-
-
-def as_type_code(value: int) -> DLDataTypeCode | int:
-    """The ``DLDataTypeCode`` member for ``value``, or ``value`` itself when unknown."""
-    return _CODE_BY_VALUE.get(value, value)
 
 
 def device_name(device_type: int, device_id: int | None = None) -> str:

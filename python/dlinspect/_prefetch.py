@@ -9,7 +9,9 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._route import _check_options, _collecting, to_jax, warn
+from ._execute import to_jax
+from ._plan import check_options
+from ._warn import collecting, warn
 from .errors import DLInspectWarning
 
 __all__ = ["prefetch_to_jax"]
@@ -100,7 +102,7 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     """
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
-    _check_options("jax", fallback, readonly, copy)
+    check_options("jax", fallback, readonly, copy)
     bar = _progress_bar(iterable) if progress else None
     from jax._src.config import enable_x64
     return _prefetch(iter(iterable), size, bar,
@@ -144,9 +146,9 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
                 for batch in it:
                     # Warnings (x64 narrowing) are kept with the batch and emitted on
                     # the consumer's thread, at the consumer's line.
-                    _collecting.messages = []
+                    collecting.messages = []
                     converted = to_jax(batch, **options)
-                    if stop.is_set() or not put((_BATCH, (converted, _collecting.messages))):
+                    if stop.is_set() or not put((_BATCH, (converted, collecting.messages))):
                         return
                     del batch
         except BaseException as exc:  # handed to the consumer, raised at this batch

@@ -29,6 +29,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ._messages import INSTALL_JAX
+
 __all__ = ["main", "doctor_report"]
 
 EXIT_USAGE = 1
@@ -44,17 +46,19 @@ def doctor_report() -> dict[str, Any]:
     """Everything ``dlinspect doctor`` prints, as a JSON-able dict.
 
     Keys: ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
-    ``direct_reason``, ``cpu_alignment``); ``device_types`` (one row per
-    DLDeviceType: ``name``, ``value``, ``route``, ``reason``); ``exchange_api``
-    (array type name to ``[major, minor]`` or None).
+    ``direct_reason``, ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``:
+    one row per private JAX/jaxlib symbol, with what was found or the fallback
+    used and why); ``device_types`` (one row per DLDeviceType: ``name``,
+    ``value``, ``route``, ``reason``); ``exchange_api`` (array type name to
+    ``[major, minor]`` or None). JAX starts on whatever platforms it finds (a
+    GPU is reported as a GPU); ``JAX_PLATFORMS`` is honoured, never set.
     """
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import numpy as np
 
     import dlinspect
     from dlinspect import _core
+    from dlinspect._buffers import aligned_empty
     from dlinspect.bench._common import optional, versions
-    from dlinspect.testing import FakeProducer, aligned_empty
 
     report: dict[str, Any] = {"versions": versions()}
     jax = optional("jax")
@@ -67,7 +71,7 @@ def doctor_report() -> dict[str, Any]:
     if jax is None:
         report["jax"] = None
     else:
-        from dlinspect._jax import caps
+        from dlinspect._jaxcaps import caps
         c = caps()
         report["jax"] = {
             "platforms": sorted({d.platform for d in jax.devices()}),
@@ -77,6 +81,8 @@ def doctor_report() -> dict[str, Any]:
             "dlpack_platforms": {str(dlinspect.DLDeviceType(k)) if k in
                                  dlinspect.DLDeviceType._value2member_map_ else str(k): v
                                  for k, v in sorted(c.mapping.items())},
+            "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
+                                for s in c.symbols],
         }
     rows = []
     x = aligned_empty((4, 4), np.float32, 64)
@@ -84,9 +90,12 @@ def doctor_report() -> dict[str, Any]:
     for dt in dlinspect.DLDeviceType:
         if jax is None:
             rows.append({"name": str(dt), "value": int(dt), "route": "error",
-                         "reason": report.get("jax_error") or "jax is not installed (pip install jax)"})
+                         "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"})
             continue
-        route = dlinspect.plan(FakeProducer(x, (dt, 0)))
+        # The header of a float32 tensor on that device, planned as a producer's would be.
+        info = dlinspect.peek(_core._make_capsule(x, x.ctypes.data, x.shape, None, None, 2, 32, 1,
+                                                  int(dt), 0, 0, True, 1, 3, 0, None, None, False))
+        route = dlinspect.plan(info)
         rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
                      "reason": route.reason})
     report["device_types"] = rows
@@ -108,12 +117,16 @@ def _print_doctor(r: dict[str, Any]) -> None:
     if j is None and r.get("jax_error"):
         print(f"jax: failed to start ({r['jax_error']}); check JAX_PLATFORMS and the jax plugins")
     elif j is None:
-        print("jax: not installed; to_jax is unavailable (pip install 'dlinspect[jax]')")
+        print(f"jax: not installed; to_jax is unavailable ({INSTALL_JAX})")
     else:
         print(f"jax platforms: {', '.join(j['platforms'])}; devices: {', '.join(j['devices'])}")
         print(f"import path: {'direct (jaxlib)' if j['direct_import'] else 'public jax.dlpack.from_dlpack'}"
               f" -- {j['direct_reason']}")
         print(f"XLA:CPU zero-copy alignment: {j['cpu_alignment']} bytes")
+        print("private JAX symbols used:")
+        for s in j["private_symbols"]:
+            print(f"  {s['purpose']}: " + (f"{s['found']} ({s['reason']})" if s["found"]
+                                            else s["reason"]))
     print("\nto_jax of a float32 tensor from each DLDeviceType, here:")
     width = max(len(row["name"]) for row in r["device_types"])
     for row in r["device_types"]:
@@ -124,7 +137,6 @@ def _print_doctor(r: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import numpy as np
 
     import dlinspect
@@ -136,7 +148,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except Exception as exc:  # the user's file or expression: report it, no traceback
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
-    if not dlinspect._route._is_tensor(x):
+    if not dlinspect._execute._is_tensor(x):
         return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
                      f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
                      f"at a time (for a dict or list, inspect each leaf).")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._buffers import aligned_empty
 from ._core import DeleterCounter
 from ._dtypes import dldtype_from_numpy
 from ._enums import DLDeviceType
@@ -130,20 +131,6 @@ def make_capsule(
     )
 
 
-def aligned_empty(shape: Sequence[int], dtype: Any = np.float32, alignment: int = 64,
-                  offset: int = 0) -> np.ndarray:
-    """A C-contiguous NumPy array whose data sits at ``offset`` past an ``alignment`` boundary.
-
-    ``aligned_empty((3, 4), offset=16)`` is 16-byte but not 64-byte aligned: the
-    misaligned case of XLA:CPU's zero-copy import.
-    """
-    dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    raw = np.empty(nbytes + alignment + offset, np.uint8)
-    start = (-raw.ctypes.data) % alignment + offset
-    return raw[start:start + nbytes].view(dt).reshape(shape)
-
-
 class FakeProducer:
     """A DLPack producer on any device, for tests: records what it was asked.
 
@@ -151,8 +138,10 @@ class FakeProducer:
     ----------
     array : numpy.ndarray
         The values; its memory is what the capsules point at.
-    device : (int, int)
-        What ``__dlpack_device__`` returns, e.g. ``(DLDeviceType.kDLVulkan, 0)``.
+    device : (int, int or None)
+        What ``__dlpack_device__`` returns, e.g. ``(DLDeviceType.kDLVulkan, 0)``;
+        a None id is returned as it is (paddlepaddle does that), and the capsule
+        header then says id 0.
     capsule_device : (int, int) or None
         What the capsule header says, where it differs from ``device`` (a pinned
         torch tensor says kDLCUDAHost in ``__dlpack_device__``, kDLCPU inside).
@@ -167,9 +156,10 @@ class FakeProducer:
         Honour ``dl_device=(kDLCPU, 0), copy=True`` with a host copy whose header
         has IS_COPIED set (as the array API asks a producer to); False refuses it
         with ``BufferError``, as a producer without that feature does.
-    refuse : str or None
-        ``__dlpack__`` raises ``BufferError(refuse)``, like torch for a tensor
-        that requires grad.
+    refuse : str, Exception or None
+        ``__dlpack__`` raises ``BufferError(refuse)`` (like torch for a tensor
+        that requires grad), or the exception given (any type: pyarrow raises
+        ``TypeError`` for an array with nulls).
     counter : DeleterCounter or None
         Shared by every capsule it serves; a new one by default.
 
@@ -184,10 +174,12 @@ class FakeProducer:
     def __init__(self, array: np.ndarray, device: tuple[int, int] = (DLDeviceType.kDLCPU, 0), *,
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
                  legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
-                 refuse: str | None = None, counter: DeleterCounter | None = None) -> None:
+                 refuse: str | BaseException | None = None,
+                 counter: DeleterCounter | None = None) -> None:
         self.array = np.asarray(array)
-        self.device = (int(device[0]), int(device[1]))
-        self.capsule_device = self.device if capsule_device is None else capsule_device
+        self.device = (int(device[0]), None if device[1] is None else int(device[1]))
+        self.capsule_device = ((self.device[0], self.device[1] or 0) if capsule_device is None
+                               else capsule_device)
         self.dtype = dtype
         self.legacy_only = legacy_only
         self.read_only = read_only
@@ -196,7 +188,7 @@ class FakeProducer:
         self.counter = DeleterCounter() if counter is None else counter
         self.calls: list[dict[str, Any]] = []
 
-    def __dlpack_device__(self) -> tuple[DLDeviceType | int, int]:
+    def __dlpack_device__(self) -> tuple[DLDeviceType | int, int | None]:
         dev = self.device[0]
         try:
             return (DLDeviceType(dev), self.device[1])
@@ -207,6 +199,8 @@ class FakeProducer:
         if self.legacy_only and kwargs:
             raise TypeError(f"__dlpack__() got unexpected keyword argument(s) {sorted(kwargs)}")
         self.calls.append({"stream": stream, **kwargs})
+        if isinstance(self.refuse, BaseException):
+            raise self.refuse
         if self.refuse is not None:
             raise BufferError(self.refuse)
         max_version = kwargs.get("max_version")
@@ -215,7 +209,7 @@ class FakeProducer:
         versioned = max_version is not None and max_version[0] >= 1
         flags = FLAG_READ_ONLY if (self.read_only and versioned) else 0
         arr, device = self.array, self.capsule_device
-        if dl_device is not None and tuple(dl_device) != tuple(self.device):
+        if dl_device is not None and tuple(dl_device) != (self.device[0], self.device[1] or 0):
             if tuple(dl_device) != (DLDeviceType.kDLCPU, 0) or not self.host_copy:
                 raise BufferError(f"unsupported device requested: {tuple(dl_device)}")
             if copy is False:

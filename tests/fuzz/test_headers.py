@@ -5,7 +5,7 @@ deleter of every capsule runs exactly once. Headers whose memory claims are back
 by a real buffer also go through to_jax and to_host, and their values are checked
 against NumPy's view of the same bytes.
 
-DLINSPECT_FUZZ_EXAMPLES scales the example counts (the regular run gives >= 20,000);
+DLINSPECT_FUZZ_EXAMPLES_SCALE scales the example counts (the regular run gives >= 20,000);
 DLINSPECT_FUZZ_REPORT names a JSON file the counts are added to.
 """
 

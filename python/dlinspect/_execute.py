@@ -1,0 +1,438 @@
+"""``to_jax`` and ``to_host``: carry out the route :mod:`dlinspect._plan` decides.
+
+One tensor: ``_core.to_jax_fast`` exports it once, computes its needs and
+imports it when nothing is needed; otherwise the same export and the same needs
+become a :class:`~dlinspect._plan.Route` (``route_jax``), and the route is
+executed here. A failed route leaves a caller's capsule unconsumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _core, _plan, _shard
+from ._buffers import aligned_empty
+from ._core import TensorInfo
+from ._enums import DLDeviceType as D
+from ._jaxcaps import JaxCaps, caps
+from ._messages import describe, device_fix
+from ._plan import Route
+from ._warn import warn
+from .errors import NotDLPackError, UnsupportedDeviceError
+
+__all__ = ["to_jax", "to_host"]
+
+_CPU = int(D.kDLCPU)
+_caps: JaxCaps | None = None
+
+
+def _jax_caps() -> JaxCaps:
+    global _caps
+    if _caps is None:
+        _caps = caps()
+    return _caps
+
+
+def _is_tensor(x: Any) -> bool:
+    return _core.is_capsule(x) or (hasattr(x, "__dlpack__") and not isinstance(x, type))
+
+
+# ---- one tensor into JAX ---------------------------------------------------------
+
+def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
+                quiet: bool = False) -> Any:
+    c = _caps if _caps is not None else _jax_caps()
+    tg = c._target if c._target is not None else c.target
+    if device is None and copy is not True:
+        got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
+        if type(got) is not tuple:
+            return got
+        cap, info, needs = got
+    else:
+        cap, info = _core.export(x, c.stream_for)
+        needs = _core.needs(info, tg, readonly == "share")
+    bare = _core.is_capsule(x)
+    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, bare)
+    return _execute_jax(c, route, cap, x, fallback, readonly, quiet)
+
+
+def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, readonly: str,
+                 quiet: bool = False) -> Any:
+    action = route.action
+    if action is _plan.RAISE:
+        _raise(route)
+    info: TensorInfo = route.info  # type: ignore[assignment]
+    if route.warning is not None and not quiet:
+        # Before anything is consumed: a warning turned into an error (-W error)
+        # leaves a caller's capsule as it was, like any failed route.
+        warn(route.warning)
+    if action is _plan.IMPORT:
+        stream = None if _core.is_capsule(x) else c.stream_for(route.import_type, info.device_id)
+        arr = _core.import_capsule(c.import_fn, cap, route.import_device, stream,
+                                   route.import_copy, route.import_type)
+        return _finish(c, arr, route)
+    if action is _plan.HOST_COPY:
+        narrow = None
+        if route.warning is not None:
+            code, bits, _ = info.dtype
+            ncode, nbits, _ = c.target.narrowing(code, bits)
+            narrow = np.dtype(_core_dtype(ncode, nbits))
+        host = _host_copy(cap, info, narrow, c.target.copy_align)
+        return _finish(c, _import_host(c, host, route.import_device, False), route)
+    if action is _plan.HOST_VIEW:
+        view, _owner = _host_view(cap, info)
+        return _finish(c, _import_host(c, view, route.import_device, not view.flags.writeable),
+                       route)
+    if action is _plan.EMPTY:
+        _core.take(cap, True)   # taken and freed: nothing of it is used
+        shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
+        dtype = c.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
+        return c.jnp.zeros(shape, dtype, device=route.jax_device)
+    # PRODUCER_COPY: no JAX device for the memory; go through host memory.
+    del cap  # the device capsule is not needed: its producer frees it now
+    host = _host_from_producer(x, info, "jax")
+    return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet)
+
+
+def _core_dtype(code: int, bits: int) -> Any:
+    from ._dtypes import numpy_dtype
+    return numpy_dtype(code, bits)
+
+
+def _finish(c: JaxCaps, arr: Any, route: Route) -> Any:
+    if route.warning is not None:
+        arr = c.canonicalize(arr)   # device memory narrowed after import, as JAX does
+    if route.jax_device is not None and route.jax_device != route.import_device:
+        arr = c.jax.device_put(arr, route.jax_device)
+    return arr
+
+
+def _import_host(c: JaxCaps, arr: np.ndarray, device: Any, read_only: bool) -> Any:
+    """Import host array ``arr`` onto ``device``, viewing it where JAX can."""
+    return _core.import_capsule(c.import_fn, _core.capsule_of(arr, read_only), device, None,
+                                None, _CPU)
+
+
+def _host_from_producer(x: Any, info: TensorInfo, target: str) -> Any:
+    """A host tensor with x's values: the producer's host copy, else numpy.asarray(x)."""
+    got, host_info = _core.export_host_copy(x)
+    if got is not None:
+        return got
+    raise UnsupportedDeviceError(
+        f"{describe(info)} could not be brought to host memory. Tried: {'; '.join(host_info)}. "
+        f"To fix: {device_fix(int(info.device_type), target, False)}.")
+
+
+def _raise(route: Route) -> None:
+    """Raise ``route.error`` without a reference cycle (error -> traceback -> the
+    caller's frame -> route -> error) that would keep the capsule, and the
+    producer's memory, alive until the next garbage collection."""
+    error = route.error
+    route.error = None
+    try:
+        raise error  # type: ignore[misc]
+    finally:
+        del error
+
+
+# ---- host memory -----------------------------------------------------------
+
+def _host_view(cap: Any, info: TensorInfo, read_only: bool | None = None) -> tuple[np.ndarray, Any]:
+    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it).
+
+    Vector lanes become a trailing axis. ``read_only`` None: a legacy capsule,
+    which cannot say, gives a read-only view, as NumPy does.
+    """
+    if read_only is None:
+        read_only = info.read_only is not False
+    owner = _core.take(cap, read_only)
+    dtype = info.numpy_dtype
+    assert dtype is not None  # routes reaching here were decided with a NumPy dtype
+    return np.asarray(owner).view(dtype), owner
+
+
+def _host_copy(cap: Any, info: TensorInfo, dtype: np.dtype | None = None,
+               alignment: int = 64) -> np.ndarray:
+    """One copy of host memory into a fresh C-order, ``alignment``-byte aligned array;
+    frees the source. ``dtype``: cast to it on the way (JAX's x64 narrowing)."""
+    view, owner = _host_view(cap, info)
+    out = aligned_empty(view.shape, view.dtype if dtype is None else dtype, alignment)
+    with np.errstate(over="ignore", invalid="ignore"):  # float64 -> float32 overflow is inf, as in JAX
+        np.copyto(out, view, casting="unsafe")
+    del view, owner  # the producer's deleter runs here, right after the copy
+    return out
+
+
+def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
+    """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
+    owner = _core.take(cap, True)
+    try:
+        bits = info.dtype.bits
+        raw = np.asarray(_core.ByteView(owner, info.nbytes))
+        shifts = np.arange(8 // bits, dtype=np.uint8) * bits
+        # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
+        vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
+        if info.dtype.code == 0:  # kDLInt: sign-extend, then convert by value
+            half = 1 << (bits - 1)
+            return ((vals.astype(np.int8) ^ half) - half).astype(info.numpy_dtype).reshape(info.shape)
+        if info.dtype.code == 1:  # kDLUInt: convert by value
+            return vals.astype(info.numpy_dtype).reshape(info.shape)
+        # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
+        return vals.view(info.numpy_dtype).reshape(info.shape).copy()  # type: ignore[arg-type]
+    finally:
+        del owner
+
+
+# ---- the public functions ----------------------------------------------------
+
+def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
+           fallback: str = "host", readonly: str = "copy") -> Any:
+    """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or pytree of them
+        A tensor from any producer (NumPy, PyTorch, CuPy, JAX...), a bare capsule
+        (``"dltensor"`` or ``"dltensor_versioned"``), or a dict / list / tuple /
+        namedtuple of them (walked with ``jax.tree_util``).
+    device : jax.Device or single-device Sharding, optional
+        Destination; a device other than the source's means import, then ``device_put``.
+    copy : bool or None
+        Array API ``copy`` (``from_dlpack``): True always copies; False never does
+        and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
+        strides, read-only, device transfer, dtype narrowing); None copies only
+        where needed.
+    sharding : jax.sharding.Sharding or pytree of them, optional
+        Spread each leaf over several devices (instead of ``device``), e.g.
+        ``NamedSharding(mesh, PartitionSpec("data"))`` splits the leading (batch)
+        axis, ``PartitionSpec()`` replicates. A pytree of shardings is a prefix
+        of ``x``'s structure, as in ``jax.device_put``. Host memory bound for
+        CPU devices is split in place: each device imports its slice, zero-copy
+        where the slice's memory allows (see ``plan(x, sharding=...).shards``),
+        and JAX assembles the array (``jax.make_array_from_single_device_arrays``).
+        Other memory goes to JAX whole, then ``jax.device_put(array, sharding)``;
+        a sharding spanning several processes takes ``x`` as this process's part
+        (``jax.make_array_from_process_local_data``).
+    fallback : {"host", "raise"}
+        For memory on a device this JAX has no backend for (OpenCL, Vulkan,
+        Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
+        host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
+        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``.
+    readonly : {"copy", "share"}
+        Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
+        array) is copied by default. ``"share"`` imports it without a copy: JAX
+        never writes an array it did not allocate, except through buffer
+        donation, so do not donate such arrays (``jax.jit(donate_argnums=...)``).
+
+    Returns
+    -------
+    jax.Array or pytree of jax.Array
+        The same structure as ``x``. A vector dtype (``lanes > 1``, e.g. float32x4
+        of shape ``(N,)``) arrives as a trailing axis: float32 of shape ``(N, 4)``.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    UnsupportedDeviceError
+        The memory cannot reach JAX (a ``BufferError``); the message names the
+        device, shape, dtype, JAX platforms, what was tried and the fix.
+    UnsupportedDTypeError
+        JAX cannot hold the dtype (a ``BufferError``); names code, bits, lanes.
+    ShardingError
+        An axis does not divide evenly into the shards ``sharding`` cuts it
+        into (a ``ValueError``); names the size, the shard count and the fix.
+    ProducerError
+        The producer raised (requires_grad, conjugate bit, nulls in a pyarrow
+        array...; any exception type, kept as ``__cause__``), or its
+        ``__dlpack_device__`` and its header disagree.
+    CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From reading the header (see :func:`peek`).
+
+    Warns
+    -----
+    DLInspectWarning
+        A 64-bit dtype is narrowed to 32 bits because JAX's x64 mode is off
+        (the same values ``jax.dlpack.from_dlpack`` gives).
+
+    Notes
+    -----
+    Follows the array API ``__dlpack__`` protocol: ``stream`` is None for CPU
+    and pinned memory and JAX's consumer stream on CUDA/ROCm (never 0 on
+    CUDA); ``max_version=(1, 3)`` is asked for, and a versioned capsule is
+    handed to JAX through a zero-copy legacy adapter. On every route the
+    producer's deleter runs exactly once: when the jax.Array dies for
+    zero-copy, right after the copy otherwise. A route that fails leaves a
+    caller's capsule unconsumed. ``plan(x)`` with the same options says what
+    this does.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
+    6.0
+    """
+    if fallback != "host" or readonly != "copy" or (copy is not None and copy is not True
+                                                     and copy is not False):
+        _plan.check_options("jax", fallback, readonly, copy)
+    if sharding is not None:
+        return _to_jax_sharded(x, device, sharding, copy, fallback, readonly)
+    if device is None and copy is not True:
+        # The fast path, inlined from _one_to_jax: one Python frame less per call.
+        c = _caps if _caps is not None else _jax_caps()
+        tg = c._target if c._target is not None else c.target
+        try:
+            got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
+        except NotDLPackError:
+            if _is_tensor(x):
+                raise
+            return _tree(x, lambda leaf: _one_to_jax(leaf, None, copy, fallback, readonly))
+        if type(got) is not tuple:
+            return got
+        cap, info, needs = got
+        route = _plan.route_jax(info, needs, c, None, copy, fallback, readonly,
+                                _core.is_capsule(x))
+        return _execute_jax(c, route, cap, x, fallback, readonly)
+    device = _plan.single_device(device)
+    if _is_tensor(x):
+        return _one_to_jax(x, device, copy, fallback, readonly)
+    return _tree(x, lambda leaf: _one_to_jax(leaf, device, copy, fallback, readonly))
+
+
+def _tree(x: Any, one: Any) -> Any:
+    from jax import tree_util
+    return tree_util.tree_map(one, x, is_leaf=_is_tensor)
+
+
+# ---- sharded -----------------------------------------------------------------
+
+def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallback: str,
+                    readonly: str) -> Any:
+    if device is not None:
+        raise ValueError("to_jax takes device= or sharding=, not both; pass one of them.")
+    from jax import tree_util
+    from jax.sharding import Sharding
+
+    def one(leaf: Any, s: Any) -> Any:
+        if s is None:  # default placement, as in jax.device_put
+            return _one_to_jax(leaf, None, copy, fallback, readonly)
+        if _shard.plain_device(_plan.check_sharding(s)):
+            return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
+        return _one_sharded(leaf, s, copy, fallback, readonly)
+
+    def subtree(s: Any, sub: Any) -> Any:
+        if _is_tensor(sub):
+            return one(sub, s)
+        return tree_util.tree_map(lambda leaf: one(leaf, s), sub, is_leaf=_is_tensor)
+
+    if sharding is None or isinstance(sharding, Sharding):
+        return subtree(sharding, x)
+    # A pytree of shardings, a prefix of x's structure (as jax.device_put takes).
+    is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
+    try:
+        tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure is "
+            f"a prefix of the batch's: {str(exc).splitlines()[0]}") from None
+    return tree_util.tree_map(subtree, sharding, x, is_leaf=is_leaf)
+
+
+def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
+    """One tensor onto a multi-device ``sharding`` (see ``_plan.route_sharded``)."""
+    c = _jax_caps()
+    cap, info = _core.export(x, c.stream_for)
+    needs = _core.needs(info, c.target, readonly == "share")
+    route = _plan.route_sharded(info, needs, c, sharding, copy, fallback, readonly,
+                                _core.is_capsule(x))
+    action = route.action
+    if action is _plan.RAISE:
+        _raise(route)
+    if action is _plan.SPLIT:
+        # One owner for the whole tensor: the producer's deleter runs when the
+        # last shard (or view) dies. A legacy capsule cannot say read-only and
+        # is imported as writable, as to_jax does.
+        if route.warning is not None:
+            warn(route.warning)  # before consuming: -W error leaves a capsule as it was
+        read_only = info.read_only is True
+        view, _ = _host_view(cap, info, read_only=read_only)
+        del cap
+        # view[idx, ...]: an array even for a 0-d leaf (view[()] is a scalar).
+        arrays = [_one_to_jax(_core.capsule_of(view[(*idx, ...)], read_only), dev, copy,
+                              fallback, readonly, quiet=True)
+                  for dev, idx, _ in route.shards]
+        return c.jax.make_array_from_single_device_arrays(info.shape, sharding, arrays)
+    whole_route = _plan.route_jax(info, needs, c, None, copy, fallback, readonly,
+                                  _core.is_capsule(x))
+    whole = _execute_jax(c, whole_route, cap, x, fallback, readonly)
+    if action is _plan.PROCESS_LOCAL:
+        return c.jax.make_array_from_process_local_data(sharding, whole)
+    return c.jax.device_put(whole, sharding)
+
+
+# ---- host ------------------------------------------------------------------
+
+def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
+    """A NumPy array of a DLPack tensor's values, zero-copy for host memory.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__`` or DLPack capsule
+        The tensor.
+    copy : bool or None
+        True always copies; False never does (``CopyRequiredError`` where the
+        memory is not host-accessible or packed sub-byte data must be
+        unpacked); None copies only where needed.
+
+    Returns
+    -------
+    numpy.ndarray
+        Views the producer's memory for kDLCPU, kDLCUDAHost, kDLROCMHost and
+        kDLCUDAManaged, including bfloat16, float8 and int4 (through
+        ml_dtypes), which ``numpy.from_dlpack`` refuses. A vector dtype
+        (``lanes > 1``) is a trailing axis: float32x4 of shape ``(N,)`` gives
+        float32 of shape ``(N, 4)``. Not writeable when the source is read-only
+        (a legacy capsule cannot say, so it is read-only, as NumPy does). Device
+        memory goes through the producer's host copy (``dl_device=(kDLCPU, 0),
+        copy=True``), else ``numpy.asarray(x)``.
+
+    Raises
+    ------
+    UnsupportedDeviceError
+        No host copy could be had (a ``BufferError``).
+    UnsupportedDTypeError
+        No NumPy dtype exists for the tensor's dtype here (a ``BufferError``).
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    ProducerError, CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From the export and the header (see :func:`peek`).
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_host(np.arange(3.0)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    if copy is not None and copy is not True and copy is not False:
+        _plan.check_options("host", "host", "copy", copy)
+    cap, info = _core.export(x)
+    route = _plan.route_host(info, _core.needs(info), copy, _core.is_capsule(x))
+    action = route.action
+    if action is _plan.RAISE:
+        _raise(route)
+    if action is _plan.PRODUCER_COPY:
+        del cap
+        host = _host_from_producer(x, info, "host")
+        return host if isinstance(host, np.ndarray) else to_host(host)
+    if action is _plan.EMPTY:
+        _core.take(cap, True)
+        lanes = (info.dtype.lanes,) if info.dtype.lanes != 1 else ()
+        return np.empty(info.shape + lanes, info.numpy_dtype)
+    if action is _plan.UNPACK:
+        return _unpack_subbyte(cap, info)
+    if action is _plan.HOST_COPY:
+        return _host_copy(cap, info)
+    view, _owner = _host_view(cap, info)
+    return view

@@ -1,0 +1,346 @@
+"""What the installed JAX takes, found out once: the input of the one decision.
+
+Nothing here is frozen for one JAX version: the DLDeviceType-to-platform map
+comes from jax's own ``jax._src.dlpack`` when it has one, the devices from
+``jax.local_devices`` (only this process's), the CPU alignment and the dtypes
+from small probes run the first time they are needed. Every private JAX/jaxlib
+symbol dlinspect uses is in one table (:data:`SYMBOLS`), each with its public
+fallback; ``dlinspect doctor`` prints which was used and why.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _core
+from ._buffers import aligned_empty
+from ._dtypes import dldtype_from_numpy, dtype_name
+from ._enums import DLDeviceType as D
+from ._messages import narrowing_text
+from ._warn import warn
+
+__all__ = ["caps", "force_public_api", "JaxCaps", "SYMBOLS"]
+
+# The map jax 0.4-0.12 uses; only where jax does not expose its own.
+_DEFAULT_PLATFORMS = {D.kDLCPU: "cpu", D.kDLCUDA: "cuda", D.kDLCUDAHost: "cuda",
+                      D.kDLROCM: "rocm", D.kDLROCMHost: "rocm", D.kDLOneAPI: "oneapi"}
+
+
+class Symbol(NamedTuple):
+    """One private JAX/jaxlib symbol dlinspect may use, and what it does without it."""
+
+    purpose: str
+    candidates: tuple[tuple[str, str], ...]   # (module, attribute), tried in order
+    fallback: str                             # what is used when none is found
+
+
+#: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback.
+SYMBOLS = (
+    Symbol("DLPack import (the fast path)",
+           (("jax._src.lib._jax", "dlpack_managed_tensor_to_buffer"),
+            ("jax._src.lib.xla_client._xla", "dlpack_managed_tensor_to_buffer")),
+           "jax.dlpack.from_dlpack through a wrapper object (about 40 µs more per call)"),
+    Symbol("DLDeviceType -> platform map",
+           (("jax._src.dlpack", "_DL_DEVICE_TO_PLATFORM"),),
+           "dlinspect's copy of the map jax 0.4-0.12 uses"),
+    Symbol("jax_enable_x64 as this thread sees it",
+           (("jax._src.config", "enable_x64"),),
+           "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads)"),
+)
+
+
+class SymbolStatus(NamedTuple):
+    """What :data:`SYMBOLS` resolved to here (one row of ``dlinspect doctor``)."""
+
+    purpose: str
+    found: str | None    # "module.attribute" in use, or None
+    reason: str          # why it is or is not used
+
+
+def _resolve(symbol: Symbol) -> tuple[Any, SymbolStatus]:
+    import importlib
+    missing = []
+    for module, attr in symbol.candidates:
+        # jaxlib's extension modules are attributes of jax._src.lib, not importable
+        # by their dotted path: import the package, then walk the attributes.
+        parts = module.split(".")
+        try:
+            value = importlib.import_module(".".join(parts[:3]))
+            for name in parts[3:] + [attr]:
+                value = getattr(value, name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{module}.{attr}: {type(exc).__name__}")
+            continue
+        return value, SymbolStatus(symbol.purpose, f"{module}.{attr}", "found")
+    return None, SymbolStatus(symbol.purpose, None,
+                              f"not found ({'; '.join(missing)}); using {symbol.fallback}")
+
+
+# jaxlib's import functions, by the argument names their signature line lists.
+_IMPORT_SIGNATURES = (
+    (("dlpack", "device", "stream", "copy", "dl_device_type"), 5),   # jaxlib >= 0.5
+    (("dlpack", "device", "stream"), 3),                             # jaxlib 0.4.x
+)
+
+
+def _import_adapter(fn: Any) -> tuple[Callable[..., Any] | None, str]:
+    """A 5-argument import function over jaxlib's ``fn``, by its signature; or None."""
+    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
+    for names, arity in _IMPORT_SIGNATURES:
+        if all(name in doc for name in names):
+            if arity == 5:
+                return fn, f"({', '.join(names)})"
+
+            def three(cap: Any, device: Any, stream: Any, copy: Any, dl_device_type: int) -> Any:
+                return fn(cap, device, stream)
+            return three, f"({', '.join(names)}): copy and dl_device_type are not passed"
+    return None, f"another signature: {doc!r}"
+
+
+class _X64Flag:
+    """``.value`` is ``jax.config.jax_enable_x64`` (for jax without the State object)."""
+
+    __slots__ = ("_config",)
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+
+    @property
+    def value(self) -> bool:
+        return bool(self._config.jax_enable_x64)
+
+
+class JaxCaps:
+    """The installed JAX's DLPack import abilities (one instance per process).
+
+    Attributes
+    ----------
+    mapping : dict
+        ``DLDeviceType`` value to platform name, as the installed jax maps them.
+    platforms : set of str
+        The platforms with devices addressable by this process.
+    direct : bool
+        jaxlib's own import function is used (False: the public API).
+    direct_reason : str
+        Which function, or why the public ``jax.dlpack.from_dlpack`` is used.
+    symbols : list of SymbolStatus
+        What each entry of :data:`SYMBOLS` resolved to.
+    target : dlinspect._core.JaxTarget
+        What the decision (``needs``) and the fast path read.
+    """
+
+    def __init__(self) -> None:
+        import jax
+
+        self.jax = jax
+        self.jnp = jax.numpy
+        resolved = [_resolve(s) for s in SYMBOLS]
+        self.symbols = [status for _, status in resolved]
+        import_fn, mapping, x64_state = (value for value, _ in resolved)
+        self.mapping = ({int(k): v for k, v in mapping.items()} if mapping is not None
+                        else {int(k): v for k, v in _DEFAULT_PLATFORMS.items()})
+        self.x64: Any = x64_state if x64_state is not None else _X64Flag(jax.config)
+        self._x64_state = x64_state
+        self._target: Any = None
+        self._direct_fn: Callable[..., Any] | None = None
+        if import_fn is not None:
+            self._direct_fn, how = _import_adapter(import_fn)
+            where = self.symbols[0].found
+            self.symbols[0] = self.symbols[0]._replace(
+                reason=f"signature {how}" if self._direct_fn else
+                f"found at {where} with {how}; using {SYMBOLS[0].fallback}",
+                found=where if self._direct_fn else None)
+        self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
+                         "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
+        self.devices, self.cpu_keys, self.platforms = self._local_devices()
+        self._cpu = jax.local_devices(backend="cpu")[0]
+        self._cpu_align: int | None = None
+
+    def _set_direct(self, force_public: bool, why: str) -> None:
+        status = self.symbols[0]
+        self.direct = self._direct_fn is not None and not force_public
+        self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
+                              else why if force_public else status.reason)
+        self._target = None
+
+    # -- devices ---------------------------------------------------------
+    def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
+        """``(device_type, device_id) -> jax.Device`` for this process's devices."""
+        devices: dict[tuple[int, int], Any] = {}
+        platforms: set[str] = set()
+        for platform in sorted(set(self.mapping.values())):
+            try:
+                local = self.jax.local_devices(backend=platform)
+            except RuntimeError:   # no such backend here ("Unknown backend cuda")
+                continue
+            platforms.add(platform)
+            for dl_type, p in self.mapping.items():
+                if p != platform:
+                    continue
+                for d in local:
+                    hw = getattr(d, "local_hardware_id", None)
+                    devices[(dl_type, d.id if hw is None else hw)] = d
+        cpu_keys = {k for k, d in devices.items() if d.platform == "cpu"}
+        return devices, cpu_keys, platforms
+
+    def cpu_device(self) -> Any:
+        """The first CPU device of this process (where kDLCPU:0 memory goes)."""
+        return self._cpu
+
+    def stream_for(self, device_type: int, device_id: int) -> int | None:
+        """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
+        return stream_of(device_type, self.devices.get((device_type, device_id)))
+
+    # -- what the target needs probed ------------------------------------
+    @property
+    def cpu_alignment(self) -> int:
+        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy."""
+        if self._cpu_align is None:
+            self._cpu_align = self._probe_alignment()
+        return self._cpu_align
+
+    def _probe_alignment(self) -> int:
+        for align in (8, 16, 32, 64, 128, 256):
+            buf = aligned_empty((8,), np.float64, alignment=2 * align, offset=align)
+            try:
+                _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu, None,
+                                     False, int(D.kDLCPU))
+                return align
+            except Exception:
+                continue
+        return 4096
+
+    def _probe_dtype(self, code: int, bits: int) -> str | None:
+        """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
+        if bits == 0:
+            return "a 0-bit type holds no data"
+        buf = aligned_empty((64,), np.uint8, alignment=256)
+        buf[:] = 0
+        cap = _core._make_capsule(buf, buf.ctypes.data, (8,), None, None, code, bits, 1,
+                                  int(D.kDLCPU), 0, 0, False, 1, 3, 0, None, None, False)
+        try:
+            _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
+        except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
+            return str(exc).split("\n")[0]
+        return None
+
+    def _narrow_table(self) -> dict[int, tuple[int, str]]:
+        """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows
+        it to with x64 off, the DLInspectWarning text)."""
+        table = {}
+        for code, bits in ((0, 64), (1, 64), (2, 64), (5, 128)):  # int, uint, float, complex
+            wide = np.dtype(dtype_name(code, bits))
+            narrow = self._narrowed_dtype(wide)
+            ncode, nbits, _ = dldtype_from_numpy(narrow)
+            if narrow != wide:
+                table[code | bits << 8] = (ncode | nbits << 8, narrowing_text(wide.name, narrow.name)[0])
+        return table
+
+    def _narrowed_dtype(self, wide: np.dtype) -> np.dtype:
+        canonicalize = self.jax.dtypes.canonicalize_dtype
+        if self._x64_state is not None:
+            with self._x64_state(False):
+                return np.dtype(canonicalize(wide))
+        # No thread-local state object: JAX's documented narrowing.
+        return np.dtype({8: wide.str[:-1] + "4", 16: "complex64"}[wide.itemsize])
+
+    # -- the target ------------------------------------------------------
+    @property
+    def import_fn(self) -> Callable[..., Any]:
+        """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
+        if self.direct and self._direct_fn is not None:
+            return self._direct_fn
+        return self._public_import
+
+    def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
+                       dl_device_type: int) -> Any:
+        hw_id = getattr(device, "local_hardware_id", None)
+        wrapper = _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id))
+        return self.jax.dlpack.from_dlpack(wrapper, copy=copy)
+
+    @property
+    def target(self) -> Any:
+        """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
+        if self._target is None:
+            self._target = _core.JaxTarget(
+                self.import_fn, self._cpu, self.cpu_alignment, self.x64, self.devices,
+                self.cpu_keys, self._probe_dtype, self._narrow_table(), warn, self.stream_for)
+        return self._target
+
+    def canonicalize(self, arr: Any) -> Any:
+        """``arr`` in the dtype JAX keeps with the current x64 mode (a copy if narrowed)."""
+        canon = self.jax.dtypes.canonicalize_dtype(arr.dtype)
+        return arr if canon == arr.dtype else self.jnp.asarray(arr, dtype=canon)
+
+
+def stream_of(device_type: int, jax_device: Any) -> int | None:
+    """The ``stream`` to pass to ``__dlpack__`` (array API ``__dlpack__``, *stream*).
+
+    None for CPU, pinned host and devices JAX has no backend for; on CUDA/ROCm the
+    stream JAX waits on, where ``0`` (ambiguous on CUDA) becomes ``1``, the legacy
+    default stream.
+    """
+    if device_type not in (D.kDLCUDA, D.kDLROCM) or jax_device is None:
+        return None
+    try:
+        stream = jax_device.get_stream_for_external_ready_events()
+    except Exception:
+        return None
+    if stream == 0 and device_type == D.kDLCUDA:
+        return 1
+    return int(stream)
+
+
+class _CapsuleProducer:
+    """A capsule dressed as a producer, for the public ``jax.dlpack.from_dlpack``."""
+
+    __slots__ = ("_cap", "_device")
+
+    def __init__(self, cap: Any, device: tuple[int, int]) -> None:
+        self._cap = cap
+        self._device = device
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        return self._cap
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+_caps: JaxCaps | None = None
+_caps_lock = threading.Lock()
+
+
+def caps() -> JaxCaps:
+    """The process-wide :class:`JaxCaps` (imports jax on first call).
+
+    Raises
+    ------
+    ImportError
+        jax is not installed; the message gives the install command.
+    """
+    global _caps
+    if _caps is None:
+        with _caps_lock:
+            if _caps is None:
+                try:
+                    import jax  # noqa: F401
+                except ImportError as exc:
+                    raise ImportError(
+                        "dlinspect's JAX routes need jax, which is not installed here; install "
+                        "it with: pip install 'dlinspect[jax]'") from exc
+                _caps = JaxCaps()
+    return _caps
+
+
+def force_public_api(on: bool = True) -> None:
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack``.
+
+    For testing the fallback path; ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up.
+    """
+    caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")

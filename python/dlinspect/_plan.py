@@ -1,0 +1,608 @@
+"""``plan`` and ``explain``: the answer of the one decision (``_core.needs``), in words.
+
+``route_jax`` and ``route_host`` turn a header's needs and the caller's options
+into a :class:`Route`; ``to_jax`` and ``to_host`` (in :mod:`dlinspect._execute`)
+carry out exactly the route these functions return, so ``plan(x)`` says what
+``to_jax(x)`` then does. Nothing here imports or copies.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from . import _core
+from ._core import TensorInfo
+from ._dtypes import dtype_name
+from ._enums import DLDeviceType as D
+from ._enums import device_name
+from ._messages import describe, device_fix, narrowing_text
+from . import _shard
+from .errors import (
+    CopyRequiredError,
+    DLInspectError,
+    NotDLPackError,
+    ShardingError,
+    UnsupportedDeviceError,
+    UnsupportedDTypeError,
+)
+
+__all__ = ["Need", "Route", "plan", "explain"]
+
+ZERO_COPY, COPY, HOST_FALLBACK, ERROR = "zero-copy", "copy", "host-fallback", "error"
+
+
+class Need(enum.IntFlag):
+    """What a tensor needs to reach its target: the bits of ``Route.needs``.
+
+    Computed by one function in the core (``dlinspect._core.needs``) from the
+    header (:class:`TensorInfo`) and what the installed JAX takes; ``plan``,
+    ``to_jax`` and ``to_host`` all act on the same answer.
+    """
+
+    DEVICE = _core.NEED_BITS["DEVICE"]
+    """No JAX device here for the memory's device (or, for NumPy, not host memory)."""
+    DTYPE = _core.NEED_BITS["DTYPE"]
+    """The target cannot hold one lane's DLDataType (code, bits)."""
+    LANES = _core.NEED_BITS["LANES"]
+    """A vector dtype (lanes > 1): the lanes become a trailing axis."""
+    LAYOUT = _core.NEED_BITS["LAYOUT"]
+    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides."""
+    READ_ONLY = _core.NEED_BITS["READ_ONLY"]
+    """The READ_ONLY flag is set and the caller did not pass ``readonly="share"``."""
+    ALIGN = _core.NEED_BITS["ALIGN"]
+    """``data + byte_offset`` is below XLA:CPU's zero-copy alignment."""
+    NARROW = _core.NEED_BITS["NARROW"]
+    """A 64-bit dtype that JAX narrows to 32 bits with x64 off."""
+    PACKED = _core.NEED_BITS["PACKED"]
+    """Packed sub-byte elements (bits * lanes < 8, more than one element)."""
+    EMPTY = _core.NEED_BITS["EMPTY"]
+    """No elements: nothing to view or copy."""
+    VIA_CPU = _core.NEED_BITS["VIA_CPU"]
+    """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
+    backend views it (no copy)."""
+
+
+# What executing a route does (Route.kind is the public word for it).
+IMPORT = "import"                  # hand the capsule to JAX as it is (maybe copy=True)
+HOST_COPY = "host-copy"            # copy host memory into a C-order aligned array, import that
+HOST_VIEW = "host-view"            # view host memory through NumPy (lanes as an axis), import
+UNPACK = "unpack"                  # packed sub-byte host memory into one element per byte
+EMPTY = "empty"                    # a new empty array; the capsule is taken and freed
+PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
+RAISE = "raise"
+SPLIT = "split"                    # one host view, each device imports its slice
+DEVICE_PUT = "device-put"          # to_jax whole, then jax.device_put(array, sharding)
+PROCESS_LOCAL = "process-local"    # to_jax whole, then make_array_from_process_local_data
+
+
+class Route:
+    """Where a tensor goes and why: the result of :func:`plan`.
+
+    Attributes
+    ----------
+    kind : str
+        ``"zero-copy"`` (JAX or NumPy views the producer's memory; an empty
+        tensor, which has none, is zero-copy too), ``"copy"`` (a copy on a device
+        JAX has: strides, alignment, read-only, dtype narrowing, device transfer
+        or ``copy=True``), ``"host-fallback"`` (the memory is on a device this
+        JAX has no backend for: it goes through host memory), or ``"error"``.
+    zero_copy : bool
+        No byte of the tensor is copied.
+    reason : str
+        One sentence: why this route.
+    needs : Need
+        What the decision found the tensor needs (0 for a plain tensor).
+    copy_bytes : int
+        Bytes the route copies, counted on the source tensor (0 for zero-copy).
+    jax_device : jax.Device or None
+        The device the array ends up on (None for ``target="host"`` and errors).
+    error : Exception or None
+        The exception executing the route raises (kind ``"error"`` only): a
+        producer's refusal, a corrupt header, or why the target cannot take it.
+    warning : str or None
+        A warning executing the route emits (64-bit narrowing with x64 off).
+    info : TensorInfo or None
+        The header the decision was made from (None when the producer refused to
+        export or the header could not be read: see ``error``).
+    target : str
+        ``"jax"`` or ``"host"``.
+    shards : tuple of (jax.Device, tuple of slice, Route)
+        With ``plan(x, sharding=...)`` and host memory bound for CPU devices:
+        each device's index into ``x`` (as ``Sharding.addressable_devices_indices_map``
+        gives it) and that slice's own route. Empty otherwise.
+    """
+
+    __slots__ = ("kind", "zero_copy", "reason", "needs", "copy_bytes", "jax_device", "error",
+                 "warning", "info", "target", "shards", "action", "import_type",
+                 "import_device", "import_copy")
+
+    def __init__(self, kind: str, reason: str, info: TensorInfo | None, target: str, *,
+                 needs: int = 0, copy_bytes: int = 0, jax_device: Any = None,
+                 error: Exception | None = None, warning: str | None = None,
+                 action: str = IMPORT, import_type: int = 1, import_device: Any = None,
+                 import_copy: bool | None = None, shards: tuple[Any, ...] = ()) -> None:
+        self.kind = kind
+        self.reason = reason
+        self.needs = Need(needs)
+        self.info = info
+        self.target = target
+        self.copy_bytes = copy_bytes
+        self.zero_copy = kind == ZERO_COPY
+        self.jax_device = jax_device
+        self.error = error
+        self.warning = warning
+        self.shards = shards
+        self.action = action             # what _execute does (private)
+        self.import_type = import_type   # dl_device_type handed to jaxlib
+        self.import_device = import_device
+        self.import_copy = import_copy
+
+    def __repr__(self) -> str:
+        return f"<Route {self.kind} to {self.target}: {self.reason}>"
+
+
+def error_route(exc: Exception, info: TensorInfo | None, target: str, needs: int = 0) -> Route:
+    """A route of kind "error" whose execution raises ``exc``."""
+    return Route(ERROR, str(exc).split(". ")[0] + ".", info, target, needs=needs, error=exc,
+                 action=RAISE)
+
+
+def _platforms(c: Any) -> str:
+    return ", ".join(sorted(c.platforms)) or "none"
+
+
+def _strides_word(info: TensorInfo) -> str:
+    return ("broadcast (stride 0)" if info.has_broadcast else
+            "negative strides" if info.has_negative_strides else "gaps between elements")
+
+
+def _dtype_text(info: TensorInfo) -> str:
+    code, bits, lanes = info.dtype
+    return f"DLDataType(code={code}, bits={bits}, lanes={lanes}) ({info.dtype_name})"
+
+
+def _lanes_problem(info: TensorInfo, target: str) -> UnsupportedDTypeError | None:
+    """Vector lanes narrower than a byte share bytes: no trailing axis can hold them."""
+    code, bits, lanes = info.dtype
+    if lanes == 1 or bits % 8 == 0:
+        return None
+    return UnsupportedDTypeError(
+        f"{describe(info)} has {_dtype_text(info)}: {lanes} lanes of {bits} bits share each "
+        f"byte, so they cannot become an axis of {'JAX' if target == 'jax' else 'NumPy'} "
+        f"elements. To fix: unpack it with its own library first (e.g. torch: view the "
+        f"bytes as uint8).")
+
+
+# ---- JAX -------------------------------------------------------------------
+
+def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | None,
+              fallback: str, readonly: str, bare: bool) -> Route:
+    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
+
+    ``device``: the destination (None: where the memory is); ``bare``: ``x`` is a
+    capsule, with no producer to ask for a host copy.
+    """
+    target = "jax"
+    dt = int(info.device_type)
+    if needs & Need.DTYPE:
+        code, bits, _ = info.dtype
+        host_ok = not (_core.needs(info) & Need.DTYPE) and _lanes_problem(info, "host") is None
+        return error_route(UnsupportedDTypeError(
+            f"{describe(info)} has {_dtype_text(info)}, which JAX cannot hold: "
+            f"{c.target.dtype_problem(code, bits)}. To fix: convert it with its own library "
+            f"first (e.g. t.float() or t.view(torch.uint8))"
+            + (", or take it as NumPy with dlinspect.to_host." if host_ok else ".")),
+            info, target, needs)
+    problem = _lanes_problem(info, target)
+    if problem is not None:
+        return error_route(problem, info, target, needs)
+    host = info.host_accessible
+    if needs & Need.EMPTY:
+        dest = device or c.target.device_for(dt, info.device_id) or c.cpu_device()
+        return Route(ZERO_COPY, "The tensor is empty: JAX gets a new empty array; no byte "
+                     "is copied.", info, target, needs=needs, jax_device=dest, action=EMPTY)
+    if needs & Need.DEVICE or (needs & Need.LANES and not host):
+        return _route_through_host(info, needs, c, device, copy, fallback, bare)
+    if needs & Need.LAYOUT and not host:
+        return error_route(UnsupportedDeviceError(
+            f"{describe(info)} has strides {info.strides}, which JAX cannot import, and its "
+            f"memory is not host-accessible for dlinspect to copy. To fix: make it contiguous "
+            f"with its own library first (torch: t.contiguous())."), info, target, needs)
+
+    via_cpu = bool(needs & Need.VIA_CPU)
+    src = c.cpu_device() if via_cpu else c.target.device_for(dt, info.device_id)
+    import_type = int(D.kDLCPU) if via_cpu else dt
+    if (device is not None and device != src and host and src.platform == "cpu"
+            and getattr(device, "platform", None) == "cpu"):
+        src = device   # host memory: every CPU device views it as it is
+    dest = src if device is None else device
+
+    reasons: list[str] = []
+    fixes: list[str] = []
+    if needs & Need.LAYOUT:
+        reasons.append(f"strides {info.strides} for shape {info.shape} have "
+                       f"{_strides_word(info)}, which JAX cannot view")
+        fixes.append("make it contiguous first (numpy.ascontiguousarray, t.contiguous())")
+    if needs & Need.READ_ONLY:
+        reasons.append("the producer marked it read-only (pass readonly='share' to import it "
+                       "without a copy)")
+        fixes.append("readonly='share'")
+    if needs & Need.ALIGN:
+        align = c.target.cpu_align
+        reasons.append(f"its data pointer {info.data_ptr:#x} is {info.alignment}-byte aligned "
+                       f"and XLA:CPU views only {align}-byte aligned memory")
+        fixes.append(f"allocate {align}-byte aligned memory (dlinspect.testing.aligned_empty; "
+                     f"torch tensors are)")
+    warning = None
+    if needs & Need.NARROW:
+        code, bits, _ = info.dtype
+        ncode, nbits, warning = c.target.narrowing(code, bits)
+        why = narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
+        reasons.append(why)
+        fixes.append('jax.config.update("jax_enable_x64", True)')
+    if dest != src:
+        reasons.append(f"it moves from {src} to {dest}")
+    if copy is False and reasons:
+        return error_route(CopyRequiredError(
+            f"{describe(info)} needs a copy, but copy=False: {'; '.join(reasons)}. To fix: "
+            f"{', or '.join(['pass copy=None'] + fixes)}."), info, target, needs)
+    # Layout, read-only and alignment need a copy of the bytes themselves;
+    # narrowing and device moves happen after import, except that host memory is
+    # narrowed by the copy itself (one pass; NumPy's cast gives the values JAX's
+    # does: wrap-around for integers, IEEE rounding).
+    bytes_copy = bool(needs & (Need.LAYOUT | Need.READ_ONLY | Need.ALIGN)
+                      or (needs & Need.NARROW and host))
+    if copy:
+        reasons.append("copy=True was asked for")
+        bytes_copy = True
+    if needs & Need.PACKED and bytes_copy:
+        bits = info.dtype.bits * info.dtype.lanes
+        return error_route(UnsupportedDTypeError(
+            f"{describe(info)} packs {bits}-bit elements and needs a copy "
+            f"({'; '.join(reasons)}), but dlinspect copies packed sub-byte data only into NumPy "
+            f"(dlinspect.to_host unpacks it). To fix: give JAX aligned, contiguous memory, or "
+            f"unpack it with its own library first."), info, target, needs)
+    lanes = info.dtype.lanes
+    lanes_text = (f"its {lanes} lanes become a trailing axis of {info.numpy_dtype} "
+                  f"(shape {info.shape + (lanes,)})" if needs & Need.LANES else "")
+    if not reasons:
+        if needs & Need.LANES:
+            return Route(ZERO_COPY, f"{lanes_text[0].upper()}{lanes_text[1:]}; JAX views the "
+                         f"producer's memory on {dest}.", info, target, needs=needs,
+                         jax_device=dest, action=HOST_VIEW, import_device=src)
+        reason = (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
+                  f"a copy (no {_PINNED_PLATFORM.get(dt, 'device')} backend here)." if via_cpu
+                  else f"JAX views the producer's memory on {dest}.")
+        return Route(ZERO_COPY, reason, info, target, needs=needs, jax_device=dest,
+                     import_type=import_type, import_device=src)
+    if lanes_text:
+        reasons.append(lanes_text)
+    # Host memory is copied by dlinspect (the producer's deleter runs right after);
+    # device memory by JAX's importer (copy=True).
+    return Route(COPY, f"A copy is needed: {'; '.join(reasons)}.", info, target, needs=needs,
+                 copy_bytes=info.nbytes, jax_device=dest, warning=warning,
+                 action=HOST_COPY if (bytes_copy or needs & Need.LANES) and host else IMPORT,
+                 import_type=import_type, import_device=src,
+                 import_copy=True if bytes_copy else None)
+
+
+_PINNED_PLATFORM: dict[int, str] = {D.kDLCUDAHost: "cuda", D.kDLCUDAManaged: "cuda",
+                                    D.kDLROCMHost: "rocm"}
+
+
+def _route_through_host(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | None,
+                        fallback: str, bare: bool) -> Route:
+    """Memory JAX has no device for (or vector lanes in device memory): the producer's
+    host copy, else the array protocol; or the error that says why not."""
+    target = "jax"
+    dt = int(info.device_type)
+    if needs & Need.DEVICE:
+        head = (f"{describe(info)} cannot go to JAX: this JAX has no device for "
+                f"{device_name(dt, info.device_id)} (platforms here: {_platforms(c)}).")
+    else:
+        head = (f"{describe(info)} has {info.dtype.lanes} lanes, which JAX holds only as a "
+                f"trailing axis of host memory.")
+    if fallback == "raise" or bare:
+        tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
+                 else "nothing (fallback='raise')")
+        fix = device_fix(dt, target, bare)
+        if not bare:
+            fix += ', or pass fallback="host" so dlinspect goes through host memory'
+        return error_route(UnsupportedDeviceError(f"{head} Tried: {tried}. To fix: {fix}."),
+                           info, target, needs)
+    if copy is False:
+        return error_route(CopyRequiredError(
+            f"{head} Going through host memory needs a copy, but copy=False. To fix: pass "
+            f"copy=None, or move the tensor to host memory yourself."), info, target, needs)
+    return Route(HOST_FALLBACK,
+                 f"{device_name(dt)} memory: the producer is asked for a host copy "
+                 f"(__dlpack__(dl_device=(kDLCPU, 0), copy=True)), else numpy.asarray(x); JAX "
+                 f"imports that.", info, target, needs=needs, copy_bytes=info.nbytes,
+                 jax_device=c.cpu_device() if device is None else device, action=PRODUCER_COPY)
+
+
+# ---- NumPy -----------------------------------------------------------------
+
+def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> Route:
+    """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
+    target = "host"
+    if needs & Need.DTYPE:
+        name = info.dtype_name
+        hint = ""
+        if any(name.startswith(p) for p in ("bfloat16", "float8", "float6", "float4", "int4",
+                                            "uint4", "int2", "uint2")):
+            hint = (" (NumPy has no such dtype; ml_dtypes provides it: pip install -U "
+                    "ml_dtypes)")
+        return error_route(UnsupportedDTypeError(
+            f"{describe(info)} has {_dtype_text(info)}, which has no NumPy dtype here{hint}. "
+            f"To fix: convert it with its own library first."), info, target, needs)
+    problem = _lanes_problem(info, target)
+    if problem is not None:
+        return error_route(problem, info, target, needs)
+    if needs & Need.EMPTY:
+        return Route(ZERO_COPY, "The tensor is empty: NumPy gets a new empty array.", info,
+                     target, needs=needs, action=EMPTY)
+    if needs & Need.DEVICE:
+        head = f"{describe(info)} is not in host memory."
+        if bare:
+            return error_route(UnsupportedDeviceError(
+                f"{head} A bare capsule has no producer to ask for a host copy. To fix: "
+                f"{device_fix(int(info.device_type), target, True)}."), info, target, needs)
+        if copy is False:
+            return error_route(CopyRequiredError(
+                f"{head} Bringing it to the host needs a copy, but copy=False. To fix: pass "
+                f"copy=None."), info, target, needs)
+        return Route(HOST_FALLBACK, f"{device_name(int(info.device_type))} memory is not "
+                     f"host-accessible; the producer is asked for a host copy "
+                     f"(dl_device=(kDLCPU, 0), copy=True), else numpy.asarray(x).", info,
+                     target, needs=needs, copy_bytes=info.nbytes, action=PRODUCER_COPY)
+    if needs & Need.PACKED:
+        bits = info.dtype.bits * info.dtype.lanes
+        if 8 % bits or not info.is_c_contiguous:
+            return error_route(UnsupportedDTypeError(
+                f"{describe(info)} packs {bits}-bit elements "
+                f"{'across byte boundaries' if 8 % bits else f'with strides {info.strides}'}; "
+                f"dlinspect unpacks only C-contiguous 1-, 2- and 4-bit data. To fix: ask the "
+                f"producer for padded storage, or unpack with its own library."),
+                info, target, needs)
+        if copy is False:
+            return error_route(CopyRequiredError(
+                f"{describe(info)} packs {bits}-bit elements, while NumPy stores one per byte: "
+                f"unpacking needs a copy, but copy=False. To fix: pass copy=None."),
+                info, target, needs)
+        return Route(COPY, f"{bits}-bit elements are packed; NumPy holds one per byte, so they "
+                     f"are unpacked into a copy.", info, target, needs=needs,
+                     copy_bytes=info.nbytes, action=UNPACK)
+    lanes = (f"; its {info.dtype.lanes} lanes are a trailing axis"
+             if needs & Need.LANES else "")
+    if copy:
+        return Route(COPY, f"copy=True was asked for{lanes}.", info, target, needs=needs,
+                     copy_bytes=info.nbytes, action=HOST_COPY)
+    return Route(ZERO_COPY, f"NumPy views the {device_name(int(info.device_type))} memory "
+                 f"directly{lanes}.", info, target, needs=needs, action=HOST_VIEW)
+
+
+# ---- sharded ---------------------------------------------------------------
+
+def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: bool | None,
+                  fallback: str, readonly: str, bare: bool) -> Route:
+    """The route of a tensor onto a multi-device ``sharding`` (pure)."""
+    target = "jax"
+    local = not _shard.spans_processes(sharding)
+    if local:
+        problem = _shard.uneven(info.shape, sharding)
+        if problem is not None:
+            return error_route(ShardingError(f"{describe(info)} cannot be sharded: {problem}"),
+                               info, target, needs)
+        index_map = sharding.addressable_devices_indices_map(info.shape)
+        if (info.host_accessible and not needs & (Need.DTYPE | Need.LANES | Need.PACKED)
+                and info.numpy_dtype is not None
+                and all(d.platform == "cpu" for d in index_map) and _shard.default_memory(sharding)):
+            share = readonly == "share"
+            shards = []
+            for dev, idx in index_map.items():
+                part = info.sliced(idx)
+                shards.append((dev, idx, route_jax(part, _core.needs(part, c.target, share), c,
+                                                   dev, copy, fallback, readonly, bare)))
+            return _combine(info, needs, tuple(shards))
+    whole = route_jax(info, needs, c, None, copy, fallback, readonly, bare)
+    if whole.kind == ERROR:
+        return whole
+    n = len(sharding.device_set)
+    how = (f"JAX's device_put spreads it over the {n} devices of the sharding" if local else
+           "jax.make_array_from_process_local_data spreads this process's part over its devices")
+    if copy is False:
+        return error_route(CopyRequiredError(
+            f"{describe(info)} needs a copy, but copy=False: it is not host memory bound for CPU "
+            f"devices, so {how}, which copies. To fix: pass copy=None."), info, target, needs)
+    return Route(COPY, f"{whole.reason} Then {how}.", info, target, needs=needs,
+                 copy_bytes=whole.copy_bytes + info.nbytes, warning=whole.warning,
+                 action=DEVICE_PUT if local else PROCESS_LOCAL)
+
+
+def _combine(info: TensorInfo, needs: int, shards: tuple[Any, ...]) -> Route:
+    for dev, _, route in shards:
+        if route.kind == ERROR:
+            return Route(ERROR, f"The shard for {dev}: {route.reason}", info, "jax", needs=needs,
+                         error=route.error, action=RAISE, shards=shards)
+    views = sum(route.zero_copy for _, _, route in shards)
+    reason = f"{views} of {len(shards)} shards are views of the producer's memory"
+    first_copy = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
+    reason += "." if first_copy is None else f"; the shard for {first_copy[0]}: {first_copy[1].reason}"
+    return Route(ZERO_COPY if first_copy is None else COPY, reason, info, "jax", needs=needs,
+                 copy_bytes=sum(r.copy_bytes for _, _, r in shards),
+                 warning=next((r.warning for _, _, r in shards if r.warning), None),
+                 action=SPLIT, shards=shards)
+
+
+# ---- options ---------------------------------------------------------------
+
+def check_options(target: str, fallback: str, readonly: str, copy: Any = None) -> None:
+    """Raise ValueError for an option outside its documented values."""
+    if copy is not None and copy is not True and copy is not False:
+        raise ValueError(f"copy must be None, True or False, not {copy!r}")
+    if target not in ("jax", "host"):
+        raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
+    if fallback not in ("host", "raise"):
+        raise ValueError(f"fallback must be 'host' or 'raise', not {fallback!r}")
+    if readonly not in ("copy", "share"):
+        raise ValueError(f"readonly must be 'copy' or 'share', not {readonly!r}")
+
+
+def single_device(device: Any) -> Any:
+    """The one ``jax.Device`` of ``device`` (a Device or a single-device Sharding)."""
+    if device is None:
+        return None
+    if not hasattr(device, "device_set"):
+        if not (hasattr(device, "platform") and hasattr(device, "id")):
+            raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
+                            f"{device!r}; e.g. device=jax.devices('cpu')[0].")
+        return device
+    devices = device.device_set
+    if len(devices) != 1:
+        raise ValueError(f"to_jax takes a jax.Device or a single-device sharding; this sharding "
+                         f"spans {len(devices)} devices.")
+    return next(iter(devices))
+
+
+def check_sharding(s: Any) -> Any:
+    """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
+    from jax.sharding import Sharding
+    if not isinstance(s, Sharding):
+        raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
+                        f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
+                        f"PartitionSpec('data')).")
+    return s
+
+
+def decide(info: TensorInfo, c: Any, target: str, *, device: Any = None, copy: bool | None = None,
+           sharding: Any = None, fallback: str = "host", readonly: str = "copy",
+           bare: bool = False) -> Route:
+    """The route of a header to ``target``: ``needs``, then the words (pure)."""
+    if target == "host":
+        return route_host(info, _core.needs(info), copy, bare)
+    needs = _core.needs(info, c.target, readonly == "share")
+    if sharding is not None and not _shard.plain_device(check_sharding(sharding)):
+        return route_sharded(info, needs, c, sharding, copy, fallback, readonly, bare)
+    if sharding is not None:
+        device = sharding
+    return route_jax(info, needs, c, single_device(device), copy, fallback, readonly, bare)
+
+
+def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
+         sharding: Any = None, fallback: str = "host", readonly: str = "copy") -> Route:
+    """Decide where a tensor would go, without importing or copying anything.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or TensorInfo
+        The tensor (a capsule is only read, never consumed). The producer is
+        asked to export it exactly as :func:`to_jax` would (the export is then
+        released unconsumed), so its refusals show in the plan.
+    target : {"jax", "host"}
+        Where it should go.
+    device : jax.Device or single-device Sharding, optional
+        Destination device for ``target="jax"``; default: the source's own.
+    copy : bool or None
+        Array API ``copy``: True always copies, False never (a needed copy becomes a
+        ``CopyRequiredError`` route), None copies only where needed.
+    sharding : jax.sharding.Sharding, optional
+        Plan the split over several devices (see :func:`to_jax`); the route's
+        ``shards`` then give each device's index and route, and an uneven split
+        is a ``ShardingError`` route.
+    fallback : {"host", "raise"}
+        What to do with memory on a device JAX has no backend for: go through host
+        memory, or an ``UnsupportedDeviceError`` route.
+    readonly : {"copy", "share"}
+        Read-only memory (versioned READ_ONLY flag) is copied by default;
+        ``"share"`` imports it without a copy (see :func:`to_jax`).
+
+    Returns
+    -------
+    Route
+        ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``.
+        ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
+        when the kind is ``"error"``, and shares memory exactly when it is
+        ``"zero-copy"``.
+
+    Raises
+    ------
+    NotDLPackError
+        ``x`` is not a tensor at all (a ``TypeError``).
+    ValueError, TypeError
+        An option outside its documented values.
+
+    Notes
+    -----
+    A producer's refusal (any exception its ``__dlpack__`` or ``__dlpack_device__``
+    raises), a corrupt or consumed header and every routing problem are returned
+    as a route of kind ``"error"``, with the exception in ``error`` and ``info``
+    None where no header could be read.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
+    'copy'
+    """
+    check_options(target, fallback, readonly, copy)
+    c = None
+    if target == "jax":
+        from ._jaxcaps import caps
+        c = caps()
+    bare = _core.is_capsule(x)
+    if isinstance(x, TensorInfo):
+        info = x
+    else:
+        try:
+            cap, info = _core.export(x, None if c is None else c.stream_for)
+        except NotDLPackError:
+            raise
+        except DLInspectError as exc:
+            # Without its traceback: it would hold this frame, and so the capsule, in a
+            # cycle until the next garbage collection.
+            return error_route(exc.with_traceback(None), None, target)
+        del cap   # released unconsumed (a bare capsule stays the caller's)
+    if sharding is not None and device is not None:
+        raise ValueError("plan takes device= or sharding=, not both; pass one of them.")
+    return decide(info, c, target, device=device, copy=copy, sharding=sharding,
+                  fallback=fallback, readonly=readonly, bare=bare)
+
+
+def explain(x: Any, target: str = "jax", **options: Any) -> str:
+    """The header and the route, in a few readable lines.
+
+    Takes the same arguments as :func:`plan`; reads, never consumes.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> print(dlinspect.explain(np.ones(3, np.float32), target="host"))  # doctest: +ELLIPSIS
+    <TensorInfo kDLCPU:0 float32[3] ...>
+    route to host: zero-copy
+      NumPy views the kDLCPU memory directly.
+    """
+    route = plan(x, target, **options)
+    lines = [repr(route.info) if route.info is not None else "<no header: the export failed>",
+             f"route to {route.target}: {route.kind}"
+             + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
+    if route.error is None:  # (an error's message says it all, below)
+        lines.append(f"  {route.reason}")
+    if route.jax_device is not None:
+        lines.append(f"  JAX device: {route.jax_device}")
+    for dev, index, shard in route.shards:
+        lines.append(f"  shard {_index_text(index)} -> {dev}: {shard.kind}"
+                     + (f" ({shard.copy_bytes} B copied)" if shard.copy_bytes else ""))
+    if route.warning:
+        lines.append(f"  warning: {route.warning}")
+    if route.error is not None:
+        lines.append(f"  error: {type(route.error).__name__}: {route.error}")
+    return "\n".join(lines)
+
+
+def _index_text(index: tuple[slice, ...]) -> str:
+    parts = [":" if sl == slice(None) else
+             f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
+             + (f":{sl.step}" if sl.step not in (None, 1) else "") for sl in index]
+    return f"[{', '.join(parts)}]"

@@ -1,0 +1,423 @@
+# capsules.pxi: capsules dlinspect owns (host views, the test factory, the
+# versioned->legacy adapter, aligned copies) and HostOwner, which owns a consumed
+# tensor. Nothing here calls a producer.
+
+cdef void _owned_capsule_destructor(object cap) noexcept:
+    # Called with the GIL held. Frees the tensor only while nobody consumed it.
+    cdef DLManagedTensor* dlm
+    cdef DLManagedTensorVersioned* dlm_ver
+    if PyCapsule_IsValid(cap, LEGACY):
+        dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
+        if dlm.deleter != NULL:
+            dlm.deleter(dlm)
+    elif PyCapsule_IsValid(cap, VERSIONED):
+        dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
+        if dlm_ver.deleter != NULL:
+            dlm_ver.deleter(dlm_ver)
+
+
+cdef class DeleterCounter:
+    """Counts the calls of the deleters of capsules made by ``make_capsule``.
+
+    Attributes
+    ----------
+    calls : int
+        How many deleters attached to this counter have run.
+    """
+    cdef readonly Py_ssize_t calls
+
+    def __repr__(self):
+        return f"<DeleterCounter calls={self.calls}>"
+
+
+ctypedef struct _FactoryCtx:
+    PyObject* owner        # buffer exporter kept alive, or NULL
+    Py_buffer view
+    bint has_view
+    PyObject* counter      # DeleterCounter, or NULL
+    int64_t* shape
+    int64_t* strides
+
+
+cdef void _factory_release(_FactoryCtx* ctx) noexcept nogil:
+    if ctx == NULL:
+        return
+    if not Py_IsInitialized():
+        return                     # interpreter gone: leak rather than crash
+    with gil:
+        if ctx.counter != NULL:
+            (<DeleterCounter>ctx.counter).calls += 1
+            Py_XDECREF(ctx.counter)
+        if ctx.has_view:
+            PyBuffer_Release(&ctx.view)
+        Py_XDECREF(ctx.owner)
+    free(ctx.shape)
+    free(ctx.strides)
+    free(ctx)
+
+
+cdef void _factory_deleter(DLManagedTensor* dlm) noexcept nogil:
+    _factory_release(<_FactoryCtx*>dlm.manager_ctx)
+    free(dlm)
+
+
+cdef void _factory_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
+    _factory_release(<_FactoryCtx*>dlm_ver.manager_ctx)
+    free(dlm_ver)
+
+
+cdef int64_t* _int64_array(object values, Py_ssize_t n) except? NULL:
+    # n entries (n >= len(values)); entries past len(values) are 1.
+    cdef int64_t* out = <int64_t*>malloc((n if n > 0 else 1) * sizeof(int64_t))
+    cdef Py_ssize_t i
+    if out == NULL:
+        raise MemoryError()
+    for i in range(n):
+        out[i] = 1
+    try:
+        for i in range(len(values)):
+            out[i] = values[i]
+    except BaseException:
+        free(out)
+        raise
+    return out
+
+
+def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int lanes,
+                  int device_type, int device_id, uint64_t byte_offset, bint versioned,
+                  int version_major, int version_minor, uint64_t flags, counter,
+                  name, bint null_deleter):
+    """Build a capsule with any header; see dlinspect.testing.make_capsule."""
+    cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
+    cdef DLTensor* t
+    cdef DLManagedTensor* dlm = NULL
+    cdef DLManagedTensorVersioned* dlm_ver = NULL
+    cdef Py_ssize_t n_alloc
+    cdef int32_t nd
+    if ctx == NULL:
+        raise MemoryError()
+    memset(ctx, 0, sizeof(_FactoryCtx))
+    try:
+        nd = len(shape) if ndim is None else ndim
+        n_alloc = max(min(nd, _FORGE_NDIM_BACKED), len(shape) if shape is not None else 0,
+                      len(strides) if strides is not None else 0)
+        if shape is not None:
+            ctx.shape = _int64_array(shape, n_alloc)
+        if strides is not None:
+            ctx.strides = _int64_array(strides, n_alloc)
+        if data is not None:
+            if address is None:
+                PyObject_GetBuffer(data, &ctx.view, PyBUF_ANY_CONTIGUOUS)
+                ctx.has_view = True
+            Py_INCREF(data)
+            ctx.owner = <PyObject*>data
+        if counter is not None:
+            if not isinstance(counter, DeleterCounter):
+                raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
+            Py_INCREF(counter)
+            ctx.counter = <PyObject*>counter
+        if versioned:
+            dlm_ver = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
+            if dlm_ver == NULL:
+                raise MemoryError()
+            memset(dlm_ver, 0, sizeof(DLManagedTensorVersioned))
+            dlm_ver.version.major = version_major
+            dlm_ver.version.minor = version_minor
+            dlm_ver.flags = flags
+            dlm_ver.manager_ctx = ctx
+            if not null_deleter:
+                dlm_ver.deleter = _factory_deleter_ver
+            t = &dlm_ver.dl_tensor
+        else:
+            dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
+            if dlm == NULL:
+                raise MemoryError()
+            memset(dlm, 0, sizeof(DLManagedTensor))
+            dlm.manager_ctx = ctx
+            if not null_deleter:
+                dlm.deleter = _factory_deleter
+            t = &dlm.dl_tensor
+        if address is not None:
+            t.data = <void*><uintptr_t>address
+        elif ctx.has_view:
+            t.data = ctx.view.buf
+        t.device.device_type = device_type
+        t.device.device_id = device_id
+        t.ndim = nd
+        t.dtype.code = code
+        t.dtype.bits = bits
+        t.dtype.lanes = lanes
+        t.shape = ctx.shape
+        t.strides = ctx.strides
+        t.byte_offset = byte_offset
+        if name is None:
+            cname = VERSIONED if versioned else LEGACY
+        else:
+            cname = _static_name(name)
+        cap = PyCapsule_New(<void*>dlm_ver if versioned else <void*>dlm, cname,
+                            _owned_capsule_destructor)
+    except BaseException:
+        _factory_release(ctx)
+        free(dlm)
+        free(dlm_ver)
+        raise
+    # With null_deleter the context is never released (a deliberate, small leak):
+    # the header must keep pointing at live memory for as long as anyone reads it.
+    return cap
+
+
+#: make_capsule backs a forged ndim with at most this many shape/stride entries.
+cdef Py_ssize_t _FORGE_NDIM_BACKED = 1024
+
+# Capsule names must outlive the capsule: keep every forged name interned here.
+cdef dict _names = {}
+
+cdef const char* _static_name(str name) except NULL:
+    data = _names.get(name)
+    if data is None:
+        data = name.encode()
+        _names[name] = data
+    return <const char*>(<bytes>data)
+
+
+def capsule_of(arr, bint read_only=False):
+    """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it).
+
+    Parameters
+    ----------
+    arr : numpy.ndarray
+        Any strides that are whole multiples of the itemsize; any dtype DLPack
+        has a code for, the ml_dtypes ones included (which ``ndarray.__dlpack__``
+        refuses).
+    read_only : bool
+        Set the READ_ONLY flag.
+
+    Returns
+    -------
+    PyCapsule
+        Owns the view until a consumer renames it; device ``(kDLCPU, 0)``.
+
+    Raises
+    ------
+    ValueError
+        DLPack has no type code for ``arr.dtype``.
+    """
+    code, bits, lanes = _dtypes.dldtype_from_numpy(arr.dtype)
+    item = arr.itemsize
+    strides = None if arr.flags.c_contiguous else tuple([s // item for s in arr.strides])
+    return _make_capsule(arr, arr.ctypes.data, arr.shape, None, strides, code, bits, lanes,
+                         kDLCPU, 0, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
+                         DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0, None, None, False)
+
+
+# ---- versioned -> legacy adapter (JAX imports "dltensor" only) --------------
+
+cdef void _adapter_deleter(DLManagedTensor* dlm) noexcept nogil:
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>dlm.manager_ctx
+    free(dlm)
+    if dlm_ver != NULL and dlm_ver.deleter != NULL:
+        dlm_ver.deleter(dlm_ver)
+
+
+cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
+    free(dlm)
+
+
+cdef object _legacy_from_versioned(object cap):
+    """Wrap a "dltensor_versioned" capsule in a zero-copy "dltensor" capsule.
+
+    Consumes ``cap`` (renames it ``used_dltensor_versioned``). The returned
+    capsule holds a ``DLManagedTensor`` sharing the same ``DLTensor`` fields; its
+    deleter calls the versioned deleter exactly once. Undo with
+    ``_restore_versioned`` while the new capsule is still unconsumed.
+    """
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
+    if dlm == NULL:
+        raise MemoryError()
+    dlm.dl_tensor = dlm_ver.dl_tensor
+    dlm.manager_ctx = dlm_ver
+    dlm.deleter = _adapter_deleter
+    try:
+        out = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
+    except BaseException:
+        free(dlm)
+        raise
+    PyCapsule_SetName(cap, VERSIONED_USED)
+    return out
+
+
+cdef void _restore_versioned(object adapter, object original) noexcept:
+    """Undo ``_legacy_from_versioned`` after a failed import: ``original`` gets its
+    name back and owns the tensor again; the (unconsumed) adapter frees only itself."""
+    if not PyCapsule_IsValid(adapter, LEGACY) or not PyCapsule_IsValid(original, VERSIONED_USED):
+        return
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>PyCapsule_GetPointer(adapter, LEGACY)
+    if dlm.deleter != _adapter_deleter:
+        return
+    dlm.manager_ctx = NULL
+    dlm.deleter = _free_only_deleter
+    PyCapsule_SetName(original, VERSIONED)
+
+
+cdef object _import_legacy(object import_fn, object cap, object device, object stream,
+                           object copy, int dl_device_type):
+    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter).
+
+    jaxlib renames the capsule only on success; on failure a versioned ``cap``
+    gets its name back, unconsumed.
+    """
+    if PyCapsule_IsValid(cap, LEGACY):
+        return import_fn(cap, device, stream, copy, dl_device_type)
+    legacy = _legacy_from_versioned(cap)
+    try:
+        return import_fn(legacy, device, stream, copy, dl_device_type)
+    except BaseException:
+        _restore_versioned(legacy, cap)
+        raise
+
+
+def import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
+    """Import a DLPack capsule with ``import_fn(capsule, device, stream, copy, dl_device_type)``.
+
+    A versioned capsule goes through a zero-copy legacy adapter (JAX imports
+    "dltensor" only); a failed import leaves ``cap`` unconsumed.
+    """
+    if not (PyCapsule_IsValid(cap, LEGACY) or PyCapsule_IsValid(cap, VERSIONED)):
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
+    return _import_legacy(import_fn, cap, device, stream, copy, dl_device_type)
+
+
+# ---- host views: keep a consumed tensor alive behind a NumPy array ----------
+
+cdef class HostOwner:
+    """Owns one consumed DLPack tensor; its deleter runs when this object dies.
+
+    Exposes ``__array_interface__`` (version 3) over the tensor's bytes so that
+    ``numpy.asarray`` can view them without a copy; ``typestr`` is an unsigned
+    integer of one lane's size, for the caller to ``.view()`` as the real dtype.
+    A vector dtype (``lanes > 1``) becomes a trailing axis of length ``lanes``.
+    """
+    cdef DLManagedTensor* dlm
+    cdef DLManagedTensorVersioned* dlm_ver
+    cdef readonly TensorInfo info
+    cdef readonly bint read_only
+
+    def __dealloc__(self):
+        if self.dlm != NULL and self.dlm.deleter != NULL:
+            self.dlm.deleter(self.dlm)
+        if self.dlm_ver != NULL and self.dlm_ver.deleter != NULL:
+            self.dlm_ver.deleter(self.dlm_ver)
+
+    @property
+    def __array_interface__(self):
+        cdef TensorInfo info = self.info
+        cdef int64_t lane = (info._bits + 7) // 8 if info._lanes > 1 else info._itemsize()
+        # An extent-1 dimension may carry any stride (DLPack allows it); NumPy
+        # never steps along it, so 0 keeps the interface within its int64 range.
+        strides = [0 if info._shape[i] <= 1 else info._strides[i] * info._itemsize()
+                   for i in range(info._ndim)]
+        shape = list(info.shape)
+        if info._lanes > 1:
+            shape.append(info._lanes)
+            strides.append(lane)
+        return {
+            "version": 3,
+            "shape": tuple(shape),
+            "typestr": f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}",
+            "data": (info._ptr(), bool(self.read_only)),
+            "strides": tuple(strides),
+        }
+
+
+def take(cap, bint read_only):
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
+    cdef HostOwner owner = HostOwner.__new__(HostOwner)
+    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
+    owner.info = _peek_capsule(cap)
+    owner.read_only = read_only
+    if name != NULL and strcmp(name, VERSIONED) == 0:
+        owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
+        PyCapsule_SetName(cap, VERSIONED_USED)
+    else:
+        owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
+        PyCapsule_SetName(cap, LEGACY_USED)
+    return owner
+
+
+cdef class ByteView:
+    """A read-only ``uint8`` NumPy-compatible view of the first ``nbytes`` of an
+    owner's data (packed sub-byte tensors are unpacked from it)."""
+    cdef readonly HostOwner owner
+    cdef Py_ssize_t nbytes
+
+    def __cinit__(self, HostOwner owner, Py_ssize_t nbytes):
+        self.owner = owner
+        self.nbytes = nbytes
+
+    @property
+    def __array_interface__(self):
+        return {"version": 3, "shape": (self.nbytes,), "typestr": "|u1",
+                "data": (self.owner.info._ptr(), True)}
+
+
+# ---- aligned copies, made without the GIL ------------------------------------
+
+cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
+    free(dlm)   # header, shape, strides and data are one allocation
+
+
+cdef object _aligned_copy(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
+    """A "dltensor" capsule owning an ``align``-byte aligned copy of ``info``'s
+    (compact, host) memory: the bytes as they are when (dst_code, dst_bits) is the
+    source's dtype, else each element cast as NumPy's unsafe cast and JAX's x64
+    narrowing do (integers wrap, floats round to nearest, IEEE)."""
+    cdef int32_t ndim = info._ndim
+    cdef int64_t n = info._size, i
+    cdef size_t head = sizeof(DLManagedTensor) + 2 * <size_t>ndim * sizeof(int64_t)
+    cdef size_t dst_bytes = <size_t>n * (dst_bits // 8)
+    cdef char* block = <char*>malloc(head + align + dst_bytes)
+    if block == NULL:
+        raise MemoryError()
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
+    cdef int64_t* shape = <int64_t*>(block + sizeof(DLManagedTensor))
+    cdef char* dst = block + head + ((align - (<uintptr_t>(block + head) & (align - 1))) & (align - 1))
+    cdef const char* src = <const char*>info._ptr()
+    memcpy(shape, info._shape, ndim * sizeof(int64_t))
+    memcpy(shape + ndim, info._strides, ndim * sizeof(int64_t))
+    cdef double d
+    cdef uint64_t u
+    # Compact memory: the elements form one dense block, cast in memory order;
+    # the copy keeps the source's strides. The source may be misaligned for its
+    # type (DLPack allows it): each element is loaded with memcpy.
+    cdef bint floating = info._code == kDLComplex or info._code == kDLFloat
+    cdef int64_t count = 2 * n if info._code == kDLComplex else n
+    cdef bint same = dst_code == info._code and dst_bits == info._bits
+    with nogil:
+        if same:
+            memcpy(dst, src, dst_bytes)
+        elif floating:
+            for i in range(count):
+                memcpy(&d, src + 8 * i, 8)
+                (<float*>dst)[i] = <float>d
+        else:
+            for i in range(count):   # kDLInt / kDLUInt: keep the low 32 bits
+                memcpy(&u, src + 8 * i, 8)
+                (<uint32_t*>dst)[i] = <uint32_t>u
+    memset(dlm, 0, sizeof(DLManagedTensor))
+    dlm.dl_tensor.data = dst
+    dlm.dl_tensor.device.device_type = kDLCPU
+    dlm.dl_tensor.device.device_id = 0
+    dlm.dl_tensor.ndim = ndim
+    dlm.dl_tensor.dtype.code = dst_code
+    dlm.dl_tensor.dtype.bits = dst_bits
+    dlm.dl_tensor.dtype.lanes = 1
+    dlm.dl_tensor.shape = shape
+    dlm.dl_tensor.strides = shape + ndim
+    dlm.manager_ctx = NULL
+    dlm.deleter = _free_block_deleter
+    try:
+        return PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
+    except BaseException:
+        free(block)
+        raise

@@ -1,0 +1,455 @@
+# export.pxi: the only code that talks to producers.
+#
+# __dlpack__ (with max_version, dl_device, copy, stream), __dlpack_device__, the
+# DLPack 1.3 C exchange API and the array protocol fallback are called here and
+# nowhere else; so are the producer guards (torch's lazy negative and conjugate
+# bits, requires_grad, non-strided layouts). Any exception a producer raises
+# becomes a ProducerError keeping its words, with the original as __cause__.
+# The device __dlpack_device__ reports is reconciled with the header's before
+# anything else looks at the tensor.
+
+import re as _re
+
+cdef tuple _MAX_VERSION = (DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
+cdef str _S_DLPACK = "__dlpack__"
+cdef str _S_DLPACK_DEVICE = "__dlpack_device__"
+cdef tuple _KW_MV = ("max_version",)
+cdef tuple _KW_S_MV = ("stream", "max_version")
+cdef tuple _KW_MV_DEV_COPY = ("max_version", "dl_device", "copy")
+cdef tuple _HOST_DEVICE = (1, 0)    # (kDLCPU, 0)
+cdef object _TRUE = True            # (a bare True cast to PyObject* would be the C int 1)
+
+
+# ---- per-type facts, looked up once per type -------------------------------
+
+cdef class _TypeEntry:
+    cdef object api_owner          # the "dlpack_exchange_api" capsule that owns *api
+    cdef const DLPackExchangeAPI* api
+    cdef bint has_dlpack
+    cdef bint has_device           # ask __dlpack_device__ (not numpy: same source as its header)
+    cdef bint is_numpy
+    cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
+    cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
+
+cdef dict _types = {}
+#: Most types remembered at once; past it the table starts again (types made in a loop).
+TYPES_MAX = 256
+cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
+
+
+def _types_len():
+    """How many types the per-type table holds now (for tests)."""
+    return len(_types)
+
+
+def _forget_types():
+    """Empty the per-type table (tests change what a type offers)."""
+    _types.clear()
+cdef object _torch_strided = None
+
+
+cdef _TypeEntry _entry_for(object tp):
+    global _torch_strided
+    cdef PyObject* hit = PyDict_GetItemWithError(_types, tp)
+    if hit != NULL:
+        return <_TypeEntry>hit
+    cdef _TypeEntry entry = _TypeEntry.__new__(_TypeEntry)
+    cdef const DLPackExchangeAPI* api
+    entry.api = NULL
+    # Only a type that defines the table itself: a subclass may override __dlpack__,
+    # and the table's functions expect objects of the type that owns it.
+    api_obj = getattr(tp, "__dict__", {}).get("__dlpack_c_exchange_api__")
+    if api_obj is not None and PyCapsule_IsValid(api_obj, EXCHANGE_API):
+        api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(api_obj, EXCHANGE_API)
+        if (api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL
+                and api.managed_tensor_from_py_object_no_sync != NULL):
+            entry.api = api
+            entry.api_owner = api_obj
+    entry.has_dlpack = hasattr(tp, "__dlpack__")
+    entry.is_numpy = tp is _np_ndarray
+    entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
+    torch = _sys.modules.get("torch")
+    entry.is_torch = torch is not None and isinstance(tp, type) and issubclass(tp, torch.Tensor)
+    if entry.is_torch:
+        _torch_strided = torch.strided
+    entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry, torch)
+    if len(_types) >= _TYPES_MAX:
+        _types.clear()
+    _types[tp] = entry
+    return entry
+
+
+cdef bint _pinned_possible(_TypeEntry entry, object torch):
+    """Whether the producer can hand out pinned host memory, which the exchange
+    API's header calls kDLCPU (only __dlpack_device__ tells kDLCUDAHost)."""
+    if entry.is_torch:
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:
+            return True
+    return True
+
+
+def exchange_api_version(tp):
+    """``(major, minor)`` of the DLPack C exchange API a type defines, or None.
+
+    None also where the table exists but cannot be used (major version other
+    than 1, a NULL ``dltensor_from_py_object_no_sync`` or
+    ``managed_tensor_from_py_object_no_sync``), or is only inherited.
+    """
+    cdef _TypeEntry entry = _entry_for(tp)
+    if entry.api == NULL:
+        return None
+    return (entry.api.header.version.major, entry.api.header.version.minor)
+
+
+# ---- producer errors -------------------------------------------------------
+
+_METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
+_HINTS = (
+    ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
+    ("gradient", "call .detach() first (the tensor takes part in autograd)"),
+    ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
+    ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
+    ("negative bit", "call .resolve_neg() first"),
+    ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
+    ("null", "fill or drop the missing values first (pyarrow: arr.fill_null(0) or arr.drop_null())"),
+    ("boolean", "cast it to a numeric type first (pyarrow stores booleans as bits: arr.cast('uint8'))"),
+    ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
+    ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
+    ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
+    ("device", "move it to host memory with its own library first (torch: t.cpu())"),
+)
+
+
+cdef object _producer_error(object obj, BaseException exc, str what):
+    """A ProducerError that keeps the producer's reason and adds what to do."""
+    # First line only: C++ producers append a stack trace (kept in __cause__).
+    reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
+    if not reason.endswith((".", "!", "?")):
+        reason += "."
+    low = reason.lower()
+    todo = next((hint for key, hint in _HINTS if key in low),
+                "convert the tensor with its own library first (e.g. .cpu(), .contiguous())")
+    method = _METHOD.search(todo)
+    fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
+    return ProducerError(
+        f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
+
+
+cdef str _type_name(object obj):
+    tp = type(obj)
+    return f"{tp.__module__}.{tp.__qualname__}"
+
+
+cdef bint _about_keywords(BaseException exc):
+    """A TypeError that says the producer does not take the array API's newer
+    keywords (an older producer), not one about the tensor (pyarrow's nulls)."""
+    msg = str(exc)
+    return "keyword" in msg or "max_version" in msg
+
+
+# ---- the calls -------------------------------------------------------------
+
+# contract: fills dev_type/dev_id (id_known False for a None id) or raises
+# ProducerError (the producer raised) or MalformedTensorError (not a device pair).
+cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_known) except -1:
+    cdef PyObject* args[1]
+    args[0] = <PyObject*>x
+    try:
+        dev = PyObject_VectorcallMethod(_S_DLPACK_DEVICE, args, 1, NULL)
+    except Exception as exc:
+        raise _producer_error(x, exc, "__dlpack_device__()") from exc
+    # Checked before indexing: this module is compiled without bounds checks.
+    if type(dev) is tuple and PyTuple_GET_SIZE(dev) == 2:
+        kind, ordinal = (<tuple>dev)[0], (<tuple>dev)[1]
+        if PyIndex_Check(kind) and (ordinal is None or PyIndex_Check(ordinal)):
+            try:
+                dev_type[0] = kind
+                id_known[0] = ordinal is not None
+                if ordinal is not None:
+                    dev_id[0] = ordinal
+                return 0
+            except OverflowError:
+                pass
+    raise MalformedTensorError(
+        f"{_type_name(x)}.__dlpack_device__() returned {dev!r}; the array API requires "
+        f"a (device_type, device_id) tuple of two ints (int32). The producer is at fault: "
+        f"report it to its maintainers, or move the tensor to NumPy with its own library.")
+
+
+cdef object _call_dlpack(object x, object stream, bint host_copy):
+    """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``.
+
+    Called once; called again without the new keywords only when the TypeError
+    is about them (an older producer) and no host copy was asked for.
+    """
+    cdef PyObject* args[5]
+    cdef size_t n = 1
+    cdef tuple names
+    args[0] = <PyObject*>x
+    if host_copy:
+        args[1] = <PyObject*>_MAX_VERSION
+        args[2] = <PyObject*>_HOST_DEVICE
+        args[3] = <PyObject*>_TRUE
+        names = _KW_MV_DEV_COPY
+    elif stream is None:
+        args[1] = <PyObject*>_MAX_VERSION
+        names = _KW_MV
+    else:
+        args[1] = <PyObject*>stream
+        args[2] = <PyObject*>_MAX_VERSION
+        names = _KW_S_MV
+    try:
+        return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
+    except Exception as exc:
+        if host_copy or not isinstance(exc, TypeError) or not _about_keywords(exc):
+            raise _producer_error(x, exc, "__dlpack__()") from exc
+    try:
+        return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
+    except Exception as exc:
+        raise _producer_error(x, exc, "__dlpack__()") from exc
+
+
+cdef int _refuse_lazy_negation(object x) except -1:
+    """torch exports a tensor with the lazy negative bit without applying it."""
+    if x.is_neg():
+        raise ProducerError(
+            f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
+            f"__dlpack__ exports without applying: the values would arrive negated. To fix: "
+            f"call .resolve_neg() first.")
+    return 0
+
+
+cdef bint _torch_takes_as_is(object x) except -1:
+    """True when torch's own __dlpack__ would export ``x`` as it is, so its C exchange
+    API may take it instead (that API makes none of __dlpack__'s refusals)."""
+    return (not x.requires_grad and x.layout is _torch_strided and not x.is_conj()
+            and not x.is_quantized)
+
+
+cdef object _exchange_take(object x, const DLPackExchangeAPI* api):
+    """``x`` through ``managed_tensor_from_py_object_no_sync`` into a
+    "dltensor_versioned" capsule; None where the API declines (its error cleared:
+    ``__dlpack__`` then gives the producer's own reason)."""
+    cdef DLManagedTensorVersioned* dlm_ver = NULL
+    if api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0 or dlm_ver == NULL:
+        PyErr_Clear()
+        return None
+    try:
+        return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
+    except BaseException:
+        if dlm_ver.deleter != NULL:
+            dlm_ver.deleter(dlm_ver)
+        raise
+
+
+cdef object _numpy_fallback(object x):
+    """A capsule dlinspect makes over a NumPy array that NumPy refuses to export
+    itself (ml_dtypes dtypes; read-only arrays on NumPy < 2.1), or None."""
+    try:
+        return capsule_of(x, read_only=not x.flags.writeable)
+    except ValueError:   # no DLPack code for the dtype (object, str...)
+        return None
+
+
+cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
+                    bint id_known) except -1:
+    """Set ``info``'s device from ``__dlpack_device__``'s answer, after checking it
+    against the header (see TensorInfo, Notes)."""
+    cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id
+    if dev_type == hdr_type or (_pinned(dev_type) and hdr_type == kDLCPU):
+        if not id_known:
+            dev_id = hdr_id
+        if dev_id == hdr_id or dev_type != hdr_type:
+            info._dev_type = dev_type
+            info._dev_id = dev_id
+            return 0
+    said = device_name(dev_type, dev_id if id_known else None)
+    raise ProducerError(
+        f"{_type_name(x)}.__dlpack_device__() says {said}, but the header of the capsule "
+        f"its __dlpack__() returned says {device_name(hdr_type, hdr_id)}; DLPack requires "
+        f"them to agree (the one exception: pinned host memory reported as kDLCUDAHost or "
+        f"kDLROCMHost with a kDLCPU header). dlinspect read nothing from the tensor's memory. "
+        f"To fix: move the tensor to host memory with its own library (torch: t.cpu()), and "
+        f"report the disagreement to the producer's maintainers.")
+
+
+cdef enum Mode:
+    MODE_PEEK = 0        # the header only: the exchange API may fill it without a capsule
+    MODE_TAKE = 1        # an owning capsule for a consumer
+    MODE_HOST_COPY = 2   # an owning capsule of a host copy (dl_device=(kDLCPU, 0), copy=True)
+
+
+# contract: returns (capsule or None, TensorInfo); capsule None only in MODE_PEEK
+# through the exchange API. A bare capsule is read, never consumed. Raises
+# NotDLPackError, ProducerError, or what reading the header raises.
+cdef tuple _export(object x, Mode mode, object stream_for):
+    cdef _TypeEntry entry
+    cdef DLTensor t
+    cdef TensorInfo info
+    cdef int32_t dev_type = 0, dev_id = 0
+    cdef bint asked = False, id_known = True
+    if PyCapsule_CheckExact(x):
+        return (x, _peek_capsule(x))
+    entry = _entry_for(type(x))
+    if not entry.has_dlpack and entry.api == NULL:
+        raise NotDLPackError(
+            f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
+            f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
+            f"CuPy...) or the capsule its __dlpack__() returns.")
+    if entry.is_torch and mode != MODE_PEEK:
+        _refuse_lazy_negation(x)
+    if entry.api != NULL and mode != MODE_HOST_COPY:
+        memset(&t, 0, sizeof(DLTensor))
+        if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
+            PyErr_Clear()   # __dlpack__ below gives the producer's own reason
+        else:
+            dev_type, dev_id = t.device.device_type, t.device.device_id
+            asked = True
+            if dev_type == kDLCPU and entry.ask_device_on_cpu:
+                _ask_device(x, &dev_type, &dev_id, &id_known)   # pinned memory says kDLCPU here
+            if mode == MODE_PEEK:
+                info = _new_info(&t, SRC_EXCHANGE, 0)
+                _reconcile(info, x, dev_type, dev_id, id_known)
+                return (None, info)
+            if dev_type == kDLCPU and (not entry.is_torch or _torch_takes_as_is(x)):
+                cap = _exchange_take(x, entry.api)
+                if cap is not None:
+                    return (cap, _peek_capsule(cap))
+    if not asked and entry.has_device and mode != MODE_HOST_COPY:
+        _ask_device(x, &dev_type, &dev_id, &id_known)
+        asked = True
+    stream = None
+    if (mode == MODE_TAKE and asked and stream_for is not None
+            and (dev_type == kDLCUDA or dev_type == kDLROCM)):
+        stream = stream_for(dev_type, dev_id)
+    try:
+        cap = _call_dlpack(x, stream, mode == MODE_HOST_COPY)
+    except ProducerError as exc:
+        if not entry.is_numpy or mode == MODE_HOST_COPY:
+            raise
+        cap = _numpy_fallback(x)
+        if cap is None:
+            raise
+    if not PyCapsule_CheckExact(cap):
+        raise ProducerError(
+            f"{_type_name(x)}.__dlpack__() returned {type(cap).__name__}, not a PyCapsule. "
+            f"The producer is at fault: convert the tensor with its own library (e.g. to "
+            f"NumPy) first.")
+    info = _peek_capsule(cap)
+    if asked and mode != MODE_HOST_COPY:
+        _reconcile(info, x, dev_type, dev_id, id_known)
+    return (cap, info)
+
+
+@cython.binding(False)
+@cython.always_allow_keywords(False)
+def peek(obj):
+    """Read a DLPack tensor's header without consuming it.
+
+    Parameters
+    ----------
+    obj : PyCapsule or object with ``__dlpack__``
+        A capsule named ``"dltensor"`` (``DLManagedTensor``) or
+        ``"dltensor_versioned"`` (``DLManagedTensorVersioned``), or an array
+        from any producer (NumPy, PyTorch, JAX, CuPy...).
+
+    Returns
+    -------
+    TensorInfo
+        Device, shape and strides (in elements), dtype, flags and layout facts.
+
+    Raises
+    ------
+    CapsuleConsumedError
+        The capsule is named ``used_dltensor[_versioned]`` (a ``ValueError``);
+        nothing in it is dereferenced.
+    UnsupportedVersionError
+        A versioned capsule with major version other than 1 (a ``BufferError``);
+        nothing past ``flags`` is read.
+    MalformedTensorError
+        A corrupt header: ``ndim`` outside ``[0, MAX_NDIM]``, NULL ``shape`` with
+        ``ndim > 0``, a negative extent, or sizes overflowing int64; or a
+        ``__dlpack_device__`` that is not a pair of ints (a ``BufferError``).
+    NotDLPackError
+        ``obj`` is neither a DLPack capsule nor has ``__dlpack__`` (a ``TypeError``).
+    ProducerError
+        The producer raised (any exception type; its words are kept and the
+        original is the ``__cause__``), or its ``__dlpack_device__`` and header
+        disagree (a ``BufferError``).
+
+    Notes
+    -----
+    A capsule is read in place: it is never renamed and its deleter is never
+    called, so any consumer can take it afterwards (DLPack python_spec,
+    "consumed exactly once"). For objects whose type defines the DLPack 1.3 C
+    exchange API (``__dlpack_c_exchange_api__``, e.g. ``torch.Tensor``), the
+    header is filled on the stack by ``dltensor_from_py_object_no_sync`` and no
+    capsule is made. Otherwise ``obj.__dlpack__(max_version=(1, 3))`` is called
+    (again without the keyword only when its ``TypeError`` is about keywords,
+    for older producers), the capsule is read and released normally.
+    ``__dlpack_device__()``, where present, gives the device after it is
+    reconciled with the header's (see :class:`TensorInfo`); NumPy arrays that
+    NumPy cannot export (ml_dtypes dtypes, read-only arrays on NumPy < 2.1) are
+    described by a capsule dlinspect makes over the same memory.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> info = dlinspect.peek(np.zeros((3, 4), np.float32))
+    >>> info.shape, info.strides, info.dtype_name, info.is_c_contiguous
+    ((3, 4), (4, 1), 'float32', True)
+    """
+    if PyCapsule_CheckExact(obj):
+        return _peek_capsule(obj)
+    return _export(obj, MODE_PEEK, None)[1]
+
+
+def export(x, stream_for=None):
+    """Export ``x`` once for a consumer: ``(capsule, TensorInfo)``.
+
+    The one routine that calls producers (see this file's head). A bare capsule
+    is returned as it is, read but not consumed. ``stream_for(device_type,
+    device_id)`` gives the ``stream`` to pass for CUDA/ROCm memory (the
+    consumer's stream, array API ``__dlpack__``); None for every other device.
+    """
+    return _export(x, MODE_TAKE, stream_for)
+
+
+def export_host_copy(x):
+    """Ask the producer for a host copy of ``x``.
+
+    Returns
+    -------
+    tuple
+        ``(capsule, TensorInfo)`` of ``__dlpack__(dl_device=(kDLCPU, 0),
+        copy=True)`` when the producer serves host memory; else ``(ndarray,
+        None)`` from the array protocol (``numpy.asarray``) when that gives a
+        numeric array; else ``(None, tried)``, ``tried`` being a list of what
+        was tried and why it failed, in words.
+    """
+    cdef TensorInfo info
+    tried = []
+    try:
+        cap, info = _export(x, MODE_HOST_COPY, None)
+        if _host_accessible(info._dev_type):
+            return (cap, info)
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
+                     f"{device_name(info._dev_type)}")
+    except ProducerError as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
+                     f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+    import numpy
+    try:
+        arr = numpy.asarray(x)
+        if arr.dtype != object:
+            return (arr, None)
+        tried.append("numpy.asarray gave an object array (the producer has no __array__)")
+    except Exception as exc:
+        tried.append(f"numpy.asarray raised {type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    return (None, tried)

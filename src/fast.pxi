@@ -1,0 +1,71 @@
+# fast.pxi: to_jax's fast path. One export, the one decision (needs), then the
+# import when nothing is needed, or a small copy in C when only alignment or x64
+# narrowing is; everything else goes back to the general route with the same
+# export and the same answer.
+
+# Larger tensors are copied by NumPy on the general route: its copy and cast are
+# faster there (vectorised, huge pages) and release the GIL in the same way.
+cdef int64_t _COPY_MAX_BYTES = 1 << 20
+cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW
+
+
+@cython.binding(False)
+def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
+    """Export ``x`` once and import it into JAX's CPU device when nothing is needed.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, or PyCapsule
+        The tensor (a bare capsule is consumed only by a successful import).
+    tg : JaxTarget
+        The installed JAX.
+    may_copy : bool
+        ``copy=None``: compact, writable kDLCPU tensors of at most 1 MiB whose only
+        needs are ALIGN and/or NARROW are copied in C into ``tg.copy_align``-aligned
+        memory (cast where JAX narrows, with its DLInspectWarning) and imported;
+        the source is freed at once.
+    share_readonly : bool
+        ``readonly="share"``: the READ_ONLY flag is no need.
+
+    Returns
+    -------
+    jax.Array or tuple
+        The array; else ``(capsule, TensorInfo, needs)`` for the general route,
+        the capsule unconsumed.
+
+    Raises
+    ------
+    NotDLPackError, ProducerError, MalformedTensorError, UnsupportedVersionError, CapsuleConsumedError
+        From the export (see :func:`peek`); and whatever the import raises, with
+        the capsule left unconsumed.
+    """
+    cap, info_obj = _export(x, MODE_TAKE, tg.stream_for)
+    cdef TensorInfo info = <TensorInfo>info_obj
+    cdef uint32_t n = _needs_jax(info, tg, share_readonly)
+    if info._dev_type != kDLCPU or info._dev_id != 0:
+        return (cap, info, n)
+    if n == 0:
+        return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+    if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
+            and info._bits % 8 == 0):
+        if n & NEED_NARROW:
+            dst_key, text = tg.narrow[info._key()]
+        else:
+            dst_key, text = info._key(), None
+        return _copy_and_import(cap, info, tg, dst_key, text)
+    return (cap, info, n)
+
+
+cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
+                             object text):
+    """Copy compact host memory into aligned memory (cast to ``dst_key``'s dtype,
+    warning ``text``, where JAX narrows), import the copy, and free the source right
+    away (consuming ``cap``)."""
+    if text is not None:
+        tg.warn(text)   # before consuming: -W error leaves the capsule as it was
+    copy = _aligned_copy(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+    arr = tg.import_fn(copy, tg.cpu_device, None, None, <int>kDLCPU)
+    del copy
+    owner = take(cap, True)   # consume the source; its deleter runs right here
+    del owner
+    return arr

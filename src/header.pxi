@@ -1,0 +1,667 @@
+# header.pxi: TensorInfo, a DLTensor header copied out of the producer's memory
+# and validated field by field (every field is untrusted).
+
+# Where a TensorInfo's header came from.
+cdef enum Source:
+    SRC_LEGACY = 0       # a "dltensor" capsule
+    SRC_VERSIONED = 1    # a "dltensor_versioned" capsule
+    SRC_EXCHANGE = 2     # the DLPack 1.3 C exchange API; no capsule was made
+
+_SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api")
+
+
+cdef inline int64_t _abs64(int64_t v) noexcept nogil:
+    return -v if v < 0 else v
+
+
+@cython.freelist(32)
+@cython.final
+cdef class TensorInfo:
+    """What a DLPack header says about a tensor, read without consuming it.
+
+    Made by :func:`dlinspect.peek`; immutable, picklable, cheap to create.
+    Shapes and strides are copied out of the producer's memory, so the info
+    stays valid after the tensor is freed. Every derived integer is exact (a
+    header whose sizes overflow int64 raises ``MalformedTensorError`` instead).
+
+    Attributes
+    ----------
+    device_type : DLDeviceType or int
+        The device, from ``__dlpack_device__`` when the producer has it (reconciled
+        with the header, see Notes), else from the header. Unknown values are
+        kept as plain ints.
+    device_id : int
+        The producer's device ordinal.
+    device : tuple of (DLDeviceType or int, int)
+        ``(device_type, device_id)``, in the form ``__dlpack_device__`` returns.
+    capsule_device : tuple or None
+        The header's own ``(device_type, device_id)`` where it differs from
+        ``device`` (a pinned torch tensor: kDLCUDAHost outside, kDLCPU inside).
+    ndim : int
+        Number of dimensions, ``0 <= ndim <= MAX_NDIM``.
+    shape : tuple of int
+        Extents, ``ndim`` entries, in elements.
+    strides : tuple of int
+        Strides in elements, as DLPack defines them; filled in row-major order
+        when the header has NULL strides (see ``strides_null``).
+    byte_strides : tuple of int
+        ``strides`` times ``itemsize``, in bytes (exact Python ints).
+    strides_null : bool
+        The header had ``strides == NULL`` (allowed before DLPack 1.2).
+    dtype : DLDataType
+        ``(code, bits, lanes)``.
+    dtype_name : str
+        NumPy / ml_dtypes name: ``"float32"``, ``"bool"``, ``"bfloat16"``,
+        ``"float8_e4m3fn"``, ``"int4"``; ``"float32x4"`` for 4 lanes.
+    numpy_dtype : numpy.dtype or None
+        The dtype of one lane where NumPy (or ml_dtypes, when installed) has
+        one; a vector type (``lanes > 1``) becomes a trailing axis of this dtype
+        in :func:`dlinspect.to_host`.
+    itemsize : int
+        Bytes per element as the DLPack header computes it: ``(bits*lanes + 7) // 8``.
+    size : int
+        Number of elements (product of ``shape``).
+    nbytes : int
+        Bytes the elements occupy. Sub-byte types (bits*lanes < 8) are packed,
+        ``ceil(size*bits*lanes/8)``, unless the IS_SUBBYTE_TYPE_PADDED flag is set.
+    byte_offset : int
+        The header's ``byte_offset``, in bytes.
+    data_ptr : int
+        ``data + byte_offset``: the address of the first element.
+    alignment : int
+        Largest power of two, up to 4096, dividing ``data_ptr`` (4096 for NULL).
+    version : tuple of (int, int) or None
+        ``(major, minor)`` of a versioned capsule; None for legacy capsules and
+        the exchange API.
+    flags : int
+        The versioned header's ``flags`` (0 where there is no flags field).
+    read_only : bool or None
+        READ_ONLY flag of a versioned capsule; None where the source cannot say.
+    is_copied : bool or None
+        IS_COPIED flag of a versioned capsule; None where the source cannot say.
+    capsule_name : str or None
+        ``"dltensor"`` or ``"dltensor_versioned"``; None when no capsule was made.
+    source : str
+        ``"dltensor"``, ``"dltensor_versioned"`` or ``"exchange_api"``.
+    is_c_contiguous, is_f_contiguous : bool
+        NumPy's rules: extent-1 dimensions ignored; zero-size tensors are contiguous.
+    is_compact : bool
+        The strides are a permutation of a dense layout (C order, F order, a
+        transpose...); what JAX imports without a copy.
+    has_broadcast : bool
+        Some dimension of extent > 1 has stride 0.
+    has_negative_strides : bool
+        Some dimension of extent > 1 has a negative stride.
+    host_accessible : bool
+        The device is kDLCPU, kDLCUDAHost, kDLROCMHost or kDLCUDAManaged.
+
+    Notes
+    -----
+    Device reconciliation (array API ``__dlpack_device__``; DLPack python_spec):
+    the producer's ``__dlpack_device__`` and the header must name the same
+    device, with one documented exception, pinned host memory reported as
+    kDLCUDAHost/kDLROCMHost with a kDLCPU header. A device id that is not an int
+    (paddlepaddle returns ``(kDLCPU, None)``) is taken from the header when the
+    types agree. Any other disagreement is a ``ProducerError`` naming both.
+    """
+
+    cdef int32_t _dev_type, _dev_id, _cap_dev_type, _cap_dev_id
+    cdef int32_t _ndim
+    cdef uint8_t _code, _bits
+    cdef uint16_t _lanes
+    cdef uint64_t _byte_offset
+    cdef uintptr_t _data
+    cdef int64_t _size, _nbytes
+    cdef int _ver_major, _ver_minor
+    cdef uint64_t _flags
+    cdef bint _strides_null
+    cdef Source _source
+    cdef int64_t* _shape
+    cdef int64_t* _strides
+    cdef int64_t _inline[2 * _INLINE_NDIM]
+
+    def __dealloc__(self):
+        if self._shape != self._inline:
+            free(self._shape)     # NULL (never filled) or malloc'd by _alloc
+        self._shape = NULL
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("TensorInfo is made by dlinspect.peek(); it has no public constructor")
+
+    cdef int _alloc(self, int32_t ndim) except -1:
+        # contract: called once, by _new_info, before any other use.
+        if ndim > _INLINE_NDIM:
+            self._shape = <int64_t*>malloc(2 * ndim * sizeof(int64_t))
+            if self._shape == NULL:
+                raise MemoryError()
+            self._strides = self._shape + ndim
+        else:
+            self._shape = self._inline
+            self._strides = self._inline + _INLINE_NDIM
+        return 0
+
+    cdef inline uintptr_t _ptr(self) noexcept:
+        return self._data + <uintptr_t>self._byte_offset   # checked not to wrap in _new_info
+
+    cdef inline int _key(self) noexcept:
+        """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""
+        return self._code | (self._bits << 8)
+
+    # -- identity --------------------------------------------------------
+    @property
+    def device_type(self):
+        return as_device_type(self._dev_type)
+
+    @property
+    def device_id(self):
+        return self._dev_id
+
+    @property
+    def device(self):
+        return (as_device_type(self._dev_type), self._dev_id)
+
+    @property
+    def capsule_device(self):
+        if self._cap_dev_type == self._dev_type and self._cap_dev_id == self._dev_id:
+            return None
+        return (as_device_type(self._cap_dev_type), self._cap_dev_id)
+
+    @property
+    def host_accessible(self):
+        return _host_accessible(self._dev_type)
+
+    # -- geometry --------------------------------------------------------
+    @property
+    def ndim(self):
+        return self._ndim
+
+    @property
+    def shape(self):
+        return tuple([self._shape[i] for i in range(self._ndim)])
+
+    @property
+    def strides(self):
+        return tuple([self._strides[i] for i in range(self._ndim)])
+
+    @property
+    def byte_strides(self):
+        item = self._itemsize()
+        # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
+        return tuple([<object>self._strides[i] * item for i in range(self._ndim)])
+
+    @property
+    def strides_null(self):
+        return self._strides_null
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def nbytes(self):
+        return self._nbytes
+
+    @property
+    def itemsize(self):
+        return self._itemsize()
+
+    cdef inline int64_t _itemsize(self) noexcept:
+        return (<int64_t>self._bits * self._lanes + 7) // 8
+
+    # -- dtype -----------------------------------------------------------
+    @property
+    def dtype(self):
+        return _PyDLDataType(self._code, self._bits, self._lanes)
+
+    @property
+    def dtype_name(self):
+        return _dtypes.dtype_name(self._code, self._bits, self._lanes)
+
+    @property
+    def numpy_dtype(self):
+        return _dtypes.numpy_dtype(self._code, self._bits, 1)
+
+    # -- memory ----------------------------------------------------------
+    @property
+    def byte_offset(self):
+        return self._byte_offset
+
+    @property
+    def data_ptr(self):
+        return self._ptr()
+
+    @property
+    def alignment(self):
+        cdef uintptr_t p = self._ptr()
+        cdef uintptr_t a = 1
+        if p == 0:
+            return 4096
+        while a < 4096 and (p & a) == 0:
+            a <<= 1
+        return a
+
+    # -- versioned header ------------------------------------------------
+    @property
+    def version(self):
+        if self._source != SRC_VERSIONED:
+            return None
+        return (self._ver_major, self._ver_minor)
+
+    @property
+    def flags(self):
+        return self._flags
+
+    @property
+    def read_only(self):
+        if self._source != SRC_VERSIONED:
+            return None
+        return (self._flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+
+    @property
+    def is_copied(self):
+        if self._source != SRC_VERSIONED:
+            return None
+        return (self._flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
+
+    @property
+    def capsule_name(self):
+        if self._source == SRC_EXCHANGE:
+            return None
+        return _SOURCE_NAMES[self._source]
+
+    @property
+    def source(self):
+        return _SOURCE_NAMES[self._source]
+
+    # -- layout predicates -----------------------------------------------
+    @property
+    def is_c_contiguous(self):
+        cdef int64_t expected = 1
+        cdef int i
+        if self._size == 0:
+            return True
+        for i in range(self._ndim - 1, -1, -1):
+            if self._shape[i] == 1:
+                continue
+            if self._strides[i] != expected:
+                return False
+            expected *= self._shape[i]
+        return True
+
+    @property
+    def is_f_contiguous(self):
+        cdef int64_t expected = 1
+        cdef int i
+        if self._size == 0:
+            return True
+        for i in range(self._ndim):
+            if self._shape[i] == 1:
+                continue
+            if self._strides[i] != expected:
+                return False
+            expected *= self._shape[i]
+        return True
+
+    @property
+    def is_compact(self):
+        return self._is_compact()
+
+    cdef bint _is_compact(self) noexcept:
+        # Dimensions of extent > 1, ordered by stride, must each have a stride
+        # equal to the product of the extents of the faster ones.
+        cdef int64_t expected = 1
+        cdef int i, j, n = 0
+        cdef int order[_MAX_NDIM]
+        if self._size == 0:
+            return True
+        for i in range(self._ndim):
+            if self._shape[i] == 1:
+                continue
+            if self._strides[i] <= 0:
+                return False
+            j = n
+            while j > 0 and self._strides[order[j - 1]] > self._strides[i]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = i
+            n += 1
+        for j in range(n):
+            if self._strides[order[j]] != expected:
+                return False
+            expected *= self._shape[order[j]]
+        return True
+
+    @property
+    def has_broadcast(self):
+        cdef int i
+        for i in range(self._ndim):
+            if self._shape[i] > 1 and self._strides[i] == 0:
+                return True
+        return False
+
+    @property
+    def has_negative_strides(self):
+        cdef int i
+        for i in range(self._ndim):
+            if self._shape[i] > 1 and self._strides[i] < 0:
+                return True
+        return False
+
+    # -- derived headers ---------------------------------------------------
+    def sliced(self, index):
+        """The header of ``x[index]``, for basic slices, without touching memory.
+
+        Parameters
+        ----------
+        index : tuple of slice
+            At most ``ndim`` slices (``Sharding.addressable_devices_indices_map``
+            gives such tuples); missing trailing axes are taken whole.
+
+        Returns
+        -------
+        TensorInfo
+            Same device, dtype, flags and source; shape and strides (in elements)
+            of the slice; the first element's address moved by the slice's start
+            (into ``byte_offset``, or into ``data`` when a negative stride would
+            make the offset negative). Validated as :func:`dlinspect.peek`
+            validates a header.
+
+        Raises
+        ------
+        TypeError
+            An entry of ``index`` is not a slice.
+        ValueError
+            ``index`` has more entries than ``ndim``.
+        """
+        cdef DLTensor t
+        cdef int64_t shape_buf[_MAX_NDIM]
+        cdef int64_t strides_buf[_MAX_NDIM]
+        cdef int i
+        cdef TensorInfo out
+        index = tuple(index)
+        if len(index) > self._ndim:
+            raise ValueError(f"an index of {len(index)} slices for a tensor of {self._ndim} "
+                             f"dimensions")
+        offset = self._byte_offset          # Python ints: exact
+        data = self._data
+        item = self._itemsize()
+        for i in range(self._ndim):
+            shape_buf[i] = self._shape[i]
+            strides_buf[i] = self._strides[i]
+        for i, sl in enumerate(index):
+            if not isinstance(sl, slice):
+                raise TypeError(f"TensorInfo.sliced takes slices, not {type(sl).__name__}")
+            start, stop, step = sl.indices(self._shape[i])
+            count = len(range(start, stop, step))
+            if count:
+                offset += start * self._strides[i] * item
+            shape_buf[i] = count
+            strides_buf[i] = self._strides[i] * step
+        if offset < 0:   # a negative stride: the slice starts before `data`; move data instead
+            data, offset = data + offset, 0
+        t.data = <void*><uintptr_t>data
+        t.device.device_type = self._cap_dev_type
+        t.device.device_id = self._cap_dev_id
+        t.ndim = self._ndim
+        t.dtype.code = self._code
+        t.dtype.bits = self._bits
+        t.dtype.lanes = self._lanes
+        t.shape = shape_buf
+        t.strides = strides_buf
+        t.byte_offset = offset
+        out = _new_info(&t, self._source, self._flags)
+        out._ver_major, out._ver_minor = self._ver_major, self._ver_minor
+        out._dev_type, out._dev_id = self._dev_type, self._dev_id
+        return out
+
+    # -- presentation ----------------------------------------------------
+    def _layout_word(self):
+        if self.is_c_contiguous:
+            return "C-contiguous"
+        if self.is_f_contiguous:
+            return "F-contiguous"
+        if self.is_compact:
+            return "compact"
+        words = []
+        if self.has_broadcast:
+            words.append("broadcast")
+        if self.has_negative_strides:
+            words.append("negative-strides")
+        return "+".join(words) or "strided"
+
+    def __repr__(self):
+        extra = []
+        cap = self.capsule_device
+        if cap is not None:
+            extra.append(f" capsule_device={device_name(cap[0], cap[1])}")
+        if self.read_only:
+            extra.append(" read-only")
+        return (f"<TensorInfo {device_name(self._dev_type, self._dev_id)} "
+                f"{self.dtype_name}[{', '.join(map(str, self.shape))}] "
+                f"strides={self.strides} {self._layout_word()} {self._nbytes} B "
+                f"align={self.alignment}{''.join(extra)}>")
+
+    def to_dict(self):
+        """All attributes as a dict of plain Python values (for logs and JSON)."""
+        cap = self.capsule_device
+        return {
+            "device_type": device_name(self._dev_type), "device_id": self._dev_id,
+            "capsule_device": None if cap is None else [device_name(cap[0]), cap[1]],
+            "ndim": self._ndim, "shape": list(self.shape), "strides": list(self.strides),
+            "byte_strides": list(self.byte_strides), "strides_null": self._strides_null,
+            "dtype": list(self.dtype), "dtype_name": self.dtype_name,
+            "itemsize": self.itemsize, "size": self._size, "nbytes": self._nbytes,
+            "byte_offset": self._byte_offset, "data_ptr": self.data_ptr,
+            "alignment": self.alignment,
+            "version": None if self.version is None else list(self.version),
+            "flags": self._flags, "read_only": self.read_only, "is_copied": self.is_copied,
+            "capsule_name": self.capsule_name, "source": self.source,
+            "is_c_contiguous": self.is_c_contiguous, "is_f_contiguous": self.is_f_contiguous,
+            "is_compact": self.is_compact, "has_broadcast": self.has_broadcast,
+            "has_negative_strides": self.has_negative_strides,
+            "host_accessible": self.host_accessible,
+        }
+
+    def _state(self):
+        # For pickling and equality only.
+        return (self._dev_type, self._dev_id, self._cap_dev_type, self._cap_dev_id,
+                self.shape, self.strides, self._strides_null, self._code, self._bits,
+                self._lanes, self._byte_offset, self._data, self._ver_major,
+                self._ver_minor, self._flags, <int>self._source)
+
+    def __reduce__(self):
+        return (_rebuild_info, (self._state(),))
+
+    def __eq__(self, other):
+        if not isinstance(other, TensorInfo):
+            return NotImplemented
+        return self._state() == (<TensorInfo>other)._state()
+
+    def __hash__(self):
+        return hash(self._state())
+
+
+def _rebuild_info(state):
+    """Unpickle a TensorInfo: rebuild the header it describes and read it again."""
+    (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
+     lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
+    cdef DLTensor t
+    cdef int64_t shape_buf[_MAX_NDIM]
+    cdef int64_t strides_buf[_MAX_NDIM]
+    cdef int i
+    cdef TensorInfo info
+    if len(shape) > _MAX_NDIM or len(strides) != len(shape):
+        raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
+    for i in range(len(shape)):
+        shape_buf[i] = shape[i]
+        strides_buf[i] = strides[i]
+    t.data = <void*><uintptr_t>data
+    t.device.device_type = cap_dev_type
+    t.device.device_id = cap_dev_id
+    t.ndim = len(shape)
+    t.dtype.code = code
+    t.dtype.bits = bits
+    t.dtype.lanes = lanes
+    t.shape = shape_buf
+    t.strides = NULL if strides_null else strides_buf
+    t.byte_offset = byte_offset
+    info = _new_info(&t, <Source>source, flags)
+    info._ver_major = ver_major
+    info._ver_minor = ver_minor
+    info._dev_type = dev_type
+    info._dev_id = dev_id
+    return info
+
+
+cdef str _ints_text(const int64_t* values, int32_t n):
+    return "(" + ", ".join([str(values[i]) for i in range(n)]) + ("," if n == 1 else "") + ")"
+
+
+# contract: never returns None; raises MalformedTensorError naming the bad field.
+cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
+    """Copy and validate one DLTensor header into a new TensorInfo."""
+    cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
+    cdef int32_t ndim = t.ndim
+    cdef int i
+    cdef int64_t extent, stride, size = 1, span = 0, bits_total, nbytes
+    cdef bint zero = False
+
+    if ndim < 0 or ndim > _MAX_NDIM:
+        raise MalformedTensorError(
+            f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
+            f"(dlinspect.MAX_NDIM). The producer wrote a corrupt header.")
+    if t.shape == NULL and ndim > 0:
+        raise MalformedTensorError(
+            f"DLTensor.shape is NULL but DLTensor.ndim is {ndim}; shape may be NULL "
+            f"only when ndim is 0. The producer wrote a corrupt header.")
+    if t.byte_offset > <uint64_t>(UINTPTR_MAX - <uintptr_t>t.data):
+        raise MalformedTensorError(
+            f"DLTensor.data {<uintptr_t>t.data:#x} plus DLTensor.byte_offset {t.byte_offset} "
+            f"passes the end of the address space. The producer wrote a corrupt header.")
+    if t.dtype.lanes == 0:
+        raise MalformedTensorError(
+            f"DLDataType.lanes is 0 (code={t.dtype.code}, bits={t.dtype.bits}); every element "
+            f"has at least one lane. The producer wrote a corrupt header.")
+    info._alloc(ndim)
+    info._ndim = ndim
+    info._source = source
+    info._flags = flags
+    info._dev_type = info._cap_dev_type = t.device.device_type
+    info._dev_id = info._cap_dev_id = t.device.device_id
+    info._code = t.dtype.code
+    info._bits = t.dtype.bits
+    info._lanes = t.dtype.lanes
+    info._byte_offset = t.byte_offset
+    info._data = <uintptr_t>t.data
+    info._strides_null = t.strides == NULL and ndim > 0
+
+    for i in range(ndim):
+        extent = t.shape[i]
+        if extent < 0:
+            raise MalformedTensorError(
+                f"DLTensor.shape[{i}] is {extent}; extents must be >= 0. "
+                f"The producer wrote a corrupt header.")
+        info._shape[i] = extent
+        if extent == 0:
+            zero = True
+    if zero:
+        size = 0   # whatever the other extents: an empty tensor
+    else:
+        for i in range(ndim):
+            if __builtin_mul_overflow(size, info._shape[i], &size):
+                raise MalformedTensorError(
+                    f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than 2**63-1 "
+                    f"elements. The producer wrote a corrupt header.")
+    if t.data == NULL and size > 0:
+        raise MalformedTensorError(
+            f"DLTensor.data is NULL but the shape {_ints_text(t.shape, ndim)} holds {size} "
+            f"element(s); only zero-size tensors may have NULL data. The producer wrote a "
+            f"corrupt header.")
+    if t.strides == NULL:
+        stride = 1
+        for i in range(ndim - 1, -1, -1):
+            info._strides[i] = stride
+            # Bounded by size when size > 0; an empty tensor's nonzero extents may
+            # multiply past int64 (e.g. (2**62, 0, 2**62)): its outer strides are
+            # then never used to address anything and are written as 0.
+            if info._shape[i] > 0 and __builtin_mul_overflow(stride, info._shape[i], &stride):
+                stride = 0
+    else:
+        memcpy(info._strides, t.strides, ndim * sizeof(int64_t))
+    info._size = size
+
+    bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
+    if bits_total < 8 and not (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
+        if __builtin_mul_overflow(size, bits_total, &nbytes):
+            raise MalformedTensorError(
+                f"{size} elements of {bits_total} bits overflow int64. "
+                f"The producer wrote a corrupt header.")
+        nbytes = (nbytes + 7) // 8
+    elif __builtin_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
+        raise MalformedTensorError(
+            f"DLTensor.shape {_ints_text(t.shape, ndim)} times {(bits_total + 7) // 8} "
+            f"bytes per element overflows int64. The producer wrote a corrupt header.")
+    info._nbytes = nbytes
+
+    if size > 0:
+        # The byte span the strides reach must fit in int64 as well.
+        for i in range(ndim):
+            if (info._strides[i] == DLINSPECT_INT64_MIN
+                    or __builtin_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &stride)
+                    or __builtin_add_overflow(span, stride, &span)):
+                raise MalformedTensorError(
+                    f"DLTensor.strides {_ints_text(info._strides, ndim)} with shape "
+                    f"{_ints_text(info._shape, ndim)} reach past 2**63-1 elements. "
+                    f"The producer wrote a corrupt header.")
+        if __builtin_mul_overflow(span, (bits_total + 7) // 8, &span):
+            raise MalformedTensorError(
+                f"DLTensor.strides {_ints_text(info._strides, ndim)} span more than "
+                f"2**63-1 bytes. The producer wrote a corrupt header.")
+    return info
+
+
+# contract: returns a new TensorInfo or raises; never renames the capsule, never calls a deleter.
+cdef TensorInfo _peek_capsule(object cap):
+    cdef TensorInfo info
+    cdef const char* name = PyCapsule_GetName(cap)
+    cdef DLManagedTensorVersioned* dlm_ver
+    cdef DLManagedTensor* dlm
+    if name != NULL and strcmp(name, VERSIONED) == 0:
+        dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, name)
+        if dlm_ver.version.major != 1:
+            raise UnsupportedVersionError(
+                f"the capsule holds a DLManagedTensorVersioned of DLPack version "
+                f"{dlm_ver.version.major}.{dlm_ver.version.minor}; dlinspect reads major "
+                f"version 1 only, so no field past 'flags' was read. Ask the producer for "
+                f"__dlpack__(max_version=(1, {DLINSPECT_DLPACK_MINOR})).")
+        info = _new_info(&dlm_ver.dl_tensor, SRC_VERSIONED, dlm_ver.flags)
+        info._ver_major = dlm_ver.version.major
+        info._ver_minor = dlm_ver.version.minor
+        return info
+    if name != NULL and strcmp(name, LEGACY) == 0:
+        dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, name)
+        return _new_info(&dlm.dl_tensor, SRC_LEGACY, 0)
+    _raise_bad_capsule(cap, name)
+
+
+cdef int _raise_bad_capsule(object cap, const char* name) except -1:
+    if name != NULL and (strcmp(name, LEGACY_USED) == 0 or strcmp(name, VERSIONED_USED) == 0):
+        raise CapsuleConsumedError(
+            f"the DLPack capsule is named {name.decode()!r}: a consumer already took "
+            f"the tensor (a capsule is consumed exactly once), so nothing in it was read. "
+            f"Call the producer's __dlpack__() again for a fresh capsule.")
+    shown = "no name" if name == NULL else f"the name {name.decode(errors='replace')!r}"
+    raise NotDLPackError(
+        f"a PyCapsule with {shown} is not a DLPack tensor; expected 'dltensor' or "
+        f"'dltensor_versioned'. Pass the array itself or the capsule its __dlpack__() returns.")
+
+
+def is_capsule(x):
+    """True for a PyCapsule (of any name)."""
+    return PyCapsule_CheckExact(x)
+
+
+def capsule_name(cap):
+    """The name of a PyCapsule as str (None for an unnamed one)."""
+    cdef const char* name = PyCapsule_GetName(cap)
+    return None if name == NULL else name.decode(errors="replace")

@@ -1,0 +1,191 @@
+# needs.pxi: the one decision. What a TensorInfo needs to reach JAX (through a
+# JaxTarget) or NumPy, as a set of bits. plan() turns the set into words; the
+# fast path imports when it is empty; the general route carries it out. Nothing
+# else decides.
+
+cdef enum:
+    NEED_DEVICE = 1 << 0     # no JAX device (or no NumPy view) for this memory: a host copy
+    NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
+    NEED_LANES = 1 << 2      # a vector dtype: lanes become a trailing axis
+    NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative)
+    NEED_READ_ONLY = 1 << 4  # READ_ONLY flag, and the caller did not opt into sharing
+    NEED_ALIGN = 1 << 5      # below XLA:CPU's zero-copy alignment
+    NEED_NARROW = 1 << 6     # a 64-bit dtype JAX narrows with x64 off
+    NEED_PACKED = 1 << 7     # packed sub-byte elements (more than one)
+    NEED_EMPTY = 1 << 8      # no elements: nothing to view or copy
+    NEED_VIA_CPU = 1 << 9    # pinned/managed host memory, no backend for its platform:
+                             # the CPU backend views it (no copy)
+
+#: The bits of :func:`needs`, by name (``dlinspect.Need`` mirrors them).
+NEED_BITS = {"DEVICE": NEED_DEVICE, "DTYPE": NEED_DTYPE, "LANES": NEED_LANES,
+             "LAYOUT": NEED_LAYOUT, "READ_ONLY": NEED_READ_ONLY, "ALIGN": NEED_ALIGN,
+             "NARROW": NEED_NARROW, "PACKED": NEED_PACKED, "EMPTY": NEED_EMPTY,
+             "VIA_CPU": NEED_VIA_CPU}
+
+
+@cython.final
+cdef class JaxTarget:
+    """What the installed JAX takes, fixed when first needed (built by ``dlinspect._jaxcaps``).
+
+    Parameters
+    ----------
+    import_fn : callable
+        ``import_fn(capsule, device, stream, copy, dl_device_type)`` imports a
+        "dltensor" capsule (jaxlib's own function, or a wrapper over the public API).
+    cpu_device : jax.Device
+        Where kDLCPU:0 memory is imported.
+    cpu_align : int
+        The smallest alignment, in bytes (a power of two), at which XLA:CPU views
+        memory without a copy (probed); dlinspect's copies are aligned to it, and
+        to at least 64 bytes (``copy_align``).
+    x64 : object
+        ``.value`` is ``jax_enable_x64`` as the calling thread sees it.
+    devices : dict
+        ``(device_type, device_id)`` to ``jax.Device`` for every DLPack device this
+        JAX has a device for (as jax maps DLDeviceType to platforms).
+    cpu_keys : set
+        The keys of ``devices`` whose device is a CPU device.
+    probe : callable
+        ``probe(code, bits)``: None if JAX imports one lane of that dtype, else
+        JAX's reason; called once per dtype.
+    narrow : dict
+        ``code | bits << 8`` of a 64-bit dtype to ``(code | bits << 8 of the dtype
+        JAX narrows it to with x64 off, the DLInspectWarning text)``.
+    warn : callable
+        ``warn(text)`` emits a DLInspectWarning at the caller's line.
+    stream_for : callable
+        ``stream_for(device_type, device_id)``: the ``stream`` for ``__dlpack__``
+        of CUDA/ROCm memory (array API ``__dlpack__``, *stream*).
+    """
+    cdef readonly object import_fn, cpu_device, x64, warn, stream_for
+    cdef readonly uintptr_t cpu_align, copy_align
+    cdef object probe
+    cdef dict devices, narrow, bad
+    cdef set cpu_keys, ok
+
+    def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, dict devices,
+                  set cpu_keys, probe, dict narrow, warn, stream_for):
+        if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
+            raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
+        self.import_fn = import_fn
+        self.cpu_device = cpu_device
+        self.cpu_align = cpu_align
+        self.copy_align = cpu_align if cpu_align > 64 else 64
+        self.x64 = x64
+        self.devices = devices
+        self.cpu_keys = cpu_keys
+        self.probe = probe
+        self.narrow = narrow
+        self.warn = warn
+        self.stream_for = stream_for
+        self.ok = set()
+        self.bad = {}
+
+    cdef bint _dtype_ok(self, int code, int bits) except -1:
+        cdef int key = code | (bits << 8)
+        if key in self.ok:
+            return True
+        if key in self.bad:
+            return False
+        reason = self.probe(code, bits)
+        if reason is None:
+            self.ok.add(key)
+            return True
+        self.bad[key] = reason
+        return False
+
+    def dtype_problem(self, int code, int bits):
+        """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
+        if self._dtype_ok(code, bits):
+            return None
+        return self.bad[code | (bits << 8)]
+
+    def device_for(self, int device_type, int device_id):
+        """The ``jax.Device`` JAX imports this DLPack device's memory onto, or None."""
+        return self.devices.get((device_type, device_id))
+
+    def narrowing(self, int code, int bits):
+        """``(code, bits, warning)`` JAX narrows this 64-bit dtype to with x64 off, or None."""
+        got = self.narrow.get(code | (bits << 8))
+        return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
+
+
+# contract: the needs of ``info`` to reach ``tg`` (bits above); raises only what a
+# dtype probe raises.
+cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
+    cdef uint32_t n = 0
+    cdef int32_t dt = info._dev_type
+    cdef bint on_cpu
+    if not tg._dtype_ok(info._code, info._bits):
+        n |= NEED_DTYPE
+    if info._lanes != 1:
+        n |= NEED_LANES
+    if dt == kDLCPU and info._dev_id == 0:
+        on_cpu = True       # JAX always has its CPU backend
+    else:
+        key = (dt, info._dev_id)
+        if key in tg.devices:
+            on_cpu = key in tg.cpu_keys
+        elif _host_accessible(dt):
+            n |= NEED_VIA_CPU
+            on_cpu = True
+        else:
+            n |= NEED_DEVICE
+            on_cpu = False
+    if info._size == 0:
+        return n | NEED_EMPTY
+    if not info._is_compact():
+        n |= NEED_LAYOUT
+    if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
+        n |= NEED_READ_ONLY
+    if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
+        n |= NEED_ALIGN
+    if _packed(info):
+        n |= NEED_PACKED
+    if info._bits == 64 or info._bits == 128:
+        if info._key() in tg.narrow and not tg.x64.value:
+            n |= NEED_NARROW
+    return n
+
+
+cdef inline bint _packed(TensorInfo info) noexcept:
+    return (<int>info._bits * info._lanes < 8 and info._size > 1
+            and not (info._flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
+
+
+cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
+    cdef uint32_t n = 0
+    if not _host_accessible(info._dev_type):
+        n |= NEED_DEVICE
+    if _dtypes.numpy_dtype(info._code, info._bits, 1) is None:
+        n |= NEED_DTYPE
+    if info._lanes != 1:
+        n |= NEED_LANES
+    if info._size == 0:
+        return n | NEED_EMPTY
+    if _packed(info):
+        n |= NEED_PACKED
+    return n
+
+
+def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
+    """What ``info`` needs to reach JAX (``target``) or NumPy (``target=None``).
+
+    Parameters
+    ----------
+    info : TensorInfo
+        The header (see :func:`peek`).
+    target : JaxTarget or None
+        The installed JAX's abilities; None for host memory (NumPy).
+    share_readonly : bool
+        The caller imports read-only memory without a copy (``readonly="share"``).
+
+    Returns
+    -------
+    int
+        A set of ``NEED_BITS``; 0 means JAX (or NumPy) views the memory as it is.
+        For NumPy only DEVICE, DTYPE, LANES, PACKED and EMPTY apply.
+    """
+    if target is None:
+        return _needs_host(info)
+    return _needs_jax(info, target, share_readonly)
