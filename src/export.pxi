@@ -283,17 +283,25 @@ cdef enum Mode:
     MODE_HOST_COPY = 2   # an owning capsule of a host copy (dl_device=(kDLCPU, 0), copy=True)
 
 
-# contract: returns (capsule or None, TensorInfo); capsule None only in MODE_PEEK
-# through the exchange API. A bare capsule is read, never consumed. Raises
-# NotDLPackError, ProducerError, or what reading the header raises.
-cdef tuple _export(object x, Mode mode, object stream_for):
+cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out):
+    Py_INCREF(cap)
+    cap_out[0] = <PyObject*>cap
+    return info
+
+
+# contract: returns the TensorInfo and sets *cap_out to a new reference to the
+# capsule (left NULL only in MODE_PEEK through the exchange API: no capsule was
+# made). A bare capsule is read, never consumed. Raises NotDLPackError,
+# ProducerError, or what reading the header raises; *cap_out is then untouched.
+# (An out-parameter, not a tuple: peek is on the hot path.)
+cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out):
     cdef _TypeEntry entry
     cdef DLTensor t
     cdef TensorInfo info
     cdef int32_t dev_type = 0, dev_id = 0
     cdef bint asked = False, id_known = True
     if PyCapsule_CheckExact(x):
-        return (x, _peek_capsule(x))
+        return _handing(_peek_capsule(x), x, cap_out)
     entry = _entry_for(type(x))
     if not entry.has_dlpack and entry.api == NULL:
         raise NotDLPackError(
@@ -314,11 +322,11 @@ cdef tuple _export(object x, Mode mode, object stream_for):
             if mode == MODE_PEEK:
                 info = _new_info(&t, SRC_EXCHANGE, 0)
                 _reconcile(info, x, dev_type, dev_id, id_known)
-                return (None, info)
+                return info
             if dev_type == kDLCPU and (not entry.is_torch or _torch_takes_as_is(x)):
                 cap = _exchange_take(x, entry.api)
                 if cap is not None:
-                    return (cap, _peek_capsule(cap))
+                    return _handing(_peek_capsule(cap), cap, cap_out)
     if not asked and entry.has_device and mode != MODE_HOST_COPY:
         _ask_device(x, &dev_type, &dev_id, &id_known)
         asked = True
@@ -342,7 +350,16 @@ cdef tuple _export(object x, Mode mode, object stream_for):
     info = _peek_capsule(cap)
     if asked and mode != MODE_HOST_COPY:
         _reconcile(info, x, dev_type, dev_id, id_known)
-    return (cap, info)
+    return _handing(info, cap, cap_out)
+
+
+cdef inline object _take_ref(PyObject* p):
+    """An object for the new reference ``p`` (None for NULL), the reference handed over."""
+    if p == NULL:
+        return None
+    obj = <object>p
+    Py_XDECREF(p)
+    return obj
 
 
 @cython.binding(False)
@@ -403,9 +420,12 @@ def peek(obj):
     >>> info.shape, info.strides, info.dtype_name, info.is_c_contiguous
     ((3, 4), (4, 1), 'float32', True)
     """
+    cdef PyObject* cap = NULL
     if PyCapsule_CheckExact(obj):
         return _peek_capsule(obj)
-    return _export(obj, MODE_PEEK, None)[1]
+    info = _export(obj, MODE_PEEK, None, &cap)
+    Py_XDECREF(cap)
+    return info
 
 
 def export(x, stream_for=None):
@@ -416,7 +436,9 @@ def export(x, stream_for=None):
     device_id)`` gives the ``stream`` to pass for CUDA/ROCm memory (the
     consumer's stream, array API ``__dlpack__``); None for every other device.
     """
-    return _export(x, MODE_TAKE, stream_for)
+    cdef PyObject* cap = NULL
+    info = _export(x, MODE_TAKE, stream_for, &cap)
+    return (_take_ref(cap), info)
 
 
 def export_host_copy(x):
@@ -432,9 +454,11 @@ def export_host_copy(x):
         was tried and why it failed, in words.
     """
     cdef TensorInfo info
+    cdef PyObject* p = NULL
     tried = []
     try:
-        cap, info = _export(x, MODE_HOST_COPY, None)
+        info = _export(x, MODE_HOST_COPY, None, &p)
+        cap = _take_ref(p)
         if _host_accessible(info._dev_type):
             return (cap, info)
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "

@@ -39,8 +39,9 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
         From the export (see :func:`peek`); and whatever the import raises, with
         the capsule left unconsumed.
     """
-    cap, info_obj = _export(x, MODE_TAKE, tg.stream_for)
-    cdef TensorInfo info = <TensorInfo>info_obj
+    cdef PyObject* p = NULL
+    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p)
+    cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)
     if info._dev_type != kDLCPU or info._dev_id != 0:
         return (cap, info, n)
