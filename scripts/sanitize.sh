@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build dlinspect._core with AddressSanitizer and UndefinedBehaviorSanitizer in a fresh
-# virtual environment (.venv-asan, build dir build-asan) and run the peek, routing,
+# virtual environment (.venv-asan, build dir build-asan) and run the peek, routing, agreement,
 # multi-device, prefetch and fuzz tests with the sanitizer runtimes preloaded into Python.
 # Any sanitizer report aborts the process, which fails the run.
 #
@@ -23,7 +23,8 @@ fi
 echo "sanitize.sh: $so is instrumented (ASan + UBSan)"
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_prefetch.py
+    tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_agreement.py
+           tests/test_prefetch.py
            tests/test_multidevice.py tests/test_fuzz.py tests/test_reliability.py)
 fi
 # detect_leaks=0: CPython itself leaks by design at exit; leaks are measured by the soak test.

@@ -15,6 +15,7 @@ import numpy as np
 from . import _core, _plan, _shard
 from ._buffers import aligned_empty
 from ._core import TensorInfo
+from ._dtypes import numpy_dtype
 from ._enums import DLDeviceType as D
 from ._jaxcaps import JaxCaps, caps
 from ._messages import describe, device_fix
@@ -78,7 +79,7 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
         if route.warning is not None:
             code, bits, _ = info.dtype
             ncode, nbits, _ = c.target.narrowing(code, bits)
-            narrow = np.dtype(_core_dtype(ncode, nbits))
+            narrow = numpy_dtype(ncode, nbits)
         host = _host_copy(cap, info, narrow, c.target.copy_align)
         return _finish(c, _import_host(c, host, route.import_device, False), route)
     if action is _plan.HOST_VIEW:
@@ -94,11 +95,6 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
     del cap  # the device capsule is not needed: its producer frees it now
     host = _host_from_producer(x, info, "jax")
     return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet)
-
-
-def _core_dtype(code: int, bits: int) -> Any:
-    from ._dtypes import numpy_dtype
-    return numpy_dtype(code, bits)
 
 
 def _finish(c: JaxCaps, arr: Any, route: Route) -> Any:

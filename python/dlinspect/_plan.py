@@ -524,7 +524,10 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
         ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``.
         ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
         when the kind is ``"error"``, and shares memory exactly when it is
-        ``"zero-copy"``.
+        ``"zero-copy"``. A ``"host-fallback"`` route rests on the producer's answer
+        to a host-copy request, which plan does not make: executing it raises
+        ``UnsupportedDeviceError`` (listing what was tried) when no host copy can
+        be had.
 
     Raises
     ------

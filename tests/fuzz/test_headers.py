@@ -217,30 +217,46 @@ def test_backed_header_routes(shape, stride_mode, random_strides, byte_offset, m
     record("backed header: to_jax/to_host")
 
 
+REFUSALS = [None, None, None, "requires_grad", "weird", TypeError("only arrays with no nulls"),
+            RuntimeError("no"), type("ProducerSpecific", (Exception,), {})("its own words")]
+
+
 @settings(max_examples=int(3_000 * SCALE), **SETTINGS)
 @given(shape=st.lists(st.integers(0, 4), max_size=3), step=st.sampled_from([1, 1, 2, -1]),
        dtype=st.sampled_from(["float32", "float64", "int64", "bool", "uint8", "complex64"]),
        device=st.one_of(st.sampled_from(HOST_DEVICES), st.sampled_from(OTHER_DEVICES)),
+       header=st.sampled_from(["same", "same", "same", "cpu", "other"]), id_none=st.booleans(),
        legacy_only=st.booleans(), read_only=st.booleans(), host_copy=st.booleans(),
-       refuse=st.sampled_from([None, None, None, "requires_grad", "weird"]),
+       refuse=st.sampled_from(REFUSALS),
        fallback=st.sampled_from(["host", "raise"]), readonly=st.sampled_from(["copy", "share"]))
-def test_producers(shape, step, dtype, device, legacy_only, read_only, host_copy, refuse,
-                   fallback, readonly):
-    """Producers on any device, old and new, refusing or not: right values or a DLInspectError."""
+def test_producers(shape, step, dtype, device, header, id_none, legacy_only, read_only, host_copy,
+                   refuse, fallback, readonly):
+    """Producers on any device, old and new, refusing or not, their __dlpack_device__ agreeing
+    with their header or not: right values or a DLInspectError, exactly as plan() said."""
     arr = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
     if arr.ndim and step != 1:
         arr = arr[..., ::step]
-    p = FakeProducer(arr, (device, 0), legacy_only=legacy_only, read_only=read_only,
-                     host_copy=host_copy, refuse=refuse)
+    capsule_device = {"same": None, "cpu": (DLDeviceType.kDLCPU, 0),
+                      "other": (DLDeviceType.kDLVulkan, 3)}[header]
+    p = FakeProducer(arr, (device, None if id_none else 0), capsule_device=capsule_device,
+                     legacy_only=legacy_only, read_only=read_only, host_copy=host_copy,
+                     refuse=refuse)
     calls(p)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DLInspectWarning)
-        for fn in (lambda x: dlinspect.to_host(x),
-                   lambda x: dlinspect.to_jax(x, fallback=fallback, readonly=readonly)):
+        for target, fn in (("host", lambda x: dlinspect.to_host(x)),
+                           ("jax", lambda x: dlinspect.to_jax(x, fallback=fallback, readonly=readonly))):
+            route = dlinspect.plan(p, target, **({"fallback": fallback, "readonly": readonly}
+                                                 if target == "jax" else {}))
             try:
                 out = np.asarray(fn(p))
-            except DLInspectError:
+            except DLInspectError as exc:
+                if route.kind == "host-fallback":   # plan does not ask for the host copy
+                    assert isinstance(exc, dlinspect.UnsupportedDeviceError), (route, exc)
+                    continue
+                assert route.kind == "error" and type(route.error) is type(exc), (route, exc)
                 continue
+            assert route.kind != "error", route
             np.testing.assert_array_equal(out.astype(np.result_type(out, arr)),
                                           arr.astype(np.result_type(out, arr)))
     del p

@@ -28,7 +28,7 @@ import jax.tree_util
 import numpy
 
 import dlinspect
-from dlinspect.testing import aligned_empty
+from dlinspect._buffers import aligned_empty
 
 from ._common import MIB, Tick, optional, rss_kib, time_cases
 

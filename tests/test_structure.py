@@ -1,0 +1,82 @@
+"""The flow stays one-way: one export, no import cycles, production never built on testing."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "python" / "dlinspect"
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        if name.endswith(".__init__"):
+            name = name[: -len(".__init__")]
+        yield name, path
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The dlinspect modules ``name`` imports, anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("dlinspect"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("dlinspect"):
+                continue
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)   # `from . import _core`
+    known = {n for n, _ in _modules()} | {"dlinspect._core"}
+    return {m for m in out if m in known and m != name}
+
+
+def test_no_import_cycles():
+    graph = {name: _imports(name, path) for name, path in _modules()}
+    graph = {n: {m for m in deps if m != "dlinspect"} for n, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in graph.get(node, ()):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep] if dep in stack else [node, dep]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+
+
+def test_production_never_imports_testing():
+    # The package itself re-exports `testing` as public API, and the CLI puts it in
+    # scope for --expr; no internal module or benchmark builds on it.
+    allowed = {"dlinspect", "dlinspect.cli", "dlinspect.testing"}
+    for name, path in _modules():
+        if name not in allowed:
+            assert "dlinspect.testing" not in _imports(name, path), name
+
+
+def test_only_the_export_calls_producers():
+    """``__dlpack__``/``__dlpack_device__`` are called in src/export.pxi and nowhere else
+    (the benchmarks call producers directly: they are the baselines)."""
+    call = re.compile(r"\.__dlpack(_device)?__\(")
+    for path in list(PACKAGE.rglob("*.py")) + list((ROOT / "src").glob("*.p*")):
+        if path.name in ("export.pxi", "testing.py") or "bench" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not call.search(text), f"{path.relative_to(ROOT)} calls a producer"
+    assert call.search((ROOT / "src" / "export.pxi").read_text(encoding="utf-8"))
