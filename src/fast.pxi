@@ -16,7 +16,8 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
     Parameters
     ----------
     x : object with ``__dlpack__``, or PyCapsule
-        The tensor (a bare capsule is consumed only by a successful import).
+        The tensor (a bare capsule is consumed only by a successful import). A
+        ``jax.Array`` is returned as it is: it is not a foreign tensor.
     tg : JaxTarget
         The installed JAX.
     may_copy : bool
@@ -39,7 +40,62 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
         From the export (see :func:`peek`); and whatever the import raises, with
         the capsule left unconsumed.
     """
+    return _fast_one(x, tg, may_copy, share_readonly)
+
+
+@cython.binding(False)
+def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
+    """:func:`to_jax_fast` over the leaves of a pytree, in one call.
+
+    Parameters
+    ----------
+    leaves : list
+        ``jax.tree_util.tree_flatten``'s leaves; those that are not tensors are
+        kept as they are.
+
+    Returns
+    -------
+    (list, list)
+        ``out``: per leaf, the jax.Array, or the leaf itself where it is not a
+        tensor, or None where the general route must finish it; ``pending``:
+        ``(index, capsule, TensorInfo, needs)`` of those.
+
+    Raises
+    ------
+    Exception
+        What converting a leaf raised, with the leaf's index in its
+        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path).
+    """
+    cdef Py_ssize_t i, n = len(leaves)
+    cdef list out = [None] * n
+    cdef list pending = []
+    cdef _TypeEntry entry
+    for i in range(n):
+        leaf = leaves[i]
+        if not PyCapsule_CheckExact(leaf):
+            entry = _entry_for(type(leaf))
+            if not entry.has_dlpack and entry.api == NULL:
+                out[i] = leaf
+                continue
+        try:
+            got = _fast_one(leaf, tg, may_copy, share_readonly)
+        except BaseException as exc:
+            try:
+                exc._dlinspect_leaf = i
+            except AttributeError:
+                pass
+            raise
+        if type(got) is tuple:
+            pending.append((i,) + <tuple>got)
+        else:
+            out[i] = got
+    return out, pending
+
+
+cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly):
     cdef PyObject* p = NULL
+    if type(x) is tg.array_type:
+        return x   # already a jax.Array, and no device or copy was asked for
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p)
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)

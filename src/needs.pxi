@@ -56,15 +56,17 @@ cdef class JaxTarget:
     stream_for : callable
         ``stream_for(device_type, device_id)``: the ``stream`` for ``__dlpack__``
         of CUDA/ROCm memory (array API ``__dlpack__``, *stream*).
+    array_type : type
+        ``jax.Array``'s concrete type: such objects are not exported at all.
     """
-    cdef readonly object import_fn, cpu_device, x64, warn, stream_for
+    cdef readonly object import_fn, cpu_device, x64, warn, stream_for, array_type
     cdef readonly uintptr_t cpu_align, copy_align
     cdef object probe
     cdef dict devices, narrow, bad
     cdef set cpu_keys, ok
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, dict devices,
-                  set cpu_keys, probe, dict narrow, warn, stream_for):
+                  set cpu_keys, probe, dict narrow, warn, stream_for, array_type):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.import_fn = import_fn
@@ -78,6 +80,7 @@ cdef class JaxTarget:
         self.narrow = narrow
         self.warn = warn
         self.stream_for = stream_for
+        self.array_type = array_type
         self.ok = set()
         self.bad = {}
 

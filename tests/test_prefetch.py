@@ -160,7 +160,7 @@ def test_exit_with_a_live_worker_is_clean():
     code = ("import itertools, warnings, numpy as np, dlinspect\n"
             "warnings.simplefilter('ignore', dlinspect.DLInspectWarning)\n"
             "src = ({'x': np.ones((64, 64), np.float32), 'y': np.arange(64)} for _ in itertools.count())\n"
-            "it = dlinspect.prefetch_to_jax(src, size=64)\n"
+            "it = iter(dlinspect.prefetch_to_jax(src, size=64))\n"
             "next(it)\n")
     for _ in range(5):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -178,7 +178,7 @@ def test_stop_while_the_source_blocks(monkeypatch):
         release.wait(30)  # stuck
         yield np.ones(2, np.float32)
 
-    g = prefetch_to_jax(source())
+    g = iter(prefetch_to_jax(source()))
     next(g)
     with pytest.warns(dlinspect.DLInspectWarning, match="inside next"):
         g.close()

@@ -172,7 +172,7 @@ x = aligned_empty((8,), np.float32, 64); x[:] = 1
 keep = [dlinspect.to_jax(x), dlinspect.to_jax(torch.ones(8)), dlinspect.to_jax(jnp.ones(8)),
         dlinspect.to_jax(make_capsule(x, counter=DeleterCounter())), dlinspect.to_jax(x[::2]),
         dlinspect.to_host(torch.ones(3)), dlinspect.peek(x)]
-it = dlinspect.prefetch_to_jax(iter([x, x, x]))
+it = iter(dlinspect.prefetch_to_jax(iter([x, x, x])))
 next(it)
 """
     pytest.importorskip("torch", reason="torch is not installed")

@@ -19,7 +19,7 @@ from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
 from ._execute import to_host, to_jax
 from ._plan import Need, Route, explain, plan
-from ._prefetch import prefetch_to_jax
+from ._prefetch import PrefetchLoader, prefetch_to_jax
 from . import testing
 from .errors import (
     CapsuleConsumedError,
@@ -44,6 +44,7 @@ __all__ = [
     "to_jax",
     "to_host",
     "prefetch_to_jax",
+    "PrefetchLoader",
     "Route",
     "Need",
     "TensorInfo",

@@ -36,8 +36,8 @@ def _jax_caps() -> JaxCaps:
     return _caps
 
 
-def _is_tensor(x: Any) -> bool:
-    return _core.is_capsule(x) or (hasattr(x, "__dlpack__") and not isinstance(x, type))
+_is_tensor = _plan.is_tensor
+_CONTAINERS = (dict, list, tuple)
 
 
 # ---- one tensor into JAX ---------------------------------------------------------
@@ -51,12 +51,30 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
         if type(got) is not tuple:
             return got
         cap, info, needs = got
+    elif type(x) is c.array_type:
+        return _execute_array(c, _plan.route_jax_array(x, device, copy), x)
     else:
         cap, info = _core.export(x, c.stream_for)
         needs = _core.needs(info, tg, readonly == "share")
-    bare = _core.is_capsule(x)
-    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, bare)
+    return _finish_general(c, x, cap, info, needs, device, copy, fallback, readonly, quiet)
+
+
+def _finish_general(c: JaxCaps, x: Any, cap: Any, info: TensorInfo, needs: int, device: Any,
+                    copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
+    """The route of an export the fast path did not finish, carried out."""
+    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, _core.is_capsule(x))
     return _execute_jax(c, route, cap, x, fallback, readonly, quiet)
+
+
+def _execute_array(c: JaxCaps, route: Route, x: Any, sharding: Any = None) -> Any:
+    """A jax.Array's route: as it is, device_put, or a copy."""
+    if route.action is _plan.RAISE:
+        _raise(route)
+    if route.action is _plan.PASS:
+        return x
+    if route.action is _plan.DEVICE_PUT:
+        return c.jax.device_put(x, sharding if sharding is not None else route.jax_device)
+    return c.jnp.array(x, copy=True)
 
 
 def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, readonly: str,
@@ -184,7 +202,7 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
 # ---- the public functions ----------------------------------------------------
 
 def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
-           fallback: str = "host", readonly: str = "copy") -> Any:
+           fallback: str = "host", readonly: str = "copy", leaves: str = "keep") -> Any:
     """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
 
     Parameters
@@ -270,12 +288,12 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    if fallback != "host" or readonly != "copy" or (copy is not None and copy is not True
-                                                     and copy is not False):
-        _plan.check_options("jax", fallback, readonly, copy)
+    if (fallback != "host" or readonly != "copy" or leaves != "keep"
+            or (copy is not None and copy is not True and copy is not False)):
+        _plan.check_options("jax", fallback, readonly, copy, leaves)
     if sharding is not None:
-        return _to_jax_sharded(x, device, sharding, copy, fallback, readonly)
-    if device is None and copy is not True:
+        return _to_jax_sharded(x, device, sharding, copy, fallback, readonly, leaves)
+    if device is None and copy is not True and type(x) not in _CONTAINERS:
         # The fast path, inlined from _one_to_jax: one Python frame less per call.
         c = _caps if _caps is not None else _jax_caps()
         tg = c._target if c._target is not None else c.target
@@ -284,47 +302,89 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         except NotDLPackError:
             if _is_tensor(x):
                 raise
-            return _tree(x, lambda leaf: _one_to_jax(leaf, None, copy, fallback, readonly))
+            return _tree_to_jax(x, None, copy, fallback, readonly, leaves)
         if type(got) is not tuple:
             return got
-        cap, info, needs = got
-        route = _plan.route_jax(info, needs, c, None, copy, fallback, readonly,
-                                _core.is_capsule(x))
-        return _execute_jax(c, route, cap, x, fallback, readonly)
+        return _finish_general(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
     device = _plan.single_device(device)
     if _is_tensor(x):
         return _one_to_jax(x, device, copy, fallback, readonly)
-    return _tree(x, lambda leaf: _one_to_jax(leaf, device, copy, fallback, readonly))
+    return _tree_to_jax(x, device, copy, fallback, readonly, leaves)
 
 
-def _tree(x: Any, one: Any) -> Any:
+def _tree_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
+                 leaves: str) -> Any:
+    """Every leaf of a pytree: flattened once, the fast path over all leaves in one call
+    into the core, the general route for the rest; errors name the leaf's key path."""
     from jax import tree_util
-    return tree_util.tree_map(one, x, is_leaf=_is_tensor)
+    flat, treedef = tree_util.tree_flatten(x)
+    if len(flat) == 1 and flat[0] is x:
+        raise NotDLPackError(
+            f"expected a tensor (an object with __dlpack__), a DLPack capsule, or a pytree of "
+            f"them; got an object of type {type(x).__module__}.{type(x).__qualname__}.")
+    c = _caps if _caps is not None else _jax_caps()
+    tg = c._target if c._target is not None else c.target
+    i = -1
+    try:
+        if leaves == "raise":
+            for i, leaf in enumerate(flat):
+                if not _is_tensor(leaf):
+                    raise _plan.not_a_tensor(leaf)
+        if device is None and copy is not True:
+            out, pending = _core.to_jax_many(flat, tg, copy is None, readonly == "share")
+            for i, cap, info, needs in pending:
+                out[i] = _finish_general(c, flat[i], cap, info, needs, None, copy, fallback,
+                                         readonly)
+        else:
+            out = list(flat)
+            for i, leaf in enumerate(flat):
+                if _is_tensor(leaf):
+                    out[i] = _one_to_jax(leaf, device, copy, fallback, readonly)
+    except Exception as exc:
+        index = getattr(exc, "_dlinspect_leaf", i)
+        if index >= 0:
+            _plan.name_leaf(exc, _key_path(x, index))
+        raise
+    return tree_util.tree_unflatten(treedef, out)
+
+
+def _key_path(x: Any, index: int) -> str:
+    """``jax.tree_util.keystr`` of the path to leaf ``index`` of ``x``."""
+    from jax import tree_util
+    return tree_util.keystr(tree_util.tree_flatten_with_path(x)[0][index][0])
 
 
 # ---- sharded -----------------------------------------------------------------
 
 def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallback: str,
-                    readonly: str) -> Any:
+                    readonly: str, leaves: str) -> Any:
     if device is not None:
         raise ValueError("to_jax takes device= or sharding=, not both; pass one of them.")
     from jax import tree_util
     from jax.sharding import Sharding
 
-    def one(leaf: Any, s: Any) -> Any:
-        if s is None:  # default placement, as in jax.device_put
-            return _one_to_jax(leaf, None, copy, fallback, readonly)
-        if _shard.plain_device(_plan.check_sharding(s)):
-            return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
-        return _one_sharded(leaf, s, copy, fallback, readonly)
+    def one(path: tuple[Any, ...], leaf: Any, s: Any) -> Any:
+        try:
+            if not _is_tensor(leaf):
+                if leaves == "raise":
+                    raise _plan.not_a_tensor(leaf)
+                return leaf
+            if s is None:  # default placement, as in jax.device_put
+                return _one_to_jax(leaf, None, copy, fallback, readonly)
+            if _shard.plain_device(_plan.check_sharding(s)):
+                return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
+            return _one_sharded(leaf, s, copy, fallback, readonly)
+        except Exception as exc:
+            if path:
+                _plan.name_leaf(exc, tree_util.keystr(path))
+            raise
 
-    def subtree(s: Any, sub: Any) -> Any:
-        if _is_tensor(sub):
-            return one(sub, s)
-        return tree_util.tree_map(lambda leaf: one(leaf, s), sub, is_leaf=_is_tensor)
+    def subtree(prefix: tuple[Any, ...], s: Any, sub: Any) -> Any:
+        return tree_util.tree_map_with_path(lambda p, leaf: one(prefix + p, leaf, s), sub,
+                                            is_leaf=_is_tensor)
 
     if sharding is None or isinstance(sharding, Sharding):
-        return subtree(sharding, x)
+        return subtree((), sharding, x)
     # A pytree of shardings, a prefix of x's structure (as jax.device_put takes).
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -333,12 +393,14 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
         raise ValueError(
             f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure is "
             f"a prefix of the batch's: {str(exc).splitlines()[0]}") from None
-    return tree_util.tree_map(subtree, sharding, x, is_leaf=is_leaf)
+    return tree_util.tree_map_with_path(subtree, sharding, x, is_leaf=is_leaf)
 
 
 def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
     """One tensor onto a multi-device ``sharding`` (see ``_plan.route_sharded``)."""
     c = _jax_caps()
+    if type(x) is c.array_type:
+        return _execute_array(c, _plan.route_jax_array(x, None, copy, sharding), x, sharding)
     cap, info = _core.export(x, c.stream_for)
     needs = _core.needs(info, c.target, readonly == "share")
     route = _plan.route_sharded(info, needs, c, sharding, copy, fallback, readonly,

@@ -159,6 +159,8 @@ class JaxCaps:
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
         self.devices, self.cpu_keys, self.platforms = self._local_devices()
         self._cpu = jax.local_devices(backend="cpu")[0]
+        #: jax.Array's concrete type (a jax.Array is never exported through DLPack).
+        self.array_type = type(jax.numpy.zeros(()))
         self._cpu_align: int | None = None
 
     def _set_direct(self, force_public: bool, why: str) -> None:
@@ -269,7 +271,8 @@ class JaxCaps:
         if self._target is None:
             self._target = _core.JaxTarget(
                 self.import_fn, self._cpu, self.cpu_alignment, self.x64, self.devices,
-                self.cpu_keys, self._probe_dtype, self._narrow_table(), warn, self.stream_for)
+                self.cpu_keys, self._probe_dtype, self._narrow_table(), warn, self.stream_for,
+                self.array_type)
         return self._target
 
     def canonicalize(self, arr: Any) -> Any:

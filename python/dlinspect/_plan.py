@@ -9,7 +9,7 @@ carry out exactly the route these functions return, so ``plan(x)`` says what
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _core
 from ._core import TensorInfo
@@ -30,6 +30,7 @@ from .errors import (
 __all__ = ["Need", "Route", "plan", "explain"]
 
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR = "zero-copy", "copy", "host-fallback", "error"
+E = TypeVar("E", bound=BaseException)
 
 
 class Need(enum.IntFlag):
@@ -71,6 +72,8 @@ UNPACK = "unpack"                  # packed sub-byte host memory into one elemen
 EMPTY = "empty"                    # a new empty array; the capsule is taken and freed
 PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
 RAISE = "raise"
+PASS = "pass"                      # a jax.Array where it was asked to be: returned as it is
+KEEP = "keep"                      # a pytree leaf that is not a tensor: left as it is
 SPLIT = "split"                    # one host view, each device imports its slice
 DEVICE_PUT = "device-put"          # to_jax whole, then jax.device_put(array, sharding)
 PROCESS_LOCAL = "process-local"    # to_jax whole, then make_array_from_process_local_data
@@ -86,7 +89,8 @@ class Route:
         tensor, which has none, is zero-copy too), ``"copy"`` (a copy on a device
         JAX has: strides, alignment, read-only, dtype narrowing, device transfer
         or ``copy=True``), ``"host-fallback"`` (the memory is on a device this
-        JAX has no backend for: it goes through host memory), or ``"error"``.
+        JAX has no backend for: it goes through host memory), ``"error"``, or,
+        for a pytree leaf that is not a tensor, ``"untouched"`` (left as it is).
     zero_copy : bool
         No byte of the tensor is copied.
     reason : str
@@ -438,7 +442,8 @@ def _combine(info: TensorInfo, needs: int, shards: tuple[Any, ...]) -> Route:
 
 # ---- options ---------------------------------------------------------------
 
-def check_options(target: str, fallback: str, readonly: str, copy: Any = None) -> None:
+def check_options(target: str, fallback: str, readonly: str, copy: Any = None,
+                  leaves: str = "keep") -> None:
     """Raise ValueError for an option outside its documented values."""
     if copy is not None and copy is not True and copy is not False:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
@@ -448,6 +453,68 @@ def check_options(target: str, fallback: str, readonly: str, copy: Any = None) -
         raise ValueError(f"fallback must be 'host' or 'raise', not {fallback!r}")
     if readonly not in ("copy", "share"):
         raise ValueError(f"readonly must be 'copy' or 'share', not {readonly!r}")
+    if leaves not in ("keep", "raise"):
+        raise ValueError(f"leaves must be 'keep' or 'raise', not {leaves!r}")
+
+
+def name_leaf(exc: E, path: str) -> E:
+    """``exc``, its message led by the pytree key path of the leaf it is about.
+
+    A DLInspectError's message starts with the path (``['inputs']['pixels']: ...``)
+    and it gets a ``key_path`` attribute; any other exception gets a note.
+    """
+    if isinstance(exc, DLInspectError):
+        if not getattr(exc, "key_path", None):
+            exc.key_path = path  # type: ignore[attr-defined]
+            exc.args = (f"{path}: {exc.args[0] if exc.args else ''}",) + exc.args[1:]
+    elif hasattr(exc, "add_note"):
+        exc.add_note(f"(dlinspect: while converting the pytree leaf {path})")
+    return exc
+
+
+def not_a_tensor(leaf: Any) -> NotDLPackError:
+    """The error for a pytree leaf that is not a tensor, with ``leaves="raise"``."""
+    return NotDLPackError(
+        f"a leaf of type {type(leaf).__module__}.{type(leaf).__qualname__} is not a tensor, "
+        f"and leaves='raise' was asked for. To fix: pass leaves='keep' to leave non-tensor "
+        f"leaves as they are, or take it out of the batch.")
+
+
+def untouched(leaf: Any, target: str, leaves: str, path: str) -> Route:
+    """The route of a pytree leaf that is not a tensor."""
+    if leaves == "raise":
+        return error_route(name_leaf(not_a_tensor(leaf), path), None, target)
+    what = f"{type(leaf).__module__}.{type(leaf).__qualname__}"
+    return Route("untouched", f"Not a tensor ({what}): left as it is.", None, target,
+                 action=KEEP)
+
+
+def route_jax_array(x: Any, device: Any, copy: bool | None, sharding: Any = None) -> Route:
+    """The route of a ``jax.Array``: no DLPack round trip, only ``device_put`` or a copy."""
+    target = "jax"
+    if copy is True:
+        return Route(COPY, "copy=True was asked for: JAX copies the jax.Array.", None, target,
+                     copy_bytes=x.nbytes, action=IMPORT)
+    want = sharding if sharding is not None else device
+    if want is None:
+        return Route(ZERO_COPY, "It already is a jax.Array: returned as it is (no DLPack "
+                     "round trip).", None, target, action=PASS)
+    if sharding is not None:
+        there = x.sharding.is_equivalent_to(sharding, x.ndim)
+        where = f"the sharding {sharding}"
+    else:
+        there = x.devices() == {device} and getattr(x.sharding, "memory_kind", None) in (
+            None, device.default_memory().kind)
+        where = str(device)
+    if there:
+        return Route(ZERO_COPY, f"It already is a jax.Array on {where}: returned as it is.",
+                     None, target, jax_device=device, action=PASS)
+    if copy is False:
+        return error_route(CopyRequiredError(
+            f"a jax.Array on {', '.join(map(str, x.devices()))} must move to {where}, which "
+            f"copies, but copy=False. To fix: pass copy=None."), None, target)
+    return Route(COPY, f"A copy is needed: the jax.Array moves to {where} (jax.device_put).",
+                 None, target, copy_bytes=x.nbytes, jax_device=device, action=DEVICE_PUT)
 
 
 def single_device(device: Any) -> Any:
@@ -491,15 +558,17 @@ def decide(info: TensorInfo, c: Any, target: str, *, device: Any = None, copy: b
 
 
 def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
-         sharding: Any = None, fallback: str = "host", readonly: str = "copy") -> Route:
+         sharding: Any = None, fallback: str = "host", readonly: str = "copy",
+         leaves: str = "keep") -> Any:
     """Decide where a tensor would go, without importing or copying anything.
 
     Parameters
     ----------
-    x : object with ``__dlpack__``, DLPack capsule, or TensorInfo
+    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
         The tensor (a capsule is only read, never consumed). The producer is
         asked to export it exactly as :func:`to_jax` would (the export is then
-        released unconsumed), so its refusals show in the plan.
+        released unconsumed), so its refusals show in the plan. A ``jax.Array``
+        is not exported at all (see :func:`to_jax`).
     target : {"jax", "host"}
         Where it should go.
     device : jax.Device or single-device Sharding, optional
@@ -517,11 +586,16 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     readonly : {"copy", "share"}
         Read-only memory (versioned READ_ONLY flag) is copied by default;
         ``"share"`` imports it without a copy (see :func:`to_jax`).
+    leaves : {"keep", "raise"}
+        For a pytree: a leaf that is not a tensor gets an ``"untouched"`` route, or
+        (``"raise"``) a ``NotDLPackError`` route.
 
     Returns
     -------
-    Route
-        ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``.
+    Route or pytree of Route
+        ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``;
+        for a pytree, one Route per leaf in the same structure, each error's
+        message led by its leaf's key path (``['inputs']['pixels']: ...``).
         ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
         when the kind is ``"error"``, and shares memory exactly when it is
         ``"zero-copy"``. A ``"host-fallback"`` route rests on the producer's answer
@@ -532,7 +606,7 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     Raises
     ------
     NotDLPackError
-        ``x`` is not a tensor at all (a ``TypeError``).
+        ``x`` is neither a tensor nor a pytree with leaves (a ``TypeError``).
     ValueError, TypeError
         An option outside its documented values.
 
@@ -548,12 +622,52 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     >>> import numpy as np, dlinspect
     >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
     'copy'
+    >>> routes = dlinspect.plan({"x": np.ones(3, np.float32), "id": "a"})
+    >>> routes["x"].kind, routes["id"].kind
+    ('copy', 'untouched')
     """
-    check_options(target, fallback, readonly, copy)
+    check_options(target, fallback, readonly, copy, leaves)
+    if sharding is not None and device is not None:
+        raise ValueError("plan takes device= or sharding=, not both; pass one of them.")
     c = None
     if target == "jax":
         from ._jaxcaps import caps
         c = caps()
+    options = dict(device=device, copy=copy, sharding=sharding, fallback=fallback,
+                   readonly=readonly)
+    if is_tensor(x) or isinstance(x, TensorInfo):
+        return _plan_one(x, c, target, options)
+    from jax import tree_util
+    flat, treedef = tree_util.tree_flatten_with_path(x)
+    if len(flat) == 1 and flat[0][1] is x:
+        raise NotDLPackError(
+            f"expected a tensor (an object with __dlpack__), a DLPack capsule, or a pytree of "
+            f"them; got an object of type {type(x).__module__}.{type(x).__qualname__}.")
+    routes = []
+    for path, leaf in flat:
+        key = tree_util.keystr(path)
+        if not is_tensor(leaf):
+            routes.append(untouched(leaf, target, leaves, key))
+            continue
+        route = _plan_one(leaf, c, target, options)
+        if route.error is not None:
+            name_leaf(route.error, key)
+            route.reason = f"{key}: {route.reason}"
+        routes.append(route)
+    return tree_util.tree_unflatten(treedef, routes)
+
+
+def is_tensor(x: Any) -> bool:
+    """A DLPack capsule or an object (not a class) with ``__dlpack__``."""
+    return _core.is_capsule(x) or (hasattr(x, "__dlpack__") and not isinstance(x, type))
+
+
+def _plan_one(x: Any, c: Any, target: str, options: dict[str, Any]) -> Route:
+    if c is not None and type(x) is c.array_type:
+        device = options["device"]
+        return route_jax_array(x, None if device is None else single_device(device),
+                               options["copy"], None if options["sharding"] is None
+                               else check_sharding(options["sharding"]))
     bare = _core.is_capsule(x)
     if isinstance(x, TensorInfo):
         info = x
@@ -567,14 +681,11 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
             # cycle until the next garbage collection.
             return error_route(exc.with_traceback(None), None, target)
         del cap   # released unconsumed (a bare capsule stays the caller's)
-    if sharding is not None and device is not None:
-        raise ValueError("plan takes device= or sharding=, not both; pass one of them.")
-    return decide(info, c, target, device=device, copy=copy, sharding=sharding,
-                  fallback=fallback, readonly=readonly, bare=bare)
+    return decide(info, c, target, bare=bare, **options)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:
-    """The header and the route, in a few readable lines.
+    """The header and the route, in a few readable lines (one block per pytree leaf).
 
     Takes the same arguments as :func:`plan`; reads, never consumes.
 
@@ -586,9 +697,32 @@ def explain(x: Any, target: str = "jax", **options: Any) -> str:
     route to host: zero-copy
       NumPy views the kDLCPU memory directly.
     """
-    route = plan(x, target, **options)
-    lines = [repr(route.info) if route.info is not None else "<no header: the export failed>",
-             f"route to {route.target}: {route.kind}"
+    routes = plan(x, target, **options)
+    if isinstance(routes, Route):
+        return _explain_one(routes, x)
+    from jax import tree_util
+    blocks = []
+    for path, route in tree_util.tree_flatten_with_path(routes)[0]:
+        key = tree_util.keystr(path)
+        if route.action is KEEP:
+            blocks.append(f"{key}: untouched ({route.reason})")
+        else:
+            blocks.append(f"{key}:\n  " + _explain_one(route, None).replace("\n", "\n  "))
+    return "\n".join(blocks)
+
+
+def _explain_one(route: Route, x: Any) -> str:
+    if route.info is not None:
+        head = repr(route.info)
+    elif route.action in (PASS, DEVICE_PUT, IMPORT) and route.error is None:
+        head = "<jax.Array>" if x is None else (
+            f"<jax.Array {x.dtype}[{', '.join(map(str, x.shape))}] on "
+            f"{', '.join(map(str, x.devices()))}>")
+    elif route.action is KEEP:
+        head = "<not a tensor>"
+    else:
+        head = "<no header: the export failed>"
+    lines = [head, f"route to {route.target}: {route.kind}"
              + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
     if route.error is None:  # (an error's message says it all, below)
         lines.append(f"  {route.reason}")

@@ -80,7 +80,7 @@ METHODS = ["prefetch_to_jax", "prefetch_to_jax size=8", "to_jax loop", "from_dlp
 def _iterate(method: str, batches: Any, sharding: Any = None) -> Any:
     if method.startswith("prefetch_to_jax"):
         size = 8 if "size=8" in method else 2
-        return dlinspect.prefetch_to_jax(batches, size=size, sharding=sharding)
+        return iter(dlinspect.prefetch_to_jax(batches, size=size, sharding=sharding))
     convert = _convert_functions()[method]
     return (convert(b) for b in batches)
 

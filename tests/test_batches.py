@@ -1,0 +1,175 @@
+"""Batches as data loaders make them: mixed leaves, key paths in errors, jax.Arrays, epochs."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
+
+import dlinspect  # noqa: E402
+from dlinspect import DLDeviceType as D  # noqa: E402
+from dlinspect import (  # noqa: E402
+    CopyRequiredError,
+    NotDLPackError,
+    ProducerError,
+    UnsupportedDeviceError,
+    plan,
+    prefetch_to_jax,
+    to_jax,
+)
+from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, make_capsule  # noqa: E402
+
+
+class TestMixedLeaves:
+    """C27: tensors are converted, every other leaf is left as it is (or refused)."""
+
+    def batch(self, torch):
+        return {"image": torch.ones(2, 3), "id": ["a", "b"], "lr": 0.1, "m": np.float32(1),
+                "caption": b"bytes", "none": None, "obj": object, "n": 3}
+
+    def test_other_leaves_untouched(self, torch):
+        b = self.batch(torch)
+        out = to_jax(b)
+        assert isinstance(out["image"], jax.Array) and out["image"].shape == (2, 3)
+        for key in ("id", "lr", "m", "caption", "none", "obj", "n"):
+            assert out[key] is b[key] or out[key] == b[key], key
+        assert out["id"] == ["a", "b"]
+
+    def test_leaves_raise(self, torch):
+        with pytest.raises(NotDLPackError, match=r"^\['caption'\]: .*bytes.*leaves='keep'"):
+            to_jax(self.batch(torch), leaves="raise")
+        with pytest.raises(ValueError, match="leaves"):
+            to_jax({}, leaves="drop")
+
+    def test_plan_and_explain_per_leaf(self, torch):
+        routes = plan(self.batch(torch))
+        assert routes["image"].kind == "zero-copy" and routes["id"][0].kind == "untouched"
+        assert plan(self.batch(torch), leaves="raise")["lr"].kind == "error"
+        text = dlinspect.explain({"x": np.ones(2, np.float32)[::2], "id": "a"})
+        assert "['x']:" in text and "copy" in text and "['id']: untouched" in text
+
+    def test_a_single_non_tensor_is_an_error(self):
+        for x in (object(), "text", 3.5):
+            with pytest.raises(NotDLPackError):
+                to_jax(x)
+            with pytest.raises(NotDLPackError):
+                plan(x)
+
+
+class TestKeyPaths:
+    """Every error raised for a leaf names it as jax.tree_util.keystr writes it."""
+
+    @pytest.mark.parametrize("make, error", [
+        (lambda torch: torch.ones(2, requires_grad=True), ProducerError),
+        (lambda torch: FakeProducer(np.ones(2, np.float32), (D.kDLVulkan, 0)), UnsupportedDeviceError),
+        (lambda torch: np.arange(6, dtype=np.float32)[::2], CopyRequiredError),
+        (lambda torch: make_capsule(address=16, shape=(2,), name="used_dltensor",
+                                    null_deleter=True), dlinspect.CapsuleConsumedError),
+    ])
+    def test_every_error_kind(self, torch, make, error):
+        batch = {"inputs": {"pixels": make(torch)}, "labels": np.arange(2, dtype=np.int32)}
+        kw = dict(copy=False, fallback="raise")
+        with pytest.raises(error, match=r"^\['inputs'\]\['pixels'\]: ") as info:
+            to_jax(batch, **kw)
+        assert info.value.key_path == "['inputs']['pixels']"
+        route = plan(batch, **kw)["inputs"]["pixels"]
+        assert route.kind == "error" and str(route.error).startswith("['inputs']['pixels']: ")
+        with pytest.raises(error, match=r"^\['inputs'\]\['pixels'\]: "):
+            list(prefetch_to_jax([batch], **kw))
+
+    def test_list_and_tuple_paths(self, torch):
+        with pytest.raises(ProducerError, match=r"^\[1\]\[0\]: "):
+            to_jax([np.ones(2, np.float32), (torch.ones(1, requires_grad=True),)])
+        with pytest.raises(ProducerError, match=r"^\[1\]\[0\]: "):
+            to_jax([np.ones(2, np.float32), (torch.ones(1, requires_grad=True),)], device=jax.devices()[0])
+
+    def test_failed_batch_consumes_nothing(self):
+        counter = DeleterCounter()
+        cap = make_capsule(aligned_array([1, 2]), counter=counter)
+        with pytest.raises(ProducerError):
+            to_jax({"a": cap, "b": FakeProducer(np.ones(1), refuse="no")})
+        assert dlinspect._core.capsule_name(cap) in ("dltensor_versioned", "used_dltensor_versioned")
+        del cap
+        gc.collect()
+        assert counter.calls == 1
+
+
+class TestJaxArrays:
+    """C24: a jax.Array is not a foreign tensor: no DLPack round trip."""
+
+    def test_returned_as_it_is(self):
+        j = jax.numpy.arange(1024.0)
+        assert to_jax(j) is j
+        assert to_jax({"a": j})["a"] is j
+        route = plan(j)
+        assert route.kind == "zero-copy" and "already" in route.reason
+        assert "jax.Array" in dlinspect.explain(j)
+
+    def test_device_and_copy(self):
+        j = jax.numpy.arange(4.0)
+        dev = jax.devices("cpu")[0]
+        assert to_jax(j, device=dev) is j and plan(j, device=dev).kind == "zero-copy"
+        c = to_jax(j, copy=True)
+        assert c is not j and c.unsafe_buffer_pointer() != j.unsafe_buffer_pointer()
+        assert plan(j, copy=True).kind == "copy"
+        assert c.tolist() == j.tolist()
+
+    def test_inside_prefetch(self):
+        j = jax.numpy.ones(3)
+        assert [b["x"] is j for b in prefetch_to_jax([{"x": j}] * 2)] == [True, True]
+
+
+class TestLoader:
+    """prefetch_to_jax returns a loader: one epoch per iter(), len() of its source."""
+
+    def batches(self, n=4):
+        return [{"x": aligned_array(np.full((2, 2), i)), "id": f"b{i}"} for i in range(n)]
+
+    @pytest.mark.parametrize("thread", [True, False])
+    def test_epochs(self, thread):
+        loader = prefetch_to_jax(self.batches(), thread=thread)
+        assert len(loader) == 4
+        for _ in range(3):
+            assert [b["id"] for b in loader] == ["b0", "b1", "b2", "b3"]
+            assert [float(b["x"][0, 0]) for b in loader] == [0, 1, 2, 3]
+
+    def test_no_len(self):
+        loader = prefetch_to_jax(iter(self.batches()))
+        with pytest.raises(TypeError, match="no len"):
+            len(loader)
+        assert len(list(loader)) == 4 and list(loader) == []   # an iterator runs once
+
+    def test_torch_dataloader_epochs(self, torch):
+        from torch.utils.data import DataLoader, TensorDataset
+        data = TensorDataset(torch.arange(12, dtype=torch.float32).reshape(6, 2))
+        loader = prefetch_to_jax(DataLoader(data, batch_size=2))
+        assert len(loader) == 3
+        for _ in range(2):
+            assert [float(b[0][0, 0]) for b in loader] == [0.0, 4.0, 8.0]
+
+    def test_early_exit_frees_the_thread(self):
+        import threading
+        loader = prefetch_to_jax(self.batches(50), size=3)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+        gc.collect()
+        assert [t for t in threading.enumerate() if t.name == "dlinspect-prefetch"] == []
+        assert len(list(loader)) == 50
+
+    def test_inline_warnings_at_the_callers_line(self):
+        with pytest.warns(dlinspect.DLInspectWarning) as record:
+            for _ in prefetch_to_jax([np.arange(4)] * 2, thread=False):
+                pass
+        assert {w.filename for w in record} == {__file__}
+
+    def test_option_checks(self):
+        with pytest.raises(ValueError, match="leaves"):
+            prefetch_to_jax([], leaves="x")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert list(prefetch_to_jax([])) == []
