@@ -86,6 +86,34 @@ def test_usage_errors_exit_1_with_a_message(args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("args", [("inspect", "--expr", "np.ones(3)"), ("bench", "--quick"),
+                                  ("bench", "to_jax", "--quick")])
+def test_without_jax_one_line_and_the_install_hint(args):
+    proc = cli(*args, pre="import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None; ")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "pip install 'dlinspect[jax]'" in proc.stderr
+
+
+def test_what_needs_no_jax_runs_without_it():
+    proc = cli("doctor", pre="import sys; sys.modules['jax'] = None; ")
+    assert proc.returncode == 0 and "pip install 'dlinspect[jax]'" in proc.stdout
+    proc = cli("inspect", "--target", "host", "--expr", "np.ones(3)",
+               pre="import sys; sys.modules['jax'] = None; ")
+    assert proc.returncode == 0 and "route to host: zero-copy" in proc.stdout
+
+
+def test_version():
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dlinspect {dlinspect.__version__}"
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
+    proc = cli("bench", "peek", "--quick", "--json", str(tmp_path / "p.json"))
+    assert proc.returncode == 0, proc.stderr
+    assert "dlinspect bench" not in proc.stderr and "suite/s" not in proc.stderr
+
+
 def test_doctor_when_jax_cannot_start():
     proc = cli("doctor", env={"JAX_PLATFORMS": "nosuchplatform"})
     assert proc.returncode == 0 and "jax: failed to start" in proc.stdout

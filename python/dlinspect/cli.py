@@ -250,6 +250,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dlinspect", description="Read DLPack tensor headers "
                                      "without consuming them, and route tensors into JAX.")
+    from dlinspect import __version__
+    parser.add_argument("--version", action="version", version=f"dlinspect {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="what this installation can do")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -305,16 +307,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command == "doctor":
-        report = doctor_report()
-        if args.json:
-            print(json.dumps(report, indent=2))
-        else:
-            _print_doctor(report)
-        return 0
-    if args.command == "inspect":
-        return _inspect(args)
-    return _bench(args)
+    try:
+        if args.command == "doctor":
+            report = doctor_report()
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                _print_doctor(report)
+            return 0
+        if args.command == "inspect":
+            return _inspect(args)
+        return _bench(args)
+    except ImportError as exc:
+        if "jax" not in str(exc) and getattr(exc, "name", None) not in ("jax", "jaxlib"):
+            raise
+        # One line, no traceback: the install hint is all there is to do.
+        return _fail(f"{args.command}: this needs jax, which is not installed here; install it "
+                     f"with: {INSTALL_JAX}")
 
 
 if __name__ == "__main__":

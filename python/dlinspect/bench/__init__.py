@@ -36,7 +36,8 @@ def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: in
     repeat : int or None
         Runs per measurement (default 15, or 3 with ``quick``).
     progress : bool
-        Draw a tqdm progress bar on stderr (when tqdm is installed).
+        Draw a tqdm progress bar on stderr (when tqdm is installed and stderr is a
+        terminal).
 
     Returns
     -------
@@ -58,7 +59,9 @@ def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: in
     if progress:
         try:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(names), unit="suite", desc="dlinspect bench", leave=False)
+            # disable=None: no bar unless stderr is a terminal (logs stay clean)
+            bar = tqdm(total=len(names), unit="suite", desc="dlinspect bench", leave=False,
+                       disable=None)
         except ImportError:
             bar = None
 

@@ -1,0 +1,199 @@
+"""Helpers of the interop suite (see conftest.py): the agreement check on real producers,
+the record of what ``jax.dlpack.from_dlpack`` does, lifetimes and leaks."""
+
+from __future__ import annotations
+
+import gc
+import os
+import warnings
+from collections import defaultdict
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+
+def need(module: str, pip_name: str) -> Any:
+    """Import ``module`` or skip the calling test module, saying how to install it."""
+    pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # producers' import-time deprecations
+        return pytest.importorskip(
+            module, reason=f"{pip_name} is not installed (bash scripts/interop.sh installs it)")
+
+
+# ---- the agreement check -------------------------------------------------------
+
+def pointer_of(result: Any) -> int:
+    if isinstance(result, np.ndarray):
+        return result.__array_interface__["data"][0]
+    return result.addressable_data(0).unsafe_buffer_pointer()
+
+
+def jax_reference(reference: np.ndarray) -> np.ndarray:
+    """The values JAX holds for ``reference`` (64-bit types narrowed with x64 off)."""
+    import jax.numpy as jnp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(jnp.asarray(np.array(reference, order="C")))
+
+
+def same_values(got: Any, expected: np.ndarray) -> bool:
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        return False
+    if got.dtype != expected.dtype:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            expected = expected.astype(got.dtype)
+    return bool(np.array_equal(got.astype(np.float64) if got.dtype.name == "bfloat16" else got,
+                               expected.astype(np.float64) if got.dtype.name == "bfloat16"
+                               else expected, equal_nan=got.dtype.kind in "fc"))
+
+
+def check(x: Any, reference: np.ndarray, target: str = "jax", **options: Any) -> Any:
+    """``plan(x, target, **options)`` against the conversion of ``x``; returns the route."""
+    import dlinspect
+    try:
+        info = dlinspect.peek(x)
+    except dlinspect.DLInspectError:
+        info = None   # a producer's refusal or a bad header: the route must be an error
+    route = dlinspect.plan(x, target, **options)
+    convert = dlinspect.to_jax if target == "jax" else dlinspect.to_host
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = convert(x, **options)
+        except dlinspect.DLInspectError as exc:
+            assert route.kind == "error", (f"plan said {route.kind!r} but {target} raised "
+                                           f"{type(exc).__name__}: {exc}", route)
+            assert type(exc) is type(route.error), (route, exc)
+            return route
+    assert route.kind != "error", (f"plan said error ({route.error!r}) but {target} returned",
+                                   route)
+    assert info is not None, "peek raised, but the conversion worked"
+    warned = [w for w in caught if issubclass(w.category, dlinspect.DLInspectWarning)]
+    assert bool(warned) == (route.warning is not None), (
+        f"route.warning={route.warning!r} but the conversion warned "
+        f"{[str(w.message) for w in warned]}", route)
+    if info.size == 0:   # no memory to share: an empty tensor counts as zero-copy
+        assert route.kind == "zero-copy" and result.size == 0, route
+    else:
+        shares = pointer_of(result) == info.data_ptr
+        assert shares == (route.kind == "zero-copy"), (
+            f"plan said {route.kind!r} but the result "
+            f"{'shares' if shares else 'does not share'} the producer's memory", route, info)
+    expected = jax_reference(reference) if target == "jax" else np.asarray(reference)
+    assert same_values(result, expected), (route, np.asarray(result), expected)
+    return route
+
+
+#: Options that change a route, per target.
+OPTIONS = {
+    "jax": [{}, {"copy": True}, {"copy": False}, {"readonly": "share"}],
+    "host": [{}, {"copy": True}, {"copy": False}],
+}
+
+
+def check_all(producer: str, case: str, make: Callable[[], Any], reference: np.ndarray) -> dict:
+    """:func:`check` for every target and option on fresh tensors from ``make``;
+    records what ``jax.dlpack.from_dlpack`` does. Returns ``{(target, options): kind}``."""
+    kinds = {}
+    for target, variants in OPTIONS.items():
+        for options in variants:
+            route = check(make(), reference, target, **options)
+            kinds[(target, tuple(sorted(options.items())))] = route.kind
+    record_jax(producer, case, make(), kinds[("jax", ())])
+    return kinds
+
+
+# ---- what jax.dlpack.from_dlpack does with the same tensor ------------------------
+
+JAX_RECORD: dict[str, list[dict]] = defaultdict(list)
+
+
+def jax_from_dlpack(x: Any) -> tuple[str, str]:
+    """``("ok" | "shares" | "raised", detail)`` of ``jax.dlpack.from_dlpack(x)``."""
+    import jax
+    import dlinspect
+    try:
+        ptr = dlinspect.peek(x).data_ptr
+    except Exception:
+        ptr = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            y = jax.dlpack.from_dlpack(x)
+        except Exception as exc:
+            return "raised", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    if y.size and ptr is not None and pointer_of(y) == ptr:
+        return "shares", f"{y.dtype}{list(y.shape)}"
+    return "ok", f"{y.dtype}{list(y.shape)} (a copy)" if y.size else f"{y.dtype}{list(y.shape)}"
+
+
+def record_jax(producer: str, case: str, x: Any, dlinspect_kind: str) -> tuple[str, str]:
+    outcome = jax_from_dlpack(x)
+    JAX_RECORD[producer].append({"case": case, "dlinspect": dlinspect_kind,
+                                 "jax": outcome[0], "detail": outcome[1]})
+    return outcome
+
+
+# ---- lifetimes -------------------------------------------------------------------
+
+def check_lifetime(make: Callable[[], Any], reference: np.ndarray,
+                   churn: Callable[[], Any] | None = None) -> None:
+    """The result stays right after the producer's object is deleted and its memory
+    could have been reused (``churn`` allocates through the producer meanwhile)."""
+    import dlinspect
+    x = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
+        y = dlinspect.to_jax(x)
+        h = dlinspect.to_host(x)
+    del x
+    gc.collect()
+    garbage = [churn() for _ in range(64)] if churn is not None else []
+    assert same_values(y, jax_reference(reference))
+    assert same_values(h, np.asarray(reference))
+    del garbage
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS line in /proc/self/status")
+
+
+#: Per producer module: (conversions, RSS growth in KiB) of its leak check.
+LEAK_RECORD: dict[str, tuple[int, int]] = {}
+
+#: Conversions per leak check, and the RSS growth allowed over them.
+LEAK_N = 10_000
+LEAK_BOUND_KIB = 20 * 1024
+
+
+def check_no_leak(x: Any, n: int = LEAK_N, bound_kib: int = LEAK_BOUND_KIB) -> int:
+    """``n`` conversions of ``x`` (to_jax and to_host, results dropped): RSS grows by less
+    than ``bound_kib``. Returns the growth in KiB."""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("RSS is read from /proc/self/status (Linux)")
+    if os.environ.get("DLINSPECT_SANITIZED"):
+        pytest.skip("ASan keeps freed memory: RSS says nothing under the sanitizers")
+    import dlinspect
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
+        for _ in range(max(n // 20, 50)):   # warm-up: allocators, caches, JIT
+            dlinspect.to_jax(x)
+            dlinspect.to_host(x)
+        gc.collect()
+        before = rss_kib()
+        for _ in range(n):
+            dlinspect.to_jax(x)
+            dlinspect.to_host(x)
+        gc.collect()
+    grown = rss_kib() - before
+    LEAK_RECORD[type(x).__module__.split(".")[0]] = (n, grown)
+    assert grown < bound_kib, f"RSS grew {grown} KiB over {n} conversions (bound {bound_kib} KiB)"
+    return grown

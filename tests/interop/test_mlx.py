@@ -1,0 +1,98 @@
+"""MLX (the Linux CPU wheel, ``mlx[cpu]``) as a DLPack producer: mlx.core.array.
+
+MLX exports host memory (kDLCPU) as legacy "dltensor" capsules, with real strides for
+its views (transposes, slices, reversals, broadcasts). Its CPU allocator puts a header
+before each buffer, so data pointers are only 8-byte aligned: JAX (XLA:CPU, 64-byte
+alignment) never views them, dlinspect copies once and NumPy views them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from interop_helpers import check_all, check_lifetime, check_no_leak, need
+
+mx = need("mlx.core", "mlx[cpu]")
+
+import dlinspect  # noqa: E402
+
+DTYPES = ["bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "bfloat16", "float32", "float64", "complex64"]
+
+
+def reference(dtype, shape=(3, 4)):
+    n = int(np.prod(shape))
+    if dtype == "bool_":
+        return (np.arange(n) % 3 == 0).reshape(shape)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return (np.arange(n) - 5).astype(ml_dtypes.bfloat16).reshape(shape)
+    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
+    if dtype.startswith("complex"):
+        vals = vals + 1j * vals[::-1]
+    return vals.astype(dtype).reshape(shape)
+
+
+def array(ref):
+    import ml_dtypes
+    if ref.dtype == ml_dtypes.bfloat16:
+        return mx.array(ref.astype(np.float32)).astype(mx.bfloat16)
+    if ref.dtype == np.float64:
+        return mx.array(ref, dtype=mx.float64)
+    return mx.array(ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dtypes(dtype):
+    ref = reference(dtype)
+    x = array(ref)
+    assert x.itemsize == ref.itemsize
+    kinds = check_all("mlx", dtype, lambda: array(ref), ref)
+    assert kinds[("host", ())] == "zero-copy"
+
+
+@pytest.mark.parametrize("case", ["T", "cols", "step", "reversed", "broadcast", "0-d", "empty",
+                                  "lazy", "large"])
+def test_layouts(case):
+    base = reference("float32", (4, 6))
+    make, ref = {
+        "T": (lambda: array(base).T, base.T),
+        "cols": (lambda: array(base)[:, 1:3], base[:, 1:3]),
+        "step": (lambda: array(base)[:, ::2], base[:, ::2]),
+        "reversed": (lambda: array(base)[::-1], base[::-1]),
+        "broadcast": (lambda: mx.broadcast_to(array(base[0]), (4, 6)),
+                      np.broadcast_to(base[0], (4, 6))),
+        "0-d": (lambda: mx.array(2.5), np.array(2.5, np.float32)),
+        "empty": (lambda: mx.zeros((0, 3)), np.zeros((0, 3), np.float32)),
+        "lazy": (lambda: array(base) * 2 + 1, base * 2 + 1),       # evaluated by __dlpack__
+        "large": (lambda: mx.arange(1 << 18, dtype=mx.float32).reshape(512, 512),
+                  np.arange(1 << 18, dtype=np.float32).reshape(512, 512)),
+    }[case]
+    check_all("mlx", case, make, ref)
+
+
+def test_eight_byte_alignment_is_explained():
+    x = mx.arange(1024, dtype=mx.float32)
+    info = dlinspect.peek(x)
+    route = dlinspect.plan(x)
+    if info.alignment < 64:
+        assert route.kind == "copy" and dlinspect.Need.ALIGN in route.needs
+        assert "aligned" in route.reason
+
+
+def test_broadcast_host_view_is_read_only():
+    h = dlinspect.to_host(mx.broadcast_to(mx.arange(3, dtype=mx.float32), (4, 3)))
+    assert h.strides[0] == 0 and not h.flags.writeable
+
+
+def test_lifetime():
+    ref = np.arange(4096, dtype=np.float32)
+    check_lifetime(lambda: mx.array(ref), ref,
+                   churn=lambda: mx.eval(mx.full((4096,), -1.0)) or mx.full((4096,), -1.0))
+
+
+def test_no_leak():
+    x = mx.arange(1024, dtype=mx.float32)
+    mx.eval(x)
+    check_no_leak(x)
