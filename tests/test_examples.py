@@ -48,6 +48,12 @@ def test_train_digits_data_parallel_with_workers(single_device_accuracy):
     assert abs(accuracy(out) - single_device_accuracy) <= 0.02
 
 
+def test_train_digits_two_processes(single_device_accuracy):
+    out = run_example("examples/train_digits.py", "--processes", "2")
+    assert "devices: 2 (2 process(es))" in out
+    assert abs(accuracy(out) - single_device_accuracy) <= 0.03
+
+
 def test_demo_runs():
     out = run_example("examples/demo.py")
     assert "kDLVulkan" in out

@@ -94,12 +94,11 @@ def test_requires_grad_refused_by_paddle():
     record_jax("paddle", "requires grad", x, dlinspect.plan(x).kind)
 
 
-@pytest.mark.xfail(strict=True, reason="FAULT: paddle's __dlpack__ refuses a tensor that "
-                   "requires gradients (BufferError: Can't get __dlpack__ from Tensor that "
-                   "requires gradients... use tensor.detach()), but dlinspect takes it "
-                   "through paddle's C exchange API, which makes none of __dlpack__'s "
-                   "refusals; the guards that restore the producer's refusals exist for "
-                   "torch only")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "FAULT: paddle's __dlpack__ refuses a tensor that requires gradients (BufferError: Can't "
+    "get __dlpack__ from Tensor that requires gradients... use tensor.detach()), but dlinspect "
+    "takes it through paddle's C exchange API, which makes none of __dlpack__'s refusals; the "
+    "guards that restore a producer's refusals exist for torch only"))
 def test_requires_grad_is_a_producer_error():
     x = paddle.to_tensor(np.ones(3, np.float32), stop_gradient=False)
     route = dlinspect.plan(x)
