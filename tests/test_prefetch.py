@@ -28,8 +28,9 @@ def batch_of(i, counter=None):
             "y": np.full((4,), i, np.int32)}
 
 
-def test_order_and_values():
-    got = [(float(b["x"][0, 0]), int(b["y"][0])) for b in prefetch_to_jax(batch_of(i) for i in range(7))]
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_order_and_values(thread):
+    got = [(float(b["x"][0, 0]), int(b["y"][0])) for b in prefetch_to_jax((batch_of(i) for i in range(7)), thread=thread)]
     assert got == [(i, i) for i in range(7)]
     assert prefetch_threads() == []
 
@@ -38,7 +39,7 @@ def test_order_and_values():
 def test_every_deleter_once(size):
     counter = DeleterCounter()
     n = 0
-    for b in prefetch_to_jax((batch_of(i, counter) for i in range(6)), size=size):
+    for b in prefetch_to_jax((batch_of(i, counter) for i in range(6)), size=size, thread=True):
         assert isinstance(b["x"], jax.Array)
         n += 1
     del b
@@ -46,7 +47,8 @@ def test_every_deleter_once(size):
     assert n == 6 and counter.calls == 6
 
 
-def test_source_error_raised_at_its_batch():
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_source_error_raised_at_its_batch(thread):
     boom = RuntimeError("batch 3 is corrupt")
 
     def source():
@@ -57,13 +59,14 @@ def test_source_error_raised_at_its_batch():
 
     seen = []
     with pytest.raises(RuntimeError) as info:
-        for b in prefetch_to_jax(source(), size=4):
+        for b in prefetch_to_jax(source(), size=4, thread=thread):
             seen.append(int(b["y"][0]))
     assert info.value is boom and seen == [0, 1, 2]
     assert prefetch_threads() == []
 
 
-def test_conversion_error_raised_at_its_batch():
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_conversion_error_raised_at_its_batch(thread):
     def source():
         for i in range(5):
             b = batch_of(i)
@@ -73,7 +76,7 @@ def test_conversion_error_raised_at_its_batch():
 
     seen = []
     with pytest.raises(UnsupportedDeviceError, match="kDLVulkan"):
-        for b in prefetch_to_jax(source(), fallback="raise"):
+        for b in prefetch_to_jax(source(), fallback="raise", thread=thread):
             seen.append(int(b["y"][0]))
     assert seen == [0, 1]
 
@@ -91,7 +94,7 @@ def test_early_stop_joins_the_thread_and_frees_every_batch():
         finally:
             closed.append(True)
 
-    for b in prefetch_to_jax(source(), size=3):
+    for b in prefetch_to_jax(source(), size=3, thread=True):
         break
     del b
     gc.collect()
@@ -101,9 +104,10 @@ def test_early_stop_joins_the_thread_and_frees_every_batch():
     assert counter.calls == len(made)
 
 
-def test_consumer_exception_stops_the_worker():
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_consumer_exception_stops_the_worker(thread):
     with pytest.raises(KeyError):
-        for b in prefetch_to_jax(batch_of(i) for i in range(100)):
+        for b in prefetch_to_jax((batch_of(i) for i in range(100)), thread=thread):
             raise KeyError("consumer failed")
     assert prefetch_threads() == []
 
@@ -160,7 +164,7 @@ def test_exit_with_a_live_worker_is_clean():
     code = ("import itertools, warnings, numpy as np, dlinspect\n"
             "warnings.simplefilter('ignore', dlinspect.DLInspectWarning)\n"
             "src = ({'x': np.ones((64, 64), np.float32), 'y': np.arange(64)} for _ in itertools.count())\n"
-            "it = iter(dlinspect.prefetch_to_jax(src, size=64))\n"
+            "it = iter(dlinspect.prefetch_to_jax(src, size=64, thread=True))\n"
             "next(it)\n")
     for _ in range(5):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -178,7 +182,7 @@ def test_stop_while_the_source_blocks(monkeypatch):
         release.wait(30)  # stuck
         yield np.ones(2, np.float32)
 
-    g = iter(prefetch_to_jax(source()))
+    g = iter(prefetch_to_jax(source(), thread=True))
     next(g)
     with pytest.warns(dlinspect.DLInspectWarning, match="inside next"):
         g.close()
@@ -188,15 +192,63 @@ def test_stop_while_the_source_blocks(monkeypatch):
     assert prefetch_threads() == []
 
 
-def test_worker_uses_the_callers_x64_mode():
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_worker_uses_the_callers_x64_mode(thread):
     with jax.enable_x64(True):
         direct = dlinspect.to_jax(np.arange(4))
-        fetched = next(iter(prefetch_to_jax([np.arange(4)])))
+        fetched = next(iter(prefetch_to_jax([np.arange(4)], thread=thread)))
     assert direct.dtype == fetched.dtype == np.int64
 
 
-def test_warnings_reach_the_consumer_at_its_line():
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_warnings_reach_the_consumer_at_its_line(thread):
     with pytest.warns(dlinspect.DLInspectWarning, match="int64") as record:
-        for _ in prefetch_to_jax([np.arange(4)] * 3):
+        for _ in prefetch_to_jax([np.arange(4)] * 3, thread=thread):
             pass
     assert len(record) >= 1 and {w.filename for w in record} == {__file__}
+
+
+def test_auto_takes_a_thread_only_with_work_on_both_sides(monkeypatch):
+    """thread=None: the first batches are timed on the consumer's thread; a worker takes
+    over only when loading and the consumer's work both exceed the threshold."""
+    import time
+    from dlinspect import _prefetch
+    monkeypatch.setattr(_prefetch, "_OVERLAP_S", 0.002)
+    assert _prefetch._on_cpu({}) and _prefetch._on_cpu({"device": jax.devices("cpu")[0]})
+    assert [b["x"].shape for b in prefetch_to_jax([batch_of(i) for i in range(6)])] == [(4, 3)] * 6
+    monkeypatch.setattr(_prefetch, "_on_cpu", lambda options: False)   # as on a GPU
+
+    def slow_source(n=12):
+        for i in range(n):
+            time.sleep(0.004)
+            yield batch_of(i)
+
+    def threads_during(source, consumer_s):
+        seen = []
+        for b in prefetch_to_jax(source):
+            seen.append(len(prefetch_threads()))
+            time.sleep(consumer_s)
+        return seen
+
+    assert threads_during(slow_source(), 0.0) == [0] * 12     # nothing to overlap with
+    assert threads_during([batch_of(i) for i in range(12)], 0.004) == [0] * 12  # quick loading
+    busy = threads_during(slow_source(), 0.004)                # both sides work: a thread
+    assert busy[:4] == [0] * 4 and sum(busy[4:]) >= 4, busy
+    assert prefetch_threads() == []
+
+
+def test_auto_never_takes_a_thread_for_cpu_devices(monkeypatch):
+    import time
+    from dlinspect import _prefetch
+    monkeypatch.setattr(_prefetch, "_OVERLAP_S", 0.0)
+
+    def slow_source():
+        for i in range(8):
+            time.sleep(0.002)
+            yield batch_of(i)
+
+    seen = []
+    for _ in prefetch_to_jax(slow_source()):
+        seen.append(len(prefetch_threads()))
+        time.sleep(0.002)
+    assert seen == [0] * 8

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import queue
+import statistics
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,6 +21,14 @@ __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 _BATCH, _FAILED, _DONE = 0, 1, 2
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
 _JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
+# thread=None: on JAX CPU devices, never a thread (XLA's step already keeps the host's
+# cores busy: a worker only competes with it, measured). Elsewhere the first _PROBE
+# batches of an epoch are loaded on the consumer's thread, timed; a worker thread takes
+# over only when loading a batch and the consumer's work between batches both take over
+# _OVERLAP_S (median): only then is there time to overlap worth more than handing each
+# batch across threads under the GIL.
+_PROBE = 4
+_OVERLAP_S = 0.0005
 
 # Workers still running, stopped and joined at interpreter exit: a daemon thread
 # killed inside jaxlib during finalization aborts the process.
@@ -49,15 +59,16 @@ class PrefetchLoader:
         The batches' source, e.g. a ``torch.utils.data.DataLoader``.
     size : int
         Batches converted ahead of the consumer.
-    thread : bool
-        Whether batches are converted on a background thread (see
+    thread : bool or None
+        Whether batches are converted on a background thread: True, False, or
+        None, decided per epoch from the first batches' timings (see
         :func:`prefetch_to_jax`, ``thread``).
     options : dict
         The :func:`to_jax` options for every batch.
     """
 
-    def __init__(self, source: Iterable[Any], size: int, thread: bool, options: dict[str, Any],
-                 progress: bool) -> None:
+    def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
+                 options: dict[str, Any], progress: bool) -> None:
         self.source = source
         self.size = size
         self.thread = thread
@@ -74,11 +85,14 @@ class PrefetchLoader:
     def __iter__(self) -> Iterator[Any]:
         bar = _progress_bar(self.source) if self._progress else None
         it = iter(self.source)
-        if not self.thread:
+        if self.thread is False:
             return _inline(it, bar, self.options)
         from jax._src.config import enable_x64
         # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
-        return _prefetch(it, self.size, bar, self.options, bool(enable_x64.value))
+        x64 = bool(enable_x64.value)
+        if self.thread is None:
+            return _auto(it, self.size, bar, self.options, x64)
+        return _prefetch(it, self.size, bar, self.options, x64)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
@@ -87,7 +101,7 @@ class PrefetchLoader:
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
                     sharding: Any = None, copy: bool | None = None, fallback: str = "host",
-                    readonly: str = "copy", leaves: str = "keep", thread: bool = True,
+                    readonly: str = "copy", leaves: str = "keep", thread: bool | None = None,
                     progress: bool = False) -> PrefetchLoader:
     """A loader yielding each batch of ``iterable`` as JAX arrays, converted ahead.
 
@@ -107,13 +121,18 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         ``NamedSharding(mesh, PartitionSpec("data"))``) spreads each batch over
         several devices along its leading axis, and under ``jax.distributed`` a
         sharding spanning the processes takes each process's batch as its part.
-    thread : bool
-        True (the default): a worker thread takes items from ``iterable`` and
-        converts them, up to ``size`` ahead, while the consumer works. False:
-        each batch is converted on the consumer's thread when it is asked for
-        (a plain ``to_jax`` loop, nothing ahead): faster when the source is
-        quick and nothing else waits, as on a CPU-only JAX (see the README's
-        loader figures).
+    thread : bool or None
+        True: a worker thread takes items from ``iterable`` and converts them, up
+        to ``size`` ahead, while the consumer works. False: each batch is loaded
+        and converted on the consumer's thread when asked for (a plain ``to_jax``
+        loop). None (the default): False when the batches go to JAX CPU devices
+        (the jitted step then keeps the host's cores busy, and a worker thread
+        only competes with it: measured slower, see the README's loader figures);
+        elsewhere each epoch times its first 4 batches on the consumer's thread,
+        and a worker thread takes over only when loading a batch and the
+        consumer's own work between batches both take over 0.5 ms (medians):
+        work to overlap that is worth more than handing each batch across
+        threads under the GIL.
     progress : bool
         Show a tqdm progress bar (``pip install tqdm``) per epoch, with a total
         when ``len(iterable)`` exists.
@@ -169,7 +188,7 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     check_options("jax", fallback, readonly, copy, leaves)
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
-    return PrefetchLoader(iterable, size, bool(thread),
+    return PrefetchLoader(iterable, size, None if thread is None else bool(thread),
                           dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
                                readonly=readonly, leaves=leaves), progress)
 
@@ -189,6 +208,59 @@ def _progress_bar(iterable: Any) -> Any:
     return tqdm(total=total, unit="batch", desc="prefetch_to_jax")
 
 
+def _auto(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
+          x64: bool) -> Iterator[Any]:
+    """The first batches on the consumer's thread, timed; then a worker thread only if
+    both sides have work to overlap (see ``_OVERLAP_S``)."""
+    load: list[float] = []
+    consume: list[float] = []
+    try:
+        for _ in range(_PROBE):
+            start = time.perf_counter()
+            batch = next(it, _END)
+            if batch is _END:
+                _close(it, bar)
+                return
+            out = to_jax(batch, **options)
+            del batch
+            load.append(time.perf_counter() - start)
+            if bar is not None:
+                bar.update(1)
+            handed = time.perf_counter()
+            yield out
+            consume.append(time.perf_counter() - handed)   # the consumer's work meanwhile
+            del out
+    except BaseException:
+        _close(it, bar)
+        raise
+    threaded = (not _on_cpu(options)
+                and min(statistics.median(load), statistics.median(consume)) > _OVERLAP_S)
+    yield from (_prefetch(it, size, bar, options, x64) if threaded else _inline(it, bar, options))
+
+
+_END = object()
+
+
+def _on_cpu(options: dict[str, Any]) -> bool:
+    """Whether the batches go to JAX CPU devices (the step then runs on the host's cores)."""
+    import jax
+    where = options.get("sharding") or options.get("device")
+    if where is None:
+        return jax.default_backend() == "cpu"
+    from jax import tree_util
+    devices = [d for s in tree_util.tree_leaves(where)
+               for d in (s.device_set if hasattr(s, "device_set") else [s])]
+    return all(d.platform == "cpu" for d in devices)
+
+
+def _close(it: Iterator[Any], bar: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    if bar is not None:
+        bar.close()
+
+
 def _inline(it: Iterator[Any], bar: Any, options: dict[str, Any]) -> Iterator[Any]:
     try:
         for batch in it:
@@ -199,11 +271,7 @@ def _inline(it: Iterator[Any], bar: Any, options: dict[str, Any]) -> Iterator[An
             yield out
             del out
     finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-        if bar is not None:
-            bar.close()
+        _close(it, bar)
 
 
 def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],

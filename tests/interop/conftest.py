@@ -21,9 +21,12 @@ of the run (and written as JSON to ``$DLINSPECT_INTEROP_REPORT`` when that is se
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import sys
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -49,6 +52,24 @@ def _opencl_runtime() -> str | None:
 # enumerates platforms. A value the user set is kept.
 if not os.environ.get("OCL_ICD_FILENAMES") and _opencl_runtime():
     os.environ["OCL_ICD_FILENAMES"] = _opencl_runtime()  # type: ignore[assignment]
+
+
+# Producers that break each other in one process, in the one import order that works:
+# dpnp after paddle fails to load (libmkl_tbb_thread.so.3: undefined symbol from
+# paddle's older libtbb), and paddle after tensorflow segfaults (paddlepaddle 3.3.1,
+# tensorflow-cpu 2.21.0). Where two of them are installed, they are imported here, in
+# that order, so the suite runs whatever order its modules are collected in.
+_CLASHING = ("dpnp", "paddle", "tensorflow")
+if sum(importlib.util.find_spec(name) is not None for name in _CLASHING) >= 2:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for _name in _CLASHING:
+        if importlib.util.find_spec(_name) is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    importlib.import_module(_name)
+                except Exception:   # noqa: BLE001 - its test module skips or fails with the reason
+                    pass
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -88,21 +88,29 @@ def check(x: Any, reference: np.ndarray, target: str = "jax", **options: Any) ->
     return route
 
 
-#: Options that change a route, per target.
-OPTIONS = {
-    "jax": [{}, {"copy": True}, {"copy": False}, {"readonly": "share"}],
-    "host": [{}, {"copy": True}, {"copy": False}],
-}
+def options() -> dict[str, list[dict[str, Any]]]:
+    """Options that change a route, per target (``device=``: to_jax's general path, not
+    its fast path)."""
+    import jax
+    return {
+        "jax": [{}, {"copy": True}, {"copy": False}, {"readonly": "share"},
+                {"device": jax.devices("cpu")[0]}],
+        "host": [{}, {"copy": True}, {"copy": False}],
+    }
 
 
 def check_all(producer: str, case: str, make: Callable[[], Any], reference: np.ndarray) -> dict:
     """:func:`check` for every target and option on fresh tensors from ``make``;
-    records what ``jax.dlpack.from_dlpack`` does. Returns ``{(target, options): kind}``."""
+    records what ``jax.dlpack.from_dlpack`` does. Returns ``{(target, options): kind}``
+    (options as sorted item tuples; ``()`` for the defaults)."""
     kinds = {}
-    for target, variants in OPTIONS.items():
-        for options in variants:
-            route = check(make(), reference, target, **options)
-            kinds[(target, tuple(sorted(options.items())))] = route.kind
+    for target, variants in options().items():
+        for options_ in variants:
+            route = check(make(), reference, target, **options_)
+            kinds[(target, tuple(sorted(options_.items())))] = route.kind
+        import dlinspect
+        text = dlinspect.explain(make(), target)
+        assert f"route to {target}: {kinds[(target, ())]}" in text, text
     record_jax(producer, case, make(), kinds[("jax", ())])
     return kinds
 
@@ -177,26 +185,40 @@ LEAK_N = 10_000
 LEAK_BOUND_KIB = 20 * 1024
 
 
-def check_no_leak(x: Any, n: int = LEAK_N, bound_kib: int = LEAK_BOUND_KIB) -> int:
+def check_no_leak(x: Any, n: int = LEAK_N, bound_kib: int = LEAK_BOUND_KIB,
+                  refused: type[BaseException] | None = None) -> int:
     """``n`` conversions of ``x`` (to_jax and to_host, results dropped): RSS grows by less
-    than ``bound_kib``. Returns the growth in KiB."""
+    than ``bound_kib``. ``refused``: the exception every conversion raises (an error
+    route's leak check). Returns the growth in KiB."""
     if not os.path.exists("/proc/self/status"):
         pytest.skip("RSS is read from /proc/self/status (Linux)")
     if os.environ.get("DLINSPECT_SANITIZED"):
         pytest.skip("ASan keeps freed memory: RSS says nothing under the sanitizers")
     import dlinspect
+
+    def convert(fn: Callable[[Any], Any]) -> None:
+        if refused is None:
+            fn(x)
+            return
+        try:
+            fn(x)
+        except refused:
+            return
+        raise AssertionError(f"{fn.__name__} did not raise {refused.__name__}")
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
         for _ in range(max(n // 5, 50)):   # warm-up: allocators (jaxlib's), caches
-            dlinspect.to_jax(x)
-            dlinspect.to_host(x)
+            convert(dlinspect.to_jax)
+            convert(dlinspect.to_host)
         gc.collect()
         before = rss_kib()
         for _ in range(n):
-            dlinspect.to_jax(x)
-            dlinspect.to_host(x)
+            convert(dlinspect.to_jax)
+            convert(dlinspect.to_host)
         gc.collect()
     grown = rss_kib() - before
-    LEAK_RECORD[type(x).__module__.split(".")[0]] = (n, grown)
+    key = type(x).__module__.split(".")[0] + (f" ({refused.__name__})" if refused else "")
+    LEAK_RECORD[key] = (n, grown)
     assert grown < bound_kib, f"RSS grew {grown} KiB over {n} conversions (bound {bound_kib} KiB)"
     return grown

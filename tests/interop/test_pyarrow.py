@@ -136,3 +136,7 @@ def test_lifetime():
 
 def test_no_leak():
     check_no_leak(own(np.arange(1024, dtype=np.float32)))
+
+
+def test_no_leak_on_refusals():
+    check_no_leak(pa.array([1, None, 3], pa.int32()), refused=dlinspect.ProducerError)

@@ -193,8 +193,8 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
                 out.append(f"| {p['size']} | {p['plan']} | "
                            + " | ".join(f"{p[m]:.2f}" for m in methods) + " |")
         elif name == "loader" and "tables" in result:
-            cols = ("conversion", "beside_step", "end_to_end")
-            out += ["| method | conversion only | beside a 1 ms host-free step | end to end |",
+            cols = ("conversion", "end_to_end", "end_to_end_synced")
+            out += ["| method | conversion only | end to end, jitted step (async) | end to end, loss read every step |",
                     "| --- | ---: | ---: | ---: |"]
             for method in result["tables"]["conversion"]:
                 out.append(f"| {method} | " + " | ".join(
