@@ -61,7 +61,8 @@ python -m pip install -q --no-build-isolation -Cbuild-dir=build-interop -e ".[te
 # (other shared dependencies may move: paddlepaddle pins opt_einsum==3.3.0, for one).
 base=$(mktemp)
 trap 'rm -f "$base"' EXIT
-python -m pip freeze --exclude-editable | grep -i -E '^(numpy|jax|jaxlib|ml.dtypes|torch)==' >"$base"
+python -m pip freeze --exclude-editable \
+    | grep -i -E '^(numpy|jax|jaxlib|ml.dtypes|torch)==' >"$base"
 t_base=$(( $(date +%s) - t0 ))
 report=$(printf '%-18s %8s %10s\n' producer "time_s" "venv_MiB")
 report+=$'\n'$(printf '%-18s %8s %10s' base "$t_base" "$(( $(kib) / 1024 ))")
@@ -77,7 +78,8 @@ for p in $sel; do
                    "$(( ($(kib) - before) / 1024 ))")
 done
 python -m pip check || true
-echo "interop.sh: installed in $(( $(date +%s) - t0 )) s (site-packages: $site)"
+echo "interop.sh: installed in $(( $(date +%s) - t0 )) s (site-packages: $site;" \
+     "wheelhouse $WHEELS: $(du -sh "$WHEELS" | cut -f1))"
 echo "$report"
 
 t=$(date +%s)

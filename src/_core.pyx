@@ -43,10 +43,34 @@ cdef extern from "Python.h":
 cdef extern from *:
     """
     #define DLINSPECT_INT64_MIN INT64_MIN
+    /* contract: *out = a * b (a + b); returns 1 when that overflows int64 (then *out
+       is unspecified). GCC/Clang builtins; a portable check elsewhere (MSVC). */
+    static inline int dl_mul_overflow(int64_t a, int64_t b, int64_t* out) {
+    #if defined(__GNUC__) || defined(__clang__)
+        return __builtin_mul_overflow(a, b, out);
+    #else
+        if (a == 0 || b == 0) { *out = 0; return 0; }
+        if ((a == -1 && b == INT64_MIN) || (b == -1 && a == INT64_MIN)) return 1;
+        if ((a > 0 && b > 0 && a > INT64_MAX / b) || (a < 0 && b < 0 && a < INT64_MAX / b)
+            || (a > 0 && b < 0 && b < INT64_MIN / a) || (a < 0 && b > 0 && a < INT64_MIN / b))
+            return 1;
+        *out = a * b;
+        return 0;
+    #endif
+    }
+    static inline int dl_add_overflow(int64_t a, int64_t b, int64_t* out) {
+    #if defined(__GNUC__) || defined(__clang__)
+        return __builtin_add_overflow(a, b, out);
+    #else
+        if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) return 1;
+        *out = a + b;
+        return 0;
+    #endif
+    }
     """
     int64_t DLINSPECT_INT64_MIN
-    bint __builtin_mul_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
-    bint __builtin_add_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
+    bint dl_mul_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
+    bint dl_add_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
 
 import sys as _sys
 from dlinspect.errors import (

@@ -568,7 +568,7 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
         size = 0   # whatever the other extents: an empty tensor
     else:
         for i in range(ndim):
-            if __builtin_mul_overflow(size, info._shape[i], &size):
+            if dl_mul_overflow(size, info._shape[i], &size):
                 raise MalformedTensorError(
                     f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than 2**63-1 "
                     f"elements. The producer wrote a corrupt header.")
@@ -584,7 +584,7 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
             # Bounded by size when size > 0; an empty tensor's nonzero extents may
             # multiply past int64 (e.g. (2**62, 0, 2**62)): its outer strides are
             # then never used to address anything and are written as 0.
-            if info._shape[i] > 0 and __builtin_mul_overflow(stride, info._shape[i], &stride):
+            if info._shape[i] > 0 and dl_mul_overflow(stride, info._shape[i], &stride):
                 stride = 0
     else:
         memcpy(info._strides, t.strides, ndim * sizeof(int64_t))
@@ -592,12 +592,12 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
 
     bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
     if bits_total < 8 and not (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
-        if __builtin_mul_overflow(size, bits_total, &nbytes):
+        if dl_mul_overflow(size, bits_total, &nbytes):
             raise MalformedTensorError(
                 f"{size} elements of {bits_total} bits overflow int64. "
                 f"The producer wrote a corrupt header.")
         nbytes = (nbytes + 7) // 8
-    elif __builtin_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
+    elif dl_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
         raise MalformedTensorError(
             f"DLTensor.shape {_ints_text(t.shape, ndim)} times {(bits_total + 7) // 8} "
             f"bytes per element overflows int64. The producer wrote a corrupt header.")
@@ -607,13 +607,13 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
         # The byte span the strides reach must fit in int64 as well.
         for i in range(ndim):
             if (info._strides[i] == DLINSPECT_INT64_MIN
-                    or __builtin_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &stride)
-                    or __builtin_add_overflow(span, stride, &span)):
+                    or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &stride)
+                    or dl_add_overflow(span, stride, &span)):
                 raise MalformedTensorError(
                     f"DLTensor.strides {_ints_text(info._strides, ndim)} with shape "
                     f"{_ints_text(info._shape, ndim)} reach past 2**63-1 elements. "
                     f"The producer wrote a corrupt header.")
-        if __builtin_mul_overflow(span, (bits_total + 7) // 8, &span):
+        if dl_mul_overflow(span, (bits_total + 7) // 8, &span):
             raise MalformedTensorError(
                 f"DLTensor.strides {_ints_text(info._strides, ndim)} span more than "
                 f"2**63-1 bytes. The producer wrote a corrupt header.")

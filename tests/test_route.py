@@ -1,7 +1,8 @@
 """plan / explain / to_jax / to_host: every route, its values, its errors, its lifetimes.
 
-Every row of shared/cases/CASES.md is a test here (marked "C<n>"), in test_peek.py or
-in test_agreement.py; each stands for its kind.
+Every case of the project's list of real interop failures is a test (marked "C<n>"):
+here, in test_peek.py, test_batches.py, test_multiprocess.py or tests/interop/; each
+stands for its kind.
 """
 
 from __future__ import annotations
@@ -137,9 +138,12 @@ class TestCopies:
         assert "negative strides" in plan(x).reason
         np.testing.assert_array_equal(np.asarray(to_jax(x)), x)
 
-    def test_read_only(self, import_path):  # C6
+    def test_read_only(self, import_path):  # C6, C25
+        """NumPy < 2.1 cannot export read-only arrays at all: dlinspect then describes
+        them itself (buffer protocol, READ_ONLY flag); the outcome is the same."""
         x = aligned([1, 2, 3])
         x.flags.writeable = False
+        assert dlinspect.peek(x).read_only is True
         route = plan(x)
         assert route.kind == "copy" and "read-only" in route.reason and route.needs == Need.READ_ONLY
         y = to_jax(x)

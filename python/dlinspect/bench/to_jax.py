@@ -7,12 +7,16 @@ Rows, median µs per call, every result waited for with ``block_until_ready``:
                                       arrays): both copy; dlinspect's copy is made in C
     to_jax(t) / from_dlpack(t)        a 32x32 float32 torch CPU tensor
     to_jax(d) / tree_map(from_dlpack, d)   a dict of 16 float32 torch tensors of shape (64,)
+    16 x to_jax(t16)                  the same 16 tensors, one call each (the batch's floor)
+    to_jax(j) / from_dlpack(j)        a jax.Array (returned as it is: no DLPack round trip)
 
 and the resident-set growth (VmRSS) of importing one 256 MiB aligned array with
 to_jax while the result is alive (64 MiB with ``quick``).
 
 Targets: to_jax <= 0.25x from_dlpack for the NumPy array and the torch tensor;
-the large zero-copy import adds < 1 MiB of RSS and shares the array's memory.
+the dict of 16 <= 0.15x tree_map(from_dlpack) and <= 1.15x its 16 single calls;
+a jax.Array <= 0.05x from_dlpack; the large zero-copy import adds < 1 MiB of RSS and
+shares the array's memory.
 """
 
 from __future__ import annotations
@@ -41,10 +45,17 @@ CASES = [
     ("from_dlpack(t)", "from_dlpack(t).block_until_ready()", True),
     ("to_jax(d)", "block_until_ready(to_jax(d))", True),
     ("tree_map(from_dlpack, d)", "block_until_ready(tree_map(from_dlpack, d))", True),
+    ("16 x to_jax(t16)", "block_until_ready([to_jax(v) for v in leaves])", True),
+    ("to_jax(j)", "to_jax(j).block_until_ready()", False),
+    ("from_dlpack(j)", "from_dlpack(j).block_until_ready()", False),
 ]
 TARGETS = [
     ("to_jax(numpy 32x32) <= 0.25x from_dlpack", "to_jax(x)", "from_dlpack(x)", 0.25),
     ("to_jax(torch 32x32) <= 0.25x from_dlpack", "to_jax(t)", "from_dlpack(t)", 0.25),
+    ("to_jax(dict of 16 torch) <= 0.15x tree_map(from_dlpack)", "to_jax(d)",
+     "tree_map(from_dlpack, d)", 0.15),
+    ("to_jax(dict of 16 torch) <= 1.15x 16 single calls", "to_jax(d)", "16 x to_jax(t16)", 1.15),
+    ("to_jax(jax.Array) <= 0.05x from_dlpack", "to_jax(j)", "from_dlpack(j)", 0.05),
 ]
 MEMORY_LIMIT_KIB = 1024
 
@@ -76,10 +87,12 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     x16.fill(1.0)
     ns: dict[str, Any] = {"x": aligned_filled((32, 32)), "x16": x16, "to_jax": dlinspect.to_jax,
                           "from_dlpack": jax.dlpack.from_dlpack, "tree_map": jax.tree_util.tree_map,
+                          "j": jax.numpy.ones((32, 32)),
                           "block_until_ready": jax.block_until_ready}
     if torch is not None:
         ns["t"] = torch.ones(32, 32)
         ns["d"] = {f"w{i:02d}": torch.ones(64, dtype=torch.float32) for i in range(16)}
+        ns["leaves"] = list(ns["d"].values())
     rows, targets = time_cases("to_jax", CASES, ns, repeat, quick, tick, TARGETS)
     if tick:
         tick("to_jax: memory")
