@@ -95,7 +95,7 @@ def build(h):
     if layout == "C":
         view = flat[:n * lanes].reshape(shape + lane_axis)
     elif layout == "gaps":
-        view = big[tuple(slice(0, 2 * s, 2) for s in shape)]
+        view = big[tuple(slice(0, 2 * s, 2) for s in shape) + (Ellipsis,)]   # 0-d: a view
     elif layout in ("F", "perm"):
         # a dense block, its axes permuted: reversed (F order) or rotated by one
         order = (tuple(range(len(shape)))[::-1] if layout == "F"
@@ -105,7 +105,8 @@ def build(h):
     elif layout == "broadcast":
         view = np.broadcast_to(flat[:1].reshape((1,) * len(shape)), shape)
     else:  # negative
-        view = big[tuple(slice(s - 1, None, -1) if s else slice(0, 0) for s in shape)]
+        view = big[tuple(slice(s - 1, None, -1) if s else slice(0, 0) for s in shape)
+                   + (Ellipsis,)]
     if lanes > 1:
         elem_strides = tuple(st_ // (4 * lanes) for st_ in view.strides[:-1])
         vshape = view.shape[:-1]

@@ -194,7 +194,9 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
         if info.dtype.code == 1:  # kDLUInt: convert by value
             return vals.astype(info.numpy_dtype).reshape(info.shape)
         # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
-        return vals.view(info.numpy_dtype).reshape(info.shape).copy()  # type: ignore[arg-type]
+        dtype = info.numpy_dtype
+        assert dtype is not None   # a route with a NumPy dtype leads here
+        return vals.view(dtype).reshape(info.shape).copy()
     finally:
         del owner
 

@@ -331,6 +331,19 @@ def _route_through_host(info: TensorInfo, needs: int, c: Any, device: Any, copy:
 def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> Route:
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
     target = "host"
+    # What the memory's structure rules out comes first: it holds whatever dtypes exist.
+    problem = _lanes_problem(info, target)
+    if problem is not None:
+        return error_route(problem, info, target, needs)
+    bits = info.dtype.bits * info.dtype.lanes
+    if needs & Need.PACKED and (bits == 0 or 8 % bits or not info.is_c_contiguous):
+        where = (f"with strides {info.strides}" if bits and 8 % bits == 0
+                 else "across byte boundaries")
+        return error_route(UnsupportedDTypeError(
+            f"{describe(info)} packs {bits}-bit elements {where}; "
+            f"dlinspect unpacks only C-contiguous 1-, 2- and 4-bit data. To fix: ask the "
+            f"producer for padded storage, or unpack with its own library."),
+            info, target, needs)
     if needs & Need.DTYPE:
         name = info.dtype_name
         hint = ""
@@ -341,9 +354,6 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> R
         return error_route(UnsupportedDTypeError(
             f"{describe(info)} has {_dtype_text(info)}, which has no NumPy dtype here{hint}. "
             f"To fix: convert it with its own library first."), info, target, needs)
-    problem = _lanes_problem(info, target)
-    if problem is not None:
-        return error_route(problem, info, target, needs)
     if needs & Need.EMPTY:
         return Route(ZERO_COPY, "The tensor is empty: NumPy gets a new empty array.", info,
                      target, needs=needs, action=EMPTY)
@@ -362,14 +372,6 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> R
                      f"(dl_device=(kDLCPU, 0), copy=True), else numpy.asarray(x).", info,
                      target, needs=needs, copy_bytes=info.nbytes, action=PRODUCER_COPY)
     if needs & Need.PACKED:
-        bits = info.dtype.bits * info.dtype.lanes
-        if 8 % bits or not info.is_c_contiguous:
-            return error_route(UnsupportedDTypeError(
-                f"{describe(info)} packs {bits}-bit elements "
-                f"{'across byte boundaries' if 8 % bits else f'with strides {info.strides}'}; "
-                f"dlinspect unpacks only C-contiguous 1-, 2- and 4-bit data. To fix: ask the "
-                f"producer for padded storage, or unpack with its own library."),
-                info, target, needs)
         if copy is False:
             return error_route(CopyRequiredError(
                 f"{describe(info)} packs {bits}-bit elements, while NumPy stores one per byte: "
