@@ -30,6 +30,7 @@ cdef class _TypeEntry:
     cdef bint is_numpy
     cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
+    cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
 
 cdef dict _types = {}
 #: Most types remembered at once; past it the table starts again (types made in a loop).
@@ -180,16 +181,19 @@ cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_know
         f"report it to its maintainers, or move the tensor to NumPy with its own library.")
 
 
-cdef object _call_dlpack(object x, object stream, bint host_copy):
+cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_copy):
     """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``.
 
     Called once; called again without the new keywords only when the TypeError
-    is about them (an older producer) and no host copy was asked for.
+    is about them (an older producer: numpy < 2.1, torch < 2.4) and no host copy
+    was asked for. Such a type is remembered and asked without them from then on.
     """
     cdef PyObject* args[5]
     cdef size_t n = 1
     cdef tuple names
     args[0] = <PyObject*>x
+    if entry.bare_only and not host_copy:
+        return _call_bare(x, stream)
     if host_copy:
         args[1] = <PyObject*>_MAX_VERSION
         args[2] = <PyObject*>_HOST_DEVICE
@@ -207,6 +211,12 @@ cdef object _call_dlpack(object x, object stream, bint host_copy):
     except Exception as exc:
         if host_copy or not isinstance(exc, TypeError) or not _about_keywords(exc):
             raise _producer_error(x, exc, "__dlpack__()") from exc
+    entry.bare_only = True
+    return _call_bare(x, stream)
+
+
+cdef object _call_bare(object x, object stream):
+    """``x.__dlpack__()`` (``stream=`` only where one is needed), for older producers."""
     try:
         return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
     except Exception as exc:
@@ -335,7 +345,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
             and (dev_type == kDLCUDA or dev_type == kDLROCM)):
         stream = stream_for(dev_type, dev_id)
     try:
-        cap = _call_dlpack(x, stream, mode == MODE_HOST_COPY)
+        cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
     except ProducerError as exc:
         if not entry.is_numpy or mode == MODE_HOST_COPY:
             raise

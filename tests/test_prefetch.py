@@ -12,6 +12,7 @@ import pytest
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
 
 import dlinspect  # noqa: E402
+from _versions import enable_x64  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import UnsupportedDeviceError, plan, prefetch_to_jax  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
@@ -194,7 +195,7 @@ def test_stop_while_the_source_blocks(monkeypatch):
 
 @pytest.mark.parametrize("thread", [None, True, False])
 def test_worker_uses_the_callers_x64_mode(thread):
-    with jax.enable_x64(True):
+    with enable_x64(True):
         direct = dlinspect.to_jax(np.arange(4))
         fetched = next(iter(prefetch_to_jax([np.arange(4)], thread=thread)))
     assert direct.dtype == fetched.dtype == np.int64

@@ -51,9 +51,16 @@ class Elsewhere:
         return (D.kDLVulkan, 0)
 
     def __dlpack__(self, **kwargs):
-        if "dl_device" in kwargs:
-            return self.inner.__dlpack__(**kwargs)
-        view = dlinspect.to_host(self.inner.__dlpack__(**kwargs))   # owns the real export
+        if "dl_device" in kwargs:   # a host copy: the real producer's host memory
+            try:
+                return self.inner.__dlpack__(**kwargs)
+            except TypeError:       # (NumPy < 2.1, torch < 2.4: no dl_device keyword)
+                return self.inner.__dlpack__()
+        try:
+            cap = self.inner.__dlpack__(**kwargs)
+        except TypeError:           # (an older producer: no max_version)
+            cap = self.inner.__dlpack__()
+        view = dlinspect.to_host(cap)   # owns the real export
         return make_capsule(view, device=(D.kDLVulkan, 0))
 
 
@@ -69,7 +76,9 @@ def numpy_producer():
 
 def torch_producer():
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    return torch.from_numpy(values()).clone(), (lambda t: t._use_count())
+    t = torch.from_numpy(values()).clone()
+    # Tensor._use_count (the storage's reference count) exists from torch 2.4 on.
+    return t, (lambda t: t._use_count()) if hasattr(t, "_use_count") else None
 
 
 def jax_producer():

@@ -207,8 +207,10 @@ class JaxCaps:
         return self._cpu_align
 
     def _probe_alignment(self) -> int:
-        for align in (8, 16, 32, 64, 128, 256):
-            buf = aligned_empty((8,), np.float64, alignment=2 * align, offset=align)
+        # One-byte elements at 1, 2, 4... bytes past a boundary: the first that imports
+        # without a copy (copy=False) is the alignment XLA:CPU needs (1: any; jaxlib 0.4).
+        for align in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
             try:
                 _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu, None,
                                      False, int(D.kDLCPU))

@@ -149,7 +149,9 @@ class FakeProducer:
         Forge the header's dtype instead of the array's.
     legacy_only : bool
         Behave like an old producer: any keyword other than ``stream`` raises
-        ``TypeError``, and capsules are legacy ``"dltensor"``.
+        ``TypeError``, and capsules are legacy ``"dltensor"``. (Such a producer
+        is an instance of a subclass, ``LegacyFakeProducer``: what a producer
+        accepts is a property of its type, which dlinspect remembers.)
     read_only : bool
         Versioned capsules carry the READ_ONLY flag.
     host_copy : bool
@@ -170,6 +172,11 @@ class FakeProducer:
     counter : DeleterCounter
         Deleter calls of every capsule served.
     """
+
+    def __new__(cls, *args: Any, legacy_only: bool = False, **kwargs: Any) -> "FakeProducer":
+        if legacy_only and cls is FakeProducer:
+            cls = LegacyFakeProducer
+        return super().__new__(cls)
 
     def __init__(self, array: np.ndarray, device: tuple[int, int] = (DLDeviceType.kDLCPU, 0), *,
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
@@ -222,6 +229,10 @@ class FakeProducer:
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
                             flags=flags, counter=self.counter,
                             strides=tuple(s // arr.itemsize for s in arr.strides))
+
+
+class LegacyFakeProducer(FakeProducer):
+    """A :class:`FakeProducer` with ``legacy_only=True``: an older producer's type."""
 
 
 def aligned_array(values: Any, dtype: Any = np.float32, alignment: int = 64) -> np.ndarray:

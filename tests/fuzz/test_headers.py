@@ -27,6 +27,7 @@ import dlinspect
 from dlinspect import DLDeviceType, DLInspectError, DLInspectWarning
 from dlinspect._core import capsule_name
 from dlinspect.testing import DeleterCounter, FakeProducer, make_capsule
+from _versions import enable_x64
 
 SCALE = float(os.environ.get("DLINSPECT_FUZZ_EXAMPLES_SCALE", "1"))
 SETTINGS = dict(deadline=None, database=None, derandomize=os.environ.get("DLINSPECT_FUZZ_RANDOM") != "1",
@@ -183,7 +184,7 @@ def test_backed_header_routes(shape, stride_mode, random_strides, byte_offset, m
     calls(cap)
     made = 1
     results = []
-    with warnings.catch_warnings(), jax.enable_x64(x64):
+    with warnings.catch_warnings(), enable_x64(x64):
         warnings.simplefilter("ignore", DLInspectWarning)
         for fn in (lambda c: dlinspect.to_host(c, copy=copy), lambda c: dlinspect.to_jax(c, copy=copy)):
             before = capsule_name(cap)

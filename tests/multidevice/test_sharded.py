@@ -47,8 +47,16 @@ def test_aligned_batch_splits_zero_copy():
     assert float(y[1, 0, 0, 0]) == -1.0 and float(y[7, 2, 3, 3]) == -2.0
 
 
+def _xla_alignment():
+    from dlinspect._jaxcaps import caps
+    return caps().cpu_alignment
+
+
 def test_plan_predicts_which_shards_copy():
     # 12 rows of one float32: shards start every 12 bytes; only the first is 64-aligned.
+    if _xla_alignment() <= 4:
+        pytest.skip(f"XLA:CPU here views {_xla_alignment()}-byte aligned memory: every shard "
+                    f"is a view (jaxlib 0.4)")
     x = aligned(np.arange(12).reshape(12, 1))
     route = plan(x, sharding=DATA)
     kinds = [r.kind for _, _, r in route.shards]
@@ -134,8 +142,9 @@ def test_failed_split_leaves_capsule_unconsumed():
 def test_copy_false_and_copy_true():
     misaligned = aligned_empty((8,), np.float32, 64, offset=4)
     misaligned[:] = 1
-    with pytest.raises(CopyRequiredError):
-        to_jax(misaligned, sharding=DATA, copy=False)
+    if _xla_alignment() > 4:
+        with pytest.raises(CopyRequiredError):
+            to_jax(misaligned, sharding=DATA, copy=False)
     x = aligned(np.arange(8))
     y = to_jax(x, sharding=DATA, copy=True)
     x[0] = -1

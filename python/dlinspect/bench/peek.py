@@ -3,7 +3,8 @@
 Rows, median µs per call (``timeit``; every statement one global lookup plus calls):
 
     id(x)                 the floor of any call from Python into C
-    peek(cap)             a ``x.__dlpack__(max_version=(1, 3))`` capsule made once
+    peek(cap)             the capsule dlinspect's export takes from x (``__dlpack__(max_version=(1, 3))``
+                          on NumPy >= 2.1, a legacy one before), made once
     peek(x)               a 32x32 float32 NumPy array
     peek(x.__dlpack__())  baseline for peek(x): export a capsule, then peek it
     peek(t)               a 32x32 float32 torch CPU tensor (DLPack 1.3 C exchange API)
@@ -40,11 +41,17 @@ TARGETS = [
 ]
 
 
+def dlinspect_export(x: Any) -> Any:
+    """The capsule dlinspect's export takes from ``x`` (versioned where NumPy >= 2.1 can)."""
+    from dlinspect import _core
+    return _core.export(x)[0]
+
+
 def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None) -> dict[str, Any]:
     repeat = repeat or (3 if quick else 15)
     torch = optional("torch")
     x = numpy.zeros((32, 32), dtype=numpy.float32)
-    ns: dict[str, Any] = {"x": x, "cap": x.__dlpack__(max_version=(1, 3)), "peek": dlinspect.peek,
+    ns: dict[str, Any] = {"x": x, "cap": dlinspect_export(x), "peek": dlinspect.peek,
                           "from_dlpack": numpy.from_dlpack}
     if torch is not None:
         ns["t"] = torch.zeros((32, 32), dtype=torch.float32)
