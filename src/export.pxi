@@ -121,6 +121,8 @@ _HINTS = (
     ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
+    ("datatype", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
+    ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
     ("device", "move it to host memory with its own library first (torch: t.cpu())"),
 )
 
@@ -333,7 +335,10 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
                 info = _new_info(&t, SRC_EXCHANGE, 0)
                 _reconcile(info, x, dev_type, dev_id, id_known)
                 return info
-            if dev_type == kDLCPU and (not entry.is_torch or _torch_takes_as_is(x)):
+            # Taking through the API skips every refusal of the producer's __dlpack__: only
+            # for types whose refusals dlinspect checks itself (torch); others (paddle,
+            # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
+            if dev_type == kDLCPU and entry.is_torch and _torch_takes_as_is(x):
                 cap = _exchange_take(x, entry.api)
                 if cap is not None:
                     return _handing(_peek_capsule(cap), cap, cap_out)
@@ -451,17 +456,30 @@ def export(x, stream_for=None):
     return (_take_ref(cap), info)
 
 
+#: Public "to host" methods producers document, tried in this order after the DLPack
+#: host copy (dpnp, cupy, mxnet: asnumpy; torch, tensorflow, paddle, tvm-ffi: numpy).
+HOST_METHODS = ("asnumpy", "numpy")
+
+
+def host_methods(x):
+    """The names of :data:`HOST_METHODS` that ``x``'s type has, in the order tried."""
+    return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
+
+
 def export_host_copy(x):
     """Ask the producer for a host copy of ``x``.
+
+    Tried in order: ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``; the producer's
+    own documented to-host method (``x.asnumpy()``, ``x.numpy()``; see
+    :data:`HOST_METHODS`); the array protocol (``numpy.asarray(x)``).
 
     Returns
     -------
     tuple
-        ``(capsule, TensorInfo)`` of ``__dlpack__(dl_device=(kDLCPU, 0),
-        copy=True)`` when the producer serves host memory; else ``(ndarray,
-        None)`` from the array protocol (``numpy.asarray``) when that gives a
-        numeric array; else ``(None, tried)``, ``tried`` being a list of what
-        was tried and why it failed, in words.
+        ``(capsule, TensorInfo)`` when ``__dlpack__`` serves host memory; else
+        ``(ndarray, None)`` from a method or the array protocol when that gives a
+        numeric array; else ``(None, tried)``, ``tried`` being a list of what was
+        tried and why it failed, in words.
     """
     cdef TensorInfo info
     cdef PyObject* p = NULL
@@ -474,16 +492,27 @@ def export_host_copy(x):
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")
     except ProducerError as exc:
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
-                     f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised {_first_line(exc.__cause__ or exc)}")
     import numpy
+    for name in host_methods(x):
+        try:
+            arr = getattr(x, name)()
+        except Exception as exc:
+            tried.append(f"x.{name}() raised {_first_line(exc)}")
+            continue
+        if isinstance(arr, numpy.ndarray) and arr.dtype != object:
+            return (arr, None)
+        tried.append(f"x.{name}() gave {type(arr).__name__}, not a numeric NumPy array")
     try:
         arr = numpy.asarray(x)
         if arr.dtype != object:
             return (arr, None)
         tried.append("numpy.asarray gave an object array (the producer has no __array__)")
     except Exception as exc:
-        tried.append(f"numpy.asarray raised {type(exc).__name__}: "
-                     f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        tried.append(f"numpy.asarray raised {_first_line(exc)}")
     return (None, tried)
+
+
+cdef str _first_line(BaseException exc):
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -349,8 +349,8 @@ class TestForeignDevices:
         with pytest.raises(UnsupportedDeviceError) as err:
             to_jax(p, fallback="raise")
         msg = str(err.value)
-        for part in (f"{device.name}:0", "(2, 3)", "float32", "platforms here: cpu", "t.cpu()",
-                     'fallback="host"'):
+        for part in (f"{device.name}:0", "(2, 3)", "float32", "platforms here: cpu",
+                     "move it to host memory with its own library first", 'fallback="host"'):
             assert part in msg, (part, msg)
         assert isinstance(err.value, BufferError)
 
@@ -385,6 +385,25 @@ class TestForeignDevices:
         np.testing.assert_array_equal(to_host(p), src)
         with pytest.raises(CopyRequiredError):
             to_host(p, copy=False)
+
+    def test_narrowing_through_host_memory_is_planned(self):
+        """The host copy of a 64-bit tensor is narrowed (x64 off): plan says so and warns
+        exactly once, for the caller's tensor (found with dpnp int64 on kDLOneAPI)."""
+        p = FakeProducer(np.arange(3, dtype=np.int64), (D.kDLVulkan, 0))
+        route = plan(p)
+        assert route.kind == "host-fallback" and route.needs & Need.NARROW
+        assert route.warning and "narrows int64 to int32" in route.reason
+        with pytest.warns(DLInspectWarning) as record:
+            y = to_jax(p)
+        assert len(record) == 1 and y.dtype == np.int32 and y.tolist() == [0, 1, 2]
+
+    def test_host_methods_are_named_and_tried(self):
+        class WithAsnumpy(FakeProducer):
+            def asnumpy(self):
+                return np.array(self.array)
+        p = WithAsnumpy(np.arange(3, dtype=np.float32), (D.kDLOneAPI, 0), host_copy=False)
+        assert "its own x.asnumpy()" in plan(p).reason
+        assert to_jax(p).tolist() == [0.0, 1.0, 2.0] and to_host(p).tolist() == [0.0, 1.0, 2.0]
 
     @pytest.mark.parametrize("fn", ["to_jax", "to_host"])
     def test_hints_name_only_what_can_work(self, fn):
@@ -604,6 +623,12 @@ class TestProducerErrors:
             assert route.kind == "error" and isinstance(route.error, ProducerError)
             assert route.info is None
         assert all("max_version" in c for c in p.calls)   # one call each; never retried bare
+
+    def test_hints_fit_the_refusal(self):
+        p = FakeProducer(np.ones(2), refuse=TypeError(
+            "DataType is not compatible with DLPack spec: date32[day]"))   # pyarrow's words
+        with pytest.raises(ProducerError, match=r"date32.*To fix: convert it to a numeric type"):
+            to_jax(p)
 
     def test_retry_only_for_keyword_type_errors(self):
         p = FakeProducer(aligned([1, 2]), legacy_only=True)

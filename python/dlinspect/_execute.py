@@ -46,7 +46,7 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
                 quiet: bool = False) -> Any:
     c = _caps if _caps is not None else _jax_caps()
     tg = c._target if c._target is not None else c.target
-    if device is None and copy is not True:
+    if device is None and copy is not True and not quiet:   # (the fast path warns itself)
         got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
         if type(got) is not tuple:
             return got
@@ -62,7 +62,7 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
 def _finish_general(c: JaxCaps, x: Any, cap: Any, info: TensorInfo, needs: int, device: Any,
                     copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
     """The route of an export the fast path did not finish, carried out."""
-    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, _core.is_capsule(x))
+    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x)
     return _execute_jax(c, route, cap, x, fallback, readonly, quiet)
 
 
@@ -109,10 +109,11 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
         shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
         dtype = c.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
         return c.jnp.zeros(shape, dtype, device=route.jax_device)
-    # PRODUCER_COPY: no JAX device for the memory; go through host memory.
+    # PRODUCER_COPY: no JAX device for the memory; go through host memory (its route's
+    # narrowing warning was given above, for the tensor the caller passed).
     del cap  # the device capsule is not needed: its producer frees it now
     host = _host_from_producer(x, info, "jax")
-    return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet)
+    return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet=True)
 
 
 def _finish(c: JaxCaps, arr: Any, route: Route) -> Any:
@@ -406,7 +407,7 @@ def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readon
     cap, info = _core.export(x, c.stream_for)
     needs = _core.needs(info, c.target, readonly == "share")
     route = _plan.route_sharded(info, needs, c, sharding, copy, fallback, readonly,
-                                _core.is_capsule(x))
+                                x)
     action = route.action
     if action is _plan.RAISE:
         _raise(route)
@@ -425,7 +426,7 @@ def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readon
                   for dev, idx, _ in route.shards]
         return c.jax.make_array_from_single_device_arrays(info.shape, sharding, arrays)
     whole_route = _plan.route_jax(info, needs, c, None, copy, fallback, readonly,
-                                  _core.is_capsule(x))
+                                  x)
     whole = _execute_jax(c, whole_route, cap, x, fallback, readonly)
     if action is _plan.PROCESS_LOCAL:
         return c.jax.make_array_from_process_local_data(sharding, whole)
@@ -478,7 +479,7 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     if copy is not None and copy is not True and copy is not False:
         _plan.check_options("host", "host", "copy", copy)
     cap, info = _core.export(x)
-    route = _plan.route_host(info, _core.needs(info), copy, _core.is_capsule(x))
+    route = _plan.route_host(info, _core.needs(info), copy, x)
     action = route.action
     if action is _plan.RAISE:
         _raise(route)

@@ -17,11 +17,16 @@ _PLUGINS: dict[int, str] = {
     D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLCUDAManaged: "jax[cuda12]",
     D.kDLROCM: "the jax ROCm plugin", D.kDLROCMHost: "the jax ROCm plugin",
     D.kDLOneAPI: "the Intel jax plugin"}
+# How each device's own library moves a tensor to host memory.
+_TO_HOST: dict[int, str] = {D.kDLOneAPI: "dpnp: dpnp.asnumpy(x)", D.kDLCUDA: "torch: t.cpu()",
+                            D.kDLROCM: "torch: t.cpu()", D.kDLMetal: "torch: t.cpu(); mlx: np.array(a)"}
 
 
 def describe(info: Any) -> str:
-    """``"a float32 tensor of shape (2, 3) on kDLCPU:0"``."""
-    return (f"a {info.dtype_name} tensor of shape {info.shape} on "
+    """``"a float32 tensor of shape (2, 3) on kDLCPU:0"`` (``"an int64 ..."``)."""
+    name = info.dtype_name
+    article = "an" if name[:1] in "aeio" else "a"   # an int64, a uint8, a float32
+    return (f"{article} {name} tensor of shape {info.shape} on "
             f"{device_name(info.device_type, info.device_id)}")
 
 
@@ -40,7 +45,8 @@ def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
     Never sends the user to an option that just failed: ``fallback="host"`` is named
     only for ``to_jax`` with a producer (a bare capsule has none to ask).
     """
-    parts = ["move it to host memory with its own library first (torch: t.cpu())"]
+    how = _TO_HOST.get(int(device_type), "torch: t.cpu()")
+    parts = [f"move it to host memory with its own library first ({how})"]
     if bare_capsule:
         parts.append("or pass the producer object instead of its capsule, so dlinspect can "
                      "ask it for a host copy")

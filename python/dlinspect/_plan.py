@@ -181,11 +181,12 @@ def _lanes_problem(info: TensorInfo, target: str) -> UnsupportedDTypeError | Non
 # ---- JAX -------------------------------------------------------------------
 
 def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | None,
-              fallback: str, readonly: str, bare: bool) -> Route:
+              fallback: str, readonly: str, source: Any) -> Route:
     """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
 
-    ``device``: the destination (None: where the memory is); ``bare``: ``x`` is a
-    capsule, with no producer to ask for a host copy.
+    ``device``: the destination (None: where the memory is); ``source``: what the
+    caller passed (a producer; a bare capsule, which has no producer to ask for a host
+    copy; or a TensorInfo).
     """
     target = "jax"
     dt = int(info.device_type)
@@ -207,7 +208,7 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
         return Route(ZERO_COPY, "The tensor is empty: JAX gets a new empty array; no byte "
                      "is copied.", info, target, needs=needs, jax_device=dest, action=EMPTY)
     if needs & Need.DEVICE or (needs & Need.LANES and not host):
-        return _route_through_host(info, needs, c, device, copy, fallback, bare)
+        return _route_through_host(info, needs, c, device, copy, fallback, source)
     if needs & Need.LAYOUT and not host:
         return error_route(UnsupportedDeviceError(
             f"{describe(info)} has strides {info.strides}, which JAX cannot import, and its "
@@ -296,7 +297,7 @@ _PINNED_PLATFORM: dict[int, str] = {D.kDLCUDAHost: "cuda", D.kDLCUDAManaged: "cu
 
 
 def _route_through_host(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | None,
-                        fallback: str, bare: bool) -> Route:
+                        fallback: str, source: Any) -> Route:
     """Memory JAX has no device for (or vector lanes in device memory): the producer's
     host copy, else the array protocol; or the error that says why not."""
     target = "jax"
@@ -307,6 +308,7 @@ def _route_through_host(info: TensorInfo, needs: int, c: Any, device: Any, copy:
     else:
         head = (f"{describe(info)} has {info.dtype.lanes} lanes, which JAX holds only as a "
                 f"trailing axis of host memory.")
+    bare = _core.is_capsule(source)
     if fallback == "raise" or bare:
         tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
                  else "nothing (fallback='raise')")
@@ -319,16 +321,29 @@ def _route_through_host(info: TensorInfo, needs: int, c: Any, device: Any, copy:
         return error_route(CopyRequiredError(
             f"{head} Going through host memory needs a copy, but copy=False. To fix: pass "
             f"copy=None, or move the tensor to host memory yourself."), info, target, needs)
+    warning, narrowed = None, ""
+    if needs & Need.NARROW:   # the host copy is narrowed when it is imported, as JAX does
+        code, bits, _ = info.dtype
+        ncode, nbits, warning = c.target.narrowing(code, bits)
+        narrowed = f" ({narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]})"
     return Route(HOST_FALLBACK,
-                 f"{device_name(dt)} memory: the producer is asked for a host copy "
-                 f"(__dlpack__(dl_device=(kDLCPU, 0), copy=True)), else numpy.asarray(x); JAX "
-                 f"imports that.", info, target, needs=needs, copy_bytes=info.nbytes,
-                 jax_device=c.cpu_device() if device is None else device, action=PRODUCER_COPY)
+                 f"{device_name(dt)} memory: {_host_copy_words(source)}; JAX imports that"
+                 f"{narrowed}.", info, target, needs=needs, copy_bytes=info.nbytes,
+                 jax_device=c.cpu_device() if device is None else device, warning=warning,
+                 action=PRODUCER_COPY)
+
+
+def _host_copy_words(source: Any) -> str:
+    """How a host copy is asked for, in the order :func:`_core.export_host_copy` tries."""
+    steps = ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
+             "copy=True))"]
+    steps += [f"its own x.{name}()" for name in _core.host_methods(source)]
+    return ", else ".join(steps + ["numpy.asarray(x)"])
 
 
 # ---- NumPy -----------------------------------------------------------------
 
-def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> Route:
+def route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) -> Route:
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
     target = "host"
     # What the memory's structure rules out comes first: it holds whatever dtypes exist.
@@ -359,7 +374,7 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> R
                      target, needs=needs, action=EMPTY)
     if needs & Need.DEVICE:
         head = f"{describe(info)} is not in host memory."
-        if bare:
+        if _core.is_capsule(source):
             return error_route(UnsupportedDeviceError(
                 f"{head} A bare capsule has no producer to ask for a host copy. To fix: "
                 f"{device_fix(int(info.device_type), target, True)}."), info, target, needs)
@@ -368,8 +383,7 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> R
                 f"{head} Bringing it to the host needs a copy, but copy=False. To fix: pass "
                 f"copy=None."), info, target, needs)
         return Route(HOST_FALLBACK, f"{device_name(int(info.device_type))} memory is not "
-                     f"host-accessible; the producer is asked for a host copy "
-                     f"(dl_device=(kDLCPU, 0), copy=True), else numpy.asarray(x).", info,
+                     f"host-accessible: {_host_copy_words(source)}.", info,
                      target, needs=needs, copy_bytes=info.nbytes, action=PRODUCER_COPY)
     if needs & Need.PACKED:
         if copy is False:
@@ -392,7 +406,7 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, bare: bool) -> R
 # ---- sharded ---------------------------------------------------------------
 
 def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: bool | None,
-                  fallback: str, readonly: str, bare: bool) -> Route:
+                  fallback: str, readonly: str, source: Any) -> Route:
     """The route of a tensor onto a multi-device ``sharding`` (pure)."""
     target = "jax"
     local = not _shard.spans_processes(sharding)
@@ -410,9 +424,9 @@ def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: boo
             for dev, idx in index_map.items():
                 part = info.sliced(idx)
                 shards.append((dev, idx, route_jax(part, _core.needs(part, c.target, share), c,
-                                                   dev, copy, fallback, readonly, bare)))
+                                                   dev, copy, fallback, readonly, source)))
             return _combine(info, needs, tuple(shards))
-    whole = route_jax(info, needs, c, None, copy, fallback, readonly, bare)
+    whole = route_jax(info, needs, c, None, copy, fallback, readonly, source)
     if whole.kind == ERROR:
         return whole
     n = len(sharding.device_set)
@@ -428,10 +442,17 @@ def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: boo
 
 
 def _combine(info: TensorInfo, needs: int, shards: tuple[Any, ...]) -> Route:
-    for dev, _, route in shards:
+    for dev, index, route in shards:
         if route.kind == ERROR:
-            return Route(ERROR, f"The shard for {dev}: {route.reason}", info, "jax", needs=needs,
-                         error=route.error, action=RAISE, shards=shards)
+            # The caller's tensor first, then which shard and why (in the same error type).
+            shard = route.error
+            why, head = str(shard), describe(route.info)
+            why = why[len(head):].lstrip() if why.startswith(head) else f"cannot go: {why}"
+            error = type(shard)(f"{describe(info)} cannot be sharded as asked: its shard "
+                                f"{_index_text(index)} for {dev} (shape {route.info.shape}) {why}")
+            error.__cause__ = shard
+            return Route(ERROR, f"The shard {_index_text(index)} for {dev}: {route.reason}",
+                         info, "jax", needs=needs, error=error, action=RAISE, shards=shards)
     views = sum(route.zero_copy for _, _, route in shards)
     reason = f"{views} of {len(shards)} shards are views of the producer's memory"
     first_copy = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
@@ -547,16 +568,16 @@ def check_sharding(s: Any) -> Any:
 
 def decide(info: TensorInfo, c: Any, target: str, *, device: Any = None, copy: bool | None = None,
            sharding: Any = None, fallback: str = "host", readonly: str = "copy",
-           bare: bool = False) -> Route:
+           source: Any = None) -> Route:
     """The route of a header to ``target``: ``needs``, then the words (pure)."""
     if target == "host":
-        return route_host(info, _core.needs(info), copy, bare)
+        return route_host(info, _core.needs(info), copy, source)
     needs = _core.needs(info, c.target, readonly == "share")
     if sharding is not None and not _shard.plain_device(check_sharding(sharding)):
-        return route_sharded(info, needs, c, sharding, copy, fallback, readonly, bare)
+        return route_sharded(info, needs, c, sharding, copy, fallback, readonly, source)
     if sharding is not None:
         device = sharding
-    return route_jax(info, needs, c, single_device(device), copy, fallback, readonly, bare)
+    return route_jax(info, needs, c, single_device(device), copy, fallback, readonly, source)
 
 
 def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
@@ -624,7 +645,7 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
     >>> import numpy as np, dlinspect
     >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
     'copy'
-    >>> routes = dlinspect.plan({"x": np.ones(3, np.float32), "id": "a"})
+    >>> routes = dlinspect.plan({"x": np.ones(6, np.float32)[::2], "id": "a"})
     >>> routes["x"].kind, routes["id"].kind
     ('copy', 'untouched')
     """
@@ -670,7 +691,6 @@ def _plan_one(x: Any, c: Any, target: str, options: dict[str, Any]) -> Route:
         return route_jax_array(x, None if device is None else single_device(device),
                                options["copy"], None if options["sharding"] is None
                                else check_sharding(options["sharding"]))
-    bare = _core.is_capsule(x)
     if isinstance(x, TensorInfo):
         info = x
     else:
@@ -683,7 +703,7 @@ def _plan_one(x: Any, c: Any, target: str, options: dict[str, Any]) -> Route:
             # cycle until the next garbage collection.
             return error_route(exc.with_traceback(None), None, target)
         del cap   # released unconsumed (a bare capsule stays the caller's)
-    return decide(info, c, target, bare=bare, **options)
+    return decide(info, c, target, source=x, **options)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:

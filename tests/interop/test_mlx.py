@@ -158,11 +158,8 @@ def test_sharded_agrees_with_plan(sharded):
     assert [c["raised"] for c in sharded if c["copy"] is False] == ["CopyRequiredError"] * 2
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "FAULT (misleading message): with sharding= and copy=False, the CopyRequiredError raised "
-    "describes one shard ('a float32 tensor of shape (4, 4)') of the (16, 4) tensor the caller "
-    "passed, without saying it is a shard or which device's; only plan().reason says "
-    "'The shard for cpu:0'"))
+# Formerly FAULT F4: the CopyRequiredError described one (4, 4) shard of the (16, 4)
+# tensor, without saying it was a shard.
 def test_sharded_copy_error_names_the_tensor(sharded):
     for case in sharded:
         if case["copy"] is False:

@@ -1,7 +1,8 @@
 """PaddlePaddle as a DLPack producer: paddle.Tensor.
 
-paddle.Tensor defines the DLPack 1.3 C exchange API (``__dlpack_c_exchange_api__``),
-which dlinspect takes for host memory instead of ``__dlpack__``. Its
+paddle.Tensor defines the DLPack 1.3 C exchange API (``__dlpack_c_exchange_api__``):
+dlinspect reads headers through it (peek makes no capsule), and takes the tensor through
+``__dlpack__``, so that paddle's own refusals (requires grad) hold. Its
 ``__dlpack_device__`` says ``(kDLCPU, None)``: a None device id, which dlinspect takes
 from the header and on which ``jax.dlpack.from_dlpack`` raises TypeError. With strided
 kernels on (paddle's default), transposes and slices are strided views.
@@ -94,11 +95,8 @@ def test_requires_grad_refused_by_paddle():
     record_jax("paddle", "requires grad", x, dlinspect.plan(x).kind)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "FAULT: paddle's __dlpack__ refuses a tensor that requires gradients (BufferError: Can't "
-    "get __dlpack__ from Tensor that requires gradients... use tensor.detach()), but dlinspect "
-    "takes it through paddle's C exchange API, which makes none of __dlpack__'s refusals; the "
-    "guards that restore a producer's refusals exist for torch only"))
+# Formerly FAULT F1: dlinspect took such a tensor through paddle's C exchange API, which
+# makes none of __dlpack__'s refusals (the guards existed for torch only).
 def test_requires_grad_is_a_producer_error():
     x = paddle.to_tensor(np.ones(3, np.float32), stop_gradient=False)
     route = dlinspect.plan(x)
