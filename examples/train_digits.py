@@ -152,7 +152,9 @@ def main() -> None:
         params = jax.tree_util.tree_map(lambda p, g: p - args.lr * g, params, grads)
         return params, loss
 
-    params = jax.device_put(init(jax.random.PRNGKey(args.seed)), replicated)
+    # Made replicated by a jitted init: jax.device_put to a sharding over several
+    # processes' devices needs jax >= 0.4.31.
+    params = jax.jit(init, out_shardings=replicated)(jax.random.PRNGKey(args.seed))
     first = next(iter(loader))
     print(f"devices: {total} ({args.processes} process(es)), DataLoader workers: "
           f"{args.workers}, {len(train)} train / {len(test)} test images")

@@ -226,9 +226,11 @@ class TestCopies:
     def test_copies_are_aligned_as_xla_wants(self):
         """Copies are aligned to the probed XLA:CPU alignment (at least 64 bytes)."""
         align = max(target().cpu_align, 64)
-        for x in (aligned_empty((4, 8), np.float32, 64, offset=4),                 # C copy
-                  aligned_empty((1024, 1024), np.float32, 64, offset=4),           # NumPy copy
-                  np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]):          # strided
+        cases = [np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]]           # strided
+        if target().cpu_align > 4:   # (jaxlib 0.4 views any alignment: nothing to copy)
+            cases += [aligned_empty((4, 8), np.float32, 64, offset=4),            # C copy
+                      aligned_empty((1024, 1024), np.float32, 64, offset=4)]      # NumPy copy
+        for x in cases:
             x[...] = 1
             y = to_jax(x)
             assert plan(x).kind == "copy" and buffer_pointer(y) % align == 0
