@@ -34,12 +34,22 @@ def test_doctor_json():
     proc = cli("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"versions", "jax", "device_types", "exchange_api"}
+    assert set(report) == {"versions", "jax", "device_types", "producers"}
     assert [row["value"] for row in report["device_types"]] == [int(d) for d in dlinspect.DLDeviceType]
     assert {row["route"] for row in report["device_types"]} <= {"zero-copy", "copy", "host-fallback", "error"}
     cpu = next(row for row in report["device_types"] if row["name"] == "kDLCPU")
     assert cpu["route"] == "zero-copy"
-    assert report["jax"]["direct_import"] is True and report["exchange_api"]["numpy.ndarray"] is None
+    assert report["jax"]["direct_import"] is True
+    numpy_row = report["producers"]["numpy"]
+    assert numpy_row["type"] == "numpy.ndarray" and numpy_row["exchange_api"] is None
+    symbols = report["jax"]["private_symbols"]
+    assert [s["purpose"] for s in symbols][0] == "DLPack import (the fast path)"
+    try:
+        import torch
+    except ImportError:
+        return
+    has_api = "__dlpack_c_exchange_api__" in vars(torch.Tensor)
+    assert (report["producers"]["torch"]["exchange_api"] is not None) == has_api
 
 
 def test_python_dash_m():

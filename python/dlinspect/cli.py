@@ -31,7 +31,7 @@ from typing import Any
 
 from ._messages import INSTALL_JAX
 
-__all__ = ["main", "doctor_report"]
+__all__ = ["main", "doctor_report", "producers_report"]
 
 EXIT_USAGE = 1
 EXIT_ERROR_ROUTE = 2
@@ -49,9 +49,9 @@ def doctor_report() -> dict[str, Any]:
     ``direct_reason``, ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``:
     one row per private JAX/jaxlib symbol, with what was found or the fallback
     used and why); ``device_types`` (one row per DLDeviceType: ``name``,
-    ``value``, ``route``, ``reason``); ``exchange_api`` (array type name to
-    ``[major, minor]`` or None). JAX starts on whatever platforms it finds (a
-    GPU is reported as a GPU); ``JAX_PLATFORMS`` is honoured, never set.
+    ``value``, ``route``, ``reason``); ``producers`` (see :func:`producers_report`).
+    JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
+    ``JAX_PLATFORMS`` is honoured, never set.
     """
     import numpy as np
 
@@ -99,16 +99,71 @@ def doctor_report() -> dict[str, Any]:
         rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
                      "reason": route.reason})
     report["device_types"] = rows
-    types: dict[str, Any] = {"numpy.ndarray": np.ndarray}
-    for module, attr in (("torch", "Tensor"), ("cupy", "ndarray")):
-        mod = optional(module)
-        if mod is not None:
-            types[f"{module}.{attr}"] = getattr(mod, attr)
-    if jax is not None:
-        types["jax.Array"] = type(jax.numpy.zeros(1))
-    report["exchange_api"] = {name: (list(v) if (v := _core.exchange_api_version(tp)) else None)
-                              for name, tp in types.items()}
+    report["producers"] = producers_report()
     return report
+
+
+#: DLPack producers doctor looks for: (distribution's import name, the expression giving
+#: its tensor type, with the module as ``m``).
+PRODUCERS = (
+    ("numpy", "m.ndarray"), ("torch", "m.Tensor"), ("jax", "type(m.numpy.zeros(1))"),
+    ("cupy", "m.ndarray"), ("tensorflow", "type(m.constant(1.0))"),
+    ("pyarrow", "type(m.array([1], m.int64()))"), ("warp", "m.array"),
+    ("mlx.core", "m.array"), ("paddle", "m.Tensor"),
+    ("array_api_strict", "type(m.asarray([1]))"), ("tvm_ffi", "m.Tensor"),
+    ("dpnp", "m.ndarray"),
+)
+
+
+def producers_report() -> dict[str, Any]:
+    """Per DLPack producer importable here: its tensor type, the DLPack C exchange API
+    version it offers, and which of ``__dlpack__``'s keywords it takes.
+
+    Each producer is looked at in its own subprocess (some cannot be imported after
+    another: paddlepaddle after tensorflow crashes). Values: ``{"type", "exchange_api",
+    "max_version", "dl_device", "copy"}`` (True, False or None where the signature is
+    not readable), or ``{"error": ...}``; producers not installed are left out.
+    """
+    import importlib.util
+    import subprocess
+    out: dict[str, Any] = {}
+    for module, expr in PRODUCERS:
+        try:
+            found = importlib.util.find_spec(module.split(".")[0]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            continue
+        code = (f"import json, sys; from dlinspect.cli import _probe_producer; "
+                f"print(json.dumps(_probe_producer({module!r}, {expr!r})))")
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  timeout=120)
+            out[module] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+                           else {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]})
+        except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+            out[module] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def _probe_producer(module: str, expr: str) -> dict[str, Any]:
+    import importlib
+    import inspect
+
+    from dlinspect import _core
+    m = importlib.import_module(module)
+    tp = eval(expr, {"m": m})  # noqa: S307 - our own table's expression
+    version = _core.exchange_api_version(tp)
+    row: dict[str, Any] = {"type": f"{tp.__module__}.{tp.__qualname__}",
+                           "exchange_api": list(version) if version else None}
+    try:
+        params = inspect.signature(tp.__dlpack__).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for key in ("max_version", "dl_device", "copy"):
+            row[key] = key in params or takes_any
+    except (TypeError, ValueError, AttributeError):   # a C method without a signature
+        row.update(max_version=None, dl_device=None, copy=None)
+    return row
 
 
 def _print_doctor(r: dict[str, Any]) -> None:
@@ -131,9 +186,16 @@ def _print_doctor(r: dict[str, Any]) -> None:
     width = max(len(row["name"]) for row in r["device_types"])
     for row in r["device_types"]:
         print(f"  {row['name']:<{width}} ({row['value']:>2})  {row['route']:<13} {row['reason']}")
-    print("\nDLPack C exchange API (__dlpack_c_exchange_api__):")
-    for name, version in r["exchange_api"].items():
-        print(f"  {name}: " + (f"version {version[0]}.{version[1]}" if version else "no"))
+    print("\nDLPack producers here (each in its own process): C exchange API, __dlpack__ keywords")
+    for name, row in r["producers"].items():
+        if "error" in row:
+            print(f"  {name}: cannot be imported here ({row['error']})")
+            continue
+        api = row["exchange_api"]
+        words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"]
+        for key in ("max_version", "dl_device", "copy"):
+            words.append(f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}")
+        print(f"  {row['type']}: " + ", ".join(words))
 
 
 def _inspect(args: argparse.Namespace) -> int:
