@@ -12,6 +12,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from dlinspect.bench._common import rss_kib
+
 
 def need(module: str, pip_name: str) -> Any:
     """Import ``module`` or skip the calling test module, saying how to install it."""
@@ -169,14 +171,6 @@ def check_lifetime(make: Callable[[], Any], reference: np.ndarray,
     del garbage
 
 
-def rss_kib() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS line in /proc/self/status")
-
-
 #: Per producer module: (conversions, RSS growth in KiB) of its leak check.
 LEAK_RECORD: dict[str, tuple[int, int]] = {}
 
@@ -222,3 +216,18 @@ def check_no_leak(x: Any, n: int = LEAK_N, bound_kib: int = LEAK_BOUND_KIB,
     LEAK_RECORD[key] = (n, grown)
     assert grown < bound_kib, f"RSS grew {grown} KiB over {n} conversions (bound {bound_kib} KiB)"
     return grown
+
+
+def reference(dtype: str, shape: tuple[int, ...] = (3, 4)) -> np.ndarray:
+    """Values of ``dtype`` (a NumPy name, ``"bool_"`` or ``"bfloat16"``) and ``shape``: small
+    integers, negative ones for signed types, imaginary parts for complex ones."""
+    n = int(np.prod(shape))
+    if dtype in ("bool", "bool_"):
+        return (np.arange(n) % 3 == 0).reshape(shape)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return (np.arange(n) - 5).astype(ml_dtypes.bfloat16).reshape(shape)
+    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
+    if dtype.startswith("complex"):
+        vals = vals + 1j * vals[::-1]
+    return vals.astype(dtype).reshape(shape)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from interop_helpers import check_all, check_lifetime, check_no_leak, need
+from interop_helpers import check_all, check_lifetime, check_no_leak, need, reference
 
 xp = need("array_api_strict", "array-api-strict")
 
@@ -19,15 +19,6 @@ import dlinspect  # noqa: E402
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float32", "float64", "complex64", "complex128"]
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from interop_helpers import check, check_all, check_lifetime, check_no_leak, need, record_jax
+from interop_helpers import check, check_all, check_lifetime, check_no_leak, need, record_jax, reference
 
 dpctl = need("dpctl", "dpctl")
 dpnp = need("dpnp", "dpnp")
@@ -40,15 +40,6 @@ NARROWED = {"int64", "uint64", "float64", "complex128"}
 # Formerly FAULT F2 (issue 12's interop notes): plan(x).warning was None on a host-fallback
 # route while to_jax warned DLInspectWarning for the narrowing; check() asserts they agree.
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 def test_device_is_sycl_cpu():

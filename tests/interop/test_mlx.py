@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from interop_helpers import check_all, check_lifetime, check_no_leak, need
+from interop_helpers import check_all, check_lifetime, check_no_leak, need, reference
 
 mx = need("mlx.core", "mlx[cpu]")
 
@@ -26,18 +26,6 @@ import dlinspect  # noqa: E402
 DTYPES = ["bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64"]
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool_":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    if dtype == "bfloat16":
-        import ml_dtypes
-        return (np.arange(n) - 5).astype(ml_dtypes.bfloat16).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 def array(ref):

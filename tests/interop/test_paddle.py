@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from interop_helpers import check_all, check_lifetime, check_no_leak, need, record_jax
+from interop_helpers import check_all, check_lifetime, check_no_leak, need, record_jax, reference
 
 paddle = need("paddle", "paddlepaddle")
 
@@ -29,18 +29,6 @@ def tensor(ref, dtype=None):
         return paddle.to_tensor(ref.astype(np.float32)).astype("bfloat16")
     return paddle.to_tensor(ref)
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    if dtype == "bfloat16":
-        import ml_dtypes
-        return (np.arange(n) - 5).astype(ml_dtypes.bfloat16).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 def test_device_and_exchange_api():

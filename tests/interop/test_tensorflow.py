@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from interop_helpers import check_all, check_lifetime, check_no_leak, need  # noqa: E402
+from interop_helpers import check_all, check_lifetime, check_no_leak, need, reference  # noqa: E402
 
 tf = need("tensorflow", "tensorflow-cpu")
 
@@ -24,18 +24,6 @@ import dlinspect  # noqa: E402
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    if dtype == "bfloat16":
-        import ml_dtypes
-        return (np.arange(n) - 5).astype(ml_dtypes.bfloat16).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

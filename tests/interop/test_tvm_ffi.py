@@ -13,7 +13,7 @@ import gc
 import numpy as np
 import pytest
 
-from interop_helpers import check, check_all, check_lifetime, check_no_leak, need, record_jax
+from interop_helpers import check, check_all, check_lifetime, check_no_leak, need, record_jax, reference
 
 tvm_ffi = need("tvm_ffi", "apache-tvm-ffi")
 
@@ -23,15 +23,6 @@ from dlinspect.testing import DeleterCounter, aligned_array, make_capsule  # noq
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
 
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    vals = np.arange(n) - (0 if dtype.startswith("uint") else 5)
-    if dtype.startswith("complex"):
-        vals = vals + 1j * vals[::-1]
-    return vals.astype(dtype).reshape(shape)
 
 
 @pytest.mark.parametrize("aligned", [False, True], ids=["numpy-aligned", "64-byte"])

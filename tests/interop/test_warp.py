@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from interop_helpers import check_all, check_lifetime, check_no_leak, need
+from interop_helpers import check_all, check_lifetime, check_no_leak, need, reference
 
 wp = need("warp", "warp-lang")
 wp.config.quiet = True
@@ -22,13 +22,6 @@ import dlinspect  # noqa: E402
 
 DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
           "float16", "float32", "float64"]
-
-
-def reference(dtype, shape=(3, 4)):
-    n = int(np.prod(shape))
-    if dtype == "bool":
-        return (np.arange(n) % 3 == 0).reshape(shape)
-    return (np.arange(n) - (0 if dtype.startswith("uint") else 5)).astype(dtype).reshape(shape)
 
 
 def array(ref, dtype=None):
