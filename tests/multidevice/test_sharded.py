@@ -208,8 +208,9 @@ def test_process_local_data_path(monkeypatch):
     np.testing.assert_array_equal(np.asarray(y), x)
 
 
-class TestOutsideTrial:
-    """Inputs an outside trial broke; each stands for its kind."""
+class TestLeafShapesAndPlacements:
+    """Leaves of every shape and placement a batch has: negative strides, 0-d, memory kinds,
+    one-device shardings, None in a sharding tree, empty batches, narrowed leaves."""
 
     def test_negative_strides(self):
         x = aligned(np.arange(8))[::-1]
