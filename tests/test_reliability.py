@@ -51,11 +51,11 @@ class Elsewhere:
         return (D.kDLVulkan, 0)
 
     def __dlpack__(self, **kwargs):
-        if "dl_device" in kwargs:   # a host copy: the real producer's host memory
+        if "dl_device" in kwargs:   # a host copy, by the real producer where it can
             try:
                 return self.inner.__dlpack__(**kwargs)
             except TypeError:       # (NumPy < 2.1, torch < 2.4: no dl_device keyword)
-                return self.inner.__dlpack__()
+                return make_capsule(dlinspect.to_host(self.inner, copy=True))
         try:
             cap = self.inner.__dlpack__(**kwargs)
         except TypeError:           # (an older producer: no max_version)

@@ -83,22 +83,31 @@ def _resolve(symbol: Symbol) -> tuple[Any, SymbolStatus]:
 
 # jaxlib's import functions, by the argument names their signature line lists.
 _IMPORT_SIGNATURES = (
-    (("dlpack", "device", "stream", "copy", "dl_device_type"), 5),   # jaxlib >= 0.5
-    (("dlpack", "device", "stream"), 3),                             # jaxlib 0.4.x
+    ("dlpack", "device", "stream", "copy", "dl_device_type"),   # jaxlib >= 0.10.2
+    ("dlpack", "device", "stream", "copy"),                     # jaxlib 0.9.0 - 0.10.1
+    ("dlpack", "device", "stream"),                             # jaxlib 0.4.30 - 0.8
 )
 
 
 def _import_adapter(fn: Any) -> tuple[Callable[..., Any] | None, str]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature; or None."""
-    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
-    for names, arity in _IMPORT_SIGNATURES:
-        if all(name in doc for name in names):
-            if arity == 5:
-                return fn, f"({', '.join(names)})"
+    """A 5-argument import function over jaxlib's ``fn``, by its signature; or None.
 
-            def three(cap: Any, device: Any, stream: Any, copy: Any, dl_device_type: int) -> Any:
-                return fn(cap, device, stream)
-            return three, f"({', '.join(names)}): copy and dl_device_type are not passed"
+    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned
+    import may copy silently, which is why the alignment probe checks pointers.
+    """
+    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
+    for names in _IMPORT_SIGNATURES:
+        if not all(name in doc for name in names):
+            continue
+        how = f"({', '.join(names)})"
+        if len(names) == 5:
+            return fn, how
+
+        def adapted(cap: Any, device: Any, stream: Any, copy: Any, dl_device_type: int,
+                    n: int = len(names)) -> Any:
+            return fn(cap, device, stream, copy) if n == 4 else fn(cap, device, stream)
+        missing = ", ".join(_IMPORT_SIGNATURES[0][len(names):])
+        return adapted, f"{how}: {missing} not passed"
     return None, f"another signature: {doc!r}"
 
 
@@ -207,16 +216,19 @@ class JaxCaps:
         return self._cpu_align
 
     def _probe_alignment(self) -> int:
-        # One-byte elements at 1, 2, 4... bytes past a boundary: the first that imports
-        # without a copy (copy=False) is the alignment XLA:CPU needs (1: any; jaxlib 0.4).
+        # One-byte elements at 1, 2, 4... bytes past a boundary: the first that JAX views
+        # in place is the alignment XLA:CPU needs (1: any, as jaxlib 0.4.30). Viewed means
+        # the same pointer: jaxlib 0.4.31-0.10.1 copy misaligned memory silently, and some
+        # of them do not take copy=False.
         for align in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
             try:
-                _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu, None,
-                                     False, int(D.kDLCPU))
-                return align
+                arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu,
+                                           None, False, int(D.kDLCPU))
             except Exception:
                 continue
+            if arr.unsafe_buffer_pointer() == buf.ctypes.data:
+                return align
         return 4096
 
     def _probe_dtype(self, code: int, bits: int) -> str | None:
