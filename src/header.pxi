@@ -276,6 +276,9 @@ cdef class TensorInfo:
     # -- layout predicates -----------------------------------------------
     @property
     def is_c_contiguous(self):
+        return self._is_c_contiguous()
+
+    cdef bint _is_c_contiguous(self) noexcept:
         cdef int64_t expected = 1
         cdef int i
         if self._size == 0:

@@ -7,7 +7,8 @@ cdef enum:
     NEED_DEVICE = 1 << 0     # no JAX device (or no NumPy view) for this memory: a host copy
     NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
     NEED_LANES = 1 << 2      # a vector dtype: lanes become a trailing axis
-    NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative)
+    NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative; and any
+                             # order but row-major on a jaxlib that reads others wrongly)
     NEED_READ_ONLY = 1 << 4  # READ_ONLY flag, and the caller did not opt into sharing
     NEED_ALIGN = 1 << 5      # below XLA:CPU's zero-copy alignment
     NEED_NARROW = 1 << 6     # a 64-bit dtype JAX narrows with x64 off
@@ -58,15 +59,20 @@ cdef class JaxTarget:
         of CUDA/ROCm memory (array API ``__dlpack__``, *stream*).
     array_type : type
         ``jax.Array``'s concrete type: such objects are not exported at all.
+    permuted_ok : bool
+        JAX views a permutation of a dense layout (a transpose, F order) with the right
+        values (probed; jaxlib < 0.8 reads such memory as row-major, so it needs a copy).
     """
     cdef readonly object import_fn, cpu_device, x64, warn, stream_for, array_type
+    cdef readonly bint permuted_ok
     cdef readonly uintptr_t cpu_align, copy_align
     cdef object probe
     cdef dict devices, narrow, bad
     cdef set cpu_keys, ok
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, dict devices,
-                  set cpu_keys, probe, dict narrow, warn, stream_for, array_type):
+                  set cpu_keys, probe, dict narrow, warn, stream_for, array_type,
+                  bint permuted_ok):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.import_fn = import_fn
@@ -81,6 +87,7 @@ cdef class JaxTarget:
         self.warn = warn
         self.stream_for = stream_for
         self.array_type = array_type
+        self.permuted_ok = permuted_ok
         self.ok = set()
         self.bad = {}
 
@@ -137,7 +144,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             on_cpu = False
     if info._size == 0:
         return n | NEED_EMPTY
-    if not info._is_compact():
+    if not info._is_compact() or (not tg.permuted_ok and not info._is_c_contiguous()):
         n |= NEED_LAYOUT
     if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY

@@ -82,8 +82,10 @@ class TestZeroCopy:
         lambda torch: torch.arange(24.0).reshape(2, 3, 4).permute(2, 0, 1),
     ])
     def test_transposes(self, torch, make, import_path):  # C13
+        """Viewed as they are where the installed jaxlib reads permuted layouts right
+        (>= 0.8); older ones read every layout as row-major: a copy into C order."""
         t = make(torch)
-        assert plan(t).kind == "zero-copy"
+        assert plan(t).kind == ("zero-copy" if target().permuted_ok else "copy")
         np.testing.assert_array_equal(np.asarray(to_jax(t)), t.numpy())
 
     def test_numpy_transpose(self):  # C13

@@ -231,6 +231,19 @@ class JaxCaps:
                 return align
         return 4096
 
+    def _probe_permuted(self) -> bool:
+        """Whether JAX reads a transposed (F-order) 2x2 capsule with the right values
+        (jaxlib >= 0.8; older ones read every layout as row-major)."""
+        buf = aligned_empty((4,), np.float32, alignment=256)
+        buf[:] = [0, 1, 2, 3]   # column-major [[0, 2], [1, 3]]
+        cap = _core._make_capsule(buf, buf.ctypes.data, (2, 2), None, (1, 2), 2, 32, 1,
+                                  int(D.kDLCPU), 0, 0, False, 1, 3, 0, None, None, False)
+        try:
+            arr = _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
+        except Exception:
+            return False
+        return np.asarray(arr).tolist() == [[0.0, 2.0], [1.0, 3.0]]
+
     def _probe_dtype(self, code: int, bits: int) -> str | None:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
         if bits == 0:
@@ -286,7 +299,7 @@ class JaxCaps:
             self._target = _core.JaxTarget(
                 self.import_fn, self._cpu, self.cpu_alignment, self.x64, self.devices,
                 self.cpu_keys, self._probe_dtype, self._narrow_table(), warn, self.stream_for,
-                self.array_type)
+                self.array_type, self._probe_permuted())
         return self._target
 
     def canonicalize(self, arr: Any) -> Any:

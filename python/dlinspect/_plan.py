@@ -157,6 +157,8 @@ def _platforms(c: Any) -> str:
 
 
 def _strides_word(info: TensorInfo) -> str:
+    if info.is_compact:   # only on a jaxlib that reads every layout as row-major (< 0.8)
+        return "a permuted (transposed) order, which this jaxlib reads as row-major"
     return ("broadcast (stride 0)" if info.has_broadcast else
             "negative strides" if info.has_negative_strides else "gaps between elements")
 
@@ -227,7 +229,8 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
     fixes: list[str] = []
     if needs & Need.LAYOUT:
         reasons.append(f"strides {info.strides} for shape {info.shape} have "
-                       f"{_strides_word(info)}, which JAX cannot view")
+                       f"{_strides_word(info)}" + ("" if info.is_compact else
+                                                    ", which JAX cannot view"))
         fixes.append("make it contiguous first (numpy.ascontiguousarray, t.contiguous())")
     if needs & Need.READ_ONLY:
         reasons.append("the producer marked it read-only (pass readonly='share' to import it "
