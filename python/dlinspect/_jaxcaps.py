@@ -10,9 +10,11 @@ fallback; ``dlinspect doctor`` prints which was used and why.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -220,15 +222,16 @@ class JaxCaps:
         # in place is the alignment XLA:CPU needs (1: any, as jaxlib 0.4.30). Viewed means
         # the same pointer: jaxlib 0.4.31-0.10.1 copy misaligned memory silently, and some
         # of them do not take copy=False.
-        for align in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-            buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
-            try:
-                arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu,
-                                           None, False, int(D.kDLCPU))
-            except Exception:
-                continue
-            if arr.unsafe_buffer_pointer() == buf.ctypes.data:
-                return align
+        with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
+            for align in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+                try:
+                    arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu,
+                                               None, False, int(D.kDLCPU))
+                except Exception:
+                    continue
+                if arr.unsafe_buffer_pointer() == buf.ctypes.data:
+                    return align
         return 4096
 
     def _probe_permuted(self) -> bool:
@@ -306,6 +309,25 @@ class JaxCaps:
         """``arr`` in the dtype JAX keeps with the current x64 mode (a copy if narrowed)."""
         canon = self.jax.dtypes.canonicalize_dtype(arr.dtype)
         return arr if canon == arr.dtype else self.jnp.asarray(arr, dtype=canon)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment (C++ logging, which Python cannot
+    silence otherwise); restored whatever happens."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):   # no real stderr: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def stream_of(device_type: int, jax_device: Any) -> int | None:
