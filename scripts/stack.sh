@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build dlinspect against one version stack of .ci/stacks.json ("oldest" or "newest") in its
+# Build dlinspect against one version stack of .ci/stacks.json ("oldest", "middle" or "newest") in its
 # own virtual environment (.venv-stack-NAME, build dir build-stack-NAME) and run the whole
 # test suite there. Downloads go through pip's cache (PIP_CACHE_DIR), so a second run, or
 # the next stack, fetches nothing twice.
@@ -14,8 +14,11 @@ print(stack["python"], " ".join(stack["pins"]))
 PY
 )
 py=""
-for candidate in "python$pyver" "$(pyenv root 2>/dev/null)/versions/$pyver"*/bin/python3; do
-    if command -v "$candidate" >/dev/null 2>&1 || [ -x "$candidate" ]; then py=$candidate; break; fi
+# pyenv's versions first: its shim for pythonX.Y exists even where that version is not
+# selected, and then fails when run; so each candidate must actually run.
+root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+for candidate in "$root/versions/$pyver"*/bin/python3 "python$pyver"; do
+    if "$candidate" -c pass >/dev/null 2>&1; then py=$candidate; break; fi
 done
 [ -n "$py" ] || { echo "stack.sh: no Python $pyver here (pyenv install $pyver)" >&2; exit 1; }
 venv=.venv-stack-$name

@@ -10,7 +10,8 @@ The DataLoader serves (256, 3, 32, 32) float32 images and (256,) int64 labels
     from_dlpack loop          ``jax.dlpack.from_dlpack`` on each leaf
     asarray loop              ``jnp.asarray(leaf.numpy())`` on each leaf (the common idiom)
 
-Measurements, each the median batches/s over several runs:
+Measurements, each the median batches/s over several passes (the methods take turns
+within each repetition):
 
 - conversion only: batches the loader already produced (32; 8 with ``quick``),
   the consumer only waits for each array;
@@ -104,31 +105,40 @@ def _make_step() -> tuple[Any, Any]:
     return step, params
 
 
-def _rate(method: str, make_batches: Callable[[], Any], repeat: int, step: Any = None,
-          sync: bool = False, sharding: Any = None) -> dict[str, Any]:
-    """Median batches/s of whole passes (the first pass warms up): conversion only, or
-    each batch through ``step`` (reading the loss back every step when ``sync``)."""
-    rates = []
+def _pass(method: str, batches: Any, step: Any = None, sync: bool = False,
+          sharding: Any = None) -> float:
+    """Batches/s of one whole pass: conversion only, or each batch through ``step``
+    (reading the loss back every step when ``sync``)."""
+    count = 0
+    start = time.perf_counter()
+    params = None if step is None else step[1]
+    for b in _iterate(method, batches, sharding):
+        if sharding is not None and not method.startswith("prefetch"):
+            b = [jax.device_put(leaf, sharding) for leaf in b]
+        if step is None:
+            jax.block_until_ready(b)
+        else:
+            params, loss = step[0](params, b[0], b[1])
+            if sync:
+                float(loss)
+        count += 1
+    jax.block_until_ready(params)
+    return count / (time.perf_counter() - start)
+
+
+def _rates(methods: list[str], make_batches: Callable[[], Any], repeat: int, step: Any = None,
+           sync: bool = False, sharding: Any = None) -> dict[str, dict[str, Any]]:
+    """Median batches/s of each method over ``repeat`` passes after one warm-up pass.
+    The methods take turns within each repetition, so that the machine's drift over
+    time falls on all of them alike."""
+    runs: dict[str, list[float]] = {method: [] for method in methods}
     for run in range(repeat + 1):
-        batches = make_batches()
-        count = 0
-        start = time.perf_counter()
-        params = None if step is None else step[1]
-        for b in _iterate(method, batches, sharding):
-            if sharding is not None and not method.startswith("prefetch"):
-                b = [jax.device_put(leaf, sharding) for leaf in b]
-            if step is None:
-                jax.block_until_ready(b)
-            else:
-                params, loss = step[0](params, b[0], b[1])
-                if sync:
-                    float(loss)
-            count += 1
-        jax.block_until_ready(params)
-        total = time.perf_counter() - start
-        if run:
-            rates.append(count / total)
-    return {"median": statistics.median(rates), "runs": rates}
+        for method in methods:
+            rate = _pass(method, make_batches(), step, sync, sharding)
+            if run:
+                runs[method].append(rate)
+    return {method: {"median": statistics.median(rates), "runs": rates}
+            for method, rates in runs.items()}
 
 
 def _sharded_child(quick: bool, repeat: int) -> dict[str, Any]:
@@ -142,10 +152,10 @@ def _sharded_child(quick: bool, repeat: int) -> dict[str, Any]:
         route = dlinspect.plan(leaf, sharding=sharding)
         copies[name] = {"kind": route.kind, "copy_bytes": route.copy_bytes,
                         "narrowing": route.warning is not None}
-    rows = {"prefetch_to_jax (sharded)": _rate("prefetch_to_jax", lambda: batches, repeat,
-                                               sharding=sharding),
-            "from_dlpack + device_put": _rate("from_dlpack loop", lambda: batches, repeat,
-                                              sharding=sharding)}
+    rates = _rates(["prefetch_to_jax", "from_dlpack loop"], lambda: batches, repeat,
+                   sharding=sharding)
+    rows = {"prefetch_to_jax (sharded)": rates["prefetch_to_jax"],
+            "from_dlpack + device_put": rates["from_dlpack loop"]}
     return {"devices": len(jax.devices()), "copies": copies, "rows": rows}
 
 
@@ -158,15 +168,15 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     loader = make_loader(8 if quick else 32)
     batches = list(loader)
     step = _make_step()
-    tables: dict[str, dict[str, dict[str, Any]]] = {"conversion": {}, "end_to_end": {},
-                                                     "end_to_end_synced": {}}
     e2e = max(3, repeat // 3)
-    for method in METHODS:
+    tables: dict[str, dict[str, dict[str, Any]]] = {}
+    for where, make_batches, times, kwargs in (
+            ("conversion", lambda: batches, repeat, {}),
+            ("end_to_end", lambda: loader, e2e, {"step": step}),
+            ("end_to_end_synced", lambda: loader, e2e, {"step": step, "sync": True})):
         if tick:
-            tick(f"loader: {method}")
-        tables["conversion"][method] = _rate(method, lambda: batches, repeat)
-        tables["end_to_end"][method] = _rate(method, lambda: loader, e2e, step)
-        tables["end_to_end_synced"][method] = _rate(method, lambda: loader, e2e, step, sync=True)
+            tick(f"loader: {where}")
+        tables[where] = _rates(METHODS, make_batches, times, **kwargs)
     if tick:
         tick("loader: sharded (subprocess, 4 devices)")
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",

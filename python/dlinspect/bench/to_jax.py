@@ -7,14 +7,17 @@ Rows, median µs per call, every result waited for with ``block_until_ready``:
                                       arrays): both copy; dlinspect's copy is made in C
     to_jax(t) / from_dlpack(t)        a 32x32 float32 torch CPU tensor
     to_jax(d) / tree_map(from_dlpack, d)   a dict of 16 float32 torch tensors of shape (64,)
-    16 x to_jax(t16)                  the same 16 tensors, one call each (the batch's floor)
+    16 x to_jax(t16)                  the same 16 tensors, one call each
+    16 x jaxlib import                16 NumPy (64,) float32 capsules into jaxlib's own import
+                                      function: the floor any DLPack import pays here
     to_jax(j) / from_dlpack(j)        a jax.Array (returned as it is: no DLPack round trip)
 
 and the resident-set growth (VmRSS) of importing one 256 MiB aligned array with
 to_jax while the result is alive (64 MiB with ``quick``).
 
 Targets: to_jax <= 0.25x from_dlpack for the NumPy array and the torch tensor;
-the dict of 16 <= 0.15x tree_map(from_dlpack) and <= 1.15x its 16 single calls;
+the dict of 16 <= 0.15x tree_map(from_dlpack), <= 1.15x its 16 single calls and
+<= 1.5x the 16 imports alone;
 a jax.Array <= 0.05x from_dlpack; the large zero-copy import adds < 1 MiB of RSS and
 shares the array's memory.
 """
@@ -46,6 +49,8 @@ CASES = [
     ("to_jax(d)", "block_until_ready(to_jax(d))", True),
     ("tree_map(from_dlpack, d)", "block_until_ready(tree_map(from_dlpack, d))", True),
     ("16 x to_jax(t16)", "block_until_ready([to_jax(v) for v in leaves])", True),
+    ("16 x jaxlib import", "block_until_ready([imp(a.__dlpack__(), cpu, None, None, 1) "
+                           "for a in arrays])", True),
     ("to_jax(j)", "to_jax(j).block_until_ready()", False),
     ("from_dlpack(j)", "from_dlpack(j).block_until_ready()", False),
 ]
@@ -55,6 +60,8 @@ TARGETS = [
     ("to_jax(dict of 16 torch) <= 0.15x tree_map(from_dlpack)", "to_jax(d)",
      "tree_map(from_dlpack, d)", 0.15),
     ("to_jax(dict of 16 torch) <= 1.15x 16 single calls", "to_jax(d)", "16 x to_jax(t16)", 1.15),
+    ("to_jax(dict of 16 torch) <= 1.5x jaxlib's own 16 imports", "to_jax(d)",
+     "16 x jaxlib import", 1.5),
     ("to_jax(jax.Array) <= 0.05x from_dlpack", "to_jax(j)", "from_dlpack(j)", 0.05),
 ]
 MEMORY_LIMIT_KIB = 1024
@@ -93,6 +100,9 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
         ns["t"] = torch.ones(32, 32)
         ns["d"] = {f"w{i:02d}": torch.ones(64, dtype=torch.float32) for i in range(16)}
         ns["leaves"] = list(ns["d"].values())
+        from dlinspect._jaxcaps import caps
+        ns["imp"], ns["cpu"] = caps().import_fn, caps().cpu_device()
+        ns["arrays"] = [aligned_filled((64,)) for _ in range(16)]
     rows, targets = time_cases("to_jax", CASES, ns, repeat, quick, tick, TARGETS)
     if tick:
         tick("to_jax: memory")
