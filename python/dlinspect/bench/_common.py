@@ -24,19 +24,27 @@ MIB = 1024 * KIB
 Tick = Callable[[str], None]
 
 
-def time_statement(stmt: str, namespace: dict[str, Any], repeat: int,
-                   min_run_s: float = 0.2) -> dict[str, Any]:
-    """Median per-call time of ``stmt`` in µs: a loop count giving >= ``min_run_s``
-    per run (``timeit``'s autorange when 0.2 s), then ``repeat`` runs."""
+def _calibrated(stmt: str, namespace: dict[str, Any], min_run_s: float) -> tuple[Any, int]:
+    """A timer for ``stmt`` and a loop count giving >= ``min_run_s`` per run
+    (``timeit``'s autorange when 0.2 s)."""
     timer = timeit.Timer(stmt, globals=namespace)
     number = 1
-    while True:
-        if timer.timeit(number) >= min_run_s:
-            break
+    while timer.timeit(number) < min_run_s:
         number *= 2 if min_run_s < 0.2 else 10
-    runs_us = [total / number * 1e6 for total in timer.repeat(repeat=repeat, number=number)]
-    return {"stmt": stmt, "number": number, "repeat": repeat,
+    return timer, number
+
+
+def _row(stmt: str, number: int, runs_us: list[float]) -> dict[str, Any]:
+    return {"stmt": stmt, "number": number, "repeat": len(runs_us),
             "median": statistics.median(runs_us), "min": min(runs_us), "runs": runs_us}
+
+
+def time_statement(stmt: str, namespace: dict[str, Any], repeat: int,
+                   min_run_s: float = 0.2) -> dict[str, Any]:
+    """Median per-call time of ``stmt`` in µs over ``repeat`` runs of a calibrated loop."""
+    timer, number = _calibrated(stmt, namespace, min_run_s)
+    return _row(stmt, number, [total / number * 1e6
+                               for total in timer.repeat(repeat=repeat, number=number)])
 
 
 def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[str, Any],
@@ -44,14 +52,23 @@ def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[s
                targets: list[tuple[str, str, str, float]]) -> tuple[list[dict[str, Any]],
                                                                     list[dict[str, Any]]]:
     """Time ``(name, statement, needs torch)`` cases (torch ones skipped without torch in
-    ``namespace``) and check ``(description, measured, baseline, limit)`` ratio targets."""
-    rows = []
-    for name, stmt, needs_torch in cases:
-        if needs_torch and "t" not in namespace:
-            continue
+    ``namespace``) and check ``(description, measured, baseline, limit)`` ratio targets.
+
+    The cases take turns: each of the ``repeat`` rounds runs every case's calibrated loop
+    once, so that the machine's drift over time (large on shared virtual machines) falls
+    on a measured case and its baseline alike."""
+    chosen = [(name, stmt) for name, stmt, needs_torch in cases
+              if not needs_torch or "t" in namespace]
+    timers = {}
+    for name, stmt in chosen:
         if tick:
             tick(f"{suite}: {name}")
-        rows.append({"name": name, **time_statement(stmt, namespace, repeat, 0.02 if quick else 0.2)})
+        timers[name] = _calibrated(stmt, namespace, 0.02 if quick else 0.2)
+    runs_us: dict[str, list[float]] = {name: [] for name, _ in chosen}
+    for _ in range(repeat):
+        for name, (timer, number) in timers.items():
+            runs_us[name].append(timer.timeit(number) / number * 1e6)
+    rows = [{"name": name, **_row(stmt, timers[name][1], runs_us[name])} for name, stmt in chosen]
     by_name = {r["name"]: r for r in rows}
     return rows, [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in targets]
 
