@@ -16,8 +16,8 @@ and the resident-set growth (VmRSS) of importing one 256 MiB aligned array with
 to_jax while the result is alive (64 MiB with ``quick``).
 
 Targets: to_jax <= 0.25x from_dlpack for the NumPy array and the torch tensor;
-the dict of 16 <= 0.15x tree_map(from_dlpack), <= 1.15x its 16 single calls and
-<= 1.5x the 16 imports alone;
+the dict of 16 <= 0.15x tree_map(from_dlpack) and <= 1.15x its 16 single calls (the row
+"16 x jaxlib import" shows how much of the batch is jaxlib's own import: no target);
 a jax.Array <= 0.05x from_dlpack; the large zero-copy import adds < 1 MiB of RSS and
 shares the array's memory.
 """
@@ -60,8 +60,6 @@ TARGETS = [
     ("to_jax(dict of 16 torch) <= 0.15x tree_map(from_dlpack)", "to_jax(d)",
      "tree_map(from_dlpack, d)", 0.15),
     ("to_jax(dict of 16 torch) <= 1.15x 16 single calls", "to_jax(d)", "16 x to_jax(t16)", 1.15),
-    ("to_jax(dict of 16 torch) <= 1.5x jaxlib's own 16 imports", "to_jax(d)",
-     "16 x jaxlib import", 1.5),
     ("to_jax(jax.Array) <= 0.05x from_dlpack", "to_jax(j)", "from_dlpack(j)", 0.05),
 ]
 MEMORY_LIMIT_KIB = 1024
