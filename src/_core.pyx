@@ -74,8 +74,8 @@ cdef extern from *:
 
 import sys as _sys
 from dlinspect.errors import (
-    CapsuleConsumedError, MalformedTensorError, NotDLPackError, ProducerError,
-    UnsupportedVersionError,
+    CapsuleConsumedError, MalformedTensorError, NotDescribableError, NotDLPackError,
+    NotNumericError, ProducerError, UnsupportedVersionError,
 )
 from dlinspect._enums import DLDataType as _PyDLDataType, as_device_type, device_name
 from dlinspect import _dtypes

@@ -180,15 +180,64 @@ cdef const char* _static_name(str name) except NULL:
     return <const char*>(<bytes>data)
 
 
+# ---- NumPy memory: described only where DLPack says exactly what it is -------
+
+cdef enum NumpyForm:
+    NP_EXACT = 0        # a DLPack header describes the memory exactly
+    NP_COPY = 1         # numeric, but byte order or byte strides DLPack cannot express:
+                        # only a copy (NumPy's own, which swaps and gathers) is right
+    NP_NOT_NUMERIC = 2  # str, bytes, object, datetime, structured: no DLPack type
+    NP_NO_CODE = 3      # numeric, but DLPack has no code for it (e.g. longdouble)
+
+
+cdef tuple _numpy_form(object arr):
+    """``(NumpyForm, why)`` of ndarray ``arr``; ``why`` says in words what DLPack lacks."""
+    dt = arr.dtype
+    try:
+        _dtypes.dldtype_from_numpy(dt)
+    except ValueError:
+        if dt.kind in "biufc":
+            return (NP_NO_CODE, f"DLPack has no type code for {dt.name}")
+        return (NP_NOT_NUMERIC, f"DLPack has no type for dtype {dt.str} ({dt.name}): no "
+                                f"string, bytes, object, date/time or structured types")
+    if not dt.isnative:
+        order = "big" if dt.byteorder == ">" else "little"
+        return (NP_COPY, f"its dtype {dt.str} is {order}-endian, not this machine's byte "
+                         f"order, and DLPack data follows native byte order only")
+    item = dt.itemsize
+    if arr.size > 1:
+        for extent, stride in zip(arr.shape, arr.strides):
+            if extent > 1 and stride % item:
+                return (NP_COPY, f"its byte strides {arr.strides} include {stride}, which is "
+                                 f"not a multiple of its {item}-byte elements, and DLPack "
+                                 f"counts strides in whole elements")
+    return (NP_EXACT, None)
+
+
+def numpy_form(arr):
+    """How DLPack can describe NumPy array ``arr``: ``(form, why)``.
+
+    ``form`` is ``"exact"`` (a header can say exactly what the memory is), ``"copy"``
+    (numeric, but the byte order or the byte strides are beyond DLPack: only a copy
+    is right), ``"not-numeric"`` (no DLPack type: str, bytes, object, datetime,
+    structured) or ``"no-code"`` (numeric without a DLPack type code); ``why`` says
+    why in words (None for ``"exact"``).
+    """
+    form, why = _numpy_form(arr)
+    return (("exact", "copy", "not-numeric", "no-code")[form], why)
+
+
 def capsule_of(arr, bint read_only=False):
     """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it).
 
     Parameters
     ----------
     arr : numpy.ndarray
-        Any strides that are whole multiples of the itemsize; any dtype DLPack
-        has a code for, the ml_dtypes ones included (which ``ndarray.__dlpack__``
-        refuses).
+        Any array DLPack describes exactly (see :func:`numpy_form`): a dtype with a
+        DLPack code, the ml_dtypes ones included (which ``ndarray.__dlpack__``
+        refuses; their sub-byte types, stored one element per byte, get the
+        ``IS_SUBBYTE_TYPE_PADDED`` flag), native byte order, byte strides that are
+        whole multiples of the item size.
     read_only : bool
         Set the READ_ONLY flag.
 
@@ -200,14 +249,21 @@ def capsule_of(arr, bint read_only=False):
     Raises
     ------
     ValueError
-        DLPack has no type code for ``arr.dtype``.
+        DLPack cannot describe ``arr`` exactly (the message says why).
     """
+    form, why = _numpy_form(arr)
+    if form != NP_EXACT:
+        raise ValueError(f"DLPack cannot describe this array exactly: {why}")
     code, bits, lanes = _dtypes.dldtype_from_numpy(arr.dtype)
+    cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
+    if bits * lanes < 8:
+        flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
     item = arr.itemsize
-    strides = None if arr.flags.c_contiguous else tuple([s // item for s in arr.strides])
+    strides = None if arr.flags.c_contiguous else tuple(
+        [s // item if s % item == 0 else 0 for s in arr.strides])   # (0: extent <= 1)
     return _make_capsule(arr, arr.ctypes.data, arr.shape, None, strides, code, bits, lanes,
                          kDLCPU, 0, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
-                         DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0, None, None, False)
+                         flags, None, None, False)
 
 
 # ---- versioned -> legacy adapter (JAX imports "dltensor" only) --------------

@@ -20,6 +20,72 @@ cdef tuple _HOST_DEVICE = (1, 0)    # (kDLCPU, 0)
 cdef object _TRUE = True            # (a bare True cast to PyObject* would be the C int 1)
 
 
+# ---- the producer table: one row per producer quirk -------------------------
+
+cdef enum Guard:
+    GUARD_NONE = 0
+    GUARD_NUMPY = 1      # NumPy memory NumPy will not export: described here only where DLPack
+                         # says exactly what it is; non-numeric dtypes are not tensors
+    GUARD_TORCH = 2      # the lazy negative bit (exported unapplied); the exchange-API take
+                         # only where torch's __dlpack__ would export the tensor as it is
+    GUARD_TF = 3         # tf.string / tf.variant / tf.resource: TensorFlow's __dlpack__ aborts
+                         # the process on them, so it is never called for them
+    GUARD_JAX = 4        # a jax.Array: not a foreign tensor; a deleted or donated one is refused
+    GUARD_NO_DLPACK = 5  # a tensor type with no DLPack form (ragged, sparse): refused, never
+                         # passed over as a non-tensor leaf
+
+# Refusal hints, tried in order against the producer's own words: the row's, then these.
+_GENERIC_HINTS = (
+    ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
+    ("gradient", "call .detach() first (the tensor takes part in autograd)"),
+    ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
+    ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
+    ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
+    ("device", "move it to host memory with its own library first (torch: t.cpu())"),
+)
+_TORCH_HINTS = (
+    ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
+    ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
+    ("negative bit", "call .resolve_neg() first"),
+    ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
+)
+_PYARROW_HINTS = (
+    ("null", "fill or drop the missing values first (pyarrow: arr.fill_null(0) or arr.drop_null())"),
+    ("boolean", "cast it to a numeric type first (pyarrow stores booleans as bits: arr.cast('uint8'))"),
+    ("datatype", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
+    ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
+)
+
+#: The producer table: ``(top-level package, class name in the type's MRO)`` to
+#: ``(guard, refusal hints, fix)``; ``fix`` is what to do with a type that has no
+#: DLPack form. A type takes the row of its most derived class that has one; a
+#: ``jax.Array`` (a virtual base on some jaxlib versions) is found by ``issubclass``.
+PRODUCERS = {
+    ("numpy", "ndarray"): (GUARD_NUMPY, (), None),
+    ("torch", "Tensor"): (GUARD_TORCH, _TORCH_HINTS, None),
+    ("tensorflow", "EagerTensor"): (GUARD_TF, (), None),
+    ("tensorflow", "RaggedTensor"): (
+        GUARD_NO_DLPACK, (), "make it dense with x.to_tensor() (pads the rows), or take "
+        "x.flat_values and x.row_splits apart"),
+    ("tensorflow", "SparseTensor"): (
+        GUARD_NO_DLPACK, (), "make it dense with tf.sparse.to_dense(x), or take x.indices and "
+        "x.values apart"),
+    ("tensorflow", "Variable"): (
+        GUARD_NO_DLPACK, (), "pass its value, x.read_value() (a tf.Tensor), or "
+        "tf.convert_to_tensor(x)"),
+    ("scipy", "spmatrix"): (
+        GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
+        "arrays apart"),
+    ("scipy", "_spbase"): (
+        GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
+        "arrays apart"),
+    ("pyarrow", "Array"): (GUARD_NONE, _PYARROW_HINTS, None),
+    ("pyarrow", "ChunkedArray"): (GUARD_NONE, _PYARROW_HINTS, None),
+}
+
+
 # ---- per-type facts, looked up once per type -------------------------------
 
 cdef class _TypeEntry:
@@ -27,10 +93,13 @@ cdef class _TypeEntry:
     cdef const DLPackExchangeAPI* api
     cdef bint has_dlpack
     cdef bint has_device           # ask __dlpack_device__ (not numpy: same source as its header)
-    cdef bint is_numpy
+    cdef bint is_numpy             # exactly numpy.ndarray (its __dlpack_device__ is not asked)
     cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
     cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
+    cdef Guard guard               # the producer table's guard for this type
+    cdef tuple hints               # the producer table's refusal hints
+    cdef object fix                # GUARD_NO_DLPACK: what to do instead
 
 cdef dict _types = {}
 #: Most types remembered at once; past it the table starts again (types made in a loop).
@@ -47,6 +116,19 @@ def _forget_types():
     """Empty the per-type table (tests change what a type offers)."""
     _types.clear()
 cdef object _torch_strided = None
+
+
+cdef tuple _producer_row(object tp):
+    """The producer table's row for type ``tp``: ``(guard, hints, fix)``."""
+    jax = _sys.modules.get("jax")
+    if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
+        return (GUARD_JAX, (), None)
+    for cls in getattr(tp, "__mro__", ()):
+        row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
+                             getattr(cls, "__name__", None)))
+        if row is not None:
+            return row
+    return (GUARD_NONE, (), None)
 
 
 cdef _TypeEntry _entry_for(object tp):
@@ -66,26 +148,27 @@ cdef _TypeEntry _entry_for(object tp):
                 and api.managed_tensor_from_py_object_no_sync != NULL):
             entry.api = api
             entry.api_owner = api_obj
-    entry.has_dlpack = hasattr(tp, "__dlpack__")
+    guard, entry.hints, entry.fix = _producer_row(tp)
+    entry.guard = guard
+    entry.has_dlpack = hasattr(tp, "__dlpack__") or entry.guard == GUARD_NO_DLPACK
     entry.is_numpy = tp is _np_ndarray
     entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
-    torch = _sys.modules.get("torch")
-    entry.is_torch = torch is not None and isinstance(tp, type) and issubclass(tp, torch.Tensor)
+    entry.is_torch = entry.guard == GUARD_TORCH
     if entry.is_torch:
-        _torch_strided = torch.strided
-    entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry, torch)
+        _torch_strided = _sys.modules["torch"].strided
+    entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
     if len(_types) >= _TYPES_MAX:
         _types.clear()
     _types[tp] = entry
     return entry
 
 
-cdef bint _pinned_possible(_TypeEntry entry, object torch):
+cdef bint _pinned_possible(_TypeEntry entry):
     """Whether the producer can hand out pinned host memory, which the exchange
     API's header calls kDLCPU (only __dlpack_device__ tells kDLCUDAHost)."""
     if entry.is_torch:
         try:
-            return bool(torch.cuda.is_available())
+            return bool(_sys.modules["torch"].cuda.is_available())
         except Exception:
             return True
     return True
@@ -107,34 +190,18 @@ def exchange_api_version(tp):
 # ---- producer errors -------------------------------------------------------
 
 _METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
-_HINTS = (
-    ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
-    ("gradient", "call .detach() first (the tensor takes part in autograd)"),
-    ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
-    ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
-    ("negative bit", "call .resolve_neg() first"),
-    ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
-    ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
-    ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
-    ("null", "fill or drop the missing values first (pyarrow: arr.fill_null(0) or arr.drop_null())"),
-    ("boolean", "cast it to a numeric type first (pyarrow stores booleans as bits: arr.cast('uint8'))"),
-    ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
-    ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
-    ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
-    ("datatype", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
-    ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
-    ("device", "move it to host memory with its own library first (torch: t.cpu())"),
-)
 
 
 cdef object _producer_error(object obj, BaseException exc, str what):
-    """A ProducerError that keeps the producer's reason and adds what to do."""
+    """A ProducerError that keeps the producer's reason and adds what to do (the
+    producer table's hints for its type first, then the generic ones)."""
     # First line only: C++ producers append a stack trace (kept in __cause__).
     reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
     if not reason.endswith((".", "!", "?")):
         reason += "."
     low = reason.lower()
-    todo = next((hint for key, hint in _HINTS if key in low),
+    hints = _entry_for(type(obj)).hints + _GENERIC_HINTS
+    todo = next((hint for key, hint in hints if key in low),
                 "convert the tensor with its own library first (e.g. .cpu(), .contiguous())")
     method = _METHOD.search(todo)
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
@@ -258,13 +325,107 @@ cdef object _exchange_take(object x, const DLPackExchangeAPI* api):
         raise
 
 
-cdef object _numpy_fallback(object x):
-    """A capsule dlinspect makes over a NumPy array that NumPy refuses to export
-    itself (ml_dtypes dtypes; read-only arrays on NumPy < 2.1), or None."""
-    try:
+cdef object _numpy_fallback(object x, object refusal):
+    """What stands in for NumPy's refused export of ``x`` (``refusal``, a ProducerError):
+    a capsule dlinspect makes over the same memory where DLPack can say exactly what
+    it is (ml_dtypes dtypes, sub-byte ones padded; read-only arrays on NumPy < 2.1);
+    else the error that says why not (see :func:`numpy_form`)."""
+    form, why = _numpy_form(x)
+    if form == NP_EXACT:
         return capsule_of(x, read_only=not x.flags.writeable)
-    except ValueError:   # no DLPack code for the dtype (object, str...)
-        return None
+    if form == NP_NOT_NUMERIC:
+        raise NotNumericError(
+            f"{_describe_ndarray(x)} is not a numeric tensor: {why}. Inside a batch it is a "
+            f"leaf kept as it is (leaves='keep').") from None
+    if form == NP_COPY:
+        exc = NotDescribableError(
+            f"{_describe_ndarray(x)} cannot be described by DLPack: {why}, so NumPy refused "
+            f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
+            f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
+            f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
+        exc.array = x
+        exc.why = why
+        raise exc from None
+    raise refusal
+
+
+cdef str _describe_ndarray(object x):
+    return f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
+
+
+# tf.DType names TensorFlow's __dlpack__ aborts the process on (never called for them).
+cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
+
+
+# contract: returns 0 or raises the guard's error (see Guard); runs before any export.
+cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
+    cdef Guard g = entry.guard
+    if g == GUARD_TORCH:
+        if mode != MODE_PEEK:
+            _refuse_lazy_negation(x)
+    elif g == GUARD_TF:
+        name = x.dtype.name
+        if name in _TF_NOT_NUMERIC:
+            raise NotNumericError(
+                f"a {_type_name(x)} of dtype tf.{name} and shape {tuple(x.shape)} is not a "
+                f"numeric tensor: DLPack has no {name} type (and TensorFlow's __dlpack__ "
+                f"aborts the process on it, so dlinspect does not call it). Inside a batch it "
+                f"is a leaf kept as it is (leaves='keep').")
+    elif g == GUARD_JAX:
+        _refuse_dead_array(x)
+        if not hasattr(type(x), "__dlpack__"):
+            raise NotDLPackError(
+                f"a {_type_name(x)} (e.g. a typed PRNG key array) has no DLPack form. It "
+                f"already is a jax.Array: to_jax returns it as it is; for its raw bits use "
+                f"jax.random.key_data(x).")
+    elif g == GUARD_NO_DLPACK:
+        raise ProducerError(
+            f"a {_type_name(x)} has no DLPack form (DLPack describes dense, strided tensors "
+            f"only), so it cannot be converted, and dlinspect does not pass it over as a "
+            f"non-tensor leaf. To fix: {entry.fix}.")
+    return 0
+
+
+cdef int _refuse_dead_array(object x) except -1:
+    if x.is_deleted():
+        raise ProducerError(
+            f"the {_type_name(x)} was deleted or donated (x.delete(), or passed to a jitted "
+            f"function with donate_argnums), so its memory is gone and it cannot be read, "
+            f"moved or converted. To fix: pass an array that is still alive (keep x.copy() "
+            f"before donating x).")
+    return 0
+
+
+def jax_array_problem(x):
+    """The error a ``jax.Array`` raises on every route (deleted or donated), or None."""
+    try:
+        _refuse_dead_array(x)
+    except ProducerError as exc:
+        return exc
+    return None
+
+
+def is_tensor(x):
+    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert).
+
+    True for a PyCapsule, a ``jax.Array`` and any object (not a class) whose type has
+    ``__dlpack__`` or the C exchange API, or is a tensor type of :data:`PRODUCERS`
+    with no DLPack form (converting those raises); False for everything else, and
+    for NumPy arrays and TensorFlow tensors of non-numeric dtypes (str, bytes,
+    object, datetime, structured; tf.string, tf.variant, tf.resource).
+    """
+    if PyCapsule_CheckExact(x):
+        return True
+    if isinstance(x, type):
+        return False
+    cdef _TypeEntry entry = _entry_for(type(x))
+    if not entry.has_dlpack and entry.api == NULL:
+        return False
+    if entry.guard == GUARD_NUMPY:
+        return x.dtype.kind in "biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
+    if entry.guard == GUARD_TF:
+        return x.dtype.name not in _TF_NOT_NUMERIC
+    return True
 
 
 cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
@@ -320,8 +481,8 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
             f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
             f"CuPy...) or the capsule its __dlpack__() returns.")
-    if entry.is_torch and mode != MODE_PEEK:
-        _refuse_lazy_negation(x)
+    if entry.guard > GUARD_NUMPY:
+        _guard(x, entry, mode)
     if entry.api != NULL and mode != MODE_HOST_COPY:
         memset(&t, 0, sizeof(DLTensor))
         if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
@@ -352,11 +513,9 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
     except ProducerError as exc:
-        if not entry.is_numpy or mode == MODE_HOST_COPY:
+        if entry.guard != GUARD_NUMPY or mode == MODE_HOST_COPY:
             raise
-        cap = _numpy_fallback(x)
-        if cap is None:
-            raise
+        cap = _numpy_fallback(x, exc)
     if not PyCapsule_CheckExact(cap):
         raise ProducerError(
             f"{_type_name(x)}.__dlpack__() returned {type(cap).__name__}, not a PyCapsule. "

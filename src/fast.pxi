@@ -58,7 +58,9 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
     (list, list)
         ``out``: per leaf, the jax.Array, or the leaf itself where it is not a
         tensor, or None where the general route must finish it; ``pending``:
-        ``(index, capsule, TensorInfo, needs)`` of those.
+        ``(index, capsule, TensorInfo, needs)`` of those (``(index, None, None, 0)``
+        for NumPy memory DLPack cannot describe: see NotDescribableError). Arrays of
+        non-numeric dtypes (NotNumericError) are kept as they are.
 
     Raises
     ------
@@ -79,6 +81,12 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
                 continue
         try:
             got = _fast_one(leaf, tg, may_copy, share_readonly)
+        except NotNumericError:
+            out[i] = leaf            # not a numeric tensor: a leaf kept as it is
+            continue
+        except NotDescribableError:
+            pending.append((i, None, None, 0))   # the general route copies it with NumPy
+            continue
         except BaseException as exc:
             try:
                 exc._dlinspect_leaf = i
@@ -94,7 +102,9 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
 
 cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly):
     cdef PyObject* p = NULL
-    if type(x) is tg.array_type:
+    if type(x) is tg.array_type or (not PyCapsule_CheckExact(x)
+                                    and _entry_for(type(x)).guard == GUARD_JAX):
+        _refuse_dead_array(x)
         return x   # already a jax.Array, and no device or copy was asked for
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p)
     cap = _take_ref(p)

@@ -16,12 +16,14 @@ cdef enum:
     NEED_EMPTY = 1 << 8      # no elements: nothing to view or copy
     NEED_VIA_CPU = 1 << 9    # pinned/managed host memory, no backend for its platform:
                              # the CPU backend views it (no copy)
+    NEED_SUBBYTE = 1 << 10   # sub-byte elements (int4, float4...) JAX holds but its DLPack
+                             # import does not take: jax.device_put copies them from NumPy
 
 #: The bits of :func:`needs`, by name (``dlinspect.Need`` mirrors them).
 NEED_BITS = {"DEVICE": NEED_DEVICE, "DTYPE": NEED_DTYPE, "LANES": NEED_LANES,
              "LAYOUT": NEED_LAYOUT, "READ_ONLY": NEED_READ_ONLY, "ALIGN": NEED_ALIGN,
              "NARROW": NEED_NARROW, "PACKED": NEED_PACKED, "EMPTY": NEED_EMPTY,
-             "VIA_CPU": NEED_VIA_CPU}
+             "VIA_CPU": NEED_VIA_CPU, "SUBBYTE": NEED_SUBBYTE}
 
 
 @cython.final
@@ -47,8 +49,11 @@ cdef class JaxTarget:
     cpu_keys : set
         The keys of ``devices`` whose device is a CPU device.
     probe : callable
-        ``probe(code, bits)``: None if JAX imports one lane of that dtype, else
-        JAX's reason; called once per dtype.
+        ``probe(code, bits)``: None if JAX's DLPack import takes one lane of that
+        dtype, else JAX's reason; called once per dtype.
+    hold : callable
+        ``hold(code, bits)``: None if JAX holds a NumPy (ml_dtypes) array of that
+        sub-byte dtype (``jax.device_put``), else the reason; called once per dtype.
     narrow : dict
         ``code | bits << 8`` of a 64-bit dtype to ``(code | bits << 8 of the dtype
         JAX narrows it to with x64 off, the DLInspectWarning text)``.
@@ -66,12 +71,12 @@ cdef class JaxTarget:
     cdef readonly object import_fn, cpu_device, x64, warn, stream_for, array_type
     cdef readonly bint permuted_ok
     cdef readonly uintptr_t cpu_align, copy_align
-    cdef object probe
+    cdef object probe, hold
     cdef dict devices, narrow, bad
     cdef set cpu_keys, ok
 
     def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, dict devices,
-                  set cpu_keys, probe, dict narrow, warn, stream_for, array_type,
+                  set cpu_keys, probe, hold, dict narrow, warn, stream_for, array_type,
                   bint permuted_ok):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
@@ -83,6 +88,7 @@ cdef class JaxTarget:
         self.devices = devices
         self.cpu_keys = cpu_keys
         self.probe = probe
+        self.hold = hold
         self.narrow = narrow
         self.warn = warn
         self.stream_for = stream_for
@@ -91,24 +97,26 @@ cdef class JaxTarget:
         self.ok = set()
         self.bad = {}
 
-    cdef bint _dtype_ok(self, int code, int bits) except -1:
-        cdef int key = code | (bits << 8)
+    cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
+        # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
+        cdef int key = code | (bits << 8) | (held << 16)
         if key in self.ok:
             return True
         if key in self.bad:
             return False
-        reason = self.probe(code, bits)
+        reason = (self.hold if held else self.probe)(code, bits)
         if reason is None:
             self.ok.add(key)
             return True
         self.bad[key] = reason
         return False
 
-    def dtype_problem(self, int code, int bits):
-        """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
-        if self._dtype_ok(code, bits):
+    def dtype_problem(self, int code, int bits, bint held=False):
+        """None if JAX's DLPack import takes one lane of ``(code, bits)`` (``held``:
+        if JAX holds that sub-byte dtype from NumPy); else the reason."""
+        if self._dtype_ok(code, bits, held):
             return None
-        return self.bad[code | (bits << 8)]
+        return self.bad[code | (bits << 8) | (held << 16)]
 
     def device_for(self, int device_type, int device_id):
         """The ``jax.Device`` JAX imports this DLPack device's memory onto, or None."""
@@ -120,16 +128,37 @@ cdef class JaxTarget:
         return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
 
 
+# contract: the needs of a dtype alone to reach ``tg`` (DTYPE, SUBBYTE, LANES,
+# NARROW); raises only what a dtype probe raises.
+cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
+                           uint64_t flags) except? 0xFFFFFFFF:
+    cdef uint32_t n = 0
+    if lanes == 1 and bits < 8 and ((flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+                                    or not tg._dtype_ok(code, bits)):
+        # JAX's DLPack import takes no padded sub-byte data (nor, on most backends,
+        # packed): where JAX holds the dtype, jax.device_put copies it from NumPy.
+        n |= NEED_SUBBYTE if tg._dtype_ok(code, bits, True) else NEED_DTYPE
+    elif not tg._dtype_ok(code, bits):
+        n |= NEED_DTYPE
+    if lanes != 1:
+        n |= NEED_LANES
+    if (bits == 64 or bits == 128) and (code | (bits << 8)) in tg.narrow and not tg.x64.value:
+        n |= NEED_NARROW
+    return n
+
+
+def dtype_needs(int code, int bits, int lanes, JaxTarget target, uint64_t flags=0):
+    """The needs a ``DLDataType`` alone has to reach JAX: DTYPE, SUBBYTE, LANES, NARROW
+    (``flags``: a versioned header's, for IS_SUBBYTE_TYPE_PADDED)."""
+    return _dtype_needs(target, code, bits, lanes, flags)
+
+
 # contract: the needs of ``info`` to reach ``tg`` (bits above); raises only what a
 # dtype probe raises.
 cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
-    cdef uint32_t n = 0
+    cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info._flags)
     cdef int32_t dt = info._dev_type
     cdef bint on_cpu
-    if not tg._dtype_ok(info._code, info._bits):
-        n |= NEED_DTYPE
-    if info._lanes != 1:
-        n |= NEED_LANES
     if dt == kDLCPU and info._dev_id == 0:
         on_cpu = True       # JAX always has its CPU backend
     else:
@@ -143,7 +172,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             n |= NEED_DEVICE
             on_cpu = False
     if info._size == 0:
-        return n | NEED_EMPTY
+        return (n & ~NEED_NARROW) | NEED_EMPTY
     if not info._is_compact() or (not tg.permuted_ok and not info._is_c_contiguous()):
         n |= NEED_LAYOUT
     if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
@@ -152,9 +181,6 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
         n |= NEED_ALIGN
     if _packed(info):
         n |= NEED_PACKED
-    if info._bits == 64 or info._bits == 128:
-        if info._key() in tg.narrow and not tg.x64.value:
-            n |= NEED_NARROW
     return n
 
 

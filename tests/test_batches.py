@@ -52,12 +52,17 @@ class TestMixedLeaves:
         text = dlinspect.explain({"x": np.ones(2, np.float32)[::2], "id": "a"})
         assert "['x']:" in text and "copy" in text and "['id']: untouched" in text
 
-    def test_a_single_non_tensor_is_an_error(self):
-        for x in (object(), "text", 3.5):
+    def test_a_single_non_tensor_follows_the_leaf_rule(self):
+        # One rule at every depth: kept by default, refused with leaves="raise".
+        for x in (object(), "text", 3.5, b"raw", [1, 2, 3], np.array(["a", "b"])):
+            assert to_jax(x) is x or to_jax(x) == x
+            assert plan(x).kind == "untouched" if not isinstance(x, list) else \
+                [r.kind for r in plan(x)] == ["untouched"] * 3
             with pytest.raises(NotDLPackError):
-                to_jax(x)
+                to_jax(x, leaves="raise")
             with pytest.raises(NotDLPackError):
-                plan(x)
+                to_jax({"nested": x}, leaves="raise")
+        assert to_jax(None) is None and plan(None) is None
 
 
 class TestKeyPaths:

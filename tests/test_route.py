@@ -631,10 +631,18 @@ class TestProducerErrors:
         assert all("max_version" in c for c in p.calls)   # one call each; never retried bare
 
     def test_hints_fit_the_refusal(self):
-        p = FakeProducer(np.ones(2), refuse=TypeError(
-            "DataType is not compatible with DLPack spec: date32[day]"))   # pyarrow's words
+        # A pyarrow array (by its class, as the producer table matches it) in pyarrow's words.
+        Array = type("Array", (FakeProducer,), {"__module__": "pyarrow.lib"})
+        p = Array(np.ones(2), refuse=TypeError(
+            "DataType is not compatible with DLPack spec: date32[day]"))
         with pytest.raises(ProducerError, match=r"date32.*To fix: convert it to a numeric type"):
             to_jax(p)
+        # The same words from another producer get no pyarrow advice.
+        other = FakeProducer(np.ones(2), refuse=TypeError(
+            "DataType is not compatible with DLPack spec: date32[day]"))
+        with pytest.raises(ProducerError) as info:
+            to_jax(other)
+        assert "arr.cast" not in str(info.value)
 
     def test_retry_only_for_keyword_type_errors(self):
         p = FakeProducer(aligned([1, 2]), legacy_only=True)
@@ -710,11 +718,11 @@ class TestProducerErrors:
 
     def test_not_dlpack(self):
         with pytest.raises(NotDLPackError):
-            to_jax(object())
+            to_jax(object(), leaves="raise")
         with pytest.raises(NotDLPackError):
             to_host("text")
         with pytest.raises(NotDLPackError):
-            to_jax(np.ndarray)
+            to_jax(np.ndarray, leaves="raise")
 
     def test_consumed_capsule(self):  # C10
         cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,

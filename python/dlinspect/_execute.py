@@ -12,16 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _plan, _shard
+from . import _core, _plan, _shard, _tree
 from ._buffers import aligned_empty
 from ._core import TensorInfo
-from ._dtypes import numpy_dtype
+from ._dtypes import dldtype_from_numpy, numpy_dtype
 from ._enums import DLDeviceType as D
 from ._jaxcaps import JaxCaps, caps
 from ._messages import describe, device_fix
 from ._plan import Route
 from ._warn import warn
-from .errors import NotDLPackError, UnsupportedDeviceError
+from .errors import NotDescribableError, NotDLPackError, UnsupportedDeviceError
 
 __all__ = ["to_jax", "to_host"]
 
@@ -36,7 +36,7 @@ def _jax_caps() -> JaxCaps:
     return _caps
 
 
-_is_tensor = _plan.is_tensor
+_is_tensor = _core.is_tensor
 _CONTAINERS = (dict, list, tuple)
 
 
@@ -46,16 +46,20 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
                 quiet: bool = False) -> Any:
     c = _caps if _caps is not None else _jax_caps()
     tg = c._target if c._target is not None else c.target
-    if device is None and copy is not True and not quiet:   # (the fast path warns itself)
-        got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
-        if type(got) is not tuple:
-            return got
-        cap, info, needs = got
-    elif type(x) is c.array_type:
-        return _execute_array(c, _plan.route_jax_array(x, device, copy), x)
-    else:
-        cap, info = _core.export(x, c.stream_for)
-        needs = _core.needs(info, tg, readonly == "share")
+    try:
+        if device is None and copy is not True and not quiet:   # (the fast path warns itself)
+            got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
+            if type(got) is not tuple:
+                return got
+            cap, info, needs = got
+        elif isinstance(x, c.jax.Array):
+            return _execute_array(c, _plan.route_jax_array(x, device, copy), x)
+        else:
+            cap, info = _core.export(x, c.stream_for)
+            needs = _core.needs(info, tg, readonly == "share")
+    except NotDescribableError as exc:
+        route = _plan.route_numpy_copy(exc, c, "jax", device, copy)
+        return _execute_jax(c, route, None, x, fallback, readonly, quiet)
     return _finish_general(c, x, cap, info, needs, device, copy, fallback, readonly, quiet)
 
 
@@ -74,7 +78,7 @@ def _execute_array(c: JaxCaps, route: Route, x: Any, sharding: Any = None) -> An
         return x
     if route.action is _plan.DEVICE_PUT:
         return c.jax.device_put(x, sharding if sharding is not None else route.jax_device)
-    return c.jnp.array(x, copy=True)
+    return x.copy()   # (typed PRNG key arrays too, which jnp.array refuses)
 
 
 def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, readonly: str,
@@ -87,6 +91,18 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
         # Before anything is consumed: a warning turned into an error (-W error)
         # leaves a caller's capsule as it was, like any failed route.
         warn(route.warning)
+    if action is _plan.NUMPY_COPY:
+        narrow = None
+        if route.warning is not None:
+            code, bits, _ = dldtype_from_numpy(x.dtype)
+            ncode, nbits, _ = c.target.narrowing(code, bits)
+            narrow = numpy_dtype(ncode, nbits)
+        host = _native_copy(x, narrow, c.target.copy_align)
+        return _finish(c, _import_host(c, host, route.import_device, False), route, narrowed=True)
+    if action is _plan.SUBBYTE_PUT:
+        host = (_unpack_subbyte(cap, info) if route.needs & _plan.Need.PACKED
+                else _host_view(cap, info)[0])
+        return c.jax.device_put(host, route.jax_device)
     if action is _plan.IMPORT:
         stream = None if _core.is_capsule(x) else c.stream_for(route.import_type, info.device_id)
         arr = _core.import_capsule(c.import_fn, cap, route.import_device, stream,
@@ -99,7 +115,8 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
             ncode, nbits, _ = c.target.narrowing(code, bits)
             narrow = numpy_dtype(ncode, nbits)
         host = _host_copy(cap, info, narrow, c.target.copy_align)
-        return _finish(c, _import_host(c, host, route.import_device, False), route)
+        return _finish(c, _import_host(c, host, route.import_device, False), route,
+                       narrowed=True)
     if action is _plan.HOST_VIEW:
         view, _owner = _host_view(cap, info)
         return _finish(c, _import_host(c, view, route.import_device, not view.flags.writeable),
@@ -116,8 +133,8 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
     return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet=True)
 
 
-def _finish(c: JaxCaps, arr: Any, route: Route) -> Any:
-    if route.warning is not None:
+def _finish(c: JaxCaps, arr: Any, route: Route, narrowed: bool = False) -> Any:
+    if route.warning is not None and not narrowed:
         arr = c.canonicalize(arr)   # device memory narrowed after import, as JAX does
     if route.jax_device is not None and route.jax_device != route.import_device:
         arr = c.jax.device_put(arr, route.jax_device)
@@ -171,13 +188,45 @@ def _host_view(cap: Any, info: TensorInfo, read_only: bool | None = None) -> tup
 def _host_copy(cap: Any, info: TensorInfo, dtype: np.dtype | None = None,
                alignment: int = 64) -> np.ndarray:
     """One copy of host memory into a fresh C-order, ``alignment``-byte aligned array;
-    frees the source. ``dtype``: cast to it on the way (JAX's x64 narrowing)."""
+    frees the source. ``dtype``: cast to it on the way (JAX's x64 narrowing). The
+    copy is allocated before ``cap`` is consumed (AllocationError leaves it as it was)."""
+    lanes = (info.dtype.lanes,) if info.dtype.lanes != 1 else ()
+    out = _allocate(info.shape + lanes, info.numpy_dtype if dtype is None else dtype,
+                    alignment, info)
     view, owner = _host_view(cap, info)
-    out = aligned_empty(view.shape, view.dtype if dtype is None else dtype, alignment)
-    with np.errstate(over="ignore", invalid="ignore"):  # float64 -> float32 overflow is inf, as in JAX
-        np.copyto(out, view, casting="unsafe")
+    _copy_values(out, view)
     del view, owner  # the producer's deleter runs here, right after the copy
     return out
+
+
+def _native_copy(arr: np.ndarray, dtype: np.dtype | None = None,
+                 alignment: int = 64) -> np.ndarray:
+    """NumPy memory DLPack cannot describe (byte order, byte strides), copied by NumPy
+    into native byte order, C order, ``alignment``-byte aligned (``dtype``: cast on the
+    way, for JAX's x64 narrowing)."""
+    out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype,
+                    alignment, None)
+    _copy_values(out, arr)
+    return out
+
+
+def _copy_values(out: np.ndarray, src: np.ndarray) -> None:
+    # NumPy's cast: swaps bytes, gathers strides; float64 -> float32 overflow is inf
+    # and integers wrap, as in JAX's narrowing.
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(out, src, casting="unsafe")
+
+
+def _allocate(shape: tuple[int, ...], dtype: Any, alignment: int,
+              info: TensorInfo | None) -> np.ndarray:
+    """``aligned_empty``, with a failed allocation as AllocationError naming the bytes."""
+    try:
+        return aligned_empty(shape, dtype, alignment)
+    except MemoryError:
+        nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+        what = describe(info) if info is not None else (
+            f"a {np.dtype(dtype).name} NumPy array of shape {shape}")
+        raise _plan.allocation_error(nbytes, what) from None
 
 
 def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
@@ -302,6 +351,8 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         tg = c._target if c._target is not None else c.target
         try:
             got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
+        except NotDescribableError:
+            return _one_to_jax(x, None, copy, fallback, readonly)
         except NotDLPackError:
             if _is_tensor(x):
                 raise
@@ -309,52 +360,43 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         if type(got) is not tuple:
             return got
         return _finish_general(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
-    device = _plan.single_device(device)
-    if _is_tensor(x):
-        return _one_to_jax(x, device, copy, fallback, readonly)
-    return _tree_to_jax(x, device, copy, fallback, readonly, leaves)
+    return _tree_to_jax(x, _plan.single_device(device), copy, fallback, readonly, leaves)
 
 
 def _tree_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
                  leaves: str) -> Any:
-    """Every leaf of a pytree: flattened once, the fast path over all leaves in one call
-    into the core, the general route for the rest; errors name the leaf's key path."""
-    from jax import tree_util
-    flat, treedef = tree_util.tree_flatten(x)
-    if len(flat) == 1 and flat[0] is x:
-        raise NotDLPackError(
-            f"expected a tensor (an object with __dlpack__), a DLPack capsule, or a pytree of "
-            f"them; got an object of type {type(x).__module__}.{type(x).__qualname__}.")
+    """Every leaf of a batch (walked once by :mod:`dlinspect._tree`): the fast path over
+    all leaves in one call into the core, the general route for the rest; errors name
+    the leaf's key path. A leaf that is not a tensor is kept (``leaves="keep"``), the
+    whole of ``x`` included when it is one."""
+    flat = _tree.flatten(x)
+    leaves_in = flat.leaves
     c = _caps if _caps is not None else _jax_caps()
     tg = c._target if c._target is not None else c.target
     i = -1
     try:
         if leaves == "raise":
-            for i, leaf in enumerate(flat):
+            for i, leaf in enumerate(leaves_in):
                 if not _is_tensor(leaf):
                     raise _plan.not_a_tensor(leaf)
         if device is None and copy is not True:
-            out, pending = _core.to_jax_many(flat, tg, copy is None, readonly == "share")
+            out, pending = _core.to_jax_many(leaves_in, tg, copy is None, readonly == "share")
             for i, cap, info, needs in pending:
-                out[i] = _finish_general(c, flat[i], cap, info, needs, None, copy, fallback,
-                                         readonly)
+                out[i] = (_one_to_jax(leaves_in[i], None, copy, fallback, readonly)
+                          if cap is None else
+                          _finish_general(c, leaves_in[i], cap, info, needs, None, copy,
+                                          fallback, readonly))
         else:
-            out = list(flat)
-            for i, leaf in enumerate(flat):
+            out = list(leaves_in)
+            for i, leaf in enumerate(leaves_in):
                 if _is_tensor(leaf):
                     out[i] = _one_to_jax(leaf, device, copy, fallback, readonly)
     except Exception as exc:
         index = getattr(exc, "_dlinspect_leaf", i)
         if index >= 0:
-            _plan.name_leaf(exc, _key_path(x, index))
+            _plan.name_leaf(exc, flat.keystr(index))
         raise
-    return tree_util.tree_unflatten(treedef, out)
-
-
-def _key_path(x: Any, index: int) -> str:
-    """``jax.tree_util.keystr`` of the path to leaf ``index`` of ``x``."""
-    from jax import tree_util
-    return tree_util.keystr(tree_util.tree_flatten_with_path(x)[0][index][0])
+    return flat.unflatten(out)
 
 
 # ---- sharded -----------------------------------------------------------------
@@ -366,25 +408,27 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
     from jax import tree_util
     from jax.sharding import Sharding
 
-    def one(path: tuple[Any, ...], leaf: Any, s: Any) -> Any:
-        try:
-            if not _is_tensor(leaf):
-                if leaves == "raise":
-                    raise _plan.not_a_tensor(leaf)
-                return leaf
-            if s is None:  # default placement, as in jax.device_put
-                return _one_to_jax(leaf, None, copy, fallback, readonly)
-            if _shard.plain_device(_plan.check_sharding(s)):
-                return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
-            return _one_sharded(leaf, s, copy, fallback, readonly)
-        except Exception as exc:
-            if path:
-                _plan.name_leaf(exc, tree_util.keystr(path))
-            raise
+    def one(leaf: Any, s: Any) -> Any:
+        if not _is_tensor(leaf):
+            if leaves == "raise":
+                raise _plan.not_a_tensor(leaf)
+            return leaf
+        if s is None:  # default placement, as in jax.device_put
+            return _one_to_jax(leaf, None, copy, fallback, readonly)
+        if _shard.plain_device(_plan.check_sharding(s)):
+            return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
+        return _one_sharded(leaf, s, copy, fallback, readonly)
 
     def subtree(prefix: tuple[Any, ...], s: Any, sub: Any) -> Any:
-        return tree_util.tree_map_with_path(lambda p, leaf: one(prefix + p, leaf, s), sub,
-                                            is_leaf=_is_tensor)
+        flat = _tree.flatten(sub)
+        out = []
+        for i, leaf in enumerate(flat.leaves):
+            try:
+                out.append(one(leaf, s))
+            except Exception as exc:
+                _plan.name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+                raise
+        return flat.unflatten(out)
 
     if sharding is None or isinstance(sharding, Sharding):
         return subtree((), sharding, x)
@@ -402,9 +446,17 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
 def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
     """One tensor onto a multi-device ``sharding`` (see ``_plan.route_sharded``)."""
     c = _jax_caps()
-    if type(x) is c.array_type:
+    if isinstance(x, c.jax.Array):
         return _execute_array(c, _plan.route_jax_array(x, None, copy, sharding), x, sharding)
-    cap, info = _core.export(x, c.stream_for)
+    try:
+        cap, info = _core.export(x, c.stream_for)
+    except NotDescribableError as exc:
+        # NumPy's one copy (native, C-ordered, aligned), then that copy is split.
+        route = _plan.route_numpy_copy(exc, c, "jax", None, copy)
+        if route.action is _plan.RAISE:
+            _raise(route)
+        return _one_sharded(_native_copy(x, None, c.target.copy_align), sharding, None,
+                            fallback, readonly)
     needs = _core.needs(info, c.target, readonly == "share")
     route = _plan.route_sharded(info, needs, c, sharding, copy, fallback, readonly,
                                 x)
@@ -478,7 +530,13 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     """
     if copy is not None and copy is not True and copy is not False:
         _plan.check_options("host", "host", "copy", copy)
-    cap, info = _core.export(x)
+    try:
+        cap, info = _core.export(x)
+    except NotDescribableError as exc:
+        route = _plan.route_numpy_copy(exc, None, "host", None, copy)
+        if route.action is _plan.RAISE:
+            _raise(route)
+        return _native_copy(x)
     route = _plan.route_host(info, _core.needs(info), copy, x)
     action = route.action
     if action is _plan.RAISE:

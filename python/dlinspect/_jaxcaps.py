@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from ._buffers import aligned_empty
-from ._dtypes import dldtype_from_numpy, dtype_name
+from ._dtypes import dldtype_from_numpy, dtype_name, numpy_dtype
 from ._enums import DLDeviceType as D
 from ._messages import narrowing_text
 from ._warn import warn
@@ -261,6 +261,19 @@ class JaxCaps:
             return str(exc).split("\n")[0]
         return None
 
+    def _probe_hold(self, code: int, bits: int) -> str | None:
+        """None if JAX holds a NumPy (ml_dtypes) array of sub-byte dtype ``(code, bits)``
+        (``jax.device_put``); else the reason."""
+        dtype = numpy_dtype(code, bits)
+        if dtype is None:
+            return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides the "
+                    f"sub-byte ones: pip install -U ml_dtypes)")
+        try:
+            self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
+        except Exception as exc:   # e.g. "Invalid XLA PrimitiveType: 36 (F6E2M3FN)"
+            return f"this JAX has no {dtype.name} arrays ({str(exc).splitlines()[0]})"
+        return None
+
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
         """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows
         it to with x64 off, the DLInspectWarning text)."""
@@ -301,7 +314,8 @@ class JaxCaps:
         if self._target is None:
             self._target = _core.JaxTarget(
                 self.import_fn, self._cpu, self.cpu_alignment, self.x64, self.devices,
-                self.cpu_keys, self._probe_dtype, self._narrow_table(), warn, self.stream_for,
+                self.cpu_keys, self._probe_dtype, self._probe_hold, self._narrow_table(), warn,
+                self.stream_for,
                 self.array_type, self._probe_permuted())
         return self._target
 

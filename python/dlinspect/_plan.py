@@ -9,18 +9,22 @@ carry out exactly the route these functions return, so ``plan(x)`` says what
 from __future__ import annotations
 
 import enum
-from typing import Any, TypeVar
+import functools
+import os
+from typing import Any, Callable, TypeVar
 
 from . import _core
 from ._core import TensorInfo
-from ._dtypes import dtype_name
+from ._dtypes import dldtype_from_numpy, dtype_name
 from ._enums import DLDeviceType as D
 from ._enums import device_name
 from ._messages import describe, device_fix, narrowing_text
-from . import _shard
+from . import _shard, _tree
 from .errors import (
+    AllocationError,
     CopyRequiredError,
     DLInspectError,
+    NotDescribableError,
     NotDLPackError,
     ShardingError,
     UnsupportedDeviceError,
@@ -62,6 +66,10 @@ class Need(enum.IntFlag):
     VIA_CPU = _core.NEED_BITS["VIA_CPU"]
     """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
     backend views it (no copy)."""
+    SUBBYTE = _core.NEED_BITS["SUBBYTE"]
+    """Sub-byte elements (int4, uint4, int2, float4...; packed, or padded one per byte
+    with ``IS_SUBBYTE_TYPE_PADDED``) of a dtype JAX holds, which its DLPack import does
+    not take: ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
 
 
 # What executing a route does (Route.kind is the public word for it).
@@ -77,6 +85,8 @@ KEEP = "keep"                      # a pytree leaf that is not a tensor: left as
 SPLIT = "split"                    # one host view, each device imports its slice
 DEVICE_PUT = "device-put"          # to_jax whole, then jax.device_put(array, sharding)
 PROCESS_LOCAL = "process-local"    # to_jax whole, then make_array_from_process_local_data
+SUBBYTE_PUT = "subbyte-put"        # a NumPy view (unpacked if packed), then jax.device_put
+NUMPY_COPY = "numpy-copy"          # NumPy memory DLPack cannot describe: NumPy copies it
 
 
 class Route:
@@ -180,8 +190,46 @@ def _lanes_problem(info: TensorInfo, target: str) -> UnsupportedDTypeError | Non
         f"bytes as uint8).")
 
 
+@functools.lru_cache(maxsize=1)
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def allocation_error(nbytes: int, what: str) -> AllocationError:
+    """The error for a copy of ``nbytes`` that cannot be allocated (plan and execution)."""
+    total = physical_memory()
+    have = f"; this machine has {total} bytes of physical memory" if total else ""
+    return AllocationError(
+        f"{what} needs a copy of {nbytes} bytes, which cannot be allocated{have}; nothing was "
+        f"consumed. To fix: copy a smaller part (slice it first), or make it contiguous with "
+        f"its own library where it fits.")
+
+
+R = TypeVar("R", bound=Callable[..., "Route"])
+
+
+def memory_checked(route_fn: R) -> R:
+    """Every copy a route plans fits in physical memory, else the route is an
+    ``AllocationError`` (one rule for every route function it wraps)."""
+    @functools.wraps(route_fn)
+    def checked(*args: Any, **kwargs: Any) -> Route:
+        route = route_fn(*args, **kwargs)
+        total = physical_memory()
+        if route.copy_bytes and total is not None and route.copy_bytes > total:
+            what = describe(route.info) if route.info is not None else "the tensor"
+            return error_route(allocation_error(route.copy_bytes, what), route.info,
+                               route.target, route.needs)
+        return route
+    return checked  # type: ignore[return-value]
+
+
 # ---- JAX -------------------------------------------------------------------
 
+@memory_checked
 def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | None,
               fallback: str, readonly: str, source: Any) -> Route:
     """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
@@ -193,12 +241,12 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
     target = "jax"
     dt = int(info.device_type)
     if needs & Need.DTYPE:
-        code, bits, _ = info.dtype
+        code, bits, lanes = info.dtype
         host_ok = not (_core.needs(info) & Need.DTYPE) and _lanes_problem(info, "host") is None
+        why = c.target.dtype_problem(code, bits, lanes == 1 and bits < 8)
         return error_route(UnsupportedDTypeError(
-            f"{describe(info)} has {_dtype_text(info)}, which JAX cannot hold: "
-            f"{c.target.dtype_problem(code, bits)}. To fix: convert it with its own library "
-            f"first (e.g. t.float() or t.view(torch.uint8))"
+            f"{describe(info)} has {_dtype_text(info)}, which JAX cannot hold: {why}. To fix: "
+            f"convert it with its own library first (e.g. t.float() or t.view(torch.uint8))"
             + (", or take it as NumPy with dlinspect.to_host." if host_ok else ".")),
             info, target, needs)
     problem = _lanes_problem(info, target)
@@ -216,6 +264,9 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
             f"{describe(info)} has strides {info.strides}, which JAX cannot import, and its "
             f"memory is not host-accessible for dlinspect to copy. To fix: make it contiguous "
             f"with its own library first (torch: t.contiguous())."), info, target, needs)
+
+    if needs & Need.SUBBYTE:
+        return _route_subbyte(info, needs, c, device, copy)
 
     via_cpu = bool(needs & Need.VIA_CPU)
     src = c.cpu_device() if via_cpu else c.target.device_for(dt, info.device_id)
@@ -295,6 +346,77 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
                  import_copy=True if bytes_copy else None)
 
 
+def _route_subbyte(info: TensorInfo, needs: int, c: Any, device: Any,
+                   copy: bool | None) -> Route:
+    """Sub-byte elements of a dtype JAX holds, in host memory: a NumPy view (unpacked
+    into one element per byte where packed), copied by ``jax.device_put``."""
+    target = "jax"
+    name = info.dtype_name
+    if needs & Need.PACKED:
+        problem = _unpack_problem(info)
+        if problem is not None:
+            return error_route(problem, info, target, needs)
+    how = ("unpacked into one element per byte, then copied by jax.device_put"
+           if needs & Need.PACKED else "viewed by NumPy (one element per byte) and copied by "
+           "jax.device_put")
+    why = (f"JAX holds {name}, but its DLPack import takes no sub-byte types, so the elements "
+           f"are {how}")
+    if copy is False:
+        return error_route(CopyRequiredError(
+            f"{describe(info)} needs a copy, but copy=False: {why}. To fix: pass copy=None."),
+            info, target, needs)
+    dest = device or (c.cpu_device() if needs & Need.VIA_CPU
+                      else c.target.device_for(int(info.device_type), info.device_id))
+    return Route(COPY, f"A copy is needed: {why}.", info, target, needs=needs,
+                 copy_bytes=info.nbytes, jax_device=dest, action=SUBBYTE_PUT)
+
+
+def _unpack_problem(info: TensorInfo) -> UnsupportedDTypeError | None:
+    """Why packed sub-byte data cannot be unpacked by dlinspect, or None."""
+    bits = info.dtype.bits * info.dtype.lanes
+    if bits and 8 % bits == 0 and info.is_c_contiguous:
+        return None
+    where = f"with strides {info.strides}" if bits and 8 % bits == 0 else "across byte boundaries"
+    return UnsupportedDTypeError(
+        f"{describe(info)} packs {bits}-bit elements {where}; dlinspect unpacks only "
+        f"C-contiguous 1-, 2- and 4-bit data. To fix: ask the producer for padded storage "
+        f"(one element per byte), or unpack with its own library.")
+
+
+@memory_checked
+def route_numpy_copy(exc: NotDescribableError, c: Any, target: str, device: Any = None,
+                     copy: bool | None = None) -> Route:
+    """NumPy memory DLPack cannot describe (byte order, strides; see
+    :class:`~dlinspect.NotDescribableError`): one copy by NumPy into native,
+    C-ordered, aligned memory (into JAX's narrowed dtype where x64 is off), or the error."""
+    arr = exc.array
+    head = f"a {arr.dtype.name} NumPy array of shape {arr.shape} ({arr.dtype.str})"
+    if copy is False:
+        return error_route(CopyRequiredError(
+            f"{head} cannot be described by DLPack ({exc.why}), so only a copy gives its values, "
+            f"but copy=False. To fix: pass copy=None, or make it native and C-ordered first: "
+            f"numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('='))."), None, target)
+    words = f"{exc.why}; NumPy copies it into native, C-ordered memory"
+    if target == "host":
+        return Route(COPY, f"A copy is needed: {words}.", None, target,
+                     copy_bytes=arr.nbytes, action=NUMPY_COPY)
+    code, bits, lanes = dldtype_from_numpy(arr.dtype)
+    needs = _core.dtype_needs(code, bits, lanes, c.target)
+    if needs & (Need.DTYPE | Need.SUBBYTE):
+        return error_route(UnsupportedDTypeError(
+            f"{head} has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
+            f"hold: {c.target.dtype_problem(code, bits)}. To fix: convert it with NumPy first "
+            f"(x.astype(...))."), None, target, needs)
+    warning = None
+    if needs & Need.NARROW:
+        ncode, nbits, warning = c.target.narrowing(code, bits)
+        words += f" ({narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]})"
+    src = device if device is not None and device.platform == "cpu" else c.cpu_device()
+    return Route(COPY, f"A copy is needed: {words}; JAX views that copy.", None, target,
+                 needs=needs, copy_bytes=arr.nbytes, jax_device=device or src,
+                 warning=warning, action=NUMPY_COPY, import_device=src)
+
+
 _PINNED_PLATFORM: dict[int, str] = {D.kDLCUDAHost: "cuda", D.kDLCUDAManaged: "cuda",
                                     D.kDLROCMHost: "rocm"}
 
@@ -346,6 +468,7 @@ def _host_copy_words(source: Any) -> str:
 
 # ---- NumPy -----------------------------------------------------------------
 
+@memory_checked
 def route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) -> Route:
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
     target = "host"
@@ -354,14 +477,10 @@ def route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) -> 
     if problem is not None:
         return error_route(problem, info, target, needs)
     bits = info.dtype.bits * info.dtype.lanes
-    if needs & Need.PACKED and (bits == 0 or 8 % bits or not info.is_c_contiguous):
-        where = (f"with strides {info.strides}" if bits and 8 % bits == 0
-                 else "across byte boundaries")
-        return error_route(UnsupportedDTypeError(
-            f"{describe(info)} packs {bits}-bit elements {where}; "
-            f"dlinspect unpacks only C-contiguous 1-, 2- and 4-bit data. To fix: ask the "
-            f"producer for padded storage, or unpack with its own library."),
-            info, target, needs)
+    if needs & Need.PACKED:
+        problem = _unpack_problem(info)
+        if problem is not None:
+            return error_route(problem, info, target, needs)
     if needs & Need.DTYPE:
         name = info.dtype_name
         hint = ""
@@ -419,7 +538,8 @@ def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: boo
             return error_route(ShardingError(f"{describe(info)} cannot be sharded: {problem}"),
                                info, target, needs)
         index_map = sharding.addressable_devices_indices_map(info.shape)
-        if (info.host_accessible and not needs & (Need.DTYPE | Need.LANES | Need.PACKED)
+        if (info.host_accessible
+                and not needs & (Need.DTYPE | Need.LANES | Need.PACKED | Need.SUBBYTE)
                 and info.numpy_dtype is not None
                 and all(d.platform == "cpu" for d in index_map) and _shard.default_memory(sharding)):
             share = readonly == "share"
@@ -487,8 +607,11 @@ def name_leaf(exc: E, path: str) -> E:
     """``exc``, its message led by the pytree key path of the leaf it is about.
 
     A DLInspectError's message starts with the path (``['inputs']['pixels']: ...``)
-    and it gets a ``key_path`` attribute; any other exception gets a note.
+    and it gets a ``key_path`` attribute; any other exception gets a note. The
+    empty path (the whole input is the leaf) changes nothing.
     """
+    if not path:
+        return exc
     if isinstance(exc, DLInspectError):
         if not getattr(exc, "key_path", None):
             exc.key_path = path  # type: ignore[attr-defined]
@@ -516,8 +639,12 @@ def untouched(leaf: Any, target: str, leaves: str, path: str) -> Route:
 
 
 def route_jax_array(x: Any, device: Any, copy: bool | None, sharding: Any = None) -> Route:
-    """The route of a ``jax.Array``: no DLPack round trip, only ``device_put`` or a copy."""
+    """The route of a ``jax.Array`` (typed PRNG key arrays too): no DLPack round trip,
+    only ``device_put`` or a copy; a deleted or donated one is an error route."""
     target = "jax"
+    dead = _core.jax_array_problem(x)
+    if dead is not None:
+        return error_route(dead, None, target)
     if copy is True:
         return Route(COPY, "copy=True was asked for: JAX copies the jax.Array.", None, target,
                      copy_bytes=x.nbytes, action=IMPORT)
@@ -613,8 +740,10 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
         Read-only memory (versioned READ_ONLY flag) is copied by default;
         ``"share"`` imports it without a copy (see :func:`to_jax`).
     leaves : {"keep", "raise"}
-        For a pytree: a leaf that is not a tensor gets an ``"untouched"`` route, or
-        (``"raise"``) a ``NotDLPackError`` route.
+        A leaf that is not a tensor (a str, a number, None's absence of leaves, a
+        NumPy array of strings...; the whole of ``x`` too, when it is one) gets an
+        ``"untouched"`` route, or (``"raise"``) a ``NotDLPackError`` route. The batch
+        is walked as :func:`to_jax` walks it (Mappings and dataclasses included).
 
     Returns
     -------
@@ -631,10 +760,10 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
 
     Raises
     ------
-    NotDLPackError
-        ``x`` is neither a tensor nor a pytree with leaves (a ``TypeError``).
     ValueError, TypeError
         An option outside its documented values.
+    ContainerError
+        A Mapping or dataclass of the batch cannot be rebuilt (see :func:`to_jax`).
 
     Notes
     -----
@@ -661,35 +790,30 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
         c = caps()
     options = dict(device=device, copy=copy, sharding=sharding, fallback=fallback,
                    readonly=readonly)
-    if is_tensor(x) or isinstance(x, TensorInfo):
+    if isinstance(x, TensorInfo) or is_tensor(x):
         return _plan_one(x, c, target, options)
-    from jax import tree_util
-    flat, treedef = tree_util.tree_flatten_with_path(x)
-    if len(flat) == 1 and flat[0][1] is x:
-        raise NotDLPackError(
-            f"expected a tensor (an object with __dlpack__), a DLPack capsule, or a pytree of "
-            f"them; got an object of type {type(x).__module__}.{type(x).__qualname__}.")
+    flat = _tree.flatten(x)
     routes = []
-    for path, leaf in flat:
-        key = tree_util.keystr(path)
+    for i, leaf in enumerate(flat.leaves):
         if not is_tensor(leaf):
-            routes.append(untouched(leaf, target, leaves, key))
+            routes.append(untouched(leaf, target, leaves,
+                                    flat.keystr(i) if leaves == "raise" else ""))
             continue
         route = _plan_one(leaf, c, target, options)
         if route.error is not None:
+            key = flat.keystr(i)
             name_leaf(route.error, key)
             route.reason = f"{key}: {route.reason}"
         routes.append(route)
-    return tree_util.tree_unflatten(treedef, routes)
+    return flat.unflatten(routes)
 
 
-def is_tensor(x: Any) -> bool:
-    """A DLPack capsule or an object (not a class) with ``__dlpack__``."""
-    return _core.is_capsule(x) or (hasattr(x, "__dlpack__") and not isinstance(x, type))
+#: Whether dlinspect takes an object as a tensor (see ``_core.is_tensor``).
+is_tensor = _core.is_tensor
 
 
 def _plan_one(x: Any, c: Any, target: str, options: dict[str, Any]) -> Route:
-    if c is not None and type(x) is c.array_type:
+    if c is not None and isinstance(x, c.jax.Array):
         device = options["device"]
         return route_jax_array(x, None if device is None else single_device(device),
                                options["copy"], None if options["sharding"] is None
@@ -699,8 +823,11 @@ def _plan_one(x: Any, c: Any, target: str, options: dict[str, Any]) -> Route:
     else:
         try:
             cap, info = _core.export(x, None if c is None else c.stream_for)
-        except NotDLPackError:
-            raise
+        except NotDescribableError as exc:
+            device = options["device"]
+            return route_numpy_copy(exc.with_traceback(None), c, target,
+                                    None if device is None else single_device(device),
+                                    options["copy"])
         except DLInspectError as exc:
             # Without its traceback: it would hold this frame, and so the capsule, in a
             # cycle until the next garbage collection.
@@ -725,10 +852,10 @@ def explain(x: Any, target: str = "jax", **options: Any) -> str:
     routes = plan(x, target, **options)
     if isinstance(routes, Route):
         return _explain_one(routes, x)
-    from jax import tree_util
+    flat = _tree.flatten(routes)
     blocks = []
-    for path, route in tree_util.tree_flatten_with_path(routes)[0]:
-        key = tree_util.keystr(path)
+    for i, route in enumerate(flat.leaves):
+        key = flat.keystr(i)
         if route.action is KEEP:
             blocks.append(f"{key}: untouched ({route.reason})")
         else:
@@ -745,6 +872,8 @@ def _explain_one(route: Route, x: Any) -> str:
             f"{', '.join(map(str, x.devices()))}>")
     elif route.action is KEEP:
         head = "<not a tensor>"
+    elif route.action is NUMPY_COPY:
+        head = "<no DLPack header: DLPack cannot describe this NumPy memory>"
     else:
         head = "<no header: the export failed>"
     lines = [head, f"route to {route.target}: {route.kind}"

@@ -9,9 +9,12 @@ working when it switches to dlinspect.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "DLInspectError",
     "NotDLPackError",
+    "NotNumericError",
     "CapsuleConsumedError",
     "UnsupportedVersionError",
     "MalformedTensorError",
@@ -19,7 +22,10 @@ __all__ = [
     "UnsupportedDTypeError",
     "CopyRequiredError",
     "ProducerError",
+    "NotDescribableError",
     "ShardingError",
+    "ContainerError",
+    "AllocationError",
     "DLInspectWarning",
 ]
 
@@ -32,6 +38,20 @@ class NotDLPackError(DLInspectError, TypeError):
     """The object is neither a DLPack capsule nor has ``__dlpack__``.
 
     A ``TypeError``, as the array API prescribes for objects without the protocol.
+    """
+
+
+class NotNumericError(NotDLPackError):
+    """An array whose dtype is not numeric, so it is not a DLPack tensor.
+
+    NumPy arrays of kinds ``U`` (str), ``S`` (bytes), ``O`` (object), ``M`` and
+    ``m`` (datetime64, timedelta64) and ``V`` (structured and raw void, other
+    than the ml_dtypes types), and TensorFlow tensors of dtype ``tf.string``,
+    ``tf.variant`` or ``tf.resource``: DLPack's ``DLDataTypeCode`` has no code
+    for them. Inside a batch such an array is a leaf kept as it is
+    (``leaves="keep"``); alone, :func:`dlinspect.peek`, :func:`dlinspect.to_host`
+    and ``leaves="raise"`` raise this. A ``TypeError``, as for any object without
+    the protocol.
     """
 
 
@@ -82,6 +102,30 @@ class ProducerError(DLInspectError, BufferError):
     """
 
 
+class NotDescribableError(ProducerError):
+    """NumPy memory that DLPack cannot describe exactly, so no header is given for it.
+
+    DLPack's ``DLDataType`` follows native byte order and ``DLTensor.strides``
+    count whole elements (``dlpack.h``), so a byte-swapped array
+    (``dtype(">f4")`` on a little-endian machine) or one whose byte strides are
+    not multiples of its item size (a field of a packed record array) has no
+    true header. NumPy refuses to export them; dlinspect does not make up a
+    header either. :func:`dlinspect.to_host` and :func:`dlinspect.to_jax` copy
+    such arrays into native, C-ordered memory with NumPy (``copy=None``);
+    :func:`dlinspect.peek` and ``copy=False`` raise this error.
+
+    Attributes
+    ----------
+    array : numpy.ndarray
+        The array.
+    why : str
+        What DLPack cannot say about it, in words.
+    """
+
+    array: Any = None
+    why: str = ""
+
+
 class ShardingError(DLInspectError, ValueError):
     """A tensor cannot be split over a ``jax.sharding.Sharding`` as asked.
 
@@ -89,6 +133,28 @@ class ShardingError(DLInspectError, ValueError):
     number of shards the sharding cuts it into; the message gives the axis
     size, the shard count and what to do. A ``ValueError``, as JAX raises for
     the same case.
+    """
+
+
+class ContainerError(DLInspectError, TypeError):
+    """A container of a batch cannot be rebuilt around its converted values.
+
+    dlinspect rebuilds a ``collections.abc.Mapping`` that JAX does not register
+    as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device`` does) and
+    a dataclass with ``dataclasses.replace``; a type whose constructor takes
+    no dict, or whose ``__post_init__`` refuses the new values, raises this,
+    naming the type and how to fix it. A ``TypeError``.
+    """
+
+
+class AllocationError(DLInspectError, MemoryError):
+    """The memory for a copy the route needs cannot be had.
+
+    Raised before anything is consumed: the size of every copy is known from
+    the header, so the destination is allocated (or refused, when it is larger
+    than this machine's physical memory) while the caller's capsule is still
+    unconsumed. The message names the bytes needed. A ``MemoryError``, as
+    NumPy raises for the same case.
     """
 
 
