@@ -75,7 +75,7 @@ cdef extern from *:
 import sys as _sys
 from dlinspect.errors import (
     CapsuleConsumedError, MalformedTensorError, NotDescribableError, NotDLPackError,
-    NotNumericError, ProducerError, UnsupportedVersionError,
+    NotNumericError, ProducerError, UnsupportedDTypeError, UnsupportedVersionError,
 )
 from dlinspect._enums import DLDataType as _PyDLDataType, as_device_type, device_name
 from dlinspect import _dtypes

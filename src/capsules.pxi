@@ -196,7 +196,7 @@ cdef tuple _numpy_form(object arr):
     try:
         _dtypes.dldtype_from_numpy(dt)
     except ValueError:
-        if dt.kind in "biufc":
+        if dt.kind in "biufc" or str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes"):
             return (NP_NO_CODE, f"DLPack has no type code for {dt.name}")
         return (NP_NOT_NUMERIC, f"DLPack has no type for dtype {dt.str} ({dt.name}): no "
                                 f"string, bytes, object, date/time or structured types")

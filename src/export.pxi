@@ -33,6 +33,8 @@ cdef enum Guard:
     GUARD_JAX = 4        # a jax.Array: not a foreign tensor; a deleted or donated one is refused
     GUARD_NO_DLPACK = 5  # a tensor type with no DLPack form (ragged, sparse): refused, never
                          # passed over as a non-tensor leaf
+    GUARD_PYARROW = 6    # non-numeric pyarrow arrays (strings, dates, lists...) are not
+                         # tensors; a numeric ChunkedArray has no DLPack form (refused)
 
 # Refusal hints, tried in order against the producer's own words: the row's, then these.
 _GENERIC_HINTS = (
@@ -59,9 +61,10 @@ _PYARROW_HINTS = (
 )
 
 #: The producer table: ``(top-level package, class name in the type's MRO)`` to
-#: ``(guard, refusal hints, fix)``; ``fix`` is what to do with a type that has no
-#: DLPack form. A type takes the row of its most derived class that has one; a
-#: ``jax.Array`` (a virtual base on some jaxlib versions) is found by ``issubclass``.
+#: ``(guard, refusal hints, fix)``; ``fix`` is what to do with a tensor type that has
+#: no DLPack form (such a type is refused, never kept as a non-tensor leaf). A type
+#: takes the row of its most derived class that has one; a ``jax.Array`` (a virtual
+#: base on some jaxlib versions) is found by ``issubclass``.
 PRODUCERS = {
     ("numpy", "ndarray"): (GUARD_NUMPY, (), None),
     ("torch", "Tensor"): (GUARD_TORCH, _TORCH_HINTS, None),
@@ -81,8 +84,10 @@ PRODUCERS = {
     ("scipy", "_spbase"): (
         GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
         "arrays apart"),
-    ("pyarrow", "Array"): (GUARD_NONE, _PYARROW_HINTS, None),
-    ("pyarrow", "ChunkedArray"): (GUARD_NONE, _PYARROW_HINTS, None),
+    ("pyarrow", "Array"): (GUARD_PYARROW, _PYARROW_HINTS, None),
+    ("pyarrow", "ChunkedArray"): (
+        GUARD_PYARROW, _PYARROW_HINTS, "join its chunks first: x.combine_chunks() (one "
+        "pyarrow Array, which has __dlpack__)"),
 }
 
 
@@ -150,7 +155,9 @@ cdef _TypeEntry _entry_for(object tp):
             entry.api_owner = api_obj
     guard, entry.hints, entry.fix = _producer_row(tp)
     entry.guard = guard
-    entry.has_dlpack = hasattr(tp, "__dlpack__") or entry.guard == GUARD_NO_DLPACK
+    # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
+    entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
+                        or entry.guard == GUARD_JAX)
     entry.is_numpy = tp is _np_ndarray
     entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
     entry.is_torch = entry.guard == GUARD_TORCH
@@ -346,7 +353,10 @@ cdef object _numpy_fallback(object x, object refusal):
         exc.array = x
         exc.why = why
         raise exc from None
-    raise refusal
+    raise UnsupportedDTypeError(
+        f"{_describe_ndarray(x)} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+        f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
+        f"x.astype(numpy.float32).") from refusal
 
 
 cdef str _describe_ndarray(object x):
@@ -378,12 +388,24 @@ cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
                 f"a {_type_name(x)} (e.g. a typed PRNG key array) has no DLPack form. It "
                 f"already is a jax.Array: to_jax returns it as it is; for its raw bits use "
                 f"jax.random.key_data(x).")
-    elif g == GUARD_NO_DLPACK:
+    elif g == GUARD_PYARROW and not _pyarrow_numeric(x):
+        raise NotNumericError(
+            f"a {_type_name(x)} of type {x.type} is not a numeric tensor: DLPack has no such "
+            f"type. Inside a batch it is a leaf kept as it is (leaves='keep').")
+    if entry.fix is not None:
         raise ProducerError(
             f"a {_type_name(x)} has no DLPack form (DLPack describes dense, strided tensors "
             f"only), so it cannot be converted, and dlinspect does not pass it over as a "
             f"non-tensor leaf. To fix: {entry.fix}.")
     return 0
+
+
+cdef bint _pyarrow_numeric(object x) except -1:
+    """Integers, floats, booleans and decimals: numbers (DLPack carries the first two)."""
+    types = _sys.modules["pyarrow"].types
+    t = x.type
+    return (types.is_integer(t) or types.is_floating(t) or types.is_boolean(t)
+            or types.is_decimal(t))
 
 
 cdef int _refuse_dead_array(object x) except -1:
@@ -425,6 +447,8 @@ def is_tensor(x):
         return x.dtype.kind in "biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
     if entry.guard == GUARD_TF:
         return x.dtype.name not in _TF_NOT_NUMERIC
+    if entry.guard == GUARD_PYARROW:
+        return _pyarrow_numeric(x)
     return True
 
 

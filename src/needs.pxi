@@ -16,14 +16,15 @@ cdef enum:
     NEED_EMPTY = 1 << 8      # no elements: nothing to view or copy
     NEED_VIA_CPU = 1 << 9    # pinned/managed host memory, no backend for its platform:
                              # the CPU backend views it (no copy)
-    NEED_SUBBYTE = 1 << 10   # sub-byte elements (int4, float4...) JAX holds but its DLPack
-                             # import does not take: jax.device_put copies them from NumPy
+    NEED_NUMPY_PUT = 1 << 10 # a dtype JAX holds whose DLPack import it does not take (sub-byte
+                             # int4/float4, padded or packed; others on some jaxlibs):
+                             # jax.device_put copies it from a NumPy (ml_dtypes) view
 
 #: The bits of :func:`needs`, by name (``dlinspect.Need`` mirrors them).
 NEED_BITS = {"DEVICE": NEED_DEVICE, "DTYPE": NEED_DTYPE, "LANES": NEED_LANES,
              "LAYOUT": NEED_LAYOUT, "READ_ONLY": NEED_READ_ONLY, "ALIGN": NEED_ALIGN,
              "NARROW": NEED_NARROW, "PACKED": NEED_PACKED, "EMPTY": NEED_EMPTY,
-             "VIA_CPU": NEED_VIA_CPU, "SUBBYTE": NEED_SUBBYTE}
+             "VIA_CPU": NEED_VIA_CPU, "NUMPY_PUT": NEED_NUMPY_PUT}
 
 
 @cython.final
@@ -53,7 +54,8 @@ cdef class JaxTarget:
         dtype, else JAX's reason; called once per dtype.
     hold : callable
         ``hold(code, bits)``: None if JAX holds a NumPy (ml_dtypes) array of that
-        sub-byte dtype (``jax.device_put``), else the reason; called once per dtype.
+        dtype (``jax.device_put``), else the reason; called once per dtype, only for
+        dtypes the DLPack import refuses.
     narrow : dict
         ``code | bits << 8`` of a 64-bit dtype to ``(code | bits << 8 of the dtype
         JAX narrows it to with x64 off, the DLInspectWarning text)``.
@@ -113,7 +115,7 @@ cdef class JaxTarget:
 
     def dtype_problem(self, int code, int bits, bint held=False):
         """None if JAX's DLPack import takes one lane of ``(code, bits)`` (``held``:
-        if JAX holds that sub-byte dtype from NumPy); else the reason."""
+        if JAX holds that dtype from NumPy); else the reason."""
         if self._dtype_ok(code, bits, held):
             return None
         return self.bad[code | (bits << 8) | (held << 16)]
@@ -128,18 +130,16 @@ cdef class JaxTarget:
         return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
 
 
-# contract: the needs of a dtype alone to reach ``tg`` (DTYPE, SUBBYTE, LANES,
+# contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
 # NARROW); raises only what a dtype probe raises.
 cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
                            uint64_t flags) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
-    if lanes == 1 and bits < 8 and ((flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-                                    or not tg._dtype_ok(code, bits)):
-        # JAX's DLPack import takes no padded sub-byte data (nor, on most backends,
-        # packed): where JAX holds the dtype, jax.device_put copies it from NumPy.
-        n |= NEED_SUBBYTE if tg._dtype_ok(code, bits, True) else NEED_DTYPE
-    elif not tg._dtype_ok(code, bits):
-        n |= NEED_DTYPE
+    cdef bint padded = lanes == 1 and bits < 8 and (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+    if padded or not tg._dtype_ok(code, bits):
+        # JAX's DLPack import takes no padded sub-byte data, and refuses some dtypes
+        # JAX itself holds (int4 and float4 on CPU): jax.device_put copies those from NumPy.
+        n |= NEED_NUMPY_PUT if lanes == 1 and tg._dtype_ok(code, bits, True) else NEED_DTYPE
     if lanes != 1:
         n |= NEED_LANES
     if (bits == 64 or bits == 128) and (code | (bits << 8)) in tg.narrow and not tg.x64.value:
@@ -148,7 +148,7 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
 
 
 def dtype_needs(int code, int bits, int lanes, JaxTarget target, uint64_t flags=0):
-    """The needs a ``DLDataType`` alone has to reach JAX: DTYPE, SUBBYTE, LANES, NARROW
+    """The needs a ``DLDataType`` alone has to reach JAX: DTYPE, NUMPY_PUT, LANES, NARROW
     (``flags``: a versioned header's, for IS_SUBBYTE_TYPE_PADDED)."""
     return _dtype_needs(target, code, bits, lanes, flags)
 

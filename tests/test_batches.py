@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import gc
 import warnings
+from collections import UserDict
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -178,3 +182,185 @@ class TestLoader:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert list(prefetch_to_jax([])) == []
+
+
+class BatchEncoding(UserDict):
+    """What transformers' BatchEncoding / BatchFeature are: a UserDict subclass."""
+
+    def __init__(self, data=None, tensor_type=None):
+        super().__init__(data)
+        self.tensor_type = tensor_type
+
+
+class Batch(dict):
+    """A dict subclass (JAX does not register it)."""
+
+
+class FrozenMapping(Mapping):
+    def __init__(self, data):
+        self._data = dict(data)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class NoDictConstructor(Mapping):
+    """A Mapping whose constructor takes no dict: it cannot be rebuilt."""
+
+    def __init__(self, a, b):
+        self._data = {"a": a, "b": b}
+
+    __getitem__ = FrozenMapping.__getitem__
+    __iter__ = FrozenMapping.__iter__
+    __len__ = FrozenMapping.__len__
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    image: object
+    label: object
+    name: str = "x"
+    cached: object = dataclasses.field(default=None, init=False)
+
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+class TestContainers:
+    """Batches as PyTorch and Hugging Face users make them (issue 16): Mappings and
+    dataclasses are walked and rebuilt as their own type, by every entry point."""
+
+    def batch(self, torch):
+        return {"enc": BatchEncoding({"input_ids": torch.arange(4, dtype=torch.int32).reshape(1, 4),
+                                      "attention_mask": torch.ones(1, 4, dtype=torch.int32)}),
+                "sub": Batch(x=np.ones(2, np.float32), text=np.array(["a", "b"])),
+                "frozen": FrozenMapping({"y": torch.zeros(3)}),
+                "sample": Sample(torch.ones(2, 2), torch.tensor([1], dtype=torch.int32)),
+                "pair": Pair(np.arange(2, dtype=np.float32), "right")}
+
+    def check(self, out):
+        assert type(out["enc"]) is BatchEncoding and isinstance(out["enc"]["input_ids"], jax.Array)
+        assert out["enc"]["input_ids"].tolist() == [[0, 1, 2, 3]]
+        assert type(out["sub"]) is Batch and isinstance(out["sub"]["x"], jax.Array)
+        assert out["sub"]["text"].tolist() == ["a", "b"]                  # a leaf, kept
+        assert type(out["frozen"]) is FrozenMapping and isinstance(out["frozen"]["y"], jax.Array)
+        assert type(out["sample"]) is Sample and isinstance(out["sample"].image, jax.Array)
+        assert out["sample"].name == "x" and out["sample"].label.tolist() == [1]
+        assert type(out["pair"]) is Pair and isinstance(out["pair"].left, jax.Array)
+
+    def test_to_jax(self, torch):
+        self.check(to_jax(self.batch(torch)))
+        self.check(to_jax(self.batch(torch), device=jax.devices("cpu")[0]))
+
+    def test_top_level_containers(self, torch):
+        enc = to_jax(BatchEncoding({"ids": torch.arange(3, dtype=torch.int32)}))
+        assert type(enc) is BatchEncoding and isinstance(enc["ids"], jax.Array)
+        s = to_jax(Sample(np.ones(1, np.float32), 1))
+        assert type(s) is Sample and isinstance(s.image, jax.Array) and s.label == 1
+
+    def test_plan_explain_and_prefetch(self, torch):
+        routes = plan(self.batch(torch))
+        assert type(routes["enc"]) is BatchEncoding
+        assert routes["enc"]["input_ids"].kind == "zero-copy"
+        assert routes["sub"]["text"].kind == "untouched"
+        assert routes["sample"].image.kind == "zero-copy"
+        text = dlinspect.explain(self.batch(torch))
+        assert "['enc']['input_ids']:" in text and "['sample'].image:" in text
+        for out in prefetch_to_jax([self.batch(torch)] * 2):
+            self.check(out)
+
+    def test_sharded(self, torch):
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+        s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        self.check(to_jax(self.batch(torch), sharding=s))
+
+    def test_key_paths_inside(self, torch):
+        batch = self.batch(torch)
+        batch["enc"]["labels"] = torch.ones(2, requires_grad=True)
+        with pytest.raises(ProducerError, match=r"^\['enc'\]\['labels'\]: ") as info:
+            to_jax(batch)
+        assert info.value.key_path == "['enc']['labels']"
+        assert plan(batch)["enc"]["labels"].kind == "error"
+        batch = self.batch(torch)
+        batch["sample"] = Sample(torch.ones(1, requires_grad=True), 0)
+        with pytest.raises(ProducerError, match=r"^\['sample'\]\.image: "):
+            to_jax(batch)
+        with pytest.raises(NotDLPackError, match=r"^\['pair'\]\.right: "):
+            to_jax(self.batch(torch), leaves="raise")
+
+    def test_cannot_rebuild(self):
+        with pytest.raises(dlinspect.ContainerError, match="NoDictConstructor.*register"):
+            to_jax({"m": NoDictConstructor(np.ones(1, np.float32), 2)})
+
+
+class TestTypedKeysAndDeadArrays:
+    """Typed PRNG key arrays are jax.Arrays everywhere; deleted or donated arrays are
+    one clear error from every function."""
+
+    def test_prng_keys(self):
+        key = jax.random.key(0)
+        assert to_jax(key) is key and plan(key).kind == "zero-copy"
+        assert to_jax({"k": key})["k"] is key
+        dev = jax.devices("cpu")[0]
+        assert to_jax({"k": key}, device=dev)["k"] is key
+        copied = to_jax(key, copy=True)
+        assert copied is not key and jax.random.key_data(copied).tolist() == \
+            jax.random.key_data(key).tolist()
+        keys = jax.random.split(key, len(jax.devices()))
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+        s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        out = to_jax({"k": keys, "x": np.ones((len(jax.devices()), 2), np.float32)}, sharding=s)
+        assert out["k"].sharding.is_equivalent_to(s, 1)
+        with pytest.raises(NotDLPackError, match="key_data"):
+            dlinspect.peek(key)
+
+    def test_deleted_array(self):
+        x = jax.numpy.ones(3)
+        x.delete()
+        for call in (lambda: to_jax(x), lambda: to_jax({"a": x}), lambda: dlinspect.to_host(x),
+                     lambda: dlinspect.peek(x), lambda: to_jax(x, device=jax.devices()[0])):
+            with pytest.raises(ProducerError, match="deleted or donated"):
+                call()
+        assert plan(x).kind == "error" and "deleted or donated" in str(plan(x).error)
+        with pytest.raises(ProducerError, match=r"^\['a'\]: .*deleted"):
+            to_jax({"a": x})
+
+
+class TestAllocation:
+    """A copy that cannot be had is an AllocationError before anything is consumed."""
+
+    def test_too_large_for_this_machine(self):
+        huge = np.broadcast_to(np.float32(1), (10**6, 10**6))     # 4 TB as a C-order copy
+        route = plan(huge)
+        assert route.kind == "error" and isinstance(route.error, dlinspect.AllocationError)
+        assert "4000000000000 bytes" in str(route.error)
+        cap = huge.__dlpack__(max_version=(1, 3)) if huge.flags.writeable else None
+        with pytest.raises(dlinspect.AllocationError, match="4000000000000 bytes"):
+            to_jax(huge)
+        with pytest.raises(MemoryError):   # the built-in type, too
+            to_jax(huge)
+        assert cap is None or dlinspect._core.capsule_name(cap) == "dltensor_versioned"
+
+    def test_failed_allocation_consumes_nothing(self, monkeypatch):
+        from dlinspect import _execute
+        counter = DeleterCounter()
+        src = np.arange(12, dtype=np.float32)
+        cap = make_capsule(src, shape=(3, 2), strides=(4, 2), counter=counter)   # gaps: a copy
+
+        def refuse(*args, **kwargs):
+            raise MemoryError("no memory (simulated)")
+        monkeypatch.setattr(_execute, "aligned_empty", refuse)
+        with pytest.raises(dlinspect.AllocationError, match="24 bytes.*nothing was consumed"):
+            to_jax(cap)
+        assert dlinspect._core.capsule_name(cap) == "dltensor_versioned"
+        monkeypatch.undo()
+        assert to_jax(cap).tolist() == [[0, 2], [4, 6], [8, 10]]
+        del cap
+        gc.collect()
+        assert counter.calls == 1

@@ -99,7 +99,7 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
             narrow = numpy_dtype(ncode, nbits)
         host = _native_copy(x, narrow, c.target.copy_align)
         return _finish(c, _import_host(c, host, route.import_device, False), route, narrowed=True)
-    if action is _plan.SUBBYTE_PUT:
+    if action is _plan.NUMPY_PUT:
         host = (_unpack_subbyte(cap, info) if route.needs & _plan.Need.PACKED
                 else _host_view(cap, info)[0])
         return c.jax.device_put(host, route.jax_device)

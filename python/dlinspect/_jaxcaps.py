@@ -262,12 +262,12 @@ class JaxCaps:
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
-        """None if JAX holds a NumPy (ml_dtypes) array of sub-byte dtype ``(code, bits)``
+        """None if JAX holds a NumPy (ml_dtypes) array of dtype ``(code, bits)``
         (``jax.device_put``); else the reason."""
         dtype = numpy_dtype(code, bits)
         if dtype is None:
-            return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides the "
-                    f"sub-byte ones: pip install -U ml_dtypes)")
+            return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides "
+                    f"bfloat16, float8, int4 and others: pip install -U ml_dtypes)")
         try:
             self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
         except Exception as exc:   # e.g. "Invalid XLA PrimitiveType: 36 (F6E2M3FN)"

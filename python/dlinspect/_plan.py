@@ -66,10 +66,11 @@ class Need(enum.IntFlag):
     VIA_CPU = _core.NEED_BITS["VIA_CPU"]
     """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
     backend views it (no copy)."""
-    SUBBYTE = _core.NEED_BITS["SUBBYTE"]
-    """Sub-byte elements (int4, uint4, int2, float4...; packed, or padded one per byte
-    with ``IS_SUBBYTE_TYPE_PADDED``) of a dtype JAX holds, which its DLPack import does
-    not take: ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
+    NUMPY_PUT = _core.NEED_BITS["NUMPY_PUT"]
+    """A dtype JAX holds but its DLPack import does not take: sub-byte elements (int4,
+    uint4, int2, float4...; packed, or padded one per byte with
+    ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
+    ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
 
 
 # What executing a route does (Route.kind is the public word for it).
@@ -85,7 +86,7 @@ KEEP = "keep"                      # a pytree leaf that is not a tensor: left as
 SPLIT = "split"                    # one host view, each device imports its slice
 DEVICE_PUT = "device-put"          # to_jax whole, then jax.device_put(array, sharding)
 PROCESS_LOCAL = "process-local"    # to_jax whole, then make_array_from_process_local_data
-SUBBYTE_PUT = "subbyte-put"        # a NumPy view (unpacked if packed), then jax.device_put
+NUMPY_PUT = "numpy-put"            # a NumPy view (unpacked if packed), then jax.device_put
 NUMPY_COPY = "numpy-copy"          # NumPy memory DLPack cannot describe: NumPy copies it
 
 
@@ -243,7 +244,8 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
     if needs & Need.DTYPE:
         code, bits, lanes = info.dtype
         host_ok = not (_core.needs(info) & Need.DTYPE) and _lanes_problem(info, "host") is None
-        why = c.target.dtype_problem(code, bits, lanes == 1 and bits < 8)
+        held = lanes == 1 and (bits < 8 or c.target.dtype_problem(code, bits) is not None)
+        why = c.target.dtype_problem(code, bits, held)
         return error_route(UnsupportedDTypeError(
             f"{describe(info)} has {_dtype_text(info)}, which JAX cannot hold: {why}. To fix: "
             f"convert it with its own library first (e.g. t.float() or t.view(torch.uint8))"
@@ -265,8 +267,8 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
             f"memory is not host-accessible for dlinspect to copy. To fix: make it contiguous "
             f"with its own library first (torch: t.contiguous())."), info, target, needs)
 
-    if needs & Need.SUBBYTE:
-        return _route_subbyte(info, needs, c, device, copy)
+    if needs & Need.NUMPY_PUT:
+        return _route_numpy_put(info, needs, c, device, copy)
 
     via_cpu = bool(needs & Need.VIA_CPU)
     src = c.cpu_device() if via_cpu else c.target.device_for(dt, info.device_id)
@@ -346,10 +348,11 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
                  import_copy=True if bytes_copy else None)
 
 
-def _route_subbyte(info: TensorInfo, needs: int, c: Any, device: Any,
-                   copy: bool | None) -> Route:
-    """Sub-byte elements of a dtype JAX holds, in host memory: a NumPy view (unpacked
-    into one element per byte where packed), copied by ``jax.device_put``."""
+def _route_numpy_put(info: TensorInfo, needs: int, c: Any, device: Any,
+                     copy: bool | None) -> Route:
+    """A dtype JAX holds but does not import through DLPack, in host memory: a NumPy
+    view (sub-byte elements unpacked into one per byte where packed), copied by
+    ``jax.device_put``."""
     target = "jax"
     name = info.dtype_name
     if needs & Need.PACKED:
@@ -359,8 +362,11 @@ def _route_subbyte(info: TensorInfo, needs: int, c: Any, device: Any,
     how = ("unpacked into one element per byte, then copied by jax.device_put"
            if needs & Need.PACKED else "viewed by NumPy (one element per byte) and copied by "
            "jax.device_put")
-    why = (f"JAX holds {name}, but its DLPack import takes no sub-byte types, so the elements "
-           f"are {how}")
+    code, bits, _ = info.dtype
+    refusal = ("it takes no padded sub-byte data" if info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED
+               else c.target.dtype_problem(code, bits))
+    why = (f"JAX holds {name} arrays, but its DLPack import does not take them ({refusal}), "
+           f"so the elements are {how}")
     if copy is False:
         return error_route(CopyRequiredError(
             f"{describe(info)} needs a copy, but copy=False: {why}. To fix: pass copy=None."),
@@ -368,7 +374,7 @@ def _route_subbyte(info: TensorInfo, needs: int, c: Any, device: Any,
     dest = device or (c.cpu_device() if needs & Need.VIA_CPU
                       else c.target.device_for(int(info.device_type), info.device_id))
     return Route(COPY, f"A copy is needed: {why}.", info, target, needs=needs,
-                 copy_bytes=info.nbytes, jax_device=dest, action=SUBBYTE_PUT)
+                 copy_bytes=info.nbytes, jax_device=dest, action=NUMPY_PUT)
 
 
 def _unpack_problem(info: TensorInfo) -> UnsupportedDTypeError | None:
@@ -402,7 +408,7 @@ def route_numpy_copy(exc: NotDescribableError, c: Any, target: str, device: Any 
                      copy_bytes=arr.nbytes, action=NUMPY_COPY)
     code, bits, lanes = dldtype_from_numpy(arr.dtype)
     needs = _core.dtype_needs(code, bits, lanes, c.target)
-    if needs & (Need.DTYPE | Need.SUBBYTE):
+    if needs & (Need.DTYPE | Need.NUMPY_PUT):
         return error_route(UnsupportedDTypeError(
             f"{head} has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
             f"hold: {c.target.dtype_problem(code, bits)}. To fix: convert it with NumPy first "
@@ -539,7 +545,7 @@ def route_sharded(info: TensorInfo, needs: int, c: Any, sharding: Any, copy: boo
                                info, target, needs)
         index_map = sharding.addressable_devices_indices_map(info.shape)
         if (info.host_accessible
-                and not needs & (Need.DTYPE | Need.LANES | Need.PACKED | Need.SUBBYTE)
+                and not needs & (Need.DTYPE | Need.LANES | Need.PACKED | Need.NUMPY_PUT)
                 and info.numpy_dtype is not None
                 and all(d.platform == "cpu" for d in index_map) and _shard.default_memory(sharding)):
             share = readonly == "share"

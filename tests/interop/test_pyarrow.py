@@ -6,6 +6,8 @@ and refuses arrays with nulls, bit-packed booleans and non-primitive types.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import numpy as np
 import pytest
 
@@ -79,12 +81,12 @@ def test_read_only_host_view():
 @pytest.mark.parametrize("case,words,hint", [
     ("nulls", "Can only use DLPack on arrays with no nulls", "fill_null"),
     ("bool", "Bit-packed boolean data type not supported by DLPack", "cast('uint8')"),
-    ("date32", "DataType is not compatible with DLPack spec", None),
+    ("decimal", "DataType is not compatible with DLPack spec", None),
 ])
 def test_refusals_are_producer_errors(case, words, hint):
     x = {"nulls": pa.array([1, None, 3], pa.int32()),
          "bool": pa.array([True, False, True]),
-         "date32": pa.array([1, 2], pa.date32())}[case]
+         "decimal": pa.array([Decimal(1), Decimal(2)], pa.decimal128(5, 0))}[case]
     for target in ("jax", "host"):
         route = dlinspect.plan(x, target)
         assert route.kind == "error" and isinstance(route.error, dlinspect.ProducerError)
@@ -101,19 +103,41 @@ def test_refusals_are_producer_errors(case, words, hint):
     assert outcome[0] == "raised"
 
 
-# Formerly FAULT F3: the generic hint named .cpu() and .contiguous() for a dtype refusal.
+# Formerly FAULT F3: the generic hint named .cpu() and .contiguous() for a dtype refusal
+# (found on date32, which is now a non-numeric leaf: decimals are numbers DLPack lacks).
 def test_type_refusal_hint_fits_pyarrow():
     with pytest.raises(dlinspect.ProducerError) as info:
-        dlinspect.to_jax(pa.array([1, 2], pa.date32()))
+        dlinspect.to_jax(pa.array([Decimal(1), Decimal(2)], pa.decimal128(5, 0)))
     assert ".cpu()" not in str(info.value) and ".contiguous()" not in str(info.value)
 
 
-def test_chunked_array_is_not_dlpack():
+def test_chunked_array_is_refused_with_the_fix():
+    # No __dlpack__, but numbers: refused (never kept silently in a batch), with the fix.
     x = pa.chunked_array([[1, 2], [3]])
-    with pytest.raises(dlinspect.NotDLPackError):
-        dlinspect.to_jax(x)
-    with pytest.raises(dlinspect.NotDLPackError):
-        dlinspect.to_host(x)
+    for call in (dlinspect.to_jax, dlinspect.to_host, lambda v: dlinspect.to_jax({"c": v})):
+        with pytest.raises(dlinspect.ProducerError, match="combine_chunks"):
+            call(x)
+    x = pa.chunked_array([[1, 2], [3]], pa.int32())
+    assert np.array_equal(np.asarray(dlinspect.to_jax(x.combine_chunks())), [1, 2, 3])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pa.array(["a", "bc"]),
+    lambda: pa.array([1, 2], pa.date32()),
+    lambda: pa.array([[1], [2, 3]]),
+    lambda: pa.chunked_array([["a"], ["b"]]),
+])
+def test_non_numeric_arrays_are_leaves(make):
+    # A string column does not lose the whole batch (issue 16): it is a leaf, kept.
+    x = make()
+    batch = {"col": x, "n": pa.array([1.0, 2.0], pa.float32())}
+    out = dlinspect.to_jax(batch)
+    assert out["col"] is x and np.array_equal(np.asarray(out["n"]), [1.0, 2.0])
+    assert dlinspect.plan(batch)["col"].kind == "untouched"
+    with pytest.raises(dlinspect.NotNumericError):
+        dlinspect.peek(x)
+    with pytest.raises(dlinspect.NotDLPackError, match=r"^\['col'\]"):
+        dlinspect.to_jax(batch, leaves="raise")
 
 
 def test_lifetime():

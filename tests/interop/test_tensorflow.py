@@ -66,11 +66,39 @@ def test_exported_capsule():
     assert np.array_equal(np.asarray(y), x.numpy())
 
 
-def test_variable_is_not_dlpack():
+@pytest.mark.parametrize("make, fix", [
+    (lambda: tf.Variable([1.0, 2.0]), "read_value"),
+    (lambda: tf.ragged.constant([[1.0], [2.0, 3.0]]), "to_tensor"),
+    (lambda: tf.sparse.SparseTensor([[0, 0]], [1.0], [2, 2]), "to_dense"),
+])
+def test_tensors_without_dlpack_form_are_refused(make, fix):
+    # Numeric TF tensors DLPack cannot carry are refused with the fix, never passed over
+    # silently as non-tensor leaves (the producer table, issue 16).
+    x = make()
+    for call in (dlinspect.to_jax, dlinspect.peek, dlinspect.to_host,
+                 lambda v: dlinspect.to_jax({"f": v})):
+        with pytest.raises(dlinspect.ProducerError, match=fix):
+            call(x)
+    assert dlinspect.plan({"f": x})["f"].kind == "error"
     v = tf.Variable([1.0, 2.0])
-    with pytest.raises(dlinspect.NotDLPackError):
-        dlinspect.to_jax(v)
     assert np.array_equal(np.asarray(dlinspect.to_jax(v.read_value())), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("dtype", ["string"])
+def test_non_numeric_tensors_are_leaves(dtype):
+    # TensorFlow's __dlpack__ aborts the process on tf.string (SIGABRT): the producer
+    # table refuses it from its dtype before any export, in peek too.
+    s = tf.constant(["a", "bc"])
+    with pytest.raises(dlinspect.NotNumericError, match="tf.string"):
+        dlinspect.peek(s)
+    with pytest.raises(dlinspect.NotNumericError):
+        dlinspect.to_host(s)
+    assert dlinspect.to_jax(s) is s and dlinspect.plan(s).kind == "untouched"
+    batch = {"text": s, "x": tf.constant([1.0, 2.0])}
+    out = dlinspect.to_jax(batch)
+    assert out["text"] is s and np.array_equal(np.asarray(out["x"]), [1.0, 2.0])
+    with pytest.raises(dlinspect.NotDLPackError, match=r"^\['text'\]"):
+        dlinspect.to_jax(batch, leaves="raise")
 
 
 def test_lifetime():
