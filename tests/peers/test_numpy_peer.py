@@ -35,6 +35,7 @@ from dlinspect import (  # noqa: E402
     NotDescribableError,
     NotDLPackError,
     NotNumericError,
+    ProducerError,
     UnsupportedDeviceError,
     UnsupportedDTypeError,
 )
@@ -276,6 +277,43 @@ def test_failed_route_leaves_capsule_unconsumed():
 
 
 # ---- what NumPy refuses ----------------------------------------------------------------------
+
+class RefusingExport(np.ndarray):
+    """An ndarray subclass that refuses DLPack export itself (say, its buffer is not ready)."""
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("RefusingExport arrays cannot be exported yet")
+
+
+def test_subclass_export_is_used():
+    """peer: new_and_old_dlpack's OldDLPack: a subclass's own __dlpack__ is the export taken
+    (here one that exports other values than its buffer holds: those values arrive)."""
+    class Tenfold(np.ndarray):
+        def __dlpack__(self, **kwargs):
+            return (np.asarray(self) * 10).__dlpack__(**kwargs)
+
+    x = aligned_array(np.arange(4), np.float32).view(Tenfold)
+    np.testing.assert_array_equal(np.from_dlpack(x), np.arange(4) * 10)
+    np.testing.assert_array_equal(dlinspect.to_host(x), np.arange(4) * 10)
+    np.testing.assert_array_equal(np.asarray(dlinspect.to_jax(x)), np.arange(4) * 10)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: an ndarray subclass whose own __dlpack__ refuses "
+                   "is exported anyway: the NumPy fallback (meant for NumPy's own refusals: "
+                   "ml_dtypes, read-only legacy exports) makes a capsule over its raw buffer")
+def test_subclass_refusal_is_respected():
+    """peer: test_readonly / new_and_old_dlpack: the producer's __dlpack__ decides; where a
+    subclass's own __dlpack__ refuses, numpy.from_dlpack raises its BufferError, and dlinspect
+    should raise ProducerError (a BufferError) in its words, as for any other producer."""
+    x = aligned_array(np.arange(4), np.float32).view(RefusingExport)
+    with pytest.raises(BufferError):
+        np.from_dlpack(x)
+    assert dlinspect.plan(x).kind == "error"
+    for fn in (dlinspect.peek, dlinspect.to_host, dlinspect.to_jax):
+        with pytest.raises(ProducerError, match="cannot be exported yet"):
+            fn(x)
+
+
 
 def test_strides_not_multiple_of_itemsize():
     """peer: test_strides_not_multiple_of_itemsize.
