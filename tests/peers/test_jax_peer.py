@@ -139,6 +139,9 @@ def test_numpy_to_jax(shape, dtype, copy, aligned, device):
     deliberate difference from JAX: copy=False with a 64-bit dtype and x64 off raises
     CopyRequiredError (narrowing is a copy); bfloat16 NumPy (ml_dtypes) arrays, which NumPy
     does not export, are taken too."""
+    # deliberate difference from JAX: copy=False with a 64-bit dtype and x64 off narrows
+    # silently in jnp.from_dlpack; dlinspect raises CopyRequiredError (narrowing is a copy);
+    # bfloat16 NumPy arrays are taken too
     x = rand_default(shape, dtype)
     x = aligned_array(x, x.dtype) if aligned else with_alignment(x, 2)
     dev = jax.devices()[0] if device else None
@@ -226,6 +229,8 @@ def test_jax_array_round_trip(shape, dtype, device_type):
 
     deliberate difference from JAX: to_jax returns a jax.Array as it is (no DLPack round
     trip); its bare capsule (which from_dlpack refuses) goes through DLPack."""
+    # deliberate difference from JAX: from_dlpack(jax_array) goes through DLPack; dlinspect
+    # returns the jax.Array as it is, and takes its bare capsule
     device = jax.devices()[0] if device_type is None else jax.devices(device_type)[0]
     with np.errstate(all="ignore"):
         x = jax.device_put(rand_default(shape, dtype), device)
@@ -261,6 +266,8 @@ def test_consumed_at_most_once():
 
     deliberate difference from JAX: jax raised RuntimeError for the second use; dlinspect
     raises CapsuleConsumedError, a ValueError, and reads nothing of the capsule."""
+    # deliberate difference from JAX: older JAX raised RuntimeError on the second use;
+    # dlinspect raises CapsuleConsumedError (a ValueError)
     x = jnp.arange(6.0).reshape(2, 3)
     cap = x.__dlpack__()
     y = dlinspect.to_jax(cap)
@@ -313,6 +320,8 @@ def test_torch_to_jax(shape, dtype, torch):
 
     deliberate difference from JAX: the tests skip 64-bit dtypes with x64 off; dlinspect
     narrows them as jnp.asarray does, with a DLInspectWarning."""
+    # deliberate difference from JAX: the peer skips 64-bit dtypes with x64 off; dlinspect
+    # narrows them as jnp.asarray, with a DLInspectWarning
     x_np = rand_default(shape, dtype)
     x = torch_of(torch, x_np)
     route, y = to_jax_checked(x, x.data_ptr() if x.numel() else None)
@@ -376,6 +385,8 @@ def test_torch_to_jax_strided(torch):
     deliberate difference from JAX: jaxlib refuses x[:, :2] ("UNIMPLEMENTED: Only DLPack
     tensors with trivial (compact) striding"); dlinspect copies it into C order, and only
     copy=False refuses (CopyRequiredError, a ValueError)."""
+    # deliberate difference from JAX: jaxlib raises UNIMPLEMENTED for non-compact strides;
+    # dlinspect copies into C order
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)[:, :2]
     route, y = to_jax_checked(x, x.data_ptr())
     assert route.kind == "copy" and route.needs & Need.LAYOUT
@@ -415,6 +426,8 @@ def test_extra_dlpack_dtypes(shape, name, ml_dtypes):
 
     deliberate difference from JAX: these come from NumPy (ml_dtypes) arrays, which
     jax.dlpack.from_dlpack cannot get (NumPy does not export them)."""
+    # deliberate difference from JAX: jax.dlpack cannot get these from NumPy (NumPy does not
+    # export ml_dtypes); dlinspect takes them
     if not hasattr(jnp, name) or not hasattr(ml_dtypes, name):
         pytest.skip(f"no {name} here")
     dt = np.dtype(getattr(ml_dtypes, name))

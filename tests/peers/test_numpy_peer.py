@@ -156,6 +156,8 @@ def test_ml_dtypes(name, ml_dtypes):
     deliberate difference from NumPy: numpy.from_dlpack refuses ml_dtypes arrays (NumPy does
     not export them); dlinspect describes their memory itself and views it in NumPy, and
     into JAX where JAX holds the dtype."""
+    # deliberate difference from NumPy: numpy.from_dlpack refuses ml_dtypes arrays; dlinspect
+    # describes their memory itself
     if not hasattr(ml_dtypes, name):
         pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {name}")
     dt = np.dtype(getattr(ml_dtypes, name))
@@ -321,6 +323,8 @@ def test_strides_not_multiple_of_itemsize():
     deliberate difference from NumPy: numpy.from_dlpack raises BufferError for a field of a
     packed record array; dlinspect's peek raises NotDescribableError (a BufferError, too), but
     to_host and to_jax copy the values with NumPy (copy=False: CopyRequiredError)."""
+    # deliberate difference from NumPy: BufferError from from_dlpack; dlinspect copies (peek:
+    # NotDescribableError)
     z = np.zeros((5,), dtype=np.dtype([("int", np.int32), ("char", np.int8)]))
     z["int"] = np.arange(5) * 7
     field = z["int"]
@@ -347,6 +351,8 @@ def test_invalid_dtype(value):
     deliberate difference from NumPy: numpy.from_dlpack raises BufferError; dlinspect's peek
     and to_host raise NotNumericError (a TypeError: not a DLPack tensor at all), and to_jax
     keeps such an array as a pytree leaf, unchanged (leaves="raise" refuses it)."""
+    # deliberate difference from NumPy: BufferError; dlinspect: NotNumericError (a TypeError),
+    # and to_jax keeps the array as a leaf
     x = np.asarray(value)
     with pytest.raises(NotNumericError) as info:
         dlinspect.peek(x)
@@ -367,6 +373,8 @@ def test_invalid_byte_swapping(dtype):
     deliberate difference from NumPy: numpy.from_dlpack raises BufferError; dlinspect's peek
     raises NotDescribableError (a BufferError), while to_host and to_jax copy into native byte
     order with the right values."""
+    # deliberate difference from NumPy: BufferError; dlinspect copies into native byte order
+    # (peek: NotDescribableError)
     dt = np.dtype(dtype).newbyteorder()
     x = np.arange(5, dtype=dt)
     with pytest.raises(NotDescribableError) as info:
@@ -452,6 +460,8 @@ def test_readonly():
     deliberate difference from NumPy: x.__dlpack__() without max_version refuses a read-only
     array (BufferError); dlinspect takes it either way: to_host gives a read-only view of the
     same memory, to_jax copies it (readonly="share" views it), copy=False is refused."""
+    # deliberate difference from NumPy: __dlpack__() without max_version refuses read-only
+    # arrays; dlinspect views (host) or copies (JAX) them
     x = aligned_array(np.arange(5), np.float32)
     x.flags.writeable = False
     if NUMPY_VERSIONED:
@@ -477,6 +487,8 @@ def test_readonly_legacy_producer():
     deliberate difference from NumPy: NumPy refuses to export a read-only array through a
     legacy capsule; dlinspect describes its memory itself, flagged read-only, and copies it
     into JAX."""
+    # deliberate difference from NumPy: a legacy-only export of a read-only array is refused;
+    # dlinspect describes it itself
     x = aligned_array(np.arange(5), np.float32).view(OldDLPack)
     x.flags.writeable = False
     with pytest.raises(BufferError):
@@ -495,6 +507,7 @@ def test_writeable_capsules():
     writeable views; legacy capsules, which cannot say, read-only ones.
 
     deliberate difference from NumPy: numpy.from_dlpack takes no bare capsules."""
+    # deliberate difference from NumPy: from_dlpack takes no bare capsules; dlinspect does
     x = np.arange(5.0)
     if NUMPY_VERSIONED:
         assert dlinspect.to_host(x.__dlpack__(max_version=(1, 0))).flags.writeable
@@ -587,6 +600,8 @@ def test_device():
 
     deliberate difference from NumPy: numpy.from_dlpack(x, device="gpu") raises ValueError;
     dlinspect takes jax.Device objects and raises TypeError for a string."""
+    # deliberate difference from NumPy: device='gpu' is a ValueError; dlinspect takes
+    # jax.Device objects and raises TypeError for a string
     x = aligned_array(np.arange(5), np.float32)
     cpu = jax.devices("cpu")[0]
     for device in (None, cpu):
@@ -615,6 +630,8 @@ def test_from_dlpack_of_non_arrays(obj):
 
     peek and to_host raise NotDLPackError (a TypeError). deliberate difference from NumPy:
     to_jax takes pytrees, so such an object is a leaf kept as it is (leaves="raise": refused)."""
+    # deliberate difference from NumPy: from_dlpack of a non-array raises; dlinspect's to_jax
+    # keeps non-tensor pytree leaves as they are
     with pytest.raises(NotDLPackError) as info:
         dlinspect.peek(obj)
     assert isinstance(info.value, TypeError)
@@ -633,6 +650,8 @@ def test_bare_capsules(max_version):
 
     deliberate difference from NumPy: numpy.from_dlpack refuses a bare capsule; dlinspect takes
     it, consumes it exactly once, and names a second use CapsuleConsumedError (a ValueError)."""
+    # deliberate difference from NumPy: from_dlpack refuses bare capsules; dlinspect takes them
+    # (consumed exactly once)
     x = aligned_array(np.arange(6).reshape(2, 3), np.float32)
     base = sys.getrefcount(x)
     cap = x.__dlpack__(max_version=max_version)

@@ -194,6 +194,8 @@ def test_float4_e2m1fn_x2_refused():
     deliberate difference from torch: torch.from_dlpack round-trips the packed pairs;
     dlinspect refuses them with UnsupportedDTypeError (a BufferError), for NumPy and JAX,
     because two 4-bit lanes share each byte and cannot become an axis."""
+    # deliberate difference from torch: from_dlpack round-trips float4_e2m1fn_x2; dlinspect
+    # refuses it (UnsupportedDTypeError): two 4-bit lanes share a byte
     if not hasattr(torch, "float4_e2m1fn_x2"):
         pytest.skip("this torch has no float4_e2m1fn_x2")
     x = torch.tensor([0x21, 0x43], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
@@ -377,6 +379,8 @@ def test_lazy_negative_bit():
     deliberate difference from torch: torch's __dlpack__ exports a tensor with the lazy
     negative bit without applying it (torch.from_dlpack and numpy.from_dlpack then read the
     values un-negated); dlinspect refuses it (ProducerError naming resolve_neg())."""
+    # deliberate difference from torch: __dlpack__ exports a tensor with the lazy negative bit
+    # un-negated; dlinspect refuses it (ProducerError)
     x = torch.tensor([1 + 1j, 2 - 2j, -3 + 0.5j])
     neg = x.conj().imag
     assert neg.is_neg()
