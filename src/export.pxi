@@ -99,6 +99,8 @@ cdef class _TypeEntry:
     cdef bint has_dlpack
     cdef bint has_device           # ask __dlpack_device__ (not numpy: same source as its header)
     cdef bint is_numpy             # exactly numpy.ndarray (its __dlpack_device__ is not asked)
+    cdef bint numpy_export         # its __dlpack__ is NumPy's own: NumPy's refusals may be
+                                   # stood in for (never a subclass's own __dlpack__'s)
     cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
     cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
@@ -159,6 +161,8 @@ cdef _TypeEntry _entry_for(object tp):
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX)
     entry.is_numpy = tp is _np_ndarray
+    entry.numpy_export = (entry.guard == GUARD_NUMPY
+                          and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
     entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
     entry.is_torch = entry.guard == GUARD_TORCH
     if entry.is_torch:
@@ -402,8 +406,11 @@ cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
 
 cdef bint _pyarrow_numeric(object x) except -1:
     """Integers, floats, booleans and decimals: numbers (DLPack carries the first two)."""
-    types = _sys.modules["pyarrow"].types
-    t = x.type
+    pa = _sys.modules.get("pyarrow")
+    t = getattr(x, "type", None)
+    if pa is None or t is None:
+        return True    # (a look-alike of pyarrow's class: its export decides)
+    types = pa.types
     return (types.is_integer(t) or types.is_floating(t) or types.is_boolean(t)
             or types.is_decimal(t))
 
@@ -537,7 +544,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
     except ProducerError as exc:
-        if entry.guard != GUARD_NUMPY or mode == MODE_HOST_COPY:
+        if not entry.numpy_export or mode == MODE_HOST_COPY:
             raise
         cap = _numpy_fallback(x, exc)
     if not PyCapsule_CheckExact(cap):

@@ -45,33 +45,45 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
 
 @cython.binding(False)
 def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
-    """:func:`to_jax_fast` over the leaves of a pytree, in one call.
+    """:func:`to_jax_fast` over the leaves of a pytree, in one call, deciding first.
+
+    Every leaf is exported and its needs computed first; the leaves are imported
+    (a second pass) only when every tensor leaf can be imported as it is (or
+    copied small in C). Otherwise nothing is imported and ``pending`` lists every
+    tensor leaf, so a leaf whose route fails consumes no other leaf's capsule.
 
     Parameters
     ----------
     leaves : list
-        ``jax.tree_util.tree_flatten``'s leaves; those that are not tensors are
-        kept as they are.
+        The batch's leaves (see ``dlinspect._tree``); those that are not tensors
+        are kept as they are.
 
     Returns
     -------
     (list, list)
         ``out``: per leaf, the jax.Array, or the leaf itself where it is not a
-        tensor, or None where the general route must finish it; ``pending``:
-        ``(index, capsule, TensorInfo, needs)`` of those (``(index, None, None, 0)``
-        for NumPy memory DLPack cannot describe: see NotDescribableError). Arrays of
+        tensor (or is a jax.Array), or None where the general route must finish
+        it; ``pending``: empty when everything was imported, else
+        ``(index, capsule, TensorInfo, needs, fast)`` for every tensor leaf, ``fast``
+        telling :func:`import_fast` can take it; for NumPy memory DLPack cannot
+        describe, ``(index, None, NotDescribableError, 0, False)``. Arrays of
         non-numeric dtypes (NotNumericError) are kept as they are.
 
     Raises
     ------
     Exception
-        What converting a leaf raised, with the leaf's index in its
-        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path).
+        What exporting a leaf raised, with the leaf's index in its
+        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path);
+        nothing is imported then.
     """
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
-    cdef list pending = []
+    cdef list todo = []
     cdef _TypeEntry entry
+    cdef PyObject* p
+    cdef TensorInfo info
+    cdef uint32_t needs
+    cdef bint all_fast = True, fast
     for i in range(n):
         leaf = leaves[i]
         if not PyCapsule_CheckExact(leaf):
@@ -79,25 +91,81 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
             if not entry.has_dlpack and entry.api == NULL:
                 out[i] = leaf
                 continue
+            if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
+                _refuse_dead_array_at(leaf, i)
+                out[i] = leaf    # already a jax.Array, and no device or copy was asked for
+                continue
+        p = NULL
         try:
-            got = _fast_one(leaf, tg, may_copy, share_readonly)
+            info = _export(leaf, MODE_TAKE, tg.stream_for, &p)
+            cap = _take_ref(p)
+            needs = _needs_jax(info, tg, share_readonly)
         except NotNumericError:
             out[i] = leaf            # not a numeric tensor: a leaf kept as it is
             continue
-        except NotDescribableError:
-            pending.append((i, None, None, 0))   # the general route copies it with NumPy
+        except NotDescribableError as exc:
+            todo.append((i, None, exc, 0, False))   # the general route copies it with NumPy
+            all_fast = False
             continue
         except BaseException as exc:
-            try:
-                exc._dlinspect_leaf = i
-            except AttributeError:
-                pass
+            _mark_leaf(exc, i)
             raise
-        if type(got) is tuple:
-            pending.append((i,) + <tuple>got)
-        else:
-            out[i] = got
-    return out, pending
+        fast = _fast_kind(info, needs, may_copy) != 0
+        all_fast = all_fast and fast
+        todo.append((i, cap, info, needs, fast))
+    if not all_fast:
+        return out, todo
+    for i, cap, info, needs, fast in todo:
+        try:
+            out[i] = _import_fast(cap, info, needs, tg)
+        except BaseException as exc:
+            _mark_leaf(exc, i)
+            raise
+    return out, []
+
+
+cdef int _refuse_dead_array_at(object leaf, Py_ssize_t i) except -1:
+    try:
+        _refuse_dead_array(leaf)
+    except BaseException as exc:
+        _mark_leaf(exc, i)
+        raise
+    return 0
+
+
+cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
+    try:
+        exc._dlinspect_leaf = i
+    except BaseException:
+        PyErr_Clear()
+
+
+def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg):
+    """Import a leaf :func:`to_jax_many` marked ``fast`` (as :func:`to_jax_fast` would)."""
+    return _import_fast(cap, info, needs, tg)
+
+
+# What the fast path does with a header: 0 nothing (the general route), 1 import as it
+# is, 2 copy in C (small, compact, writable host memory only misaligned or narrowed).
+cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy) noexcept:
+    if info._dev_type != kDLCPU or info._dev_id != 0:
+        return 0
+    if n == 0:
+        return 1
+    if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
+            and info._bits % 8 == 0):
+        return 2
+    return 0
+
+
+cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg):
+    if n == 0:
+        return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+    if n & NEED_NARROW:
+        dst_key, text = tg.narrow[info._key()]
+    else:
+        dst_key, text = info._key(), None
+    return _copy_and_import(cap, info, tg, dst_key, text)
 
 
 cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly):
@@ -109,18 +177,9 @@ cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p)
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)
-    if info._dev_type != kDLCPU or info._dev_id != 0:
+    if _fast_kind(info, n, may_copy) == 0:
         return (cap, info, n)
-    if n == 0:
-        return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
-    if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
-            and info._bits % 8 == 0):
-        if n & NEED_NARROW:
-            dst_key, text = tg.narrow[info._key()]
-        else:
-            dst_key, text = info._key(), None
-        return _copy_and_import(cap, info, tg, dst_key, text)
-    return (cap, info, n)
+    return _import_fast(cap, info, n, tg)
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,

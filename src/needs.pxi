@@ -172,7 +172,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             n |= NEED_DEVICE
             on_cpu = False
     if info._size == 0:
-        return (n & ~NEED_NARROW) | NEED_EMPTY
+        return n | NEED_EMPTY
     if not info._is_compact() or (not tg.permuted_ok and not info._is_c_contiguous()):
         n |= NEED_LAYOUT
     if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:

@@ -46,28 +46,39 @@ def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly:
                 quiet: bool = False) -> Any:
     c = _caps if _caps is not None else _jax_caps()
     tg = c._target if c._target is not None else c.target
-    try:
-        if device is None and copy is not True and not quiet:   # (the fast path warns itself)
+    if device is None and copy is not True and not quiet:   # (the fast path warns itself)
+        try:
             got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
-            if type(got) is not tuple:
-                return got
-            cap, info, needs = got
-        elif isinstance(x, c.jax.Array):
-            return _execute_array(c, _plan.route_jax_array(x, device, copy), x)
-        else:
-            cap, info = _core.export(x, c.stream_for)
-            needs = _core.needs(info, tg, readonly == "share")
-    except NotDescribableError as exc:
-        route = _plan.route_numpy_copy(exc, c, "jax", device, copy)
-        return _execute_jax(c, route, None, x, fallback, readonly, quiet)
-    return _finish_general(c, x, cap, info, needs, device, copy, fallback, readonly, quiet)
-
-
-def _finish_general(c: JaxCaps, x: Any, cap: Any, info: TensorInfo, needs: int, device: Any,
-                    copy: bool | None, fallback: str, readonly: str, quiet: bool = False) -> Any:
-    """The route of an export the fast path did not finish, carried out."""
-    route = _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x)
+        except NotDescribableError as exc:
+            got = (None, exc, 0)
+        if type(got) is not tuple:
+            return got
+        route = _route_pending(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
+        return _execute_jax(c, route, got[0], x, fallback, readonly, quiet)
+    route, cap = _decide(c, x, device, copy, fallback, readonly)
     return _execute_jax(c, route, cap, x, fallback, readonly, quiet)
+
+
+def _decide(c: JaxCaps, x: Any, device: Any, copy: bool | None, fallback: str,
+            readonly: str) -> tuple[Route, Any]:
+    """One tensor's route into JAX and its (unconsumed) export: nothing is consumed yet."""
+    if isinstance(x, c.jax.Array):
+        return _plan.route_jax_array(x, device, copy), None
+    try:
+        cap, info = _core.export(x, c.stream_for)
+    except NotDescribableError as exc:
+        return _plan.route_numpy_copy(exc, c, "jax", device, copy), None
+    needs = _core.needs(info, c.target, readonly == "share")
+    return _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x), cap
+
+
+def _route_pending(c: JaxCaps, x: Any, cap: Any, info: Any, needs: int, device: Any,
+                   copy: bool | None, fallback: str, readonly: str) -> Route:
+    """The route of an export the fast path did not finish (``info`` is the
+    NotDescribableError where NumPy memory has no header)."""
+    if cap is None:
+        return _plan.route_numpy_copy(info, c, "jax", device, copy)
+    return _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x)
 
 
 def _execute_array(c: JaxCaps, route: Route, x: Any, sharding: Any = None) -> Any:
@@ -86,8 +97,10 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
     action = route.action
     if action is _plan.RAISE:
         _raise(route)
+    if isinstance(x, c.jax.Array):
+        return _execute_array(c, route, x)
     info: TensorInfo = route.info  # type: ignore[assignment]
-    if route.warning is not None and not quiet:
+    if route.warning is not None and not quiet and action is not _plan.PRODUCER_COPY:
         # Before anything is consumed: a warning turned into an error (-W error)
         # leaves a caller's capsule as it was, like any failed route.
         warn(route.warning)
@@ -129,10 +142,13 @@ def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, read
         shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
         dtype = c.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
         return c.jnp.zeros(shape, dtype, device=route.jax_device)
-    # PRODUCER_COPY: no JAX device for the memory; go through host memory (its route's
-    # narrowing warning was given above, for the tensor the caller passed).
+    # PRODUCER_COPY: no JAX device for the memory; go through host memory. Its route's
+    # narrowing warning is for the tensor the caller passed, given once the host copy
+    # is in hand (a failed host copy raises its own error, not the warning).
     del cap  # the device capsule is not needed: its producer frees it now
     host = _host_from_producer(x, info, "jax")
+    if route.warning is not None and not quiet:
+        warn(route.warning)
     return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet=True)
 
 
@@ -354,15 +370,16 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         tg = c._target if c._target is not None else c.target
         try:
             got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
-        except NotDescribableError:
-            return _one_to_jax(x, None, copy, fallback, readonly)
+        except NotDescribableError as exc:
+            got = (None, exc, 0)
         except NotDLPackError:
             if _is_tensor(x):
                 raise
             return _tree_to_jax(x, None, copy, fallback, readonly, leaves)
         if type(got) is not tuple:
             return got
-        return _finish_general(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
+        route = _route_pending(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
+        return _execute_jax(c, route, got[0], x, fallback, readonly)
     return _tree_to_jax(x, _plan.single_device(device), copy, fallback, readonly, leaves)
 
 
@@ -382,18 +399,30 @@ def _tree_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly
             for i, leaf in enumerate(leaves_in):
                 if not _is_tensor(leaf):
                     raise _plan.not_a_tensor(leaf)
+        # Every leaf is decided before any is consumed: a leaf whose route fails leaves
+        # the others (bare capsules included) as they were.
+        decided = []
         if device is None and copy is not True:
             out, pending = _core.to_jax_many(leaves_in, tg, copy is None, readonly == "share")
-            for i, cap, info, needs in pending:
-                out[i] = (_one_to_jax(leaves_in[i], None, copy, fallback, readonly)
-                          if cap is None else
-                          _finish_general(c, leaves_in[i], cap, info, needs, None, copy,
-                                          fallback, readonly))
+            for i, cap, info, needs, fast in pending:
+                route = None if fast else _route_pending(c, leaves_in[i], cap, info, needs,
+                                                         None, copy, fallback, readonly)
+                if route is not None and route.action is _plan.RAISE:
+                    _raise(route)
+                decided.append((i, route, cap, info, needs))
         else:
             out = list(leaves_in)
             for i, leaf in enumerate(leaves_in):
                 if _is_tensor(leaf):
-                    out[i] = _one_to_jax(leaf, device, copy, fallback, readonly)
+                    route, cap = _decide(c, leaf, device, copy, fallback, readonly)
+                    if route.action is _plan.RAISE:
+                        _raise(route)
+                    decided.append((i, route, cap, None, 0))
+        # The general routes first (a copy may still fail for want of memory), then the
+        # leaves the fast path takes as they are.
+        for i, route, cap, info, needs in sorted(decided, key=lambda d: d[1] is None):
+            out[i] = (_core.import_fast(cap, info, needs, tg) if route is None else
+                      _execute_jax(c, route, cap, leaves_in[i], fallback, readonly))
     except Exception as exc:
         index = getattr(exc, "_dlinspect_leaf", i)
         if index >= 0:

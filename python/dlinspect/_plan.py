@@ -241,6 +241,9 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
     """
     target = "jax"
     dt = int(info.device_type)
+    problem = _lanes_problem(info, target)   # the memory's structure first: no dtype helps it
+    if problem is not None:
+        return error_route(problem, info, target, needs)
     if needs & Need.DTYPE:
         code, bits, lanes = info.dtype
         host_ok = not (_core.needs(info) & Need.DTYPE) and _lanes_problem(info, "host") is None
@@ -251,14 +254,13 @@ def route_jax(info: TensorInfo, needs: int, c: Any, device: Any, copy: bool | No
             f"convert it with its own library first (e.g. t.float() or t.view(torch.uint8))"
             + (", or take it as NumPy with dlinspect.to_host." if host_ok else ".")),
             info, target, needs)
-    problem = _lanes_problem(info, target)
-    if problem is not None:
-        return error_route(problem, info, target, needs)
     host = info.host_accessible
     if needs & Need.EMPTY:
         dest = device or c.target.device_for(dt, info.device_id) or c.cpu_device()
+        warning = c.target.narrowing(*info.dtype[:2])[2] if needs & Need.NARROW else None
         return Route(ZERO_COPY, "The tensor is empty: JAX gets a new empty array; no byte "
-                     "is copied.", info, target, needs=needs, jax_device=dest, action=EMPTY)
+                     "is copied.", info, target, needs=needs, jax_device=dest, action=EMPTY,
+                     warning=warning)
     if needs & Need.DEVICE or (needs & Need.LANES and not host):
         return _route_through_host(info, needs, c, device, copy, fallback, source)
     if needs & Need.LAYOUT and not host:

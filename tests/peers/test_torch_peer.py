@@ -209,10 +209,6 @@ def test_float4_e2m1fn_x2_refused():
     assert "share each byte" in str(dlinspect.plan(x, "host").error)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: to_jax's error for sub-byte vector lanes "
-                   "(torch float4_e2m1fn_x2, int4x2) says JAX cannot hold the dtype and quotes "
-                   "a raw jaxlib message ('UNIMPLEMENTED: PjRt CPU buffers only support default "
-                   "layout'), instead of the reason to_host gives: lanes sharing a byte")
 def test_float4_e2m1fn_x2_error_names_the_lanes():
     """peer: test_dlpack_conversion_with_streams_narrow_precision, float4_e2m1fn_x2: the error
     says why (two 4-bit lanes share each byte), for JAX as for NumPy."""
