@@ -258,12 +258,84 @@ def capsule_of(arr, bint read_only=False):
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
+    cdef int64_t shape[_MAX_NDIM]
+    cdef int64_t strides[_MAX_NDIM]
+    cdef int32_t i, ndim = arr.ndim
     item = arr.itemsize
-    strides = None if arr.flags.c_contiguous else tuple(
-        [s // item if s % item == 0 else 0 for s in arr.strides])   # (0: extent <= 1)
-    return _make_capsule(arr, arr.ctypes.data, arr.shape, None, strides, code, bits, lanes,
-                         kDLCPU, 0, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
-                         flags, None, None, False)
+    for i, (extent, stride) in enumerate(zip(arr.shape, arr.strides)):
+        shape[i] = extent
+        strides[i] = stride // item if stride % item == 0 else 0   # (0: extent <= 1)
+    return _view_capsule(arr, <void*><uintptr_t>arr.ctypes.data, ndim, shape, strides, code,
+                         bits, lanes, flags, kDLCPU, 0)
+
+
+def numpy_capsule(arr):
+    """A capsule over NumPy array ``arr`` where DLPack describes it exactly (read-only
+    arrays flagged); else the error the export raises for such an array
+    (NotDescribableError, NotNumericError, UnsupportedDTypeError)."""
+    form, why = _numpy_form(arr)
+    if form == NP_EXACT:
+        return capsule_of(arr, not arr.flags.writeable)
+    raise _numpy_error(arr, form, why)
+
+
+def view_capsule(owner, TensorInfo info):
+    """A "dltensor_versioned" capsule over memory ``owner`` keeps alive, as ``info``
+    describes it (a slice of the owner's tensor: ``TensorInfo.sliced``), flags kept.
+
+    The production capsule constructor (the test factory is ``_make_capsule``): one
+    allocation for header, shape and strides; the deleter drops ``owner``.
+    """
+    return _view_capsule(owner, <void*>info._ptr(), info._ndim, info._shape, info._strides,
+                         info._code, info._bits, info._lanes,
+                         info._flags & (DLPACK_FLAG_BITMASK_READ_ONLY
+                                        | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED),
+                         info._cap_dev_type, info._cap_dev_id)
+
+
+cdef void _view_deleter(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
+    if Py_IsInitialized():        # interpreter gone: leak the reference rather than crash
+        with gil:
+            Py_XDECREF(<PyObject*>dlm_ver.manager_ctx)
+    free(dlm_ver)                 # header, shape and strides are one allocation
+
+
+# contract: a new "dltensor_versioned" capsule whose deleter drops one reference to
+# ``owner`` (taken here); raises MemoryError with nothing leaked.
+cdef object _view_capsule(object owner, void* data, int32_t ndim, const int64_t* shape,
+                          const int64_t* strides, int code, int bits, int lanes,
+                          uint64_t flags, int32_t dev_type, int32_t dev_id):
+    cdef size_t head = sizeof(DLManagedTensorVersioned)
+    cdef char* block = <char*>malloc(head + 2 * <size_t>ndim * sizeof(int64_t) + 1)
+    if block == NULL:
+        raise MemoryError()
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
+    cdef int64_t* dims = <int64_t*>(block + head)
+    memset(dlm_ver, 0, head)
+    memcpy(dims, shape, ndim * sizeof(int64_t))
+    memcpy(dims + ndim, strides, ndim * sizeof(int64_t))
+    dlm_ver.version.major = DLINSPECT_DLPACK_MAJOR
+    dlm_ver.version.minor = DLINSPECT_DLPACK_MINOR
+    dlm_ver.flags = flags
+    dlm_ver.dl_tensor.data = data
+    dlm_ver.dl_tensor.device.device_type = dev_type
+    dlm_ver.dl_tensor.device.device_id = dev_id
+    dlm_ver.dl_tensor.ndim = ndim
+    dlm_ver.dl_tensor.dtype.code = code
+    dlm_ver.dl_tensor.dtype.bits = bits
+    dlm_ver.dl_tensor.dtype.lanes = lanes
+    dlm_ver.dl_tensor.shape = dims
+    dlm_ver.dl_tensor.strides = dims + ndim
+    dlm_ver.dl_tensor.byte_offset = 0
+    Py_INCREF(owner)
+    dlm_ver.manager_ctx = <void*>owner
+    dlm_ver.deleter = _view_deleter
+    try:
+        return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
+    except BaseException:
+        Py_XDECREF(<PyObject*>owner)
+        free(block)
+        raise
 
 
 # ---- versioned -> legacy adapter (JAX imports "dltensor" only) --------------
@@ -386,11 +458,14 @@ cdef class HostOwner:
         }
 
 
-def take(cap, bint read_only):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
+def take(cap, bint read_only, TensorInfo info=None):
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``).
+
+    ``info``: the capsule's header as the export read it (not read again); None reads it.
+    """
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
-    owner.info = _peek_capsule(cap)
+    owner.info = _peek_capsule(cap) if info is None else info
     owner.read_only = read_only
     if name != NULL and strcmp(name, VERSIONED) == 0:
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)

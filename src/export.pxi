@@ -344,10 +344,15 @@ cdef object _numpy_fallback(object x, object refusal):
     form, why = _numpy_form(x)
     if form == NP_EXACT:
         return capsule_of(x, read_only=not x.flags.writeable)
+    raise _numpy_error(x, form, why) from (refusal if form == NP_NO_CODE else None)
+
+
+cdef object _numpy_error(object x, int form, str why):
+    """The error for NumPy array ``x`` that DLPack cannot describe exactly."""
     if form == NP_NOT_NUMERIC:
-        raise NotNumericError(
+        return NotNumericError(
             f"{_describe_ndarray(x)} is not a numeric tensor: {why}. Inside a batch it is a "
-            f"leaf kept as it is (leaves='keep').") from None
+            f"leaf kept as it is (leaves='keep').")
     if form == NP_COPY:
         exc = NotDescribableError(
             f"{_describe_ndarray(x)} cannot be described by DLPack: {why}, so NumPy refused "
@@ -356,11 +361,11 @@ cdef object _numpy_fallback(object x, object refusal):
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
         exc.array = x
         exc.why = why
-        raise exc from None
-    raise UnsupportedDTypeError(
+        return exc
+    return UnsupportedDTypeError(
         f"{_describe_ndarray(x)} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
         f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
-        f"x.astype(numpy.float32).") from refusal
+        f"x.astype(numpy.float32).")
 
 
 cdef str _describe_ndarray(object x):

@@ -10,7 +10,7 @@ cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW
 
 
 @cython.binding(False)
-def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
+def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_narrowing=True):
     """Export ``x`` once and import it into JAX's CPU device when nothing is needed.
 
     Parameters
@@ -27,6 +27,8 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
         the source is freed at once.
     share_readonly : bool
         ``readonly="share"``: the READ_ONLY flag is no need.
+    warn_narrowing : bool
+        ``narrow="warn"``: a narrowing copy warns (``"ok"``: quietly).
 
     Returns
     -------
@@ -40,11 +42,12 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly):
         From the export (see :func:`peek`); and whatever the import raises, with
         the capsule left unconsumed.
     """
-    return _fast_one(x, tg, may_copy, share_readonly)
+    return _fast_one(x, tg, may_copy, share_readonly, warn_narrowing)
 
 
 @cython.binding(False)
-def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
+def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
+                bint warn_narrowing=True):
     """:func:`to_jax_fast` over the leaves of a pytree, in one call, deciding first.
 
     Every leaf is exported and its needs computed first; the leaves are imported
@@ -117,7 +120,7 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly):
         return out, todo
     for i, cap, info, needs, fast in todo:
         try:
-            out[i] = _import_fast(cap, info, needs, tg)
+            out[i] = _import_fast(cap, info, needs, tg, warn_narrowing)
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
@@ -140,9 +143,9 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg):
+def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg, bint warn_narrowing=True):
     """Import a leaf :func:`to_jax_many` marked ``fast`` (as :func:`to_jax_fast` would)."""
-    return _import_fast(cap, info, needs, tg)
+    return _import_fast(cap, info, needs, tg, warn_narrowing)
 
 
 # What the fast path does with a header: 0 nothing (the general route), 1 import as it
@@ -158,17 +161,21 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy) noexcept:
     return 0
 
 
-cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg):
+cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg,
+                         bint warn_narrowing):
     if n == 0:
         return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[info._key()]
+        if not warn_narrowing:
+            text = None
     else:
         dst_key, text = info._key(), None
     return _copy_and_import(cap, info, tg, dst_key, text)
 
 
-cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly):
+cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly,
+                      bint warn_narrowing):
     cdef PyObject* p = NULL
     if type(x) is tg.array_type or (not PyCapsule_CheckExact(x)
                                     and _entry_for(type(x)).guard == GUARD_JAX):
@@ -179,7 +186,7 @@ cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)
     if _fast_kind(info, n, may_copy) == 0:
         return (cap, info, n)
-    return _import_fast(cap, info, n, tg)
+    return _import_fast(cap, info, n, tg, warn_narrowing)
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
@@ -195,3 +202,49 @@ cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_
     owner = take(cap, True)   # consume the source; its deleter runs right here
     del owner
     return arr
+
+
+# ---- sharded: one decision per leaf, every slice imported in one pass ------------------
+
+def split_parts(TensorInfo info, JaxTarget tg, list indices, bint share_readonly):
+    """The slices of host memory ``info`` for a sharding (``indices``: one tuple of
+    slices per device, in the order of ``Sharding.addressable_devices_indices_map``),
+    when every one needs nothing to be viewed by JAX on a CPU device (the needs plan
+    gives its shards); else None, and the general route decides.
+
+    Returns
+    -------
+    list of TensorInfo or None
+    """
+    cdef list parts = []
+    cdef TensorInfo part
+    if not _host_accessible(info._dev_type):
+        return None
+    for index in indices:
+        part = info.sliced(index)
+        if _needs_jax(part, tg, share_readonly) & ~NEED_VIA_CPU:
+            return None
+        parts.append(part)
+    return parts
+
+
+def split_import(cap, TensorInfo info, list parts, list devices, JaxTarget tg):
+    """Consume ``cap`` into one owner and import each slice of :func:`split_parts` onto
+    its device, zero-copy; the producer's deleter runs when the last slice dies. A
+    legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
+    does.
+
+    Returns
+    -------
+    list of jax.Array
+        One single-device array per slice, in the order of ``devices``.
+    """
+    owner = take(cap, info.read_only is True, info)
+    cdef list arrays = []
+    cdef TensorInfo part
+    cdef Py_ssize_t i
+    for i in range(len(parts)):
+        part = parts[i]
+        arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
+                                     None, None, kDLCPU))
+    return arrays

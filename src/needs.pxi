@@ -29,13 +29,21 @@ NEED_BITS = {"DEVICE": NEED_DEVICE, "DTYPE": NEED_DTYPE, "LANES": NEED_LANES,
 
 @cython.final
 cdef class JaxTarget:
-    """What the installed JAX takes, fixed when first needed (built by ``dlinspect._jaxcaps``).
+    """The installed JAX, as the decision and every route read it: the one object.
 
-    Parameters
+    Built once per process by ``dlinspect._jaxcaps`` (which also keeps, for
+    ``dlinspect doctor``, how each private symbol was resolved); everything is
+    given as keywords.
+
+    Attributes
     ----------
+    jax, jnp : module
+        ``jax`` and ``jax.numpy``.
     import_fn : callable
         ``import_fn(capsule, device, stream, copy, dl_device_type)`` imports a
         "dltensor" capsule (jaxlib's own function, or a wrapper over the public API).
+    direct : bool
+        ``import_fn`` is jaxlib's own (False: the public ``jax.dlpack.from_dlpack``).
     cpu_device : jax.Device
         Where kDLCPU:0 memory is imported.
     cpu_align : int
@@ -44,9 +52,14 @@ cdef class JaxTarget:
         to at least 64 bytes (``copy_align``).
     x64 : object
         ``.value`` is ``jax_enable_x64`` as the calling thread sees it.
+    x64_context : callable or None
+        ``x64_context(on)``: a context manager setting it for the calling thread
+        (a worker thread converts under its caller's mode); None where jax has none.
     devices : dict
         ``(device_type, device_id)`` to ``jax.Device`` for every DLPack device this
         JAX has a device for (as jax maps DLDeviceType to platforms).
+    platforms : frozenset of str
+        The platforms with devices this process can address.
     cpu_keys : set
         The keys of ``devices`` whose device is a CPU device.
     probe : callable
@@ -70,24 +83,30 @@ cdef class JaxTarget:
         JAX views a permutation of a dense layout (a transpose, F order) with the right
         values (probed; jaxlib < 0.8 reads such memory as row-major, so it needs a copy).
     """
-    cdef readonly object import_fn, cpu_device, x64, warn, stream_for, array_type
-    cdef readonly bint permuted_ok
+    cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
+    cdef readonly object stream_for, array_type, platforms
+    cdef readonly bint permuted_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align
     cdef object probe, hold
     cdef dict devices, narrow, bad
     cdef set cpu_keys, ok
 
-    def __cinit__(self, import_fn, cpu_device, uintptr_t cpu_align, x64, dict devices,
-                  set cpu_keys, probe, hold, dict narrow, warn, stream_for, array_type,
-                  bint permuted_ok):
+    def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
+                 x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
+                 dict narrow, warn, stream_for, array_type, bint permuted_ok):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
+        self.jax = jax
+        self.jnp = jnp
         self.import_fn = import_fn
+        self.direct = direct
         self.cpu_device = cpu_device
         self.cpu_align = cpu_align
         self.copy_align = cpu_align if cpu_align > 64 else 64
         self.x64 = x64
+        self.x64_context = x64_context
         self.devices = devices
+        self.platforms = frozenset(platforms)
         self.cpu_keys = cpu_keys
         self.probe = probe
         self.hold = hold

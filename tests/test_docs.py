@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 import dlinspect
-from dlinspect import _core, _execute, _plan, _prefetch, testing
+from dlinspect import _core, _execute, _inspect, _prefetch, testing
 
 pytest.importorskip("jax", reason="the routing examples need jax")
 
 
-@pytest.mark.parametrize("module", [_core, _plan, _execute, _prefetch, testing], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_core, _inspect, _execute, _prefetch, testing], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     finder = doctest.DocTestFinder(exclude_empty=True)
     tests = finder.find(module, module.__name__, globs={})

@@ -24,7 +24,6 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 import dlinspect  # noqa: E402
 from dlinspect import (  # noqa: E402
     CopyRequiredError,
-    DLInspectError,
     DLInspectWarning,
     NotDescribableError,
     NotNumericError,

@@ -18,7 +18,9 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 from ._core import MAX_NDIM, TensorInfo, peek
 from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
 from ._execute import to_host, to_jax
-from ._plan import Need, Route, explain, plan
+from ._facts import Need
+from ._inspect import explain, plan
+from ._words import Route
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from . import testing
 from .errors import (

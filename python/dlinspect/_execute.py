@@ -1,179 +1,212 @@
 """``to_jax`` and ``to_host``: carry out the route :mod:`dlinspect._plan` decides.
 
-One tensor: ``_core.to_jax_fast`` exports it once, computes its needs and
-imports it when nothing is needed; otherwise the same export and the same needs
-become a :class:`~dlinspect._plan.Route` (``route_jax``), and the route is
-executed here. A failed route leaves a caller's capsule unconsumed.
+One decision, executed once. A tensor is exported once and its needs computed
+once (in C, ``_core.to_jax_fast`` imports it right there when nothing is needed);
+otherwise the same export and needs become a :class:`~dlinspect._words.Route`, and
+the executor of its action carries it out: one function per action, in
+:data:`EXECUTORS`. No executor calls ``to_jax`` or exports the caller's tensor
+again. A failed route leaves a caller's capsule unconsumed; in a batch, every leaf
+is decided before any is consumed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from . import _core, _plan, _shard, _tree
+from . import _core, _plan, _shard, _tree, _words
 from ._buffers import aligned_empty
 from ._core import TensorInfo
-from ._dtypes import dldtype_from_numpy, numpy_dtype
+from ._dtypes import numpy_dtype
 from ._enums import DLDeviceType as D
-from ._jaxcaps import JaxCaps, caps
-from ._messages import describe, device_fix
-from ._plan import Route
+from ._jaxcaps import target as _jax_target
+from ._options import DEFAULT, Options, options as _options
+from ._words import Route
 from ._warn import warn
 from .errors import NotDescribableError, NotDLPackError, UnsupportedDeviceError
 
-__all__ = ["to_jax", "to_host"]
+__all__ = ["to_jax", "to_host", "EXECUTORS"]
 
 _CPU = int(D.kDLCPU)
-_caps: JaxCaps | None = None
-
-
-def _jax_caps() -> JaxCaps:
-    global _caps
-    if _caps is None:
-        _caps = caps()
-    return _caps
-
-
-_is_tensor = _core.is_tensor
 _CONTAINERS = (dict, list, tuple)
+_is_tensor = _core.is_tensor
+Executor = Callable[[Route, Any, Any, Any, Options], Any]
 
 
-# ---- one tensor into JAX ---------------------------------------------------------
+# ---- the executors: (route, capsule, source, target, options) -> array ------------------
 
-def _one_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
-                quiet: bool = False) -> Any:
-    c = _caps if _caps is not None else _jax_caps()
-    tg = c._target if c._target is not None else c.target
-    if device is None and copy is not True and not quiet:   # (the fast path warns itself)
-        try:
-            got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
-        except NotDescribableError as exc:
-            got = (None, exc, 0)
-        if type(got) is not tuple:
-            return got
-        route = _route_pending(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
-        return _execute_jax(c, route, got[0], x, fallback, readonly, quiet)
-    route, cap = _decide(c, x, device, copy, fallback, readonly)
-    return _execute_jax(c, route, cap, x, fallback, readonly, quiet)
+def _import(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
+    info = route.info
+    stream = None if _core.is_capsule(x) else tg.stream_for(route.import_type, info.device_id)
+    arr = _core.import_capsule(tg.import_fn, cap, route.import_device, stream,
+                               route.import_copy, route.import_type)
+    return _finish(tg, arr, route, narrowed=False)
 
 
-def _decide(c: JaxCaps, x: Any, device: Any, copy: bool | None, fallback: str,
-            readonly: str) -> tuple[Route, Any]:
-    """One tensor's route into JAX and its (unconsumed) export: nothing is consumed yet."""
-    if isinstance(x, c.jax.Array):
-        return _plan.route_jax_array(x, device, copy), None
-    try:
-        cap, info = _core.export(x, c.stream_for)
-    except NotDescribableError as exc:
-        return _plan.route_numpy_copy(exc, c, "jax", device, copy), None
-    needs = _core.needs(info, c.target, readonly == "share")
-    return _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x), cap
+def _host_copy_import(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """One copy of host memory into C-order, aligned memory (narrowed where JAX
+    narrows), imported without a second copy."""
+    info = route.info
+    narrow = route.facts.get("narrow")
+    host = _host_copy(cap, info, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
+                      tg.copy_align)
+    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
 
 
-def _route_pending(c: JaxCaps, x: Any, cap: Any, info: Any, needs: int, device: Any,
-                   copy: bool | None, fallback: str, readonly: str) -> Route:
-    """The route of an export the fast path did not finish (``info`` is the
-    NotDescribableError where NumPy memory has no header)."""
-    if cap is None:
-        return _plan.route_numpy_copy(info, c, "jax", device, copy)
-    return _plan.route_jax(info, needs, c, device, copy, fallback, readonly, x)
+def _host_view_import(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """Host memory viewed through NumPy (vector lanes as a trailing axis), imported."""
+    view, _owner = _host_view(cap, route.info)
+    return _finish(tg, _import_host(tg, view, route.import_device, not view.flags.writeable),
+                   route)
 
 
-def _execute_array(c: JaxCaps, route: Route, x: Any, sharding: Any = None) -> Any:
-    """A jax.Array's route: as it is, device_put, or a copy."""
-    if route.action is _plan.RAISE:
-        _raise(route)
-    if route.action is _plan.PASS:
-        return x
-    if route.action is _plan.DEVICE_PUT:
-        return c.jax.device_put(x, sharding if sharding is not None else route.jax_device)
+def _empty(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """A new empty array; the capsule is taken and freed (nothing of it is used)."""
+    info = route.info
+    _core.take(cap, True, info)
+    shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
+    dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
+    return tg.jnp.zeros(shape, dtype, device=route.jax_device)
+
+
+def _producer_copy(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """No JAX device for the memory: the producer's host copy (one copy where it is
+    memory JAX can view), routed with its own header, which is in hand."""
+    del cap   # the device capsule is not needed: its producer frees it now
+    host_cap, host_info, host = _host_from_producer(x, route.info, "jax")
+    # The narrowing warning is for the caller's tensor, given once the host copy is in
+    # hand (a failed host copy raises its own error, not the warning).
+    if route.warning is not None:
+        warn(route.warning)
+    quiet = Options(route.jax_device, None, None, "raise", opts.readonly, "keep", "ok")
+    if host_cap is None:   # a NumPy array from the producer's own method
+        return _numpy_array(host, tg, quiet)
+    inner = _plan.route_jax(host_info, _core.needs(host_info, tg, opts.share_readonly), tg,
+                            quiet, host_cap)
+    return execute(inner, host_cap, host_cap, tg, quiet)
+
+
+def _numpy_put(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """A dtype JAX holds but does not import (int4...): a NumPy array of dlinspect's
+    own for ``jax.device_put`` (which keeps its input in a reference cycle until the
+    next collection, measured on jax 0.10: the producer's memory is freed here)."""
+    info = route.info
+    host = (_unpack_subbyte(cap, info) if route.needs & _plan.Need.PACKED
+            else np.array(_host_view(cap, info)[0]))
+    return tg.jax.device_put(host, route.jax_device)
+
+
+def _numpy_copy(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """NumPy memory DLPack cannot describe: one copy by NumPy into native, C-ordered,
+    aligned memory (narrowed where JAX narrows), which JAX views."""
+    narrow = route.facts.get("narrow")
+    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
+                        tg.copy_align)
+    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+
+
+def _split(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """Host memory bound for CPU devices: one owner for the whole tensor, each device
+    imports its slice by the route already decided for it; JAX assembles the array.
+    The producer's deleter runs when the last shard dies. A legacy capsule cannot say
+    read-only and is imported as writable, as ``to_jax`` does."""
+    info = route.info
+    owner = _core.take(cap, info.read_only is True, info)
+    arrays = []
+    for dev, _, shard in route.shards:
+        part = _core.view_capsule(owner, shard.info)
+        arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
+    return tg.jax.make_array_from_single_device_arrays(info.shape, opts.sharding, arrays)
+
+
+def _spread(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """Memory JAX takes whole, then spreads over the sharding's devices."""
+    whole = route.facts["whole"]
+    arr = EXECUTORS[whole.action](whole, cap, x, tg, opts)
+    if route.action is _plan.PROCESS_LOCAL:
+        return tg.jax.make_array_from_process_local_data(opts.sharding, arr)
+    return tg.jax.device_put(arr, opts.sharding)
+
+
+def _array_pass(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    return x
+
+
+def _array_put(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    return tg.jax.device_put(x, route.facts["where"])
+
+
+def _array_copy(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
     return x.copy()   # (typed PRNG key arrays too, which jnp.array refuses)
 
 
-def _execute_jax(c: JaxCaps, route: Route, cap: Any, x: Any, fallback: str, readonly: str,
-                 quiet: bool = False) -> Any:
+def _raise_route(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    _raise(route)
+
+
+#: One executor per action of :mod:`dlinspect._plan` (JAX target).
+EXECUTORS: dict[str, Executor] = {
+    _plan.IMPORT: _import, _plan.HOST_COPY: _host_copy_import,
+    _plan.HOST_VIEW: _host_view_import, _plan.EMPTY: _empty,
+    _plan.PRODUCER_COPY: _producer_copy, _plan.NUMPY_PUT: _numpy_put,
+    _plan.NUMPY_COPY: _numpy_copy, _plan.SPLIT: _split, _plan.DEVICE_PUT: _spread,
+    _plan.PROCESS_LOCAL: _spread, _plan.PASS: _array_pass, _plan.ARRAY_PUT: _array_put,
+    _plan.ARRAY_COPY: _array_copy, _plan.RAISE: _raise_route,
+}
+
+
+def execute(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
+    """Carry out ``route`` (its narrowing warning first, before anything is consumed:
+    ``-W error`` then leaves a caller's capsule as it was)."""
     action = route.action
-    if action is _plan.RAISE:
-        _raise(route)
-    if isinstance(x, c.jax.Array):
-        return _execute_array(c, route, x)
-    info: TensorInfo = route.info  # type: ignore[assignment]
-    if route.warning is not None and not quiet and action is not _plan.PRODUCER_COPY:
-        # Before anything is consumed: a warning turned into an error (-W error)
-        # leaves a caller's capsule as it was, like any failed route.
-        warn(route.warning)
-    if action is _plan.NUMPY_COPY:
-        narrow = None
-        if route.warning is not None:
-            code, bits, _ = dldtype_from_numpy(x.dtype)
-            ncode, nbits, _ = c.target.narrowing(code, bits)
-            narrow = numpy_dtype(ncode, nbits)
-        host = _native_copy(x, narrow, c.target.copy_align)
-        return _finish(c, _import_host(c, host, route.import_device, False), route, narrowed=True)
-    if action is _plan.NUMPY_PUT:
-        # A NumPy array of our own for jax.device_put, which keeps its input in a reference
-        # cycle until the next garbage collection (measured on jax 0.10): the producer's
-        # memory is freed here, right after the copy, not then.
-        host = (_unpack_subbyte(cap, info) if route.needs & _plan.Need.PACKED
-                else np.array(_host_view(cap, info)[0]))
-        return c.jax.device_put(host, route.jax_device)
-    if action is _plan.IMPORT:
-        stream = None if _core.is_capsule(x) else c.stream_for(route.import_type, info.device_id)
-        arr = _core.import_capsule(c.import_fn, cap, route.import_device, stream,
-                                   route.import_copy, route.import_type)
-        return _finish(c, arr, route)
-    if action is _plan.HOST_COPY:
-        narrow = None
-        if route.warning is not None:
-            code, bits, _ = info.dtype
-            ncode, nbits, _ = c.target.narrowing(code, bits)
-            narrow = numpy_dtype(ncode, nbits)
-        host = _host_copy(cap, info, narrow, c.target.copy_align)
-        return _finish(c, _import_host(c, host, route.import_device, False), route,
-                       narrowed=True)
-    if action is _plan.HOST_VIEW:
-        view, _owner = _host_view(cap, info)
-        return _finish(c, _import_host(c, view, route.import_device, not view.flags.writeable),
-                       route)
-    if action is _plan.EMPTY:
-        _core.take(cap, True)   # taken and freed: nothing of it is used
-        shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
-        dtype = c.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
-        return c.jnp.zeros(shape, dtype, device=route.jax_device)
-    # PRODUCER_COPY: no JAX device for the memory; go through host memory. Its route's
-    # narrowing warning is for the tensor the caller passed, given once the host copy
-    # is in hand (a failed host copy raises its own error, not the warning).
-    del cap  # the device capsule is not needed: its producer frees it now
-    host = _host_from_producer(x, info, "jax")
-    if route.warning is not None and not quiet:
-        warn(route.warning)
-    return _one_to_jax(host, route.jax_device, None, fallback, readonly, quiet=True)
+    if action is not _plan.PRODUCER_COPY and action is not _plan.RAISE:
+        text = route.warning
+        if text is not None:
+            warn(text)
+    return EXECUTORS[action](route, cap, x, tg, opts)
 
 
-def _finish(c: JaxCaps, arr: Any, route: Route, narrowed: bool = False) -> Any:
-    if route.warning is not None and not narrowed:
-        arr = c.canonicalize(arr)   # device memory narrowed after import, as JAX does
+def _finish(tg: Any, arr: Any, route: Route, narrowed: bool = True) -> Any:
+    if not narrowed and route.needs & _plan.Need.NARROW:
+        canon = tg.jax.dtypes.canonicalize_dtype(arr.dtype)   # device memory: JAX narrows
+        arr = tg.jnp.asarray(arr, dtype=canon)
     if route.jax_device is not None and route.jax_device != route.import_device:
-        arr = c.jax.device_put(arr, route.jax_device)
+        arr = tg.jax.device_put(arr, route.jax_device)
     return arr
 
 
-def _import_host(c: JaxCaps, arr: np.ndarray, device: Any, read_only: bool) -> Any:
+def _import_host(tg: Any, arr: np.ndarray, device: Any, read_only: bool) -> Any:
     """Import host array ``arr`` onto ``device``, viewing it where JAX can."""
-    return _core.import_capsule(c.import_fn, _core.capsule_of(arr, read_only), device, None,
+    return _core.import_capsule(tg.import_fn, _core.capsule_of(arr, read_only), device, None,
                                 None, _CPU)
 
 
-def _host_from_producer(x: Any, info: TensorInfo, target: str) -> Any:
-    """A host tensor with x's values: the producer's host copy, else numpy.asarray(x)."""
+def _numpy_array(arr: np.ndarray, tg: Any, opts: Options) -> Any:
+    """A NumPy array dlinspect holds (a producer's host copy) into JAX: its own route."""
+    try:
+        cap = _core.numpy_capsule(arr)
+    except NotDescribableError as exc:   # DLPack cannot describe it: NumPy copies it
+        return execute(_plan.route_numpy_copy(exc, tg, "jax", opts), None, arr, tg, opts)
+    info = _core.peek(cap)
+    route = _plan.route_jax(info, _core.needs(info, tg, opts.share_readonly), tg, opts, cap)
+    return execute(route, cap, cap, tg, opts)
+
+
+def _host_from_producer(x: Any, info: TensorInfo, target: str) -> tuple[Any, Any, Any]:
+    """A host copy of x's values: ``(capsule, its TensorInfo, None)`` from the producer's
+    ``__dlpack__``, else ``(None, None, ndarray)`` from its own method or the array
+    protocol; or UnsupportedDeviceError listing what was tried."""
     got, host_info = _core.export_host_copy(x)
+    if isinstance(host_info, TensorInfo):
+        return got, host_info, None
     if got is not None:
-        return got
+        return None, None, got
+    assert host_info is not None   # what was tried, in words
     raise UnsupportedDeviceError(
-        f"{describe(info)} could not be brought to host memory. Tried: {'; '.join(host_info)}. "
-        f"To fix: {device_fix(int(info.device_type), target, False)}.")
+        f"{_words.describe(info)} could not be brought to host memory. Tried: "
+        f"{'; '.join(host_info)}. To fix: {_words.device_fix(int(info.device_type), target, False)}.")
 
 
 def _raise(route: Route) -> None:
@@ -181,7 +214,7 @@ def _raise(route: Route) -> None:
     caller's frame -> route -> error) that would keep the capsule, and the
     producer's memory, alive until the next garbage collection."""
     error = route.error
-    route.error = None
+    route._error, route.problem = None, None
     try:
         raise error  # type: ignore[misc]
     finally:
@@ -198,7 +231,7 @@ def _host_view(cap: Any, info: TensorInfo, read_only: bool | None = None) -> tup
     """
     if read_only is None:
         read_only = info.read_only is not False
-    owner = _core.take(cap, read_only)
+    owner = _core.take(cap, read_only, info)
     dtype = info.numpy_dtype
     assert dtype is not None  # routes reaching here were decided with a NumPy dtype
     return np.asarray(owner).view(dtype), owner
@@ -243,14 +276,14 @@ def _allocate(shape: tuple[int, ...], dtype: Any, alignment: int,
         return aligned_empty(shape, dtype, alignment)
     except MemoryError:
         nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
-        what = describe(info) if info is not None else (
+        what = _words.describe(info) if info is not None else (
             f"a {np.dtype(dtype).name} NumPy array of shape {shape}")
-        raise _plan.allocation_error(nbytes, what) from None
+        raise _words.allocation_error(nbytes, what, _plan.physical_memory()) from None
 
 
 def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
-    owner = _core.take(cap, True)
+    owner = _core.take(cap, True, info)
     try:
         bits = info.dtype.bits
         raw = np.asarray(_core.ByteView(owner, info.nbytes))
@@ -270,18 +303,43 @@ def _unpack_subbyte(cap: Any, info: TensorInfo) -> np.ndarray:
         del owner
 
 
+# ---- deciding, before anything is consumed ---------------------------------------
+
+def _decide(x: Any, tg: Any, opts: Options) -> tuple[Route, Any]:
+    """One tensor's route into JAX and its (unconsumed) export."""
+    if isinstance(x, tg.jax.Array):
+        return _plan.route_jax_array(x, opts), None
+    try:
+        cap, info = _core.export(x, tg.stream_for)
+    except NotDescribableError as exc:
+        return _plan.route_numpy_copy(exc, tg, "jax", opts), None
+    return _plan.decide(info, tg, "jax", opts, x), cap
+
+
+def _route_pending(x: Any, cap: Any, info: Any, needs: int, tg: Any, opts: Options) -> Route:
+    """The route of an export the fast path did not finish (``info`` is the
+    NotDescribableError where NumPy memory has no header)."""
+    if cap is None:
+        return _plan.route_numpy_copy(info, tg, "jax", opts)
+    return _plan.route_jax(info, needs, tg, opts, x)
+
+
 # ---- the public functions ----------------------------------------------------
 
 def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
-           fallback: str = "host", readonly: str = "copy", leaves: str = "keep") -> Any:
+           fallback: str = "host", readonly: str = "copy", leaves: str = "keep",
+           narrow: str = "warn") -> Any:
     """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
 
     Parameters
     ----------
     x : object with ``__dlpack__``, DLPack capsule, or pytree of them
         A tensor from any producer (NumPy, PyTorch, CuPy, JAX...), a bare capsule
-        (``"dltensor"`` or ``"dltensor_versioned"``), or a dict / list / tuple /
-        namedtuple of them (walked with ``jax.tree_util``).
+        (``"dltensor"`` or ``"dltensor_versioned"``), or a batch of them: any JAX
+        pytree, and the Mappings (transformers' ``BatchEncoding``...) and
+        dataclasses JAX does not register, rebuilt as their own type. Leaves that
+        are not tensors (str, numbers, non-numeric arrays...) are kept, the whole
+        of ``x`` too when it is one (see ``leaves``).
     device : jax.Device or single-device Sharding, optional
         Destination; a device other than the source's means import, then ``device_put``.
     copy : bool or None
@@ -305,6 +363,13 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
         Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
         host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
         ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``.
+    leaves : {"keep", "raise"}
+        A leaf that is not a numeric tensor is kept as it is, or (``"raise"``)
+        raises ``NotDLPackError`` naming its key path.
+    narrow : {"warn", "ok"}
+        A 64-bit dtype JAX narrows with x64 off (int64 labels, say) comes with a
+        ``DLInspectWarning`` (Python's filters decide where it shows: by default
+        once per call site and dtype), or (``"ok"``) quietly.
     readonly : {"copy", "share"}
         Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
         array) is copied by default. ``"share"`` imports it without a copy: JAX
@@ -329,6 +394,12 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     ShardingError
         An axis does not divide evenly into the shards ``sharding`` cuts it
         into (a ``ValueError``); names the size, the shard count and the fix.
+    AllocationError
+        A copy the route needs cannot be allocated (a ``MemoryError``); nothing
+        is consumed.
+    ContainerError
+        A Mapping or dataclass of the batch cannot be rebuilt around its
+        converted values (a ``TypeError``).
     ProducerError
         The producer raised (requires_grad, conjugate bit, nulls in a pyarrow
         array...; any exception type, kept as ``__cause__``), or its
@@ -359,110 +430,123 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    if (fallback != "host" or readonly != "copy" or leaves != "keep"
-            or (copy is not None and copy is not True and copy is not False)):
-        _plan.check_options("jax", fallback, readonly, copy, leaves)
-    if sharding is not None:
-        return _to_jax_sharded(x, device, sharding, copy, fallback, readonly, leaves)
-    if device is None and copy is not True and type(x) not in _CONTAINERS:
-        # The fast path, inlined from _one_to_jax: one Python frame less per call.
-        c = _caps if _caps is not None else _jax_caps()
-        tg = c._target if c._target is not None else c.target
+
+    if (device is None and copy is None and sharding is None and fallback == "host"
+            and readonly == "copy" and leaves == "keep" and narrow == "warn"):
+        opts = DEFAULT
+    else:
+        opts = _options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    tg = _jax_target()
+    if opts.sharding is None and opts.device is None and opts.copy is not True \
+            and type(x) not in _CONTAINERS:
+        # The fast path: one call into the core for one tensor.
         try:
-            got = _core.to_jax_fast(x, tg, copy is None, readonly == "share")
+            got = _core.to_jax_fast(x, tg, opts.copy is None, opts.share_readonly,
+                                    opts.warn_narrowing)
         except NotDescribableError as exc:
             got = (None, exc, 0)
         except NotDLPackError:
             if _is_tensor(x):
                 raise
-            return _tree_to_jax(x, None, copy, fallback, readonly, leaves)
+            return _tree_to_jax(x, tg, opts)
         if type(got) is not tuple:
             return got
-        route = _route_pending(c, x, got[0], got[1], got[2], None, copy, fallback, readonly)
-        return _execute_jax(c, route, got[0], x, fallback, readonly)
-    return _tree_to_jax(x, _plan.single_device(device), copy, fallback, readonly, leaves)
+        route = _route_pending(x, got[0], got[1], got[2], tg, opts)
+        return execute(route, got[0], x, tg, opts)
+    if opts.sharding is not None:
+        return _to_jax_sharded(x, tg, opts)
+    return _tree_to_jax(x, tg, opts)
 
 
-def _tree_to_jax(x: Any, device: Any, copy: bool | None, fallback: str, readonly: str,
-                 leaves: str) -> Any:
-    """Every leaf of a batch (walked once by :mod:`dlinspect._tree`): the fast path over
-    all leaves in one call into the core, the general route for the rest; errors name
-    the leaf's key path. A leaf that is not a tensor is kept (``leaves="keep"``), the
-    whole of ``x`` included when it is one."""
+def _tree_to_jax(x: Any, tg: Any, opts: Options) -> Any:
+    """Every leaf of a batch (walked once by :mod:`dlinspect._tree`), decided before
+    any is consumed: a leaf whose route fails leaves the others (bare capsules too)
+    as they were. The fast path over all leaves in one call into the core; the
+    general route for the rest; errors name the leaf's key path."""
     flat = _tree.flatten(x)
-    leaves_in = flat.leaves
-    c = _caps if _caps is not None else _jax_caps()
-    tg = c._target if c._target is not None else c.target
+    leaves = flat.leaves
     i = -1
     try:
-        if leaves == "raise":
-            for i, leaf in enumerate(leaves_in):
+        if opts.leaves == "raise":
+            for i, leaf in enumerate(leaves):
                 if not _is_tensor(leaf):
-                    raise _plan.not_a_tensor(leaf)
-        # Every leaf is decided before any is consumed: a leaf whose route fails leaves
-        # the others (bare capsules included) as they were.
+                    raise _plan.untouched(leaf, "jax", opts).error   # type: ignore[misc]
         decided = []
-        if device is None and copy is not True:
-            out, pending = _core.to_jax_many(leaves_in, tg, copy is None, readonly == "share")
+        if opts.device is None and opts.copy is not True:
+            out, pending = _core.to_jax_many(leaves, tg, opts.copy is None,
+                                             opts.share_readonly, opts.warn_narrowing)
             for i, cap, info, needs, fast in pending:
-                route = None if fast else _route_pending(c, leaves_in[i], cap, info, needs,
-                                                         None, copy, fallback, readonly)
-                if route is not None and route.action is _plan.RAISE:
+                route = None if fast else _route_pending(leaves[i], cap, info, needs, tg, opts)
+                if route is not None and route.problem is not None:
                     _raise(route)
                 decided.append((i, route, cap, info, needs))
         else:
-            out = list(leaves_in)
-            for i, leaf in enumerate(leaves_in):
+            out = list(leaves)
+            for i, leaf in enumerate(leaves):
                 if _is_tensor(leaf):
-                    route, cap = _decide(c, leaf, device, copy, fallback, readonly)
-                    if route.action is _plan.RAISE:
+                    route, cap = _decide(leaf, tg, opts)
+                    if route.problem is not None:
                         _raise(route)
                     decided.append((i, route, cap, None, 0))
         # The general routes first (a copy may still fail for want of memory), then the
         # leaves the fast path takes as they are.
         for i, route, cap, info, needs in sorted(decided, key=lambda d: d[1] is None):
-            out[i] = (_core.import_fast(cap, info, needs, tg) if route is None else
-                      _execute_jax(c, route, cap, leaves_in[i], fallback, readonly))
+            out[i] = (_core.import_fast(cap, info, needs, tg, opts.warn_narrowing)
+                      if route is None else execute(route, cap, leaves[i], tg, opts))
     except Exception as exc:
         index = getattr(exc, "_dlinspect_leaf", i)
         if index >= 0:
-            _plan.name_leaf(exc, flat.keystr(index))
+            _words.name_leaf(exc, flat.keystr(index))
         raise
     return flat.unflatten(out)
 
 
-# ---- sharded -----------------------------------------------------------------
-
-def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallback: str,
-                    readonly: str, leaves: str) -> Any:
-    if device is not None:
-        raise ValueError("to_jax takes device= or sharding=, not both; pass one of them.")
+def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
+    """Each leaf onto its sharding, decided once per leaf before any leaf is consumed:
+    host memory split in place, every slice viewed by its device, where each slice
+    needs nothing (the one decision, made in C for the slices); else its route."""
     from jax import tree_util
     from jax.sharding import Sharding
-
-    def one(leaf: Any, s: Any) -> Any:
-        if not _is_tensor(leaf):
-            if leaves == "raise":
-                raise _plan.not_a_tensor(leaf)
-            return leaf
-        if s is None:  # default placement, as in jax.device_put
-            return _one_to_jax(leaf, None, copy, fallback, readonly)
-        if _shard.plain_device(_plan.check_sharding(s)):
-            return _one_to_jax(leaf, _plan.single_device(s), copy, fallback, readonly)
-        return _one_sharded(leaf, s, copy, fallback, readonly)
+    sharding = opts.sharding
 
     def subtree(prefix: tuple[Any, ...], s: Any, sub: Any) -> Any:
+        leaf_opts = Options(None, opts.copy, s, opts.fallback, opts.readonly, opts.leaves,
+                            opts.narrow)
+        split = s is not None and not _shard.plain_device(_plan.check_sharding(s))
+        if s is not None and not split:
+            leaf_opts = opts.with_device(next(iter(s.device_set)))
         flat = _tree.flatten(sub)
-        out = []
-        for i, leaf in enumerate(flat.leaves):
-            try:
-                out.append(one(leaf, s))
-            except Exception as exc:
-                _plan.name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
-                raise
+        leaves = flat.leaves
+        decided = []
+        i = -1
+        try:
+            for i, leaf in enumerate(leaves):
+                if not _is_tensor(leaf):
+                    if opts.leaves == "raise":
+                        raise _plan.untouched(leaf, "jax", opts).error   # type: ignore[misc]
+                    continue
+                item = _decide_split(leaf, tg, s, leaf_opts) if split else None
+                if item is None:
+                    route, cap = _decide(leaf, tg, leaf_opts)
+                    if route.problem is not None:
+                        _raise(route)
+                    item = (route, cap, None, None)
+                decided.append((i,) + item)
+            out = list(leaves)
+            for i, route, cap, info, parts in decided:
+                if route is None:   # every slice viewed as it is
+                    lay = _shard.layout(s, info.shape)
+                    arrays = _core.split_import(cap, info, parts, lay.devices, tg)
+                    out[i] = tg.jax.make_array_from_single_device_arrays(info.shape, s, arrays)
+                else:
+                    out[i] = execute(route, cap, leaves[i], tg, leaf_opts)
+        except Exception as exc:
+            if i >= 0:
+                _words.name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+            raise
         return flat.unflatten(out)
 
-    if sharding is None or isinstance(sharding, Sharding):
+    if isinstance(sharding, Sharding):
         return subtree((), sharding, x)
     # A pytree of shardings, a prefix of x's structure (as jax.device_put takes).
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
@@ -475,46 +559,30 @@ def _to_jax_sharded(x: Any, device: Any, sharding: Any, copy: bool | None, fallb
     return tree_util.tree_map_with_path(subtree, sharding, x, is_leaf=is_leaf)
 
 
-def _one_sharded(x: Any, sharding: Any, copy: bool | None, fallback: str, readonly: str) -> Any:
-    """One tensor onto a multi-device ``sharding`` (see ``_plan.route_sharded``)."""
-    c = _jax_caps()
-    if isinstance(x, c.jax.Array):
-        return _execute_array(c, _plan.route_jax_array(x, None, copy, sharding), x, sharding)
+def _decide_split(leaf: Any, tg: Any, s: Any, opts: Options) -> Any:
+    """``(None, capsule, TensorInfo, slices)`` when host memory splits over ``s`` with
+    every slice viewed as it is (``_core.split_parts``); else ``(route, capsule, None,
+    None)`` from the general decision; None for a leaf the general path takes whole."""
+    if isinstance(leaf, tg.jax.Array):
+        return None
     try:
-        cap, info = _core.export(x, c.stream_for)
+        cap, info = _core.export(leaf, tg.stream_for)
     except NotDescribableError as exc:
-        # NumPy's one copy (native, C-ordered, aligned), then that copy is split.
-        route = _plan.route_numpy_copy(exc, c, "jax", None, copy)
-        if route.action is _plan.RAISE:
+        # NumPy's one copy (native, C-ordered, aligned) first; then that copy is split.
+        route = _plan.route_numpy_copy(exc, tg, "jax", opts)
+        if route.problem is not None:
             _raise(route)
-        return _one_sharded(_native_copy(x, None, c.target.copy_align), sharding, None,
-                            fallback, readonly)
-    needs = _core.needs(info, c.target, readonly == "share")
-    route = _plan.route_sharded(info, needs, c, sharding, copy, fallback, readonly,
-                                x)
-    action = route.action
-    if action is _plan.RAISE:
+        return None if opts.copy is False else _decide_split(
+            _native_copy(leaf, None, tg.copy_align), tg, s, opts)
+    lay = _shard.layout(s, info.shape)
+    if lay.split and opts.copy is not True:
+        parts = _core.split_parts(info, tg, lay.indices, opts.share_readonly)
+        if parts is not None:
+            return (None, cap, info, parts)
+    route = _plan.decide(info, tg, "jax", opts, leaf)
+    if route.problem is not None:
         _raise(route)
-    if action is _plan.SPLIT:
-        # One owner for the whole tensor: the producer's deleter runs when the
-        # last shard (or view) dies. A legacy capsule cannot say read-only and
-        # is imported as writable, as to_jax does.
-        if route.warning is not None:
-            warn(route.warning)  # before consuming: -W error leaves a capsule as it was
-        read_only = info.read_only is True
-        view, _ = _host_view(cap, info, read_only=read_only)
-        del cap
-        # view[idx, ...]: an array even for a 0-d leaf (view[()] is a scalar).
-        arrays = [_one_to_jax(_core.capsule_of(view[(*idx, ...)], read_only), dev, copy,
-                              fallback, readonly, quiet=True)
-                  for dev, idx, _ in route.shards]
-        return c.jax.make_array_from_single_device_arrays(info.shape, sharding, arrays)
-    whole_route = _plan.route_jax(info, needs, c, None, copy, fallback, readonly,
-                                  x)
-    whole = _execute_jax(c, whole_route, cap, x, fallback, readonly)
-    if action is _plan.PROCESS_LOCAL:
-        return c.jax.make_array_from_process_local_data(sharding, whole)
-    return c.jax.device_put(whole, sharding)
+    return (route, cap, None, None)
 
 
 # ---- host ------------------------------------------------------------------
@@ -560,30 +628,45 @@ def to_host(x: Any, copy: bool | None = None) -> np.ndarray:
     >>> dlinspect.to_host(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
-    if copy is not None and copy is not True and copy is not False:
-        _plan.check_options("host", "host", "copy", copy)
+
+    opts = _options(copy=copy)
     try:
         cap, info = _core.export(x)
     except NotDescribableError as exc:
-        route = _plan.route_numpy_copy(exc, None, "host", None, copy)
-        if route.action is _plan.RAISE:
+        route = _plan.route_numpy_copy(exc, None, "host", opts)
+        if route.problem is not None:
             _raise(route)
         return _native_copy(x)
     route = _plan.route_host(info, _core.needs(info), copy, x)
-    action = route.action
-    if action is _plan.RAISE:
-        _raise(route)
-    if action is _plan.PRODUCER_COPY:
-        del cap
-        host = _host_from_producer(x, info, "host")
-        return host if isinstance(host, np.ndarray) else to_host(host)
-    if action is _plan.EMPTY:
-        _core.take(cap, True)
-        lanes = (info.dtype.lanes,) if info.dtype.lanes != 1 else ()
-        return np.empty(info.shape + lanes, info.numpy_dtype)
-    if action is _plan.UNPACK:
-        return _unpack_subbyte(cap, info)
-    if action is _plan.HOST_COPY:
-        return _host_copy(cap, info)
-    view, _owner = _host_view(cap, info)
-    return view
+    return HOST_EXECUTORS[route.action](route, cap, x)
+
+
+def _host_raise(route: Route, cap: Any, x: Any) -> np.ndarray:
+    _raise(route)
+    raise AssertionError   # (unreachable)
+
+
+def _host_producer_copy(route: Route, cap: Any, x: Any) -> np.ndarray:
+    del cap
+    host_cap, host_info, host = _host_from_producer(x, route.info, "host")
+    if host_cap is None:
+        return host
+    inner = _plan.route_host(host_info, _core.needs(host_info), None, host_cap)
+    return HOST_EXECUTORS[inner.action](inner, host_cap, host_cap)
+
+
+def _host_empty(route: Route, cap: Any, x: Any) -> np.ndarray:
+    info = route.info
+    _core.take(cap, True, info)
+    lanes = (info.dtype.lanes,) if info.dtype.lanes != 1 else ()
+    return np.empty(info.shape + lanes, info.numpy_dtype)
+
+
+#: One executor per action of a host route.
+HOST_EXECUTORS: dict[str, Callable[[Route, Any, Any], np.ndarray]] = {
+    _plan.RAISE: _host_raise, _plan.PRODUCER_COPY: _host_producer_copy,
+    _plan.EMPTY: _host_empty,
+    _plan.UNPACK: lambda route, cap, x: _unpack_subbyte(cap, route.info),
+    _plan.HOST_COPY: lambda route, cap, x: _host_copy(cap, route.info),
+    _plan.HOST_VIEW: lambda route, cap, x: _host_view(cap, route.info)[0],
+}

@@ -23,10 +23,10 @@ from . import _core
 from ._buffers import aligned_empty
 from ._dtypes import dldtype_from_numpy, dtype_name, numpy_dtype
 from ._enums import DLDeviceType as D
-from ._messages import narrowing_text
+from ._words import narrowing_text
 from ._warn import warn
 
-__all__ = ["caps", "force_public_api", "JaxCaps", "SYMBOLS"]
+__all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
 
 # The map jax 0.4-0.12 uses; only where jax does not expose its own.
 _DEFAULT_PLATFORMS = {D.kDLCPU: "cpu", D.kDLCUDA: "cuda", D.kDLCUDAHost: "cuda",
@@ -50,9 +50,10 @@ SYMBOLS = (
     Symbol("DLDeviceType -> platform map",
            (("jax._src.dlpack", "_DL_DEVICE_TO_PLATFORM"),),
            "dlinspect's copy of the map jax 0.4-0.12 uses"),
-    Symbol("jax_enable_x64 as this thread sees it",
+    Symbol("jax_enable_x64 as this thread sees it, and a context setting it for a thread",
            (("jax._src.config", "enable_x64"),),
-           "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads)"),
+           "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads; "
+           "prefetch_to_jax's worker thread then converts under the global mode)"),
 )
 
 
@@ -127,7 +128,8 @@ class _X64Flag:
 
 
 class JaxCaps:
-    """The installed JAX's DLPack import abilities (one instance per process).
+    """Finds out what the installed JAX takes and builds its :class:`~dlinspect._core.JaxTarget`
+    (one instance per process); what ``dlinspect doctor`` reports comes from here too.
 
     Attributes
     ----------
@@ -313,16 +315,13 @@ class JaxCaps:
         """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
         if self._target is None:
             self._target = _core.JaxTarget(
-                self.import_fn, self._cpu, self.cpu_alignment, self.x64, self.devices,
-                self.cpu_keys, self._probe_dtype, self._probe_hold, self._narrow_table(), warn,
-                self.stream_for,
-                self.array_type, self._probe_permuted())
+                jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
+                cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
+                x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
+                cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
+                narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
+                array_type=self.array_type, permuted_ok=self._probe_permuted())
         return self._target
-
-    def canonicalize(self, arr: Any) -> Any:
-        """``arr`` in the dtype JAX keeps with the current x64 mode (a copy if narrowed)."""
-        canon = self.jax.dtypes.canonicalize_dtype(arr.dtype)
-        return arr if canon == arr.dtype else self.jnp.asarray(arr, dtype=canon)
 
 
 @contextlib.contextmanager
@@ -402,6 +401,18 @@ def caps() -> JaxCaps:
                         "it with: pip install 'dlinspect[jax]'") from exc
                 _caps = JaxCaps()
     return _caps
+
+
+def target() -> Any:
+    """The process-wide :class:`~dlinspect._core.JaxTarget` (imports jax on first call).
+
+    Raises
+    ------
+    ImportError
+        jax is not installed; the message gives the install command.
+    """
+    c = _caps if _caps is not None else caps()
+    return c._target if c._target is not None else c.target
 
 
 def force_public_api(on: bool = True) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._execute import to_jax
-from ._plan import check_options
+from ._options import options as check_options
 from ._warn import collecting, warn
 from .errors import DLInspectWarning
 
@@ -87,9 +87,9 @@ class PrefetchLoader:
         it = iter(self.source)
         if self.thread is False:
             return _inline(it, bar, self.options)
-        from jax._src.config import enable_x64
+        from ._jaxcaps import target
         # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
-        x64 = bool(enable_x64.value)
+        x64 = bool(target().x64.value)
         if self.thread is None:
             return _auto(it, self.size, bar, self.options, x64)
         return _prefetch(it, self.size, bar, self.options, x64)
@@ -101,8 +101,8 @@ class PrefetchLoader:
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
                     sharding: Any = None, copy: bool | None = None, fallback: str = "host",
-                    readonly: str = "copy", leaves: str = "keep", thread: bool | None = None,
-                    progress: bool = False) -> PrefetchLoader:
+                    readonly: str = "copy", leaves: str = "keep", narrow: str = "warn",
+                    thread: bool | None = None, progress: bool = False) -> PrefetchLoader:
     """A loader yielding each batch of ``iterable`` as JAX arrays, converted ahead.
 
     Parameters
@@ -116,8 +116,9 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         How many converted batches may wait ahead of the consumer (>= 1). Each
         holds its memory (for zero-copy batches, the producer's) until yielded
         and dropped.
-    device, sharding, copy, fallback, readonly, leaves
-        Passed to :func:`to_jax` for every batch; ``sharding`` (e.g.
+    device, sharding, copy, fallback, readonly, leaves, narrow
+        Passed to :func:`to_jax` for every batch (``narrow="ok"``: int64 labels
+        narrowed with x64 off, without a warning per batch); ``sharding`` (e.g.
         ``NamedSharding(mesh, PartitionSpec("data"))``) spreads each batch over
         several devices along its leading axis, and under ``jax.distributed`` a
         sharding spanning the processes takes each process's batch as its part.
@@ -185,12 +186,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     """
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
-    check_options("jax", fallback, readonly, copy, leaves)
+    check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
     return PrefetchLoader(iterable, size, None if thread is None else bool(thread),
                           dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
-                               readonly=readonly, leaves=leaves), progress)
+                               readonly=readonly, leaves=leaves, narrow=narrow), progress)
 
 
 def _progress_bar(iterable: Any) -> Any:
@@ -289,9 +290,11 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
         return False
 
     def work() -> None:
-        from jax._src.config import enable_x64
+        import contextlib
+        from ._jaxcaps import target
+        context = target().x64_context
         try:
-            with enable_x64(x64):
+            with context(x64) if context is not None else contextlib.nullcontext():
                 for batch in it:
                     # Warnings (x64 narrowing) are kept with the batch and emitted on
                     # the consumer's thread, at the consumer's line.

@@ -1,14 +1,47 @@
 """How a ``jax.sharding.Sharding`` cuts a tensor: pure geometry, no imports or copies.
 
-The sharded route itself is planned in :mod:`dlinspect._plan` (``plan_sharded``) and
+The sharded route itself is decided in :mod:`dlinspect._plan` (``route_sharded``) and
 carried out in :mod:`dlinspect._execute`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["tiling", "uneven", "plain_device", "default_memory", "spans_processes"]
+__all__ = ["Layout", "layout", "tiling", "uneven", "plain_device", "default_memory",
+           "spans_processes"]
+
+
+class Layout(NamedTuple):
+    """How a sharding cuts a tensor of one shape (asked of JAX once per pair)."""
+
+    local: bool               # every device is this process's
+    uneven: tuple[Any, ...] | None   # why it does not split evenly (see uneven), or None
+    devices: list[Any]        # this process's devices, in JAX's order
+    indices: list[Any]        # each device's tuple of slices
+    split: bool               # local, even, CPU devices in default memory: host memory is
+                              # split in place, each device viewing its slice
+
+
+_layouts: dict[tuple[Any, tuple[int, ...]], Layout] = {}
+
+
+def layout(sharding: Any, shape: tuple[int, ...]) -> Layout:
+    """The :class:`Layout` of ``shape`` under ``sharding`` (cached: a loader sends the
+    same batch shape every step)."""
+    key = (sharding, shape)
+    got = _layouts.get(key)
+    if got is not None:
+        return got
+    local = not spans_processes(sharding)
+    bad = uneven(shape, sharding) if local else None
+    index_map = sharding.addressable_devices_indices_map(shape) if bad is None else {}
+    split = (local and bad is None and all(d.platform == "cpu" for d in index_map)
+             and default_memory(sharding))
+    if len(_layouts) >= 256:
+        _layouts.clear()
+    got = _layouts[key] = Layout(local, bad, list(index_map), list(index_map.values()), split)
+    return got
 
 
 def tiling(sharding: Any, ndim: int) -> tuple[int, ...]:
@@ -19,21 +52,17 @@ def tiling(sharding: Any, ndim: int) -> tuple[int, ...]:
     return tuple(n // extent for extent in sharding.shard_shape((n,) * ndim))
 
 
-def uneven(shape: tuple[int, ...], sharding: Any) -> str | None:
-    """Why ``sharding`` cannot split ``shape`` evenly, or None."""
+def uneven(shape: tuple[int, ...], sharding: Any) -> tuple[Any, ...] | None:
+    """Why ``sharding`` cannot split ``shape`` evenly, as facts, or None:
+    ``("ndim", ndim, jax's words)`` when the sharding has more axes than the tensor,
+    ``("axis", axis, size, shard count, device count)`` for an axis that does not divide."""
     try:
         counts = tiling(sharding, len(shape))
     except (ValueError, TypeError, IndexError) as exc:
-        return (f"{sharding} does not fit a tensor of {len(shape)} dimensions "
-                f"({str(exc).splitlines()[0]}). To fix: give this leaf a PartitionSpec with at "
-                f"most {len(shape)} entries, e.g. PartitionSpec() to replicate it.")
+        return ("ndim", len(shape), (str(exc).splitlines() or [""])[0])
     for axis, (size, count) in enumerate(zip(shape, counts)):
         if size % count:
-            where = "the batch axis (axis 0)" if axis == 0 else f"axis {axis}"
-            return (f"{where} has {size} elements, which do not split evenly into the {count} "
-                    f"shards the sharding cuts it into ({len(sharding.device_set)} devices). To "
-                    f"fix: make it a multiple of {count} (e.g. DataLoader(..., drop_last=True), "
-                    f"or pad the last batch), or replicate this leaf with PartitionSpec().")
+            return ("axis", axis, size, count, len(sharding.device_set))
     return None
 
 

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._messages import INSTALL_JAX
+from ._words import INSTALL_JAX
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -210,7 +210,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except Exception as exc:  # the user's file or expression: report it, no traceback
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
-    if not dlinspect._execute._is_tensor(x):
+    if not dlinspect._core.is_tensor(x):
         return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
                      f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
                      f"at a time (for a dict or list, inspect each leaf).")
