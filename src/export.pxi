@@ -499,19 +499,20 @@ cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out)
 
 
 # contract: returns the TensorInfo and sets *cap_out to a new reference to the
-# capsule (left NULL only in MODE_PEEK through the exchange API: no capsule was
+# capsule (``entry``: x's type entry where the caller looked it up already) (left NULL only in MODE_PEEK through the exchange API: no capsule was
 # made). A bare capsule is read, never consumed. Raises NotDLPackError,
 # ProducerError, or what reading the header raises; *cap_out is then untouched.
 # (An out-parameter, not a tuple: peek is on the hot path.)
-cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out):
-    cdef _TypeEntry entry
+cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
+                        _TypeEntry entry=None):
     cdef DLTensor t
     cdef TensorInfo info
     cdef int32_t dev_type = 0, dev_id = 0
     cdef bint asked = False, id_known = True
     if PyCapsule_CheckExact(x):
         return _handing(_peek_capsule(x), x, cap_out)
-    entry = _entry_for(type(x))
+    if entry is None:
+        entry = _entry_for(type(x))
     if not entry.has_dlpack and entry.api == NULL:
         raise NotDLPackError(
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "

@@ -177,11 +177,13 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg,
 cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly,
                       bint warn_narrowing):
     cdef PyObject* p = NULL
-    if type(x) is tg.array_type or (not PyCapsule_CheckExact(x)
-                                    and _entry_for(type(x)).guard == GUARD_JAX):
-        _refuse_dead_array(x)
-        return x   # already a jax.Array, and no device or copy was asked for
-    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p)
+    cdef _TypeEntry entry = None
+    if not PyCapsule_CheckExact(x):
+        entry = _entry_for(type(x))
+        if entry.guard == GUARD_JAX:
+            _refuse_dead_array(x)
+            return x   # already a jax.Array, and no device or copy was asked for
+    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry)
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)
     if _fast_kind(info, n, may_copy) == 0:

@@ -89,7 +89,11 @@ cdef class JaxTarget:
     cdef readonly uintptr_t cpu_align, copy_align
     cdef object probe, hold
     cdef dict devices, narrow, bad
-    cdef set cpu_keys, ok
+    cdef set cpu_keys
+    # What each dtype probe found, by ``code | bits << 8 | held << 16``: 0 not asked
+    # yet, 1 taken, 2 refused (reason in ``bad``). A table, not a set: the hot path
+    # asks it for every tensor.
+    cdef uint8_t _known[1 << 17]
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
@@ -115,21 +119,20 @@ cdef class JaxTarget:
         self.stream_for = stream_for
         self.array_type = array_type
         self.permuted_ok = permuted_ok
-        self.ok = set()
+        memset(self._known, 0, sizeof(self._known))
         self.bad = {}
 
     cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
         # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
-        cdef int key = code | (bits << 8) | (held << 16)
-        if key in self.ok:
-            return True
-        if key in self.bad:
-            return False
+        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | ((held != 0) << 16)
+        if self._known[key]:
+            return self._known[key] == 1
         reason = (self.hold if held else self.probe)(code, bits)
         if reason is None:
-            self.ok.add(key)
+            self._known[key] = 1
             return True
         self.bad[key] = reason
+        self._known[key] = 2
         return False
 
     def dtype_problem(self, int code, int bits, bint held=False):

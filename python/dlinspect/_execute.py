@@ -20,7 +20,7 @@ from ._buffers import aligned_empty
 from ._core import TensorInfo
 from ._dtypes import numpy_dtype
 from ._enums import DLDeviceType as D
-from ._jaxcaps import target as _jax_target
+from . import _jaxcaps
 from ._options import DEFAULT, Options, options as _options
 from ._words import Route
 from ._warn import warn
@@ -431,18 +431,33 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
     6.0
     """
 
+    tg = _jaxcaps.TARGET
+    if tg is None:
+        tg = _jaxcaps.target()
     if (device is None and copy is None and sharding is None and fallback == "host"
-            and readonly == "copy" and leaves == "keep" and narrow == "warn"):
-        opts = DEFAULT
-    else:
-        opts = _options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    tg = _jax_target()
-    if opts.sharding is None and opts.device is None and opts.copy is not True \
-            and type(x) not in _CONTAINERS:
-        # The fast path: one call into the core for one tensor.
+            and readonly == "copy" and leaves == "keep" and narrow == "warn"
+            and type(x) not in _CONTAINERS):
+        # The fast path: one call into the core for one tensor, no option to read.
         try:
-            got = _core.to_jax_fast(x, tg, opts.copy is None, opts.share_readonly,
-                                    opts.warn_narrowing)
+            got = _to_jax_fast(x, tg, True, False, True)
+        except (NotDescribableError, NotDLPackError):
+            return _to_jax(x, tg, DEFAULT)
+        if type(got) is not tuple:
+            return got
+        return _to_jax(x, tg, DEFAULT, got)
+    return _to_jax(x, tg, _options(device, copy, sharding, fallback, readonly, leaves, narrow))
+
+
+_to_jax_fast = _core.to_jax_fast
+
+
+def _to_jax(x: Any, tg: Any, opts: Options, got: Any = None) -> Any:
+    """``to_jax`` past its fast path (``got``: what the fast path left to finish)."""
+    if got is None and opts.sharding is None and opts.device is None \
+            and opts.copy is not True and type(x) not in _CONTAINERS:
+        try:
+            got = _to_jax_fast(x, tg, opts.copy is None, opts.share_readonly,
+                               opts.warn_narrowing)
         except NotDescribableError as exc:
             got = (None, exc, 0)
         except NotDLPackError:
@@ -451,6 +466,7 @@ def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: An
             return _tree_to_jax(x, tg, opts)
         if type(got) is not tuple:
             return got
+    if got is not None:
         route = _route_pending(x, got[0], got[1], got[2], tg, opts)
         return execute(route, got[0], x, tg, opts)
     if opts.sharding is not None:
@@ -517,7 +533,7 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
             leaf_opts = opts.with_device(next(iter(s.device_set)))
         flat = _tree.flatten(sub)
         leaves = flat.leaves
-        decided = []
+        decided: list[Any] = []
         i = -1
         try:
             for i, leaf in enumerate(leaves):
@@ -527,11 +543,11 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
                     continue
                 item = _decide_split(leaf, tg, s, leaf_opts) if split else None
                 if item is None:
-                    route, cap = _decide(leaf, tg, leaf_opts)
-                    if route.problem is not None:
-                        _raise(route)
-                    item = (route, cap, None, None)
-                decided.append((i,) + item)
+                    whole, cap = _decide(leaf, tg, leaf_opts)
+                    if whole.problem is not None:
+                        _raise(whole)
+                    item = (whole, cap, None, None)
+                decided.append((i, *item))
             out = list(leaves)
             for i, route, cap, info, parts in decided:
                 if route is None:   # every slice viewed as it is

@@ -177,6 +177,8 @@ class JaxCaps:
         self._cpu_align: int | None = None
 
     def _set_direct(self, force_public: bool, why: str) -> None:
+        global TARGET
+        TARGET = None   # rebuilt with the import function chosen here
         status = self.symbols[0]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
@@ -313,8 +315,9 @@ class JaxCaps:
     @property
     def target(self) -> Any:
         """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
+        global TARGET
         if self._target is None:
-            self._target = _core.JaxTarget(
+            self._target = TARGET = _core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
@@ -379,6 +382,9 @@ class _CapsuleProducer:
 
 _caps: JaxCaps | None = None
 _caps_lock = threading.Lock()
+#: The process-wide JaxTarget once built (None before, and after force_public_api):
+#: what the hot path reads; :func:`target` builds it.
+TARGET: Any = None
 
 
 def caps() -> JaxCaps:

@@ -1,0 +1,207 @@
+"""Suite ``instructions``: instructions per call, counted by valgrind's callgrind.
+
+Counted instructions do not drift with the machine's load (time on a shared 2-core VM
+moves by up to 2x between runs), so these targets hold on a noisy machine. One
+valgrind run (JAX on 4 forced CPU devices) measures every case: each runs ``N`` times
+between two counter dumps (``callgrind_control -d``), and an empty window measured
+right after is subtracted (the cost of asking for a dump).
+
+Rows, instructions per call (every result waited for with ``block_until_ready``):
+
+    to_jax(x)            a 64-byte aligned 32x32 float32 NumPy array
+    floor(x)             x.__dlpack__() into jaxlib's own import: the floor any DLPack
+                         import of it pays here
+    to_jax(t)            a 32x32 float32 torch tensor;  floor(t) the same floor
+    to_jax(d)            a dict of 16 float32 torch tensors of shape (64,)
+    16 x floor(d)        each of them through the floor
+    to_jax(b64)          a batch of 256 3x32x32 float32 images and int64 labels (NumPy),
+                         x64 off: the labels narrow; to_jax(b64, narrow="ok") quietly
+    device_put(b64)      jax.device_put of the same batch: jaxlib's own batched put
+    to_jax(b, sharding)  256 images and int32 labels split over 4 CPU devices
+    device_put(b, sharding)   jax.device_put of the same batch and sharding
+    to_jax(x16)          a 16-byte aligned 32x32 float32 array (one copy, in C)
+    to_jax(vulkan)       a kDLVulkan fake producer of 32x32 float32: host fallback
+
+Targets: to_jax(x) and to_jax(t) <= 1.15x their floor; to_jax(d) <= 1.15x 16 floors;
+to_jax(b64) <= 1.0x device_put(b64); to_jax(b, sharding) <= 1.0x device_put(b, sharding).
+Needs valgrind (``apt-get install valgrind``); without it the suite is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["run"]
+
+CASES = ["to_jax(x)", "floor(x)", "to_jax(t)", "floor(t)", "to_jax(d)", "16 x floor(d)",
+         "to_jax(b64)", 'to_jax(b64, narrow="ok")', "device_put(b64)", "to_jax(b, sharding)",
+         "device_put(b, sharding)", "to_jax(x16)", "to_jax(vulkan)"]
+TARGETS = [
+    ("to_jax(numpy 32x32) <= 1.15x floor (instructions)", "to_jax(x)", "floor(x)", 1.15),
+    ("to_jax(torch 32x32) <= 1.15x floor (instructions)", "to_jax(t)", "floor(t)", 1.15),
+    ("to_jax(dict of 16 torch) <= 1.15x 16 floors (instructions)", "to_jax(d)",
+     "16 x floor(d)", 1.15),
+    ("to_jax(batch, int64 labels) <= 1.0x jax.device_put (instructions)", "to_jax(b64)",
+     "device_put(b64)", 1.0),
+    ("to_jax(batch, sharding over 4 CPUs) <= 1.0x jax.device_put (instructions)",
+     "to_jax(b, sharding)", "device_put(b, sharding)", 1.0),
+]
+
+
+def _statements(quick: bool) -> dict[str, Any]:
+    """The cases, as zero-argument callables (built in the measured process)."""
+    import jax
+    import numpy as np
+
+    import dlinspect
+    from dlinspect._buffers import aligned_empty
+    from dlinspect._jaxcaps import target
+    from dlinspect.testing import FakeProducer
+
+    tg = target()
+    imp, cpu = tg.import_fn, tg.cpu_device
+    ready = jax.block_until_ready
+    to_jax = dlinspect.to_jax
+    x = aligned_empty((32, 32), np.float32, 64)
+    x[...] = 1
+    x16 = aligned_empty((32, 32), np.float32, 64, offset=16)
+    x16[...] = 1
+    n = 64 if quick else 256
+    images = aligned_empty((n, 3, 32, 32), np.float32, 64)
+    images[...] = 1
+    b64 = {"image": images, "label": np.arange(n, dtype=np.int64)}
+    b = {"image": images, "label": aligned_empty((n,), np.int32, 64)}
+    b["label"][...] = 1
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    vulkan = FakeProducer(x, (7, 0))
+    out: dict[str, Any] = {
+        "to_jax(x)": lambda: to_jax(x).block_until_ready(),
+        "floor(x)": lambda: imp(x.__dlpack__(), cpu, None, None, 1).block_until_ready(),
+        "to_jax(b64)": lambda: ready(to_jax(b64)),
+        'to_jax(b64, narrow="ok")': lambda: ready(to_jax(b64, narrow="ok")),
+        "device_put(b64)": lambda: ready(jax.device_put(b64)),
+        "to_jax(b, sharding)": lambda: ready(to_jax(b, sharding=sharding)),
+        "device_put(b, sharding)": lambda: ready(jax.device_put(b, sharding)),
+        "to_jax(x16)": lambda: to_jax(x16).block_until_ready(),
+        "to_jax(vulkan)": lambda: to_jax(vulkan).block_until_ready(),
+    }
+    try:
+        import torch
+    except ImportError:
+        return out
+    t = torch.ones(32, 32)
+    d = {f"w{i:02d}": torch.ones(64) for i in range(16)}
+    out.update({
+        "to_jax(t)": lambda: to_jax(t).block_until_ready(),
+        "floor(t)": lambda: imp(t.__dlpack__(), cpu, None, None, 1).block_until_ready(),
+        "to_jax(d)": lambda: ready(to_jax(d)),
+        "16 x floor(d)": lambda: ready({k: imp(v.__dlpack__(), cpu, None, None, 1)
+                                        for k, v in d.items()}),
+    })
+    return out
+
+
+def _child(folder: str, calls: int, quick: bool) -> None:
+    """In the measured process: each case between two dumps, then an empty window."""
+    import warnings
+
+    from dlinspect.errors import DLInspectWarning
+    warnings.simplefilter("ignore", DLInspectWarning)   # shown once; not what is counted
+    cases = _statements(quick)
+    pid = str(os.getpid())
+
+    def control(*args: str) -> None:
+        subprocess.run(["callgrind_control", *args, pid], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+
+    only = os.environ.get("DLINSPECT_BENCH_CASES")   # "name|name" to measure a few
+    chosen = [n for n in CASES if only is None or n in only.split("|")]
+    order = []
+    control("-i", "on")
+    control("-d")   # a first dump: what came before is not counted
+    for name in chosen:
+        fn = cases.get(name)
+        if fn is None:
+            continue
+        for _ in range(10):
+            fn()   # warm: first calls fill caches and compile
+        control("-d")
+        for _ in range(calls):
+            fn()
+        control("-d")    # the case, and one request for a dump
+        control("-d")    # one request for a dump alone
+        order.append(name)
+    control("-i", "off")
+    with open(os.path.join(folder, "cases.json"), "w", encoding="utf-8") as f:
+        json.dump(order, f)
+
+
+def _total(path: str) -> int:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"no instruction total in {path}")
+
+
+def run(quick: bool = False, repeat: int | None = None, tick: Any = None) -> dict[str, Any]:
+    """Count instructions per call of every case in one valgrind run; the suite's dict
+    (see :mod:`dlinspect.bench._common`), unit "instructions per call"."""
+    from ._common import ratio_target
+    calls = 20 if quick else 100
+    title = "instructions"
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return {"title": title, "unit": "instructions per call", "rows": [],
+                "targets": [{"target": d, "status": "SKIP", "value": None, "limit": lim,
+                             "reason": "valgrind is not installed (apt-get install valgrind)"}
+                            for d, _, _, lim in TARGETS],
+                "notes": ["skipped: valgrind is not installed (apt-get install valgrind)"]}
+    if tick:
+        tick("instructions: one valgrind run (about a minute)")
+    folder = tempfile.mkdtemp(prefix="dlinspect-cg-")
+    try:
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS="--xla_force_host_platform_device_count=4")
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               f"--callgrind-out-file={os.path.join(folder, 'cg.out')}", sys.executable, "-m",
+               "dlinspect.bench.instructions", "--child", folder, str(calls)]
+        if quick:
+            cmd.append("--quick")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the valgrind run failed ({proc.returncode}): "
+                               f"{proc.stderr[-2000:]}")
+        with open(os.path.join(folder, "cases.json"), encoding="utf-8") as f:
+            order = json.load(f)
+        # Dumps 1.. in order: the first (before any case), then 3 per case.
+        totals = [_total(os.path.join(folder, f"cg.out.{k}")) for k in range(1, 2 + 3 * len(order))]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    rows = []
+    for i, name in enumerate(order):
+        case, dump_only = totals[2 + 3 * i], totals[3 + 3 * i]
+        rows.append({"name": name, "median": (case - dump_only) / calls, "number": calls,
+                     "stmt": name})
+    by_name = {r["name"]: r for r in rows}
+    targets = [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in TARGETS]
+    return {"title": title, "unit": "instructions per call", "rows": rows, "targets": targets,
+            "repeat": 1, "notes": [f"valgrind --tool=callgrind, {calls} calls per case, "
+                                   f"JAX on 4 forced CPU devices"]}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
+        _child(sys.argv[2], int(sys.argv[3]), "--quick" in sys.argv)
+    else:
+        result = run(quick="--quick" in sys.argv)
+        for row in result["rows"]:
+            print(f"{row['name']:<28} {row['median']:>14,.0f}")
+        for t in result["targets"]:
+            print(f"{t['status']:<5} {t['target']}: {t['value']}")
