@@ -99,14 +99,33 @@ FLAG_IS_SUBBYTE_TYPE_PADDED = <uint64_t>DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADD
 ABI_VERSION = (DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
 
 
+# The device table (dlinspect._enums.DEVICES), as bits per DLDeviceType below 64.
+cdef enum:
+    _DEV_HOST = 1
+    _DEV_PINNED = 2
+cdef uint8_t _DEVICE_BITS[64]
+
+
+cdef int _read_device_table() except -1:
+    from dlinspect._enums import DEVICES
+    memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
+    for device_type, row in DEVICES.items():
+        if 0 <= device_type < 64:
+            _DEVICE_BITS[device_type] = (_DEV_HOST if row.host else 0) | (_DEV_PINNED if row.pinned else 0)
+    return 0
+
+
+_read_device_table()
+
+
 cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
-    return device_type == kDLCPU or device_type == kDLCUDAHost or \
-        device_type == kDLROCMHost or device_type == kDLCUDAManaged
+    """Host-accessible memory (the device table's ``host``)."""
+    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_HOST) != 0
 
 
 cdef inline bint _pinned(int32_t device_type) noexcept nogil:
-    """Pinned host memory that a producer may export with a kDLCPU header."""
-    return device_type == kDLCUDAHost or device_type == kDLROCMHost
+    """Pinned host memory that a producer may export with a kDLCPU header (``pinned``)."""
+    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_PINNED) != 0
 
 
 include "header.pxi"

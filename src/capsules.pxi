@@ -293,6 +293,23 @@ def view_capsule(owner, TensorInfo info):
                          info._cap_dev_type, info._cap_dev_id)
 
 
+def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits, int lanes,
+                   int device_type=kDLCPU, int device_id=0, uint64_t flags=0):
+    """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
+    alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
+    layout, another device type). ``shape`` and ``strides`` in elements."""
+    cdef int64_t dims[_MAX_NDIM]
+    cdef int64_t steps[_MAX_NDIM]
+    cdef int32_t i, ndim = len(shape)
+    if ndim > _MAX_NDIM or len(strides) != ndim:
+        raise ValueError("shape and strides of one length, at most MAX_NDIM")
+    for i in range(ndim):
+        dims[i] = shape[i]
+        steps[i] = strides[i]
+    return _view_capsule(owner, <void*>address, ndim, dims, steps, code, bits, lanes, flags,
+                         device_type, device_id)
+
+
 cdef void _view_deleter(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
     if Py_IsInitialized():        # interpreter gone: leak the reference rather than crash
         with gil:

@@ -61,33 +61,36 @@ _PYARROW_HINTS = (
 )
 
 #: The producer table: ``(top-level package, class name in the type's MRO)`` to
-#: ``(guard, refusal hints, fix)``; ``fix`` is what to do with a tensor type that has
-#: no DLPack form (such a type is refused, never kept as a non-tensor leaf). A type
-#: takes the row of its most derived class that has one; a ``jax.Array`` (a virtual
-#: base on some jaxlib versions) is found by ``issubclass``.
+#: ``(guard, refusal hints, fix, into)``; ``fix`` is what to do with a tensor type that
+#: has no DLPack form (such a type is refused, never kept as a non-tensor leaf);
+#: ``into`` how the producer copies device memory into host memory dlinspect gives it
+#: ("torch": ``out.copy_(x)``; any other string: the name of a method ``x.NAME(out)``),
+#: so that a host fallback makes one copy, into memory JAX views. A type takes the row
+#: of its most derived class that has one; a ``jax.Array`` (a virtual base on some
+#: jaxlib versions) is found by ``issubclass``.
 PRODUCERS = {
-    ("numpy", "ndarray"): (GUARD_NUMPY, (), None),
-    ("torch", "Tensor"): (GUARD_TORCH, _TORCH_HINTS, None),
-    ("tensorflow", "EagerTensor"): (GUARD_TF, (), None),
+    ("numpy", "ndarray"): (GUARD_NUMPY, (), None, None),
+    ("torch", "Tensor"): (GUARD_TORCH, _TORCH_HINTS, None, "torch"),
+    ("tensorflow", "EagerTensor"): (GUARD_TF, (), None, None),
     ("tensorflow", "RaggedTensor"): (
         GUARD_NO_DLPACK, (), "make it dense with x.to_tensor() (pads the rows), or take "
-        "x.flat_values and x.row_splits apart"),
+        "x.flat_values and x.row_splits apart", None),
     ("tensorflow", "SparseTensor"): (
         GUARD_NO_DLPACK, (), "make it dense with tf.sparse.to_dense(x), or take x.indices and "
-        "x.values apart"),
+        "x.values apart", None),
     ("tensorflow", "Variable"): (
         GUARD_NO_DLPACK, (), "pass its value, x.read_value() (a tf.Tensor), or "
-        "tf.convert_to_tensor(x)"),
+        "tf.convert_to_tensor(x)", None),
     ("scipy", "spmatrix"): (
         GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
-        "arrays apart"),
+        "arrays apart", None),
     ("scipy", "_spbase"): (
         GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
-        "arrays apart"),
-    ("pyarrow", "Array"): (GUARD_PYARROW, _PYARROW_HINTS, None),
+        "arrays apart", None),
+    ("pyarrow", "Array"): (GUARD_PYARROW, _PYARROW_HINTS, None, None),
     ("pyarrow", "ChunkedArray"): (
         GUARD_PYARROW, _PYARROW_HINTS, "join its chunks first: x.combine_chunks() (one "
-        "pyarrow Array, which has __dlpack__)"),
+        "pyarrow Array, which has __dlpack__)", None),
 }
 
 
@@ -107,6 +110,7 @@ cdef class _TypeEntry:
     cdef Guard guard               # the producer table's guard for this type
     cdef tuple hints               # the producer table's refusal hints
     cdef object fix                # GUARD_NO_DLPACK: what to do instead
+    cdef object into               # how the producer copies into given host memory, or None
 
 cdef dict _types = {}
 #: Most types remembered at once; past it the table starts again (types made in a loop).
@@ -126,16 +130,16 @@ cdef object _torch_strided = None
 
 
 cdef tuple _producer_row(object tp):
-    """The producer table's row for type ``tp``: ``(guard, hints, fix)``."""
+    """The producer table's row for type ``tp``: ``(guard, hints, fix, into)``."""
     jax = _sys.modules.get("jax")
     if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
-        return (GUARD_JAX, (), None)
+        return (GUARD_JAX, (), None, None)
     for cls in getattr(tp, "__mro__", ()):
         row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
                              getattr(cls, "__name__", None)))
         if row is not None:
             return row
-    return (GUARD_NONE, (), None)
+    return (GUARD_NONE, (), None, None)
 
 
 cdef _TypeEntry _entry_for(object tp):
@@ -155,7 +159,7 @@ cdef _TypeEntry _entry_for(object tp):
                 and api.managed_tensor_from_py_object_no_sync != NULL):
             entry.api = api
             entry.api_owner = api_obj
-    guard, entry.hints, entry.fix = _producer_row(tp)
+    guard, entry.hints, entry.fix, entry.into = _producer_row(tp)
     entry.guard = guard
     # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
@@ -660,6 +664,35 @@ HOST_METHODS = ("asnumpy", "numpy")
 def host_methods(x):
     """The names of :data:`HOST_METHODS` that ``x``'s type has, in the order tried."""
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
+
+
+def host_into(x):
+    """How ``x``'s producer copies into host memory dlinspect gives it (the producer
+    table's ``into``: "torch", or a method name), or None where it cannot."""
+    return _entry_for(type(x)).into
+
+
+def export_host_copy_into(x, out):
+    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype,
+    C order): the one copy of a host fallback, into memory JAX can view.
+
+    Returns
+    -------
+    str or None
+        None when ``out`` holds the values; else what was tried and why it failed.
+    """
+    into = _entry_for(type(x)).into
+    try:
+        if into == "torch":
+            torch = _sys.modules["torch"]
+            flat = out.reshape(-1).view("uint8")
+            torch.from_numpy(flat).view(x.dtype).view(x.shape).copy_(x)
+        else:
+            getattr(x, into)(out)
+    except Exception as exc:
+        how = "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
+        return f"{how} raised {_first_line(exc)}"
+    return None
 
 
 def export_host_copy(x):

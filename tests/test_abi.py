@@ -144,3 +144,22 @@ def test_our_header_is_self_contained_c99(compiler: str, tmp_path: Path):
     flags = ["-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic"]
     compile_c(compiler, [*flags, "-I", str(INCLUDE_DIR), "-c", str(source),
                          "-o", str(tmp_path / "alone.o")])
+
+
+def test_enums_follow_our_header():
+    """_enums.py declares exactly the DLDeviceType and DLDataTypeCode values of our
+    include/dlinspect/dlpack.h (one axis of change: a new value is added in both)."""
+    import re
+    from dlinspect._enums import DEVICES, DLDataTypeCode, DLDeviceType
+    header = (Path(__file__).parents[1] / "include" / "dlinspect" / "dlpack.h").read_text(
+        encoding="utf-8")
+
+    def block(name: str) -> dict[str, int]:
+        body = re.search(r"typedef enum[^{]*\{([^}]*)\}\s*" + name + r"\s*;", header)
+        assert body is not None, f"no enum {name} in dlpack.h"
+        return {m.group(1): int(m.group(2))
+                for m in re.finditer(r"(kDL\w+)\s*=\s*(\d+)", body.group(1))}
+
+    assert block("DLDeviceType") == {m.name: m.value for m in DLDeviceType}
+    assert block("DLDataTypeCode") == {m.name: m.value for m in DLDataTypeCode}
+    assert set(DEVICES) <= set(DLDeviceType)

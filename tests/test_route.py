@@ -437,6 +437,33 @@ class TestForeignDevices:
             assert to_jax(FakeProducer(np.arange(3.0), (D.kDLVulkan, 0))).tolist() == [0, 1, 2]
 
 
+    @pytest.mark.parametrize("shape", [(3,), (32, 32), (1000,), (5, 7)])
+    def test_host_fallback_makes_one_copy(self, shape):
+        # A producer that copies into host memory it is given: one copy in all, into
+        # aligned memory JAX views (pointer-checked), for any size.
+        src = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        p = FakeProducer(src, (D.kDLVulkan, 0), copy_into=True)
+        route = plan(p)
+        assert route.kind == "host-fallback" and "copy_into(out)" in route.reason
+        y = to_jax(p)
+        np.testing.assert_array_equal(np.asarray(y), src)
+        assert [a.ctypes.data for a in p.served] == [buffer_pointer(y)]
+        h = dlinspect.to_host(p)
+        assert h.ctypes.data == p.served[-1].ctypes.data
+        np.testing.assert_array_equal(h, src)
+        # The producer's own host copy: viewed where JAX can (aligned), one copy then.
+        q = FakeProducer(src, (D.kDLVulkan, 0))
+        y = to_jax(q)
+        copy = q.served[-1]
+        assert (buffer_pointer(y) == copy.ctypes.data) == (copy.ctypes.data % 64 == 0)
+
+    def test_copy_into_failing_falls_back(self):
+        p = FakeProducer(np.arange(3.0, dtype=np.float32), (D.kDLVulkan, 0), copy_into=True,
+                         host_copy=False)
+        with pytest.raises(UnsupportedDeviceError, match=r"x\.copy_into\(out\) raised"):
+            to_jax(p)
+
+
 class TestDeviceReconciliation:
     """__dlpack_device__ and the header must agree before any memory is touched."""
 

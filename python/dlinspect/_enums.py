@@ -1,11 +1,18 @@
-"""DLPack 1.3 enums: ``DLDeviceType`` and ``DLDataTypeCode``, and ``DLDataType``."""
+"""DLPack 1.3 enums (``DLDeviceType``, ``DLDataTypeCode``), ``DLDataType``, and the device
+table: what dlinspect knows of each device type, read by the core and by Python.
+
+A new device type is one line in ``include/dlinspect/dlpack.h`` (and ``src/dlpack.pxd``),
+one member of :class:`DLDeviceType` and one row of :data:`DEVICES`; ``tests/test_abi.py``
+keeps the enums here in step with the header.
+"""
 
 from __future__ import annotations
 
 import enum
 from typing import NamedTuple
 
-__all__ = ["DLDeviceType", "DLDataTypeCode", "DLDataType", "as_device_type", "device_name"]
+__all__ = ["DLDeviceType", "DLDataTypeCode", "DLDataType", "Device", "DEVICES",
+           "as_device_type", "device_name"]
 
 
 class DLDeviceType(enum.IntEnum):
@@ -71,6 +78,45 @@ class DLDataType(NamedTuple):
     code: int
     bits: int
     lanes: int = 1
+
+
+class Device(NamedTuple):
+    """What dlinspect knows of one ``DLDeviceType`` (a row of :data:`DEVICES`)."""
+
+    host: bool = False
+    """Host-accessible memory: NumPy views it and JAX's CPU backend imports it."""
+    pinned: bool = False
+    """Pinned host memory, which a producer may export with a kDLCPU header."""
+    platform: str | None = None
+    """The JAX platform its memory belongs to (None: none JAX has)."""
+    jax_maps: bool = True
+    """jax's own DLDeviceType map names the platform (its ``from_dlpack`` takes it there)."""
+    stream: bool = False
+    """``__dlpack__`` takes the consumer's stream (CUDA, ROCm): array API *stream*."""
+    to_host: str = "torch: t.cpu()"
+    """How its own libraries move a tensor to host memory (the fix words)."""
+    plugin: str | None = None
+    """What JAX needs to take the memory where it is (the fix words)."""
+
+
+_D = DLDeviceType
+#: The device table: every DLDeviceType dlinspect treats other than "a device JAX may
+#: have a backend for" (the default row).
+DEVICES: dict[int, Device] = {
+    _D.kDLCPU: Device(host=True, platform="cpu"),
+    _D.kDLCUDA: Device(platform="cuda", stream=True, plugin="jax[cuda12]"),
+    _D.kDLCUDAHost: Device(host=True, pinned=True, platform="cuda", plugin="jax[cuda12]"),
+    _D.kDLCUDAManaged: Device(host=True, platform="cuda", jax_maps=False,
+                              plugin="jax[cuda12]"),
+    _D.kDLROCM: Device(platform="rocm", stream=True, plugin="the jax ROCm plugin"),
+    _D.kDLROCMHost: Device(host=True, pinned=True, platform="rocm",
+                           plugin="the jax ROCm plugin"),
+    _D.kDLOneAPI: Device(platform="oneapi", to_host="dpnp: dpnp.asnumpy(x)",
+                         plugin="the Intel jax plugin"),
+    _D.kDLMetal: Device(to_host="torch: t.cpu(); mlx: np.array(a)"),
+}
+#: The row of a device type not in :data:`DEVICES`.
+OTHER_DEVICE = Device()
 
 
 _DEVICE_BY_VALUE = {m.value: m for m in DLDeviceType}

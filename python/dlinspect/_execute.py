@@ -72,10 +72,18 @@ def _empty(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
 
 
 def _producer_copy(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
-    """No JAX device for the memory: the producer's host copy (one copy where it is
-    memory JAX can view), routed with its own header, which is in hand."""
+    """No JAX device for the memory: one copy by the producer into aligned host memory
+    dlinspect allocates, which JAX views (where the producer table says how); else
+    the producer's host copy (one copy where it is memory JAX can view, two where it
+    is not), routed with its own header, which is in hand."""
     del cap   # the device capsule is not needed: its producer frees it now
-    host_cap, host_info, host = _host_from_producer(x, route.info, "jax")
+    out, tried = _copy_into(route, x, tg.copy_align)
+    if out is not None:
+        dest = route.jax_device
+        src = dest if dest.platform == "cpu" else tg.cpu_device
+        arr = _import_host(tg, out, src, False)
+        return arr if src == dest else tg.jax.device_put(arr, dest)
+    host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
     # The narrowing warning is for the caller's tensor, given once the host copy is in
     # hand (a failed host copy raises its own error, not the warning).
     if route.warning is not None:
@@ -194,10 +202,23 @@ def _numpy_array(arr: np.ndarray, tg: Any, opts: Options) -> Any:
     return execute(route, cap, cap, tg, opts)
 
 
-def _host_from_producer(x: Any, info: TensorInfo, target: str) -> tuple[Any, Any, Any]:
+def _copy_into(route: Route, x: Any, align: int) -> tuple[Any, list[str]]:
+    """The producer's copy into aligned host memory dlinspect allocates (``into`` of the
+    producer table): ``(array, [])``, or ``(None, what was tried)``."""
+    into = route.facts.get("into")
+    if into is None:
+        return None, []
+    info = route.info
+    out = _allocate(info.shape, info.numpy_dtype, align, info)
+    failure = _core.export_host_copy_into(x, out)
+    return (out, []) if failure is None else (None, [failure])
+
+
+def _host_from_producer(x: Any, info: TensorInfo, target: str,
+                        tried: list[str] | None = None) -> tuple[Any, Any, Any]:
     """A host copy of x's values: ``(capsule, its TensorInfo, None)`` from the producer's
     ``__dlpack__``, else ``(None, None, ndarray)`` from its own method or the array
-    protocol; or UnsupportedDeviceError listing what was tried."""
+    protocol; or UnsupportedDeviceError listing what was tried (after ``tried``)."""
     got, host_info = _core.export_host_copy(x)
     if isinstance(host_info, TensorInfo):
         return got, host_info, None
@@ -206,7 +227,8 @@ def _host_from_producer(x: Any, info: TensorInfo, target: str) -> tuple[Any, Any
     assert host_info is not None   # what was tried, in words
     raise UnsupportedDeviceError(
         f"{_words.describe(info)} could not be brought to host memory. Tried: "
-        f"{'; '.join(host_info)}. To fix: {_words.device_fix(int(info.device_type), target, False)}.")
+        f"{'; '.join((tried or []) + host_info)}. To fix: "
+        f"{_words.device_fix(int(info.device_type), target, False)}.")
 
 
 def _raise(route: Route) -> None:
@@ -664,7 +686,10 @@ def _host_raise(route: Route, cap: Any, x: Any) -> np.ndarray:
 
 def _host_producer_copy(route: Route, cap: Any, x: Any) -> np.ndarray:
     del cap
-    host_cap, host_info, host = _host_from_producer(x, route.info, "host")
+    out, tried = _copy_into(route, x, 64)
+    if out is not None:
+        return out
+    host_cap, host_info, host = _host_from_producer(x, route.info, "host", tried)
     if host_cap is None:
         return host
     inner = _plan.route_host(host_info, _core.needs(host_info), None, host_cap)

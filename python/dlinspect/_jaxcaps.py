@@ -22,15 +22,17 @@ import numpy as np
 from . import _core
 from ._buffers import aligned_empty
 from ._dtypes import dldtype_from_numpy, dtype_name, numpy_dtype
+from ._enums import DEVICES, OTHER_DEVICE
 from ._enums import DLDeviceType as D
 from ._words import narrowing_text
 from ._warn import warn
 
 __all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
 
-# The map jax 0.4-0.12 uses; only where jax does not expose its own.
-_DEFAULT_PLATFORMS = {D.kDLCPU: "cpu", D.kDLCUDA: "cuda", D.kDLCUDAHost: "cuda",
-                      D.kDLROCM: "rocm", D.kDLROCMHost: "rocm", D.kDLOneAPI: "oneapi"}
+# The map jax 0.4-0.12 uses (the device table's platforms); only where jax does not
+# expose its own.
+_DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
+                      if row.platform is not None and row.jax_maps}
 
 
 class Symbol(NamedTuple):
@@ -243,8 +245,7 @@ class JaxCaps:
         (jaxlib >= 0.8; older ones read every layout as row-major)."""
         buf = aligned_empty((4,), np.float32, alignment=256)
         buf[:] = [0, 1, 2, 3]   # column-major [[0, 2], [1, 3]]
-        cap = _core._make_capsule(buf, buf.ctypes.data, (2, 2), None, (1, 2), 2, 32, 1,
-                                  int(D.kDLCPU), 0, 0, False, 1, 3, 0, None, None, False)
+        cap = _core.header_capsule(buf, buf.ctypes.data, (2, 2), (1, 2), 2, 32, 1)
         try:
             arr = _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
         except Exception:
@@ -257,8 +258,7 @@ class JaxCaps:
             return "a 0-bit type holds no data"
         buf = aligned_empty((64,), np.uint8, alignment=256)
         buf[:] = 0
-        cap = _core._make_capsule(buf, buf.ctypes.data, (8,), None, None, code, bits, 1,
-                                  int(D.kDLCPU), 0, 0, False, 1, 3, 0, None, None, False)
+        cap = _core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1)
         try:
             _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
@@ -353,7 +353,7 @@ def stream_of(device_type: int, jax_device: Any) -> int | None:
     stream JAX waits on, where ``0`` (ambiguous on CUDA) becomes ``1``, the legacy
     default stream.
     """
-    if device_type not in (D.kDLCUDA, D.kDLROCM) or jax_device is None:
+    if not DEVICES.get(device_type, OTHER_DEVICE).stream or jax_device is None:
         return None
     try:
         stream = jax_device.get_stream_for_external_ready_events()

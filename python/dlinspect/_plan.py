@@ -204,7 +204,17 @@ def _route_through_host(info: TensorInfo, needs: int, tg: Any, opts: Options, so
         return fail("copy-forbidden", info, t, needs, through_host=True, **facts)
     return Route(HOST_FALLBACK, PRODUCER_COPY, info, t, needs=needs, copy_bytes=info.nbytes,
                  jax_device=tg.cpu_device if opts.device is None else opts.device,
-                 methods=tuple(_core.host_methods(source)), narrow=narrow, **facts)
+                 methods=tuple(_core.host_methods(source)), into=_copy_into(info, needs, source),
+                 narrow=narrow, **facts)
+
+
+def _copy_into(info: TensorInfo, needs: int, source: Any) -> str | None:
+    """How the producer copies into aligned host memory dlinspect allocates (the one
+    copy of a host fallback), where it can and the copy is the whole conversion:
+    same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
+    if needs & (Need.NARROW | Need.LANES) or info.numpy_dtype is None:
+        return None
+    return _core.host_into(source)
 
 
 # ---- NumPy -----------------------------------------------------------------
@@ -231,7 +241,8 @@ def _route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) ->
         if copy is False:
             return fail("copy-forbidden", info, t, needs, through_host=True)
         return Route(HOST_FALLBACK, PRODUCER_COPY, info, t, needs=needs,
-                     copy_bytes=info.nbytes, methods=tuple(_core.host_methods(source)))
+                     copy_bytes=info.nbytes, methods=tuple(_core.host_methods(source)),
+                     into=_copy_into(info, needs, source))
     if needs & Need.PACKED:
         if copy is False:
             return fail("copy-forbidden", info, t, needs)
@@ -290,7 +301,10 @@ def route_jax_array(x: Any, opts: Options) -> Route:
     dead = _core.jax_array_problem(x)
     if dead is not None:
         return failed(dead, t)
-    nbytes = getattr(x, "nbytes", 0)
+    try:
+        nbytes = x.nbytes
+    except Exception:   # typed PRNG keys on jax 0.4: "Cannot call abstract method nbytes"
+        nbytes = 0
     if opts.copy is True:
         return Route(COPY, ARRAY_COPY, None, t, copy_bytes=nbytes, jax_array=x)
     sharding = None if opts.sharding is None else check_sharding(opts.sharding)

@@ -140,6 +140,7 @@ def flatten(x: Any) -> Flat:
             parts.append(None)
             leaves.append(leaf)
             continue
+        keys: list[Any]
         if kind == _MAPPING:
             names = list(leaf.keys())
             keys = [tree_util.DictKey(k) for k in names]

@@ -16,8 +16,7 @@ from typing import Any
 from ._core import TensorInfo
 
 from . import _facts as P
-from ._enums import DLDeviceType as D
-from ._enums import device_name
+from ._enums import DEVICES, OTHER_DEVICE, device_name
 from ._facts import Need
 from .errors import (
     AllocationError,
@@ -35,15 +34,6 @@ __all__ = ["Route", "reason", "error", "warning", "explain_one", "explain_tree",
 #: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
 
-_PLUGINS: dict[int, str] = {
-    D.kDLCUDA: "jax[cuda12]", D.kDLCUDAHost: "jax[cuda12]", D.kDLCUDAManaged: "jax[cuda12]",
-    D.kDLROCM: "the jax ROCm plugin", D.kDLROCMHost: "the jax ROCm plugin",
-    D.kDLOneAPI: "the Intel jax plugin"}
-# How each device's own library moves a tensor to host memory.
-_TO_HOST: dict[int, str] = {D.kDLOneAPI: "dpnp: dpnp.asnumpy(x)", D.kDLCUDA: "torch: t.cpu()",
-                            D.kDLROCM: "torch: t.cpu()", D.kDLMetal: "torch: t.cpu(); mlx: np.array(a)"}
-_PINNED_PLATFORM: dict[int, str] = {D.kDLCUDAHost: "cuda", D.kDLCUDAManaged: "cuda",
-                                    D.kDLROCMHost: "rocm"}
 _SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
 
 
@@ -169,14 +159,13 @@ def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
     Never sends the user to an option that just failed: ``fallback="host"`` is named
     only for ``to_jax`` with a producer (a bare capsule has none to ask).
     """
-    how = _TO_HOST.get(int(device_type), "torch: t.cpu()")
-    parts = [f"move it to host memory with its own library first ({how})"]
+    row = DEVICES.get(int(device_type), OTHER_DEVICE)
+    parts = [f"move it to host memory with its own library first ({row.to_host})"]
     if bare_capsule:
         parts.append("or pass the producer object instead of its capsule, so dlinspect can "
                      "ask it for a host copy")
-    plugin = _PLUGINS.get(int(device_type))
-    if target == "jax" and plugin:
-        parts.append(f"or install {plugin} so JAX can take the memory where it is")
+    if target == "jax" and row.plugin:
+        parts.append(f"or install {row.plugin} so JAX can take the memory where it is")
     return ", ".join(parts)
 
 
@@ -228,10 +217,13 @@ def _narrowed(facts: dict[str, Any]) -> str:
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
 
 
-def _host_copy_words(methods: tuple[str, ...]) -> str:
-    """How a host copy is asked for, in the order :func:`_core.export_host_copy` tries."""
-    steps = ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
-             "copy=True))"]
+def _host_copy_words(methods: tuple[str, ...], into: str | None = None) -> str:
+    """How a host copy is asked for, in the order the executor tries."""
+    steps = [f"the producer copies it into aligned host memory dlinspect allocates "
+             f"({'out.copy_(x)' if into == 'torch' else f'x.{into}(out)'}), which is viewed"
+             ] if into else []
+    steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
+              "copy=True))"]
     steps += [f"its own x.{name}()" for name in methods]
     return ", else ".join(steps + ["numpy.asarray(x)"])
 
@@ -499,10 +491,11 @@ def _reason(route: Any) -> str:
                 else "The tensor is empty: NumPy gets a new empty array.")
     if a == P.PRODUCER_COPY:
         where = device_name(int(info.device_type))
+        words = _host_copy_words(f["methods"], f.get("into"))
         if t == "host":
-            return f"{where} memory is not host-accessible: {_host_copy_words(f['methods'])}."
+            return f"{where} memory is not host-accessible: {words}."
         narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
-        return f"{where} memory: {_host_copy_words(f['methods'])}; JAX imports that{narrowed}."
+        return f"{where} memory: {words}; JAX imports that{narrowed}."
     if a == P.NUMPY_PUT:
         return f"A copy is needed: {_numpy_put_words(route)}."
     if a == P.NUMPY_COPY:
@@ -538,7 +531,8 @@ def _reason(route: Any) -> str:
         if route.needs & P.Need.VIA_CPU:
             dt = int(info.device_type)
             return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it "
-                    f"without a copy (no {_PINNED_PLATFORM.get(dt, 'device')} backend here).")
+                    f"without a copy (no {DEVICES.get(dt, OTHER_DEVICE).platform or 'device'} "
+                    f"backend here).")
         return f"JAX views the producer's memory on {f['dest']}."
     reasons = _copy_reasons(route)[0] + ([_lanes_text(info)] if as_axis else [])
     return f"A copy is needed: {'; '.join(reasons)}."

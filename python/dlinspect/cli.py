@@ -93,8 +93,8 @@ def doctor_report() -> dict[str, Any]:
                          "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"})
             continue
         # The header of a float32 tensor on that device, planned as a producer's would be.
-        info = dlinspect.peek(_core._make_capsule(x, x.ctypes.data, x.shape, None, None, 2, 32, 1,
-                                                  int(dt), 0, 0, True, 1, 3, 0, None, None, False))
+        info = dlinspect.peek(_core.header_capsule(x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1,
+                                                   int(dt)))
         route = dlinspect.plan(info)
         rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
                      "reason": route.reason})

@@ -156,8 +156,14 @@ class FakeProducer:
         Versioned capsules carry the READ_ONLY flag.
     host_copy : bool
         Honour ``dl_device=(kDLCPU, 0), copy=True`` with a host copy whose header
-        has IS_COPIED set (as the array API asks a producer to); False refuses it
-        with ``BufferError``, as a producer without that feature does.
+        has IS_COPIED set (as the array API asks a producer to), and
+        :meth:`copy_into`; False refuses both with ``BufferError``, as a producer
+        without that feature does.
+    copy_into : bool
+        Copy into host memory it is given (``copy_into(out)``, as torch's
+        ``out.copy_(x)`` and CuPy's ``x.get(out=...)`` do): a host fallback then
+        makes one copy, into memory JAX views. (Such a producer is an instance of
+        a subclass, ``CopyIntoFakeProducer``, which the producer table names.)
     refuse : str, Exception or None
         ``__dlpack__`` raises ``BufferError(refuse)`` (like torch for a tensor
         that requires grad), or the exception given (any type: pyarrow raises
@@ -169,19 +175,23 @@ class FakeProducer:
     ----------
     calls : list of dict
         The keyword arguments of every ``__dlpack__`` call, in order.
+    served : list of numpy.ndarray
+        The host memory of every host copy it made (``__dlpack__`` or
+        :meth:`copy_into`), to check by pointer where values ended up.
     counter : DeleterCounter
         Deleter calls of every capsule served.
     """
 
-    def __new__(cls, *args: Any, legacy_only: bool = False, **kwargs: Any) -> "FakeProducer":
-        if legacy_only and cls is FakeProducer:
-            cls = LegacyFakeProducer
+    def __new__(cls, *args: Any, legacy_only: bool = False, copy_into: bool = False,
+                **kwargs: Any) -> "FakeProducer":
+        if cls is FakeProducer and (legacy_only or copy_into):
+            cls = LegacyFakeProducer if legacy_only else CopyIntoFakeProducer
         return super().__new__(cls)
 
     def __init__(self, array: np.ndarray, device: tuple[int, int] = (DLDeviceType.kDLCPU, 0), *,
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
                  legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
-                 refuse: str | BaseException | None = None,
+                 copy_into: bool = False, refuse: str | BaseException | None = None,
                  counter: DeleterCounter | None = None) -> None:
         self.array = np.asarray(array)
         self.device = (int(device[0]), None if device[1] is None else int(device[1]))
@@ -194,6 +204,7 @@ class FakeProducer:
         self.refuse = refuse
         self.counter = DeleterCounter() if counter is None else counter
         self.calls: list[dict[str, Any]] = []
+        self.served: list[np.ndarray] = []
 
     def __dlpack_device__(self) -> tuple[DLDeviceType | int, int | None]:
         dev = self.device[0]
@@ -223,12 +234,29 @@ class FakeProducer:
                 raise BufferError("a copy to the host is needed but copy=False")
             arr, device = np.array(self.array, copy=True), (DLDeviceType.kDLCPU, 0)
             flags = FLAG_IS_COPIED if versioned else 0
+            self.served.append(arr)
         elif copy:
             arr = np.array(self.array, copy=True)
             flags = (flags | FLAG_IS_COPIED) if versioned else flags
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
                             flags=flags, counter=self.counter,
                             strides=tuple(s // arr.itemsize for s in arr.strides))
+
+
+class CopyIntoFakeProducer(FakeProducer):
+    """A :class:`FakeProducer` with ``copy_into=True``: its type copies into host memory."""
+
+    def copy_into(self, out: np.ndarray) -> None:
+        """Copy the values into host array ``out`` (same shape and dtype), as a producer
+        that copies device memory into host memory it is given does."""
+        if not self.host_copy:
+            raise BufferError("this producer does not copy to the host")
+        np.copyto(out, self.array)
+        self.served.append(out)
+
+
+# The producer table's row for it: copy_into is how it copies into host memory.
+_core.PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = (0, (), None, "copy_into")
 
 
 class LegacyFakeProducer(FakeProducer):
