@@ -83,10 +83,11 @@ def test_only_the_export_calls_producers():
 
 
 def test_every_action_has_one_executor():
-    """One decision, executed once: each action a route can carry has its executor."""
+    """One decision, executed once: each action a route can carry has its executor
+    (UNPACK is a host route's: into JAX, packed data is a NUMPY_PUT)."""
     from dlinspect import _execute, _facts
     actions = {v for k, v in vars(_facts).items() if k.isupper() and isinstance(v, str)
-               and k not in ("ZERO_COPY", "COPY", "HOST_FALLBACK", "ERROR", "KEEP")}
+               and k not in ("ZERO_COPY", "COPY", "HOST_FALLBACK", "ERROR", "KEEP", "UNPACK")}
     assert actions <= set(_execute.EXECUTORS), actions - set(_execute.EXECUTORS)
     host = {_facts.RAISE, _facts.PRODUCER_COPY, _facts.EMPTY, _facts.UNPACK, _facts.HOST_COPY,
             _facts.HOST_VIEW}
@@ -96,7 +97,7 @@ def test_every_action_has_one_executor():
 def test_no_message_text_is_parsed():
     """Routes are words made from facts (dlinspect._words); no module splits an
     exception's text to find its parts."""
-    pattern = re.compile(r"str\((exc|error|err|e|shard|cause)\)\s*\.\s*(split|partition|startswith)"
+    pattern = re.compile(r"str\((exc|error|err|e|shard|cause)\)\s*\.\s*(split|partition|startswith)\("
                          r"|\[len\(head\):\]")
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text(encoding="utf-8")

@@ -262,7 +262,7 @@ class JaxCaps:
         try:
             _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
-            return str(exc).split("\n")[0]
+            return (str(exc).splitlines() or [""])[0]
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:

@@ -20,7 +20,6 @@ Rows, instructions per call (every result waited for with ``block_until_ready``)
     to_jax(b, sharding)  256 images and int32 labels split over 4 CPU devices
     device_put(b, sharding)   jax.device_put of the same batch and sharding
     to_jax(x16)          a 16-byte aligned 32x32 float32 array (one copy, in C)
-    to_jax(vulkan)       a kDLVulkan fake producer of 32x32 float32: host fallback
 
 Targets: to_jax(x) and to_jax(t) <= 1.15x their floor; to_jax(d) <= 1.15x 16 floors;
 to_jax(b64) <= 1.0x device_put(b64); to_jax(b, sharding) <= 1.0x device_put(b, sharding).
@@ -41,7 +40,7 @@ __all__ = ["run"]
 
 CASES = ["to_jax(x)", "floor(x)", "to_jax(t)", "floor(t)", "to_jax(d)", "16 x floor(d)",
          "to_jax(b64)", 'to_jax(b64, narrow="ok")', "device_put(b64)", "to_jax(b, sharding)",
-         "device_put(b, sharding)", "to_jax(x16)", "to_jax(vulkan)"]
+         "device_put(b, sharding)", "to_jax(x16)"]
 TARGETS = [
     ("to_jax(numpy 32x32) <= 1.15x floor (instructions)", "to_jax(x)", "floor(x)", 1.15),
     ("to_jax(torch 32x32) <= 1.15x floor (instructions)", "to_jax(t)", "floor(t)", 1.15),
@@ -62,7 +61,6 @@ def _statements(quick: bool) -> dict[str, Any]:
     import dlinspect
     from dlinspect._buffers import aligned_empty
     from dlinspect._jaxcaps import target
-    from dlinspect.testing import FakeProducer
 
     tg = target()
     imp, cpu = tg.import_fn, tg.cpu_device
@@ -80,7 +78,6 @@ def _statements(quick: bool) -> dict[str, Any]:
     b["label"][...] = 1
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    vulkan = FakeProducer(x, (7, 0))
     out: dict[str, Any] = {
         "to_jax(x)": lambda: to_jax(x).block_until_ready(),
         "floor(x)": lambda: imp(x.__dlpack__(), cpu, None, None, 1).block_until_ready(),
@@ -90,7 +87,6 @@ def _statements(quick: bool) -> dict[str, Any]:
         "to_jax(b, sharding)": lambda: ready(to_jax(b, sharding=sharding)),
         "device_put(b, sharding)": lambda: ready(jax.device_put(b, sharding)),
         "to_jax(x16)": lambda: to_jax(x16).block_until_ready(),
-        "to_jax(vulkan)": lambda: to_jax(vulkan).block_until_ready(),
     }
     try:
         import torch
