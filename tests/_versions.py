@@ -47,6 +47,17 @@ def torch_exports_float8() -> bool:
     return False
 
 
+def torch_exports_versioned() -> bool:
+    """torch's __dlpack__ takes ``max_version`` and exports versioned capsules (torch >= 2.4;
+    2.3 raises TypeError for the keyword and exports legacy capsules only)."""
+    import torch
+    try:
+        torch.zeros(1).__dlpack__(max_version=(1, 0))
+    except TypeError:
+        return False
+    return True
+
+
 def torch_use_count(t: Any) -> int | None:
     """``t._use_count()`` where torch has it (the storage's reference count), else None."""
     fn = getattr(t, "_use_count", None)

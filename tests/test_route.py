@@ -886,6 +886,7 @@ class TestLifetimes:  # C12
             raise RuntimeError("import failed")
         monkeypatch.setattr(c, "_direct_fn", boom)
         monkeypatch.setattr(c, "_target", None)
+        monkeypatch.setattr(djax, "TARGET", None)   # (the built target the hot path reads)
         monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
         with pytest.raises(RuntimeError, match="import failed"):
             to_jax(cap)

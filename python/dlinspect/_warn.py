@@ -21,10 +21,13 @@ _jax_here: str | None = None
 
 
 def warn(message: str) -> None:
-    """A DLInspectWarning attributed to the first caller outside dlinspect and jax
-    (through jax.tree_util, a pytree's leaves are converted inside jax's frames).
+    """A DLInspectWarning attributed to the first caller outside dlinspect and jax.
 
-    On a thread collecting warnings the message is kept instead.
+    Shown as Python's filters say (by default once per call site and message, that is,
+    per dtype narrowed): a message already shown at a call site whose filter hides
+    repeats is not handed to ``warnings.warn`` again while the filters stay as they
+    were (a loader's step warns once, not every batch). On a thread collecting
+    warnings the message is kept instead.
     """
     collected = getattr(collecting, "messages", None)
     if collected is not None:
@@ -34,7 +37,36 @@ def warn(message: str) -> None:
     frame_or_none: Any = frame
     while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename):
         level, frame_or_none = level + 1, frame_or_none.f_back
+    if frame_or_none is None:
+        warnings.warn(message, DLInspectWarning, stacklevel=level)
+        return
+    key = (frame_or_none.f_code, frame_or_none.f_lineno, message)
+    filters = warnings.filters
+    seen = _shown.get(key)
+    if seen is not None and seen[0] is filters and seen[1] == len(filters):
+        return
     warnings.warn(message, DLInspectWarning, stacklevel=level)
+    if _repeats_hidden(frame_or_none, message):
+        if len(_shown) >= 1024:
+            _shown.clear()
+        _shown[key] = (filters, len(filters))
+
+
+# (code, line, message) -> the filters list (kept: its identity is the test) and its
+# length when the warning was shown there.
+_shown: dict[tuple[Any, int, str], tuple[Any, int]] = {}
+
+
+def _repeats_hidden(frame: Any, message: str) -> bool:
+    """Whether Python's filters show this warning at most once at ``frame``'s line
+    (the first matching filter's action is not "always"; "error" raised already)."""
+    module = frame.f_globals.get("__name__", "<string>")
+    for action, msg, category, mod, lineno in warnings.filters:
+        if ((msg is None or msg.match(message)) and issubclass(DLInspectWarning, category)
+                and (mod is None or mod.match(module))
+                and (lineno == 0 or lineno == frame.f_lineno)):
+            return action != "always"
+    return True
 
 
 def _internal(filename: str) -> bool:

@@ -254,7 +254,9 @@ def _writable(path: str) -> str | None:
 
 def _bench(args: argparse.Namespace) -> int:
     from dlinspect import bench
-    suites = args.suites or list(bench.SUITES)
+    suites = list(args.suites or bench.DEFAULT_SUITES)
+    if args.instructions and "instructions" not in suites:
+        suites.append("instructions")
     unknown = [s for s in suites if s not in bench.SUITES]
     if unknown:
         return _fail(f"bench: unknown suite(s) {', '.join(unknown)}; choose from "
@@ -335,7 +337,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="read-only memory: copy it (default) or import it without a copy")
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
     p.add_argument("suites", nargs="*", metavar="SUITE",
-                   help="suites to run (default: all): peek, to_jax, sweep, loader")
+                   help="suites to run (default: peek, to_jax, sweep, loader); also "
+                        "instructions")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count instructions per call under valgrind's callgrind "
+                        "(a minute or two; stable on a noisy machine)")
     p.add_argument("--quick", action="store_true", help="fewer, shorter runs (under 30 s on two cores)")
     p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")

@@ -3,7 +3,9 @@
 ``dlinspect bench`` (see :mod:`dlinspect.cli`) runs them; the scripts in the
 repository's ``benchmarks/`` folder are thin entry points over the same code.
 Suites: ``peek``, ``to_jax``, ``sweep`` (per-call cost against tensor size, for
-every consumer installed) and ``loader`` (a torch DataLoader into JAX). Every
+every consumer installed), ``loader`` (a torch DataLoader into JAX) and, when named
+(``dlinspect bench --instructions``), ``instructions`` (instructions per call under
+valgrind's callgrind: targets that hold on a noisy machine). Every
 figure is a median measured in the run that reports it; targets are ratios
 against baselines measured in the same run.
 """
@@ -18,19 +20,23 @@ from typing import Any
 
 from ._common import format_suite, machine, versions
 
-__all__ = ["SUITES", "run_suites", "format_report", "plot_sweep", "write_markdown"]
+__all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "plot_sweep",
+           "write_markdown"]
 
-SUITES = ("peek", "to_jax", "sweep", "loader")
+#: Every suite; :data:`DEFAULT_SUITES` run when none is named.
+SUITES = ("peek", "to_jax", "sweep", "loader", "instructions")
+DEFAULT_SUITES = ("peek", "to_jax", "sweep", "loader")
 
 
-def run_suites(names: Sequence[str] = SUITES, *, quick: bool = False, repeat: int | None = None,
+def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, repeat: int | None = None,
                progress: bool = True) -> dict[str, Any]:
     """Run benchmark suites and return their results.
 
     Parameters
     ----------
     names : sequence of str
-        Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``).
+        Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``,
+        ``instructions``).
     quick : bool
         Fewer repeats, shorter timings, smaller sizes: under 30 s on two cores.
     repeat : int or None
