@@ -82,9 +82,12 @@ cdef class JaxTarget:
     permuted_ok : bool
         JAX views a permutation of a dense layout (a transpose, F order) with the right
         values (probed; jaxlib < 0.8 reads such memory as row-major, so it needs a copy).
+    assemble : callable
+        ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
+        single-device arrays, listed in the order of ``devices``.
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
-    cdef readonly object stream_for, array_type, platforms
+    cdef readonly object stream_for, array_type, platforms, assemble
     cdef readonly bint permuted_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align
     cdef object probe, hold
@@ -97,7 +100,7 @@ cdef class JaxTarget:
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
-                 dict narrow, warn, stream_for, array_type, bint permuted_ok):
+                 dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble):
         if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
             raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
         self.jax = jax
@@ -119,6 +122,7 @@ cdef class JaxTarget:
         self.stream_for = stream_for
         self.array_type = array_type
         self.permuted_ok = permuted_ok
+        self.assemble = assemble
         memset(self._known, 0, sizeof(self._known))
         self.bad = {}
 

@@ -126,7 +126,7 @@ def _split(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
     for dev, _, shard in route.shards:
         part = _core.view_capsule(owner, shard.info)
         arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
-    return tg.jax.make_array_from_single_device_arrays(info.shape, opts.sharding, arrays)
+    return tg.assemble(info.shape, opts.sharding, [dev for dev, _, _ in route.shards], arrays)
 
 
 def _spread(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
@@ -543,8 +543,8 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
     """Each leaf onto its sharding, decided once per leaf before any leaf is consumed:
     host memory split in place, every slice viewed by its device, where each slice
     needs nothing (the one decision, made in C for the slices); else its route."""
-    from jax import tree_util
-    from jax.sharding import Sharding
+    tree_util = tg.jax.tree_util
+    Sharding = tg.jax.sharding.Sharding
     sharding = opts.sharding
 
     def subtree(prefix: tuple[Any, ...], s: Any, sub: Any) -> Any:
@@ -575,7 +575,7 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
                 if route is None:   # every slice viewed as it is
                     lay = _shard.layout(s, info.shape)
                     arrays = _core.split_import(cap, info, parts, lay.devices, tg)
-                    out[i] = tg.jax.make_array_from_single_device_arrays(info.shape, s, arrays)
+                    out[i] = tg.assemble(info.shape, s, lay.devices, arrays)
                 else:
                     out[i] = execute(route, cap, leaves[i], tg, leaf_opts)
         except Exception as exc:

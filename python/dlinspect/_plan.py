@@ -331,10 +331,21 @@ def untouched(leaf: Any, target: str, opts: Options) -> Route:
     return Route("untouched", KEEP, None, target, leaf_type=type(leaf))
 
 
+_Sharding: Any = None
+
+
+def _jax_sharding() -> Any:
+    """``jax.sharding.Sharding``, imported once."""
+    global _Sharding
+    if _Sharding is None:
+        from jax.sharding import Sharding
+        _Sharding = Sharding
+    return _Sharding
+
+
 def check_sharding(s: Any) -> Any:
     """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
-    from jax.sharding import Sharding
-    if not isinstance(s, Sharding):
+    if not isinstance(s, _jax_sharding()):
         raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
                         f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
                         f"PartitionSpec('data')).")

@@ -68,8 +68,14 @@ def uneven(shape: tuple[int, ...], sharding: Any) -> tuple[Any, ...] | None:
 
 def plain_device(sharding: Any) -> bool:
     """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
-    from jax.sharding import SingleDeviceSharding
-    return type(sharding) is SingleDeviceSharding and default_memory(sharding)
+    global _single
+    if _single is None:
+        from jax.sharding import SingleDeviceSharding
+        _single = SingleDeviceSharding
+    return type(sharding) is _single and default_memory(sharding)
+
+
+_single: Any = None   # jax.sharding.SingleDeviceSharding, imported once
 
 
 def default_memory(sharding: Any) -> bool:

@@ -45,6 +45,18 @@ def _classify(tp: type) -> int:
     return kind
 
 
+_jax_tree_util: Any = None
+
+
+def _tree_util() -> Any:
+    """``jax.tree_util``, imported once (an import statement costs every call)."""
+    global _jax_tree_util
+    if _jax_tree_util is None:
+        from jax import tree_util
+        _jax_tree_util = tree_util
+    return _jax_tree_util
+
+
 class Flat:
     """A pytree flattened once: its leaves, how to put it back, each leaf's key path.
 
@@ -93,7 +105,7 @@ class Flat:
 
     def key_path(self, index: int) -> tuple[Any, ...]:
         """The ``jax.tree_util`` key path of leaf ``index``."""
-        from jax import tree_util
+        tree_util = _tree_util()
         paths = [path for path, _ in tree_util.tree_flatten_with_path(self.x)[0]]
         if self.parts is None:
             return tuple(paths[index])
@@ -113,13 +125,12 @@ class Flat:
 
     def keystr(self, index: int) -> str:
         """``jax.tree_util.keystr`` of leaf ``index``'s key path (``['x']['pixels']``)."""
-        from jax import tree_util
-        return tree_util.keystr(self.key_path(index))
+        return _tree_util().keystr(self.key_path(index))
 
 
 def flatten(x: Any) -> Flat:
     """Flatten batch ``x`` once (see this module's doc for what is walked)."""
-    from jax import tree_util
+    tree_util = _tree_util()
     outer, treedef = tree_util.tree_flatten(x)
     get = _kinds.get
     for leaf in outer:

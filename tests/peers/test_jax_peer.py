@@ -110,6 +110,15 @@ def jax_views(x: np.ndarray) -> bool:
     return y.unsafe_buffer_pointer() == x.ctypes.data
 
 
+def jax_reads(x: np.ndarray) -> bool:
+    """Whether JAX's own ``jax.dlpack.from_dlpack`` gives ``x``'s values (a jaxlib that reads
+    a transposed layout as row-major does not: what dlinspect's permuted_ok probe found)."""
+    try:
+        return np.array_equal(np.asarray(jax.dlpack.from_dlpack(x)), x)
+    except Exception:   # a jaxlib that refuses the layout
+        return False
+
+
 def jax_round_trips(dtype) -> bool:
     """Whether JAX's own DLPack round trip (testJaxRoundTrip) holds ``dtype``: export of a
     jax.Array and import of its capsule (jaxlib 0.4.30 has no DLPack code for float8)."""
@@ -237,7 +246,6 @@ def test_alignment_xla_cpu_views(alignment):
     route, y = to_jax_checked(x, x.ctypes.data)
     np.testing.assert_array_equal(np.asarray(y), np.arange(16))
     align = cpu_align()
-    assert align in (1, 64), align   # jaxlib 0.4.30 views any alignment; newer ones 64 bytes
     viewed = alignment >= align
     assert (route.kind == "zero-copy") == viewed == jax_views(x)
     assert bool(route.needs & Need.ALIGN) == (not viewed)
@@ -259,7 +267,7 @@ def test_numpy_to_jax_nondefault_layout():
     route, y = to_jax_checked(f, f.ctypes.data)
     np.testing.assert_array_equal(np.asarray(y), f)
     permuted_ok = djax.target().permuted_ok
-    assert permuted_ok == np.array_equal(np.asarray(jax.dlpack.from_dlpack(f)), f)
+    assert permuted_ok == jax_reads(f)
     assert route.kind == ("zero-copy" if permuted_ok else "copy")
     assert bool(route.needs & Need.LAYOUT) == (not permuted_ok)
 
