@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Interop suite (issue 12): dlinspect against real third-party DLPack producers from PyPI.
+# Interop suite: dlinspect against real third-party DLPack producers from PyPI, and the
+# data loaders JAX users feed from (grain, Hugging Face datasets/transformers, Ray Data).
 #
 # Makes .venv-interop (build dir build-interop), installs the build tools, torch, dlinspect
 # with its test and jax extras, then the selected producers, and runs tests/interop.
 #
-# Usage: [INTEROP=all|light|heavy|"name ..."] bash scripts/interop.sh [pytest args...]
+# Usage: [INTEROP=all|light|heavy|loaders|"name ..."] bash scripts/interop.sh [pytest args...]
 #   light: pyarrow array_api_strict tvm_ffi warp mlx      (small wheels, a minute or two)
 #   heavy: tensorflow paddle dpnp                         (0.5-2 GB installed each)
+#   loaders: grain hf ray                                 (data loaders; tf.data comes with
+#                                                          tensorflow)
 #   names: any of the above, e.g. INTEROP="pyarrow dpnp"
 # INTEROP_FRESH=1 removes .venv-interop first. Producer wheels are kept in a wheelhouse,
 # INTEROP_WHEELS (default ~/.cache/dlinspect-interop/wheels), so a second run, or a fresh
@@ -19,11 +22,13 @@ cd "$(dirname "$0")/.."
 VENV=.venv-interop
 LIGHT="pyarrow array_api_strict tvm_ffi warp mlx"
 HEAVY="tensorflow paddle dpnp"
+LOADERS="grain hf ray"
 sel=${INTEROP:-all}
 case "$sel" in
-    all) sel="$LIGHT $HEAVY" ;;
+    all) sel="$LIGHT $HEAVY $LOADERS" ;;
     light) sel="$LIGHT" ;;
     heavy) sel="$HEAVY" ;;
+    loaders) sel="$LOADERS" ;;
 esac
 
 # The versions this suite was written against (tests/interop's xfails name their faults
@@ -38,7 +43,10 @@ spec() {
         tensorflow) echo "tensorflow-cpu==2.21.0" ;;
         paddle) echo "paddlepaddle==3.3.1" ;;
         dpnp) echo "dpctl==0.22.1 dpnp==0.20.0 intel-opencl-rt==2026.2.0" ;;
-        *) echo "interop.sh: unknown producer '$1' (known: $LIGHT $HEAVY)" >&2; return 1 ;;
+        grain) echo "grain==0.2.18" ;;
+        hf) echo "datasets==5.2.0 transformers==5.24.0" ;;
+        ray) echo "ray[data]==2.60.0" ;;
+        *) echo "interop.sh: unknown producer '$1' (known: $LIGHT $HEAVY $LOADERS)" >&2; return 1 ;;
     esac
 }
 for p in $sel; do spec "$p" >/dev/null; done

@@ -113,14 +113,15 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
-        fast = _fast_kind(info, needs, may_copy) != 0
+        fast = _fast_kind(info, needs, may_copy, tg) != 0
         all_fast = all_fast and fast
         todo.append((i, cap, info, needs, fast))
     if not all_fast:
         return out, todo
     for i, cap, info, needs, fast in todo:
         try:
-            out[i] = _import_fast(cap, info, needs, tg, warn_narrowing)
+            out[i] = _import_fast(cap, info, needs, tg, warn_narrowing,
+                                  PyCapsule_CheckExact(leaves[i]))
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
@@ -143,28 +144,41 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg, bint warn_narrowing=True):
-    """Import a leaf :func:`to_jax_many` marked ``fast`` (as :func:`to_jax_fast` would)."""
-    return _import_fast(cap, info, needs, tg, warn_narrowing)
+def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg, bint warn_narrowing=True,
+                bint bare=False):
+    """Import a leaf :func:`to_jax_many` marked ``fast`` (as :func:`to_jax_fast` would;
+    ``bare``: the caller passed the capsule itself, so no stream was asked of a producer)."""
+    return _import_fast(cap, info, needs, tg, warn_narrowing, bare)
 
 
 # What the fast path does with a header: 0 nothing (the general route), 1 import as it
-# is, 2 copy in C (small, compact, writable host memory only misaligned or narrowed).
-cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy) noexcept:
-    if info._dev_type != kDLCPU or info._dev_id != 0:
+# is onto the CPU device, 2 copy in C (small, compact, writable host memory only
+# misaligned or narrowed), 3 import as it is onto the JAX device of its own DLPack
+# device (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route
+# plan gives a tensor that needs nothing, carried out in C.
+cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy, JaxTarget tg) except -1:
+    if info._dev_type == kDLCPU and info._dev_id == 0:
+        if n == 0:
+            return 1
+        if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
+                and info._bits % 8 == 0):
+            return 2
         return 0
-    if n == 0:
-        return 1
-    if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
-            and info._bits % 8 == 0):
-        return 2
+    if n == 0 and (info._dev_type, info._dev_id) in tg.devices:
+        return 3
     return 0
 
 
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg,
-                         bint warn_narrowing):
+                         bint warn_narrowing, bint bare):
     if n == 0:
-        return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+        if info._dev_type == kDLCPU and info._dev_id == 0:
+            return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+        # The consumer's stream, as the export asked the producer (array API __dlpack__):
+        # none for a bare capsule, whose producer was never asked.
+        stream = None if bare else tg.stream_for(info._dev_type, info._dev_id)
+        return _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info._dev_id)],
+                              stream, None, info._dev_type)
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[info._key()]
         if not warn_narrowing:
@@ -186,9 +200,9 @@ cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry)
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, share_readonly)
-    if _fast_kind(info, n, may_copy) == 0:
+    if _fast_kind(info, n, may_copy, tg) == 0:
         return (cap, info, n)
-    return _import_fast(cap, info, n, tg, warn_narrowing)
+    return _import_fast(cap, info, n, tg, warn_narrowing, entry is None)
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,

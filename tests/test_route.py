@@ -1060,3 +1060,59 @@ class TestStreams:
         to_jax(p)
         assert [c["stream"] for c in p.calls] == [None, None]  # no CUDA backend here
         assert p.calls[1]["dl_device"] == (1, 0)
+
+
+class TestDeviceFastPath:
+    """CUDA (and ROCm, pinned) tensors that need nothing take the C fast path, the route
+    plan gives them, carried out in C: checked on this CPU machine with a target that
+    maps kDLCUDA:0 to a JAX device and an import function that records its call."""
+
+    def target(self, calls):
+        tg = djax.target()
+        cpu = tg.cpu_device
+
+        def record(cap, device, stream, copy, dl_device_type):
+            calls.append((dlinspect._core.capsule_name(cap), device, stream, copy,
+                          dl_device_type))
+            return "imported"
+
+        return dlinspect._core.JaxTarget(
+            jax=tg.jax, jnp=tg.jnp, import_fn=record, direct=True, cpu_device=cpu,
+            cpu_align=tg.cpu_align, x64=tg.x64, x64_context=tg.x64_context,
+            devices={(D.kDLCPU, 0): cpu, (D.kDLCUDA, 0): cpu, (D.kDLCUDAHost, 0): cpu},
+            platforms={"cpu", "cuda"}, cpu_keys={(D.kDLCPU, 0)},
+            probe=lambda code, bits: None, hold=lambda code, bits: None, narrow={},
+            warn=lambda text: None, stream_for=lambda t, i: 42 if t == D.kDLCUDA else None,
+            array_type=tg.array_type, permuted_ok=True, assemble=tg.assemble)
+
+    @pytest.mark.parametrize("device_type, stream", [(D.kDLCUDA, 42), (D.kDLCUDAHost, None)])
+    def test_producer(self, device_type, stream):
+        calls = []
+        tg = self.target(calls)
+        p = FakeProducer(aligned([1, 2, 3]), (device_type, 0))
+        assert dlinspect._core.to_jax_fast(p, tg, True, False, True) == "imported"
+        # The producer was asked with the consumer's stream, and jaxlib got the same one.
+        assert p.calls[-1]["stream"] == stream
+        assert calls == [("dltensor", tg.cpu_device, stream, None, int(device_type))]
+        # The route plan gives the same header: zero-copy IMPORT with that device type.
+        info = dlinspect.peek(p)
+        needs = dlinspect._core.needs(info, tg)
+        route = dlinspect._plan.route_jax(info, needs, tg, dlinspect._options.DEFAULT, p)
+        assert needs == 0 and route.kind == "zero-copy" and route.import_type == int(device_type)
+
+    def test_bare_capsule_gets_no_stream(self):
+        calls = []
+        tg = self.target(calls)
+        cap = make_capsule(aligned([1, 2]), device=(D.kDLCUDA, 0))
+        assert dlinspect._core.to_jax_fast(cap, tg, True, False, True) == "imported"
+        assert calls[0][2] is None and calls[0][4] == int(D.kDLCUDA)
+
+    def test_needs_send_it_to_the_general_route(self):
+        calls = []
+        tg = self.target(calls)
+        strided = FakeProducer(np.arange(6, dtype=np.float32)[::2], (D.kDLCUDA, 0))
+        got = dlinspect._core.to_jax_fast(strided, tg, True, False, True)
+        assert type(got) is tuple and got[2] & Need.LAYOUT and calls == []
+        out, pending = dlinspect._core.to_jax_many(
+            [FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided], tg, True, False, True)
+        assert calls == [] and [f for *_, f in pending] == [True, False]   # nothing imported

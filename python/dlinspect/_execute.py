@@ -529,7 +529,8 @@ def _tree_to_jax(x: Any, tg: Any, opts: Options) -> Any:
         # The general routes first (a copy may still fail for want of memory), then the
         # leaves the fast path takes as they are.
         for i, route, cap, info, needs in sorted(decided, key=lambda d: d[1] is None):
-            out[i] = (_core.import_fast(cap, info, needs, tg, opts.warn_narrowing)
+            out[i] = (_core.import_fast(cap, info, needs, tg, opts.warn_narrowing,
+                                        _core.is_capsule(leaves[i]))
                       if route is None else execute(route, cap, leaves[i], tg, opts))
     except Exception as exc:
         index = getattr(exc, "_dlinspect_leaf", i)
