@@ -2,9 +2,10 @@
 
 The data ships inside scikit-learn (1797 8x8 images of the digits 0-9, no
 download). A torch Dataset and DataLoader batch them (in worker processes with
-``--workers N``, whose batches arrive in shared memory), ``dlinspect.prefetch_to_jax``
-converts each batch into JAX on a background thread (zero-copy where the memory
-allows), and a jitted JAX step trains the MLP with plain SGD. With ``--devices N``
+``--workers N``, whose batches arrive in shared memory), a plain loop converts each
+batch with ``dlinspect.to_jax`` (zero-copy where the memory allows; with JAX's
+asynchronous dispatch the next batch is converted while the step runs), and a jitted
+JAX step trains the MLP with plain SGD. With ``--devices N``
 the batch is split over N devices along its batch axis (data parallel; on a CPU
 machine through ``XLA_FLAGS=--xla_force_host_platform_device_count=N``) and the
 same jitted step runs SPMD, with the same result. With ``--processes N`` the script

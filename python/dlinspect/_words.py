@@ -291,9 +291,11 @@ def _numpy_head(f: dict[str, Any]) -> str:
 
 
 def _spread_words(f: dict[str, Any]) -> str:
-    return (f"JAX's device_put spreads it over the {f['ndevices']} devices of the sharding"
+    """The step that copies after the import, for a tensor spread over a sharding."""
+    return (f"JAX's device_put copies it over the {f['ndevices']} devices of the sharding"
             if f["local"] else
-            "jax.make_array_from_process_local_data spreads this process's part over its devices")
+            "jax.make_array_from_process_local_data copies this process's part onto its "
+            "devices")
 
 
 def _index_text(index: tuple[slice, ...]) -> str:
@@ -511,7 +513,12 @@ def _reason(route: Any) -> str:
         return text + ("." if copying is None else f"; the shard for {copying[0]}: "
                        f"{copying[1].reason}")
     if a in (P.DEVICE_PUT, P.PROCESS_LOCAL):
-        return f"{f['whole'].reason} Then {_spread_words(f)}."
+        whole = f["whole"]
+        if whole.zero_copy:
+            return (f"A copy is needed: JAX first views the producer's memory, then "
+                    f"{_spread_words(f)} (the one copy).")
+        return (f"Two copies: {whole.reason[0].lower()}{whole.reason[1:-1]}; then "
+                f"{_spread_words(f)}.")
     if t == "host":
         lanes = f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
         if a == P.UNPACK:

@@ -4,7 +4,8 @@ A suite's ``run(quick, repeat, tick)`` returns a dict:
 
 ``title``, ``unit`` ("µs per call" or "batches/s"), ``rows`` (a list of dicts with
 ``name`` and ``median``, the figure in ``unit``, plus whatever the suite adds),
-``targets`` (dicts with ``target``, ``status`` "PASS"/"FAIL"/"SKIP", ``value``),
+``targets`` (dicts with ``target``, ``status`` "PASS"/"FAIL"/"SKIP", or "NOISY" in a
+quick run whose figures spread too much to judge, ``value``),
 ``notes`` (lines of text) and optional suite-specific keys (``sweep``, ``memory``...).
 """
 
@@ -130,7 +131,8 @@ def format_suite(result: dict[str, Any]) -> str:
     lines.extend(result.get("notes", []))
     for t in result["targets"]:
         value = "" if t["value"] is None else f": {_fmt(t['value'])}"
-        lines.append(f"{t['status']:<4}  {t['target']}{value}")
+        why = f" ({t['why']})" if t.get("why") and t["status"] in ("NOISY", "SKIP") else ""
+        lines.append(f"{t['status']:<5} {t['target']}{value}{why}")
     return "\n".join(lines)
 
 

@@ -196,7 +196,8 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
         ratio = tables[where][measured]["median"] / tables[where][baseline]["median"]
         targets.append({"target": f"{measured} >= {limit:g}x {baseline} ({where})",
                         "status": "PASS" if ratio >= limit else "FAIL", "value": ratio,
-                        "limit": limit})
+                        "limit": limit, "measured": f"{measured} [{where}]",
+                        "baseline": f"{baseline} [{where}]"})
 
     for baseline, limit in (("from_dlpack loop", 2.0), ("asarray loop", 3.0)):
         ratio_target("conversion", "to_jax loop", baseline, limit)
