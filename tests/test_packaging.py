@@ -66,3 +66,17 @@ def test_wheel_build_configuration():
     assert cibw["build"] == "cp311-* cp312-* cp313-*" and "smoke.py" in cibw["test-command"]
     workflow = (ROOT / ".github" / "workflows" / "wheels.yml").read_text(encoding="utf-8")
     assert "pypa/cibuildwheel" in workflow and "windows" in workflow and "macos" in workflow
+
+
+def test_readme_figures_are_the_published_run():
+    """The README's per-call figures are those of benchmarks/results.json (the run that
+    wrote BENCHMARKS.md), not figures typed in by hand."""
+    results = json.loads((ROOT / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    rows = {r["name"]: r["median"] for r in results["suites"]["to_jax"]["rows"]}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines()
+                if line.startswith("| per call, 32×32 float32 NumPy"))
+    shown = [float(v) for v in re.findall(r"([0-9.]+) µs", line)]
+    expected = [rows["from_dlpack(x)"], rows["from_dlpack(x16)"], rows["to_jax(x)"],
+                rows["to_jax(x16)"]]
+    assert shown == [float(f"{v:.3g}") for v in expected], (shown, expected)
