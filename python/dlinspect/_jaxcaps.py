@@ -57,9 +57,15 @@ SYMBOLS = (
            "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads; "
            "prefetch_to_jax's worker thread then converts under the global mode)"),
     Symbol("assemble a sharded array from its shards, already in the sharding's device "
-           "order (no re-check)",
+           "order (Sharding._addressable_device_assignment) with no re-check",
            (("jax._src.array", "ArrayImpl"),),
            "jax.make_array_from_single_device_arrays (its checks, about 12 µs more per leaf)"),
+    Symbol("the abstract value ArrayImpl takes",
+           (("jax._src.core", "ShapedArray"),),
+           "jax.make_array_from_single_device_arrays"),
+    Symbol("the sharding an abstract value carries (jax >= 0.5)",
+           (("jax._src.core", "update_aval_with_sharding"),),
+           "an abstract value without a sharding, as jax < 0.5 has"),
 )
 
 
@@ -160,8 +166,7 @@ class JaxCaps:
         self.jnp = jax.numpy
         resolved = [_resolve(s) for s in SYMBOLS]
         self.symbols = [status for _, status in resolved]
-        import_fn, mapping, x64_state, array_impl = (value for value, _ in resolved)
-        self._array_impl = array_impl
+        import_fn, mapping, x64_state, *self._assembly = (value for value, _ in resolved)
         self.mapping = ({int(k): v for k, v in mapping.items()} if mapping is not None
                         else {int(k): v for k, v in _DEFAULT_PLATFORMS.items()})
         self.x64: Any = x64_state if x64_state is not None else _X64Flag(jax.config)
@@ -344,13 +349,8 @@ class JaxCaps:
         def checked(shape: Any, sharding: Any, devices: Any, arrays: Any) -> Any:
             return public(shape, sharding, arrays)
 
-        impl = self._array_impl
-        try:
-            from jax._src import core
-            aval_of = getattr(core, "update_aval_with_sharding", None)
-        except ImportError:
-            return checked
-        if impl is None:
+        impl, shaped_array, aval_of = self._assembly
+        if impl is None or shaped_array is None:
             return checked
         avals: dict[Any, Any] = {}
 
@@ -361,7 +361,7 @@ class JaxCaps:
             key = (shape, arrays[0].dtype, sharding)
             aval = avals.get(key)
             if aval is None:
-                aval = core.ShapedArray(shape, arrays[0].dtype, weak_type=False)
+                aval = shaped_array(shape, arrays[0].dtype, weak_type=False)
                 if aval_of is not None:
                     aval = aval_of(aval, sharding)
                 if len(avals) >= 256:
