@@ -87,6 +87,16 @@ PRODUCERS = {
     ("scipy", "_spbase"): (
         GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
         "arrays apart", None),
+    ("pyarrow", "Table"): (
+        GUARD_NO_DLPACK, (), "take its columns as arrays, {name: x.column(name).to_numpy() "
+        "for name in x.column_names} (Ray: batch_format='numpy')", None),
+    ("pyarrow", "RecordBatch"): (
+        GUARD_NO_DLPACK, (), "take its columns as arrays, {name: x.column(name).to_numpy() "
+        "for name in x.schema.names} (Ray: batch_format='numpy')", None),
+    ("pandas", "DataFrame"): (
+        GUARD_NO_DLPACK, (), "take its columns as arrays, {c: x[c].to_numpy() for c in x} "
+        "(Ray: batch_format='numpy'; datasets: with_format('numpy'))", None),
+    ("pandas", "Series"): (GUARD_NO_DLPACK, (), "take its values: x.to_numpy()", None),
     ("pyarrow", "Array"): (GUARD_PYARROW, _PYARROW_HINTS, None, None),
     ("pyarrow", "ChunkedArray"): (
         GUARD_PYARROW, _PYARROW_HINTS, "join its chunks first: x.combine_chunks() (one "

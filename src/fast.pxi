@@ -6,7 +6,7 @@
 # Larger tensors are copied by NumPy on the general route: its copy and cast are
 # faster there (vectorised, huge pages) and release the GIL in the same way.
 cdef int64_t _COPY_MAX_BYTES = 1 << 20
-cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW
+cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY
 
 
 @cython.binding(False)
@@ -21,8 +21,8 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_n
     tg : JaxTarget
         The installed JAX.
     may_copy : bool
-        ``copy=None``: compact, writable kDLCPU tensors of at most 1 MiB whose only
-        needs are ALIGN and/or NARROW are copied in C into ``tg.copy_align``-aligned
+        ``copy=None``: compact kDLCPU tensors of at most 1 MiB whose only needs are
+        ALIGN, NARROW and/or READ_ONLY are copied in C into ``tg.copy_align``-aligned
         memory (cast where JAX narrows, with its DLInspectWarning) and imported;
         the source is freed at once.
     share_readonly : bool

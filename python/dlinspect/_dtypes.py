@@ -94,7 +94,11 @@ def dldtype_from_numpy(dtype: object) -> tuple[int, int, int]:
     ValueError
         If DLPack has no code for the dtype (object, string, datetime...).
     """
-    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    return _dldtype_of(np.dtype(dtype))  # type: ignore[call-overload]
+
+
+@functools.lru_cache(maxsize=256)
+def _dldtype_of(dt: np.dtype) -> tuple[int, int, int]:
     name = dt.name
     for (code, bits), fixed in _FIXED_NAMES.items():
         if fixed == name:

@@ -287,6 +287,9 @@ def _native_copy(arr: np.ndarray, dtype: np.dtype | None = None,
 def _copy_values(out: np.ndarray, src: np.ndarray) -> None:
     # NumPy's cast: swaps bytes, gathers strides; float64 -> float32 overflow is inf
     # and integers wrap, as in JAX's narrowing.
+    if out.dtype == src.dtype:
+        np.copyto(out, src)
+        return
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(out, src, casting="unsafe")
 

@@ -31,6 +31,14 @@ from .errors import NotDescribableError
 __all__ = ["Need", "Route", "route_jax", "route_host", "route_numpy_copy", "route_sharded",
            "route_jax_array", "untouched", "decide"]
 
+# The need bits as plain ints: an IntFlag operation costs a microsecond, and routes test
+# several per tensor.
+(_DEVICE, _DTYPE, _LANES, _LAYOUT, _READ_ONLY, _ALIGN, _NARROW, _PACKED, _EMPTY, _VIA_CPU,
+ _NUMPY_PUT) = (int(Need[name]) for name in (
+    "DEVICE", "DTYPE", "LANES", "LAYOUT", "READ_ONLY", "ALIGN", "NARROW", "PACKED", "EMPTY",
+    "VIA_CPU", "NUMPY_PUT"))
+
+
 def fail(problem: str, info: TensorInfo | None, target: str, needs: int = 0,
          **facts: Any) -> Route:
     """A route of kind "error": ``problem`` and the facts its error is worded from."""
@@ -90,30 +98,30 @@ def _route_jax(info: TensorInfo, needs: int, tg: Any, opts: Options, source: Any
     dt, device, copy = int(info.device_type), opts.device, opts.copy
     if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
         return fail("lanes-share-bytes", info, t, needs)
-    if needs & Need.DTYPE:
+    if needs & _DTYPE:
         code, bits, lanes = info.dtype
         held = lanes == 1 and (bits < 8 or tg.dtype_problem(code, bits) is not None)
         return fail("dtype", info, t, needs, why=tg.dtype_problem(code, bits, held),
-                    host_ok=not _core.needs(info) & Need.DTYPE)
+                    host_ok=not _core.needs(info) & _DTYPE)
     narrow = _narrowing(info, needs, tg, opts)
     host = info.host_accessible
-    if needs & Need.EMPTY:
+    if needs & _EMPTY:
         dest = device or tg.device_for(dt, info.device_id) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, t, needs=needs, jax_device=dest, narrow=narrow)
-    if needs & Need.DEVICE or (needs & Need.LANES and not host):
+    if needs & _DEVICE or (needs & _LANES and not host):
         return _route_through_host(info, needs, tg, opts, source, narrow)
-    if needs & Need.LAYOUT and not host:
+    if needs & _LAYOUT and not host:
         return fail("layout-not-host", info, t, needs)
-    if needs & Need.NUMPY_PUT:
+    if needs & _NUMPY_PUT:
         return _route_numpy_put(info, needs, tg, opts)
-    via_cpu = bool(needs & Need.VIA_CPU)
+    via_cpu = bool(needs & _VIA_CPU)
     src = tg.cpu_device if via_cpu else tg.device_for(dt, info.device_id)
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
         src = device   # host memory: every CPU device views it as it is
     dest = src if device is None else device
     import_type = int(D.kDLCPU) if via_cpu else dt
-    blocking = needs & (Need.LAYOUT | Need.READ_ONLY | Need.ALIGN | Need.NARROW)
+    blocking = needs & (_LAYOUT | _READ_ONLY | _ALIGN | _NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info.is_compact)
     if copy is False and (blocking or dest != src):
@@ -121,17 +129,17 @@ def _route_jax(info: TensorInfo, needs: int, tg: Any, opts: Options, source: Any
     # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
     # and device moves happen after import, except that host memory is narrowed by the
     # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
-    bytes_copy = bool(needs & (Need.LAYOUT | Need.READ_ONLY | Need.ALIGN)
-                      or (needs & Need.NARROW and host)) or bool(copy)
-    if needs & Need.PACKED and bytes_copy:
+    bytes_copy = bool(needs & (_LAYOUT | _READ_ONLY | _ALIGN)
+                      or (needs & _NARROW and host)) or bool(copy)
+    if needs & _PACKED and bytes_copy:
         return fail("packed-copy", info, t, needs, copy_true=bool(copy), **facts)
     if not (blocking or dest != src or copy):
-        action = HOST_VIEW if needs & Need.LANES else IMPORT
+        action = HOST_VIEW if needs & _LANES else IMPORT
         return Route(ZERO_COPY, action, info, t, needs=needs, jax_device=dest,
                      import_type=import_type, import_device=src, **facts)
     # Host memory is copied by dlinspect (the producer's deleter runs right after);
     # device memory by JAX's importer (copy=True).
-    action = HOST_COPY if (bytes_copy or needs & Need.LANES) and host else IMPORT
+    action = HOST_COPY if (bytes_copy or needs & _LANES) and host else IMPORT
     return Route(COPY, action, info, t, needs=needs, copy_bytes=info.nbytes, jax_device=dest,
                  import_type=import_type, import_device=src,
                  import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
@@ -140,7 +148,7 @@ def _route_jax(info: TensorInfo, needs: int, tg: Any, opts: Options, source: Any
 def _narrowing(info: TensorInfo, needs: int, tg: Any, opts: Options) -> Any:
     """``(code, bits)`` JAX narrows the dtype to, where it does and the caller wants to
     hear of it (``narrow="warn"``); else None."""
-    if not needs & Need.NARROW:
+    if not needs & _NARROW:
         return None
     code, bits, _ = info.dtype
     ncode, nbits, _ = tg.narrowing(code, bits)
@@ -152,14 +160,14 @@ def _route_numpy_put(info: TensorInfo, needs: int, tg: Any, opts: Options) -> Ro
     view (sub-byte elements unpacked into one per byte where packed), copied by
     ``jax.device_put``."""
     t = "jax"
-    if needs & Need.PACKED and not _unpackable(info):
+    if needs & _PACKED and not _unpackable(info):
         return fail("unpack", info, t, needs)
     code, bits, _ = info.dtype
     padded = bool(info.flags & _core.FLAG_IS_SUBBYTE_TYPE_PADDED)
     refusal = None if padded else tg.dtype_problem(code, bits)
     if opts.copy is False:
         return fail("copy-forbidden", info, t, needs, put=True, refusal=refusal)
-    dest = opts.device or (tg.cpu_device if needs & Need.VIA_CPU
+    dest = opts.device or (tg.cpu_device if needs & _VIA_CPU
                            else tg.device_for(int(info.device_type), info.device_id))
     return Route(COPY, NUMPY_PUT, info, t, needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, refusal=refusal)
@@ -178,11 +186,11 @@ def route_numpy_copy(exc: NotDescribableError, tg: Any, target: str,
         return _fits(Route(COPY, NUMPY_COPY, None, target, copy_bytes=arr.nbytes, **facts))
     code, bits, lanes = dldtype_from_numpy(arr.dtype)
     needs = _core.dtype_needs(code, bits, lanes, tg)
-    if needs & (Need.DTYPE | Need.NUMPY_PUT):
+    if needs & (_DTYPE | _NUMPY_PUT):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
     narrow = None
-    if needs & Need.NARROW:
+    if needs & _NARROW:
         ncode, nbits, _ = tg.narrowing(code, bits)
         narrow = (code, bits, ncode, nbits, opts.warn_narrowing)
     device = opts.device
@@ -196,7 +204,7 @@ def _route_through_host(info: TensorInfo, needs: int, tg: Any, opts: Options, so
     """Memory JAX has no device for (or vector lanes in device memory): the producer's
     host copy, else the array protocol; or the error that says why not."""
     t = "jax"
-    facts = dict(platforms=tg.platforms, lanes_only=not needs & Need.DEVICE)
+    facts = dict(platforms=tg.platforms, lanes_only=not needs & _DEVICE)
     bare = _core.is_capsule(source)
     if opts.fallback == "raise" or bare:
         return fail("no-device", info, t, needs, bare=bare, **facts)
@@ -212,7 +220,7 @@ def _copy_into(info: TensorInfo, needs: int, source: Any) -> str | None:
     """How the producer copies into aligned host memory dlinspect allocates (the one
     copy of a host fallback), where it can and the copy is the whole conversion:
     same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
-    if needs & (Need.NARROW | Need.LANES) or info.numpy_dtype is None:
+    if needs & (_NARROW | _LANES) or info.numpy_dtype is None:
         return None
     return _core.host_into(source)
 
@@ -229,13 +237,13 @@ def _route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) ->
     # What the memory's structure rules out comes first: it holds whatever dtypes exist.
     if _lanes_share_bytes(info):
         return fail("lanes-share-bytes", info, t, needs)
-    if needs & Need.PACKED and not _unpackable(info):
+    if needs & _PACKED and not _unpackable(info):
         return fail("unpack", info, t, needs)
-    if needs & Need.DTYPE:
+    if needs & _DTYPE:
         return fail("host-dtype", info, t, needs)
-    if needs & Need.EMPTY:
+    if needs & _EMPTY:
         return Route(ZERO_COPY, EMPTY, info, t, needs=needs)
-    if needs & Need.DEVICE:
+    if needs & _DEVICE:
         if _core.is_capsule(source):
             return fail("no-device", info, t, needs, bare=True)
         if copy is False:
@@ -243,7 +251,7 @@ def _route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) ->
         return Route(HOST_FALLBACK, PRODUCER_COPY, info, t, needs=needs,
                      copy_bytes=info.nbytes, methods=tuple(_core.host_methods(source)),
                      into=_copy_into(info, needs, source))
-    if needs & Need.PACKED:
+    if needs & _PACKED:
         if copy is False:
             return fail("copy-forbidden", info, t, needs)
         return Route(COPY, UNPACK, info, t, needs=needs, copy_bytes=info.nbytes)
@@ -262,7 +270,7 @@ def route_sharded(info: TensorInfo, needs: int, tg: Any, sharding: Any, opts: Op
     if lay.uneven is not None:
         return fail("uneven", info, t, needs, sharding=sharding, uneven=lay.uneven)
     if (lay.split and info.host_accessible
-            and not needs & (Need.DTYPE | Need.LANES | Need.PACKED | Need.NUMPY_PUT)):
+            and not needs & (_DTYPE | _LANES | _PACKED | _NUMPY_PUT)):
         shards = []
         for dev, idx in zip(lay.devices, lay.indices):
             part = info.sliced(idx)

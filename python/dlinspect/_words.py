@@ -84,7 +84,7 @@ class Route:
         reasons for a copy, JAX's own reason for a dtype...).
     """
 
-    __slots__ = ("kind", "action", "needs", "info", "target", "copy_bytes", "jax_device",
+    __slots__ = ("kind", "action", "_needs", "info", "target", "copy_bytes", "jax_device",
                  "import_device", "import_type", "import_copy", "shards", "problem", "facts",
                  "key_path", "_error", "_reason")
 
@@ -95,7 +95,7 @@ class Route:
                  problem: str | None = None, **facts: Any) -> None:
         self.kind = kind
         self.action = action             # what _execute does
-        self.needs = Need(needs)
+        self._needs = int(needs)
         self.info: Any = info           # TensorInfo, or None (see the class's doc)
         self.target = target
         self.copy_bytes = copy_bytes
@@ -109,6 +109,10 @@ class Route:
         self.key_path = ""
         self._error: Exception | None = None
         self._reason: str | None = None
+
+    @property
+    def needs(self) -> Need:
+        return Need(self._needs)
 
     @property
     def zero_copy(self) -> bool:

@@ -160,3 +160,23 @@ def test_no_leak():
 
 def test_no_leak_on_refusals():
     check_no_leak(pa.array([1, None, 3], pa.int32()), refused=dlinspect.ProducerError)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pa.table({"x": [1.0, 2.0]}),
+    lambda: pa.record_batch({"x": [1.0, 2.0]}),
+])
+def test_tables_are_refused_with_the_fix(make):
+    # A table in a batch (Ray's batch_format="pyarrow") is numbers DLPack cannot carry as
+    # one tensor: refused, naming what to do, never passed over silently.
+    x = make()
+    with pytest.raises(dlinspect.ProducerError, match="to_numpy"):
+        dlinspect.to_jax({"t": x})
+    assert dlinspect.plan({"t": x})["t"].kind == "error"
+
+
+def test_pandas_frames_are_refused_with_the_fix():
+    pd = pytest.importorskip("pandas")
+    for x in (pd.DataFrame({"x": [1.0, 2.0]}), pd.Series([1.0, 2.0])):
+        with pytest.raises(dlinspect.ProducerError, match="to_numpy"):
+            dlinspect.to_jax({"f": x})
