@@ -463,6 +463,17 @@ def caps() -> JaxCaps:
     return _caps
 
 
+def jax_module(name: str) -> Any:
+    """A jax module (``"jax.tree_util"``, ``"jax.sharding"``), imported on first use: one
+    dict lookup after that, where an import statement in a function costs microseconds on
+    every call (dlinspect itself never imports jax on ``import dlinspect``)."""
+    module = sys.modules.get(name)
+    if module is None:
+        import importlib
+        module = importlib.import_module(name)
+    return module
+
+
 def target() -> Any:
     """The process-wide :class:`~dlinspect._core.JaxTarget` (imports jax on first call).
 

@@ -25,6 +25,7 @@ from ._facts import (  # noqa: F401  (the actions, one executor each in _execute
 )
 from ._dtypes import dldtype_from_numpy
 from ._enums import DLDeviceType as D
+from ._jaxcaps import jax_module
 from ._options import DEFAULT, Options
 from .errors import NotDescribableError
 
@@ -339,21 +340,9 @@ def untouched(leaf: Any, target: str, opts: Options) -> Route:
     return Route("untouched", KEEP, None, target, leaf_type=type(leaf))
 
 
-_Sharding: Any = None
-
-
-def _jax_sharding() -> Any:
-    """``jax.sharding.Sharding``, imported once."""
-    global _Sharding
-    if _Sharding is None:
-        from jax.sharding import Sharding
-        _Sharding = Sharding
-    return _Sharding
-
-
 def check_sharding(s: Any) -> Any:
     """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
-    if not isinstance(s, _jax_sharding()):
+    if not isinstance(s, jax_module("jax.sharding").Sharding):
         raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
                         f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
                         f"PartitionSpec('data')).")

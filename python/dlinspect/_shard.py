@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ._jaxcaps import jax_module
+
 __all__ = ["Layout", "layout", "tiling", "uneven", "plain_device", "default_memory",
            "spans_processes"]
 
@@ -68,14 +70,8 @@ def uneven(shape: tuple[int, ...], sharding: Any) -> tuple[Any, ...] | None:
 
 def plain_device(sharding: Any) -> bool:
     """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
-    global _single
-    if _single is None:
-        from jax.sharding import SingleDeviceSharding
-        _single = SingleDeviceSharding
-    return type(sharding) is _single and default_memory(sharding)
-
-
-_single: Any = None   # jax.sharding.SingleDeviceSharding, imported once
+    single = jax_module("jax.sharding").SingleDeviceSharding
+    return type(sharding) is single and default_memory(sharding)
 
 
 def default_memory(sharding: Any) -> bool:

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ._jaxcaps import jax_module
 from .errors import ContainerError
 
 __all__ = ["Flat", "flatten"]
@@ -45,16 +46,8 @@ def _classify(tp: type) -> int:
     return kind
 
 
-_jax_tree_util: Any = None
-
-
 def _tree_util() -> Any:
-    """``jax.tree_util``, imported once (an import statement costs every call)."""
-    global _jax_tree_util
-    if _jax_tree_util is None:
-        from jax import tree_util
-        _jax_tree_util = tree_util
-    return _jax_tree_util
+    return jax_module("jax.tree_util")
 
 
 class Flat:

@@ -231,3 +231,30 @@ def reference(dtype: str, shape: tuple[int, ...] = (3, 4)) -> np.ndarray:
     if dtype.startswith("complex"):
         vals = vals + 1j * vals[::-1]
     return vals.astype(dtype).reshape(shape)
+
+
+def convert_and_check(batch: Any, reference: Callable[[Any], np.ndarray] = np.asarray,
+                      **options: Any) -> tuple[Any, Any]:
+    """``to_jax(batch, **options)`` against ``plan(batch, **options)`` on every leaf of a
+    Mapping batch (a loader's): values (``reference(leaf)``: the leaf's NumPy values),
+    zero-copy exactly where planned (by pointer), non-tensors kept, the Mapping rebuilt
+    as its own type (a plain dict as JAX rebuilds it, keys sorted). Returns (out, routes)."""
+    import jax
+    import dlinspect
+    routes = dlinspect.plan(batch, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
+        out = dlinspect.to_jax(batch, **options)
+    assert type(out) is type(batch)
+    keys = sorted(batch.keys()) if type(batch) is dict else list(batch.keys())
+    assert list(out.keys()) == keys
+    for key, leaf in batch.items():
+        route = routes[key]
+        if route.kind == "untouched":
+            assert out[key] is leaf, key
+            continue
+        assert isinstance(out[key], jax.Array), key
+        assert same_values(out[key], jax_reference(reference(leaf))), key
+        shares = pointer_of(out[key]) == dlinspect.peek(leaf).data_ptr
+        assert shares == (route.kind == "zero-copy"), (key, route, dlinspect.peek(leaf))
+    return out, routes

@@ -25,7 +25,7 @@ import warnings
 import numpy as np
 import pytest
 
-from interop_helpers import jax_reference, need, pointer_of, same_values
+from interop_helpers import convert_and_check, need
 
 datasets = need("datasets", "datasets")
 transformers = need("transformers", "transformers")
@@ -64,6 +64,11 @@ class Batches:
         return n + (1 if rest and not self.drop_last_batch else 0)
 
 
+def numpy_of(leaf):
+    """A leaf's NumPy values (torch tensors through .numpy())."""
+    return leaf.numpy() if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
+
+
 @pytest.fixture(scope="module")
 def table():
     rng = np.random.default_rng(0)
@@ -93,31 +98,6 @@ def sentences(n, seed=0):
             for _ in range(n)]
 
 
-def convert_and_check(batch, **options):
-    """``to_jax(batch, **options)`` against ``plan(batch, **options)`` on every leaf of a
-    Mapping batch: values, zero-copy by pointer, non-tensors kept. Returns (out, routes)."""
-    routes = dlinspect.plan(batch, **options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
-        out = dlinspect.to_jax(batch, **options)
-    assert type(out) is type(batch)
-    if type(batch) is dict:   # a plain dict is a JAX pytree: rebuilt as JAX does, keys sorted
-        assert list(out.keys()) == sorted(batch.keys())
-    else:                     # other Mappings: rebuilt as type(m)(dict), in their own order
-        assert list(out.keys()) == list(batch.keys())
-    for key, leaf in batch.items():
-        route = routes[key]
-        if route.kind == "untouched":
-            assert out[key] is leaf, key
-            continue
-        assert isinstance(out[key], jax.Array), key
-        reference = leaf.numpy() if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
-        assert same_values(out[key], jax_reference(reference)), key
-        shares = pointer_of(out[key]) == dlinspect.peek(leaf).data_ptr
-        assert shares == (route.kind == "zero-copy"), (key, route, dlinspect.peek(leaf))
-    return out, routes
-
-
 # ---- datasets.Dataset ---------------------------------------------------------------
 
 def test_numpy_batches(ds, table):
@@ -128,7 +108,7 @@ def test_numpy_batches(ds, table):
         for key in kinds:    # fresh, writable NumPy memory: nothing read-only to share
             assert batch[key].flags.writeable and dlinspect.peek(batch[key]).read_only is False
         assert batch["label"].dtype == np.int64     # integer columns arrive as int64
-        out, routes = convert_and_check(batch, narrow="ok")
+        out, routes = convert_and_check(batch, numpy_of, narrow="ok")
         for key in kinds:
             kinds[key].add(routes[key].kind)
         assert routes["id"].kind == "untouched" and batch["id"].dtype.kind in "UO"
@@ -224,7 +204,7 @@ def test_tokenizer_batch_encoding(tokenizer, tensors):
     texts = sentences(6)
     enc = tokenizer(texts, padding=True, return_tensors=tensors)
     assert isinstance(enc, transformers.BatchEncoding)
-    out, routes = convert_and_check(enc, narrow="ok")
+    out, routes = convert_and_check(enc, numpy_of, narrow="ok")
     assert type(out) is transformers.BatchEncoding
     assert {route.kind for route in routes.values()} == {"copy"}   # int64, x64 off
     assert out["input_ids"].dtype == jnp.int32
@@ -237,7 +217,7 @@ def test_batch_feature_stays_batch_feature():
     # What image and audio processors return: a BatchFeature (a UserDict too).
     feature = transformers.BatchFeature({"pixel_values": torch.rand(2, 3, 4, 4),
                                          "labels": np.arange(2, dtype=np.int32)})
-    out, routes = convert_and_check(feature)
+    out, routes = convert_and_check(feature, numpy_of)
     assert type(out) is transformers.BatchFeature and list(out) == ["pixel_values", "labels"]
     assert routes["pixel_values"].kind == "zero-copy"   # torch's CPU allocator aligns to 64
 
@@ -257,7 +237,7 @@ def test_collator(tokenizer, tensors):
     collator = transformers.DataCollatorWithPadding(tokenizer, return_tensors=tensors)
     batch = collator(features)
     assert isinstance(batch, transformers.BatchEncoding) and "labels" in batch
-    out, _ = convert_and_check(batch, narrow="ok")
+    out, _ = convert_and_check(batch, numpy_of, narrow="ok")
     assert type(out) is transformers.BatchEncoding
     assert np.asarray(out["labels"]).tolist() == [i % 2 for i in range(5)]
     assert out["input_ids"].shape[1] == max(len(f["input_ids"]) for f in features)

@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from interop_helpers import jax_reference, need, pointer_of, same_values  # noqa: E402
+from interop_helpers import convert_and_check, need, pointer_of  # noqa: E402
 
 ray = need("ray", "ray[data]")
 ray_data = need("ray.data", "ray[data]")
@@ -82,25 +82,6 @@ def ds(ray_session, table):
 def ds_blocks(ray_session, table):
     """Five blocks: batches that span two blocks are concatenated by Ray."""
     return ray_session.from_items(rows(table), override_num_blocks=5).materialize()
-
-
-def convert_and_check(batch, **options):
-    """``to_jax(batch, **options)`` against ``plan(batch, **options)`` on every leaf:
-    values, zero-copy by pointer, non-tensors kept. Returns (out, routes)."""
-    routes = dlinspect.plan(batch, **options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
-        out = dlinspect.to_jax(batch, **options)
-    assert type(out) is dict and set(out) == set(batch)
-    for key, leaf in batch.items():
-        route = routes[key]
-        if route.kind == "untouched":
-            assert out[key] is leaf, key
-            continue
-        assert same_values(out[key], jax_reference(leaf)), key
-        shares = pointer_of(out[key]) == dlinspect.peek(leaf).data_ptr
-        assert shares == (route.kind == "zero-copy"), (key, route, dlinspect.peek(leaf))
-    return out, routes
 
 
 @pytest.mark.parametrize("blocks", ["one block", "five blocks"])

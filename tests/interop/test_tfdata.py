@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import gc
 import os
-import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from interop_helpers import jax_reference, need, pointer_of, same_values  # noqa: E402
+from interop_helpers import convert_and_check, need  # noqa: E402
 
 tf = need("tensorflow", "tensorflow-cpu")
 
@@ -56,30 +55,11 @@ def tensor_of(leaf):
     return leaf.numpy() if isinstance(leaf, tf.Tensor) else np.asarray(leaf)
 
 
-def convert_and_check(batch, **options):
-    """``to_jax(batch, **options)`` against ``plan(batch, **options)`` on every leaf:
-    values, zero-copy by pointer, non-tensors kept. Returns (out, routes)."""
-    routes = dlinspect.plan(batch, **options)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
-        out = dlinspect.to_jax(batch, **options)
-    assert type(out) is type(batch) and set(out) == set(batch)
-    for key, leaf in batch.items():
-        route = routes[key]
-        if route.kind == "untouched":
-            assert out[key] is leaf, key
-            continue
-        assert same_values(out[key], jax_reference(tensor_of(leaf))), key
-        shares = pointer_of(out[key]) == dlinspect.peek(leaf).data_ptr
-        assert shares == (route.kind == "zero-copy"), (key, route, dlinspect.peek(leaf))
-    return out, routes
-
-
 @pytest.mark.parametrize("readonly", ["copy", "share"])
 def test_numpy_iterator_batches(ds, table, readonly):
     seen = 0
     for batch in ds.as_numpy_iterator():
-        out, routes = convert_and_check(batch, readonly=readonly)
+        out, routes = convert_and_check(batch, tensor_of, readonly=readonly)
         assert routes["text"].kind == "untouched" and out["text"] is batch["text"]
         for key in NUMERIC:
             assert not batch[key].flags.writeable and dlinspect.peek(batch[key]).read_only
@@ -100,7 +80,7 @@ def test_eager_batches(ds, table):
     seen = 0
     for batch in ds:
         assert all(isinstance(v, tf.Tensor) for v in batch.values())
-        out, routes = convert_and_check(batch)   # the default readonly="copy"
+        out, routes = convert_and_check(batch, tensor_of)   # the default readonly="copy"
         assert out["text"] is batch["text"] and routes["text"].kind == "untouched"
         assert {k: routes[k].kind for k in NUMERIC} == {
             "x": "zero-copy", "w": "zero-copy", "n": "zero-copy", "label": "copy"}

@@ -39,6 +39,7 @@ from dlinspect.testing import FakeProducer, aligned_array, aligned_empty  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/_versions.py
 from _versions import NUMPY_VERSIONED, enable_x64, torch_exports_float8  # noqa: E402
+from peer_checks import to_jax_checked  # noqa: E402
 
 #: jax._src.dlpack.SUPPORTED_DTYPES_SET, the dtypes JAX's tests round-trip.
 DLPACK_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
@@ -156,23 +157,6 @@ def expected_of(x) -> np.ndarray:
 def comparable(a) -> np.ndarray:
     a = np.asarray(a)
     return a.astype(np.float32) if a.dtype.kind == "V" else a
-
-
-def to_jax_checked(x, src_ptr, **kw):
-    """``to_jax(x, **kw)`` against ``plan(x, **kw)``: the error type it names, a warning
-    exactly when it has one, shared memory exactly when it is "zero-copy"."""
-    route = dlinspect.plan(x, **kw)
-    if route.kind == "error":
-        with pytest.raises(type(route.error)):
-            dlinspect.to_jax(x, **kw)
-        return route, None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DLInspectWarning)
-        y = dlinspect.to_jax(x, **kw)
-    assert any(w.category is DLInspectWarning for w in caught) == (route.warning is not None)
-    if y.size and src_ptr is not None:
-        assert (y.unsafe_buffer_pointer() == src_ptr) == (route.kind == "zero-copy"), route
-    return route, y
 
 
 @pytest.fixture(params=["direct", "public"])

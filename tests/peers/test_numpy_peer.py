@@ -44,6 +44,7 @@ from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, align
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/_versions.py
 from _versions import NUMPY_VERSIONED, enable_x64  # noqa: E402
+from peer_checks import to_jax_checked  # noqa: E402
 
 #: The dtypes NumPy's test_dtype_passthrough round-trips.
 NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
@@ -110,23 +111,6 @@ def as_comparable(a) -> np.ndarray:
     """ml_dtypes arrays compared through float32 (exact for all of them; NaN == NaN)."""
     a = np.asarray(a)
     return a.astype(np.float32) if a.dtype.kind == "V" else a
-
-
-def to_jax_checked(x, src_ptr, **kw):
-    """``to_jax(x, **kw)`` checked against ``plan(x, **kw)``: the error it names, a warning
-    exactly when the route has one, and shared memory exactly for "zero-copy"."""
-    route = dlinspect.plan(x, **kw)
-    if route.kind == "error":
-        with pytest.raises(type(route.error)):
-            dlinspect.to_jax(x, **kw)
-        return route, None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DLInspectWarning)
-        y = dlinspect.to_jax(x, **kw)
-    assert any(w.category is DLInspectWarning for w in caught) == (route.warning is not None)
-    if y.size:
-        assert (y.unsafe_buffer_pointer() == src_ptr) == (route.kind == "zero-copy"), route
-    return route, y
 
 
 # ---- dtypes ------------------------------------------------------------------------------

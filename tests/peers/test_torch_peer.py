@@ -49,6 +49,7 @@ from _versions import (  # noqa: E402
     torch_exports_versioned,
     torch_use_count,
 )
+from peer_checks import to_jax_checked  # noqa: E402
 
 #: torch's __dlpack__ takes max_version (torch >= 2.4): tensors are exported in versioned
 #: capsules, whose host views are writeable; torch 2.3 gives legacy capsules (read-only views).
@@ -119,23 +120,6 @@ def jax_values(t) -> np.ndarray:
     """What JAX makes of torch's values (jnp.asarray: 64-bit narrowed with x64 off)."""
     with np.errstate(all="ignore"):
         return np.asarray(jnp.asarray(reference(t)))
-
-
-def to_jax_checked(x, src_ptr, **kw):
-    """``to_jax(x, **kw)`` against ``plan(x, **kw)``: the error type it names, a warning
-    exactly when it has one, shared memory exactly when it is "zero-copy"."""
-    route = dlinspect.plan(x, **kw)
-    if route.kind == "error":
-        with pytest.raises(type(route.error)):
-            dlinspect.to_jax(x, **kw)
-        return route, None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DLInspectWarning)
-        y = dlinspect.to_jax(x, **kw)
-    assert any(w.category is DLInspectWarning for w in caught) == (route.warning is not None)
-    if y.size and src_ptr is not None:
-        assert (y.unsafe_buffer_pointer() == src_ptr) == (route.kind == "zero-copy"), route
-    return route, y
 
 
 class TensorDLPackWrapper:
