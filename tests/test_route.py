@@ -294,13 +294,21 @@ class TestSmallCopiesInC:
     @pytest.mark.parametrize("make, need", [
         (lambda: aligned(np.ones((4, 4)))[:, ::2], Need.LAYOUT),
         (lambda: np.zeros((0,), np.float32), Need.EMPTY),
-        (lambda: _read_only(aligned(np.ones(4))), Need.READ_ONLY),
+        (lambda: _read_only(aligned(np.ones(300_000))), Need.READ_ONLY),   # over 1 MiB
     ])
     def test_other_needs_go_back_unconsumed(self, make, need):
         x = make()
         cap, info, needs = _core.to_jax_fast(x, target(), True, False)
         assert capsule_name(cap) in ("dltensor_versioned", "dltensor") and needs & need
         assert info.shape == x.shape
+
+    def test_small_read_only_memory_is_copied_in_c(self):
+        # Read-only batches (Ray's, tf.data's as_numpy_iterator) copy like misaligned ones.
+        x = _read_only(aligned(np.arange(8.0), np.float32))
+        y = _core.to_jax_fast(x, target(), True, False)
+        assert isinstance(y, jax.Array) and buffer_pointer(y) != x.ctypes.data
+        np.testing.assert_array_equal(np.asarray(y), np.arange(8.0))
+        assert plan(x).kind == "copy" and plan(x).needs == Need.READ_ONLY
 
     def test_x64_is_read_per_call(self):
         x = aligned(np.arange(4), np.float64)
