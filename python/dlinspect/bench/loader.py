@@ -86,7 +86,7 @@ def _iterate(method: str, batches: Any, sharding: Any = None) -> Any:
     return (convert(b) for b in batches)
 
 
-def _make_step() -> tuple[Any, Any]:
+def make_step() -> tuple[Any, Any]:
     """A jitted SGD step of a small MLP (3072 -> HIDDEN -> 10) and its parameters."""
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     params = {"w1": jax.random.normal(k1, (3072, HIDDEN)) * 0.02,
@@ -167,7 +167,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     warnings.simplefilter("ignore", dlinspect.DLInspectWarning)  # int64 labels, x64 off
     loader = make_loader(8 if quick else 32)
     batches = list(loader)
-    step = _make_step()
+    step = make_step()
     e2e = max(3, repeat // 3)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
     for where, make_batches, times, kwargs in (

@@ -1,0 +1,343 @@
+"""``dlinspect.grain``: grain's ``device_put`` stage, with :func:`dlinspect.to_jax` inside.
+
+grain (Google's data loader for JAX) ends a pipeline with
+``grain.experimental.device_put(ds, device)``: a thread prefetching elements on
+the host, ``jax.device_put`` of each element, a second thread holding a few
+converted elements ahead. :func:`device_put` here is the same stage, built from
+the same grain building blocks (``ThreadPrefetchIterDataset`` and
+``IterDataset.map``), with ``jax.device_put`` replaced by :func:`dlinspect.to_jax`:
+zero-copy where the batch's memory allows, one copy in C where it does not,
+errors naming the batch's key path, and every other option of ``to_jax``.
+
+grain is imported when :func:`device_put` is first called, never by
+``import dlinspect`` nor by importing this module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from typing import Any
+
+from ._execute import to_jax
+from ._options import options as check_options
+from ._warn import collecting
+from .errors import DLInspectWarning
+
+__all__ = ["device_put"]
+
+_INSTALL = "pip install grain"
+
+
+def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
+               device_buffer_size: int = 2, copy: bool | None = None, fallback: str = "host",
+               readonly: str = "copy", leaves: str = "keep", narrow: str = "warn") -> Any:
+    """Put each element of a grain dataset into JAX through :func:`dlinspect.to_jax`, prefetching.
+
+    The stage ``grain.experimental.device_put(ds, device, cpu_buffer_size=...,
+    device_buffer_size=...)`` builds, at the same place in a pipeline and with the
+    same two buffers: a thread prefetching up to ``cpu_buffer_size`` elements of
+    ``ds`` on the host, then :func:`dlinspect.to_jax` of each element on a second
+    thread holding up to ``device_buffer_size`` converted elements ahead.
+
+    Parameters
+    ----------
+    ds : grain.IterDataset or grain.MapDataset
+        The pipeline, typically ending in ``.batch(n)``; a ``MapDataset`` is
+        first made an ``IterDataset`` with ``ds.to_iter_dataset()``. Each element
+        is a pytree (dict, tuple, list, dataclass, Mapping...) of arrays of shape
+        ``(n, ...)``: NumPy arrays from ``np.stack``, grain's
+        ``SharedMemoryArray`` from worker processes (``ds.mp_prefetch(...)``), or
+        any DLPack tensor. A ``grain.DataLoader`` is not a dataset: iterate it
+        through :func:`dlinspect.prefetch_to_jax` (``prefetch_to_jax(loader,
+        ...)``, one epoch per ``iter()``; ``len()`` raises ``TypeError``, as a
+        DataLoader has no length).
+    device : jax.Device, jax.sharding.Sharding, pytree of them, or None
+        Where each element goes, as in ``jax.device_put`` (and grain's
+        ``device_put``): a device, a single-device sharding (that device), a
+        sharding over several devices (taken as ``sharding=``), or a pytree of
+        shardings and devices, a prefix of the element's structure (taken as
+        ``sharding=``). None: JAX's default device.
+    sharding : jax.sharding.Sharding or pytree of them, optional
+        Spread each leaf over several devices, as :func:`dlinspect.to_jax`'s
+        ``sharding=`` (e.g. ``NamedSharding(mesh, PartitionSpec("data"))`` splits
+        the leading, batch, axis: ``n`` must divide evenly). Not together with a
+        ``device``.
+    cpu_buffer_size : int
+        Elements of ``ds`` prefetched on the host by a thread (>= 0; 0: no
+        thread, elements are produced when the conversion asks for them).
+    device_buffer_size : int
+        Converted elements held ahead of the consumer by a second thread (>= 0;
+        0: no thread, each element is converted on the consumer's thread when
+        asked for, after the host buffer). Each converted element holds its
+        memory until it is consumed and dropped (for a zero-copy leaf, the
+        batch's own memory). On JAX CPU devices too the second thread is worth
+        keeping, although the conversion is only a view or one copy in C:
+        without it, end to end into a jitted step, ``benchmarks/bench_grain.py
+        --variants`` measured a few percent fewer batches/s (up to 7%, on 2
+        cores), the conversion then sharing the consumer's thread with the
+        step's dispatch.
+    copy, fallback, readonly, leaves, narrow
+        Passed to :func:`dlinspect.to_jax` for every element: ``copy=False``
+        never copies (``CopyRequiredError`` naming the reason and the key path);
+        ``readonly="share"`` views read-only memory; ``leaves="raise"`` refuses
+        leaves that are not tensors (grain's string arrays, Python numbers);
+        ``narrow="ok"`` narrows 64-bit leaves with x64 off without a warning.
+
+    Returns
+    -------
+    grain.IterDataset
+        The pipeline with the stage appended: each element has the structure
+        of ``ds``'s, its tensors as ``jax.Array`` (a leaf of shape ``(n, ...)``
+        keeps its shape; 64-bit dtypes narrowed to 32 bits with x64 off), every
+        other leaf as it was. Iterating it gives grain's ``DatasetIterator``,
+        with ``get_state``/``set_state`` as the source's (checkpointing works as
+        through grain's ``device_put``); each ``iter()`` is a new epoch.
+
+    Raises
+    ------
+    ImportError
+        grain is not installed (``pip install grain``), or too old to have
+        ``IterDataset`` and ``experimental.ThreadPrefetchIterDataset``.
+    TypeError
+        ``ds`` is not a grain ``IterDataset`` or ``MapDataset`` (a
+        ``grain.DataLoader`` or any other iterable: the message names
+        :func:`dlinspect.prefetch_to_jax`); ``device`` is not a device, sharding
+        or pytree of them.
+    ValueError
+        A buffer size that is not an int >= 0, an invalid ``fallback`` /
+        ``readonly`` / ``leaves`` / ``narrow`` / ``copy``, or both ``device``
+        and ``sharding``.
+    DLInspectError
+        While iterating, at the element where it happened (earlier elements are
+        yielded first): what :func:`dlinspect.to_jax` raises for that element
+        (``CopyRequiredError``, ``ShardingError``, ``ProducerError``...), its
+        message starting with the leaf's key path (``['image']``), as
+        ``jax.tree_util.keystr`` writes it. Exceptions of ``ds`` itself are
+        grain's, re-raised as grain re-raises them.
+
+    Warns
+    -----
+    DLInspectWarning
+        A 64-bit leaf narrowed with x64 off (unless ``narrow="ok"``), emitted on
+        the consumer's thread, at the line that iterates the dataset.
+
+    Notes
+    -----
+    Zero-copy: a leaf whose memory JAX can view is not copied: the
+    ``jax.Array`` reads the batch's memory, which it keeps alive (``plan(batch)``
+    says which leaves: ``"zero-copy"``). grain's batches from worker processes
+    (``mp_prefetch``, a ``DataLoader`` with ``worker_count > 0``) are page-aligned
+    shared memory and import zero-copy; ``np.stack`` in this process gives memory
+    that is only 16-byte aligned for sure (``malloc``'s), which XLA:CPU does not
+    view, so those leaves are copied once, in C, into 64-byte aligned memory
+    (where they happen to be 64-byte aligned, viewed). ``jax.device_put`` views
+    the same aligned memory and copies the same unaligned memory.
+
+    On a second thread (``device_buffer_size > 0``) the conversion runs under
+    JAX's x64 mode as the caller saw it when ``device_put`` was called
+    (``jax.enable_x64`` is thread-local). With several JAX processes, a
+    ``sharding`` spanning them takes each process's element as its part.
+
+    Examples
+    --------
+    A pipeline of 256 images and labels per batch, into a jitted step::
+
+        import grain, dlinspect.grain
+        ds = (grain.MapDataset.source(source).shuffle(seed=0).batch(256)
+              .to_iter_dataset())
+        for batch in dlinspect.grain.device_put(ds, narrow="ok"):
+            params, loss = step(params, batch["image"], batch["label"])
+    """
+    grain, prefetch = _grain()
+    ds = _iter_dataset(grain, ds)
+    for name, size in (("cpu_buffer_size", cpu_buffer_size),
+                       ("device_buffer_size", device_buffer_size)):
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"{name} must be an int >= 0 (elements buffered), not {size!r}")
+    device, sharding = _placement(device, sharding)
+    opts = dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
+                readonly=readonly, leaves=leaves, narrow=narrow)
+    check_options(**opts)
+    if cpu_buffer_size:
+        ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
+    from ._jaxcaps import target
+    tg = target()
+    if not device_buffer_size:
+        return ds.map(_ToJax(opts, None, None, emit=True, cpu_device=tg.cpu_device))
+    ds = ds.map(_ToJax(opts, bool(tg.x64.value), tg.x64_context, emit=False,
+                       cpu_device=tg.cpu_device))
+    ds = prefetch(ds, prefetch_buffer_size=device_buffer_size)
+    return ds.map(_emit)
+
+
+class _ToJax:
+    """``to_jax(element, **options)`` as a grain map; its warnings kept with the element
+    (``emit=False``, on a prefetch thread) or shown at the consumer's line.
+
+    ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
+    on a CPU-only JAX, what grain users pass) is converted as ``device=None``, which
+    takes to_jax's batch fast path (one call into the core for every leaf; with a
+    device given, each leaf takes the general route, about 60 µs more per leaf);
+    a leaf that is then not on that device (memory of another JAX device, a
+    ``jax.Array`` already elsewhere) is moved there with ``jax.device_put``, as
+    ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
+
+    __slots__ = ("context", "emit", "move_to", "options", "x64")
+
+    def __init__(self, options: dict[str, Any], x64: bool | None, context: Any,
+                 emit: bool, cpu_device: Any = None) -> None:
+        options = {k: v for k, v in options.items() if not _default(k, v)}
+        self.move_to = None
+        if (cpu_device is not None and options.get("device") == cpu_device
+                and options.keys() <= {"device", "leaves", "narrow", "readonly", "fallback"}):
+            # Only where copy=None: with copy=False a move must raise CopyRequiredError,
+            # and copy=True takes the general route anyway.
+            self.move_to = options.pop("device")
+        self.options = options
+        self.x64 = x64
+        self.context = context
+        self.emit = emit
+
+    def __call__(self, element: Any) -> Any:
+        before = getattr(collecting, "messages", None)
+        messages: list[str] = []
+        collecting.messages = messages
+        try:
+            if self.context is None:
+                out = to_jax(element, **self.options)
+            else:
+                with self.context(self.x64):
+                    out = to_jax(element, **self.options)
+        finally:
+            collecting.messages = before
+        del element
+        if self.move_to is not None:
+            out = _move(out, self.move_to)
+        if self.emit:
+            for message in messages:
+                _warn_at_consumer(message)
+            return out
+        return _Converted(out, messages)
+
+    def __repr__(self) -> str:
+        given = dict(self.options, **({} if self.move_to is None else {"device": self.move_to}))
+        text = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        return f"dlinspect.to_jax({text})" if text else "dlinspect.to_jax"
+
+
+def _move(out: Any, device: Any) -> Any:
+    """``out`` with every jax.Array leaf on ``device`` (those elsewhere device_put there)."""
+    from ._jaxcaps import target
+    from ._tree import flatten
+    flat = flatten(out)
+    array_type = target().array_type
+    moved = None
+    for i, leaf in enumerate(flat.leaves):
+        if isinstance(leaf, array_type):
+            devices = leaf.devices()
+            if len(devices) != 1 or device not in devices:
+                if moved is None:
+                    moved = list(flat.leaves)
+                moved[i] = target().jax.device_put(leaf, device)
+    return out if moved is None else flat.unflatten(moved)
+
+
+_DEFAULTS = dict(device=None, sharding=None, copy=None, fallback="host", readonly="copy",
+                 leaves="keep", narrow="warn")
+
+
+def _default(name: str, value: Any) -> bool:
+    default = _DEFAULTS[name]
+    return value is default or (type(value) is str and value == default)
+
+
+class _Converted:
+    """A converted element and the warnings its conversion made, between threads."""
+
+    __slots__ = ("messages", "out")
+
+    def __init__(self, out: Any, messages: list[str]) -> None:
+        self.out = out
+        self.messages = messages
+
+
+def _emit(item: _Converted) -> Any:
+    """On the consumer's thread: the element, after its conversion's warnings."""
+    for message in item.messages:
+        _warn_at_consumer(message)
+    return item.out
+
+
+_SKIP: tuple[str, ...] = ()
+
+
+def _warn_at_consumer(message: str) -> None:
+    """A DLInspectWarning at the first frame outside dlinspect, grain and jax: the
+    line that iterates the dataset."""
+    global _SKIP
+    if not _SKIP:
+        files = (getattr(sys.modules.get(name), "__file__", None)
+                 for name in ("dlinspect", "grain", "jax"))
+        _SKIP = tuple(os.path.dirname(f) + os.sep for f in files if f)
+    level = 2
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, DLInspectWarning, stacklevel=level)
+
+
+def _grain() -> tuple[Any, Any]:
+    """grain, and its ThreadPrefetchIterDataset; ImportError with the fix."""
+    try:
+        grain = importlib.import_module("grain")   # (mypy needs no grain installed)
+    except ImportError as exc:
+        raise ImportError(f"dlinspect.grain needs grain, which is not installed: {_INSTALL}"
+                          ) from exc
+    prefetch = getattr(getattr(grain, "experimental", None), "ThreadPrefetchIterDataset", None)
+    if prefetch is None or not hasattr(grain, "IterDataset"):
+        version = getattr(grain, "__version__", "?")
+        raise ImportError(f"dlinspect.grain needs grain.IterDataset and "
+                          f"grain.experimental.ThreadPrefetchIterDataset, which grain {version} "
+                          f"lacks: pip install -U grain")
+    return grain, prefetch
+
+
+def _iter_dataset(grain: Any, ds: Any) -> Any:
+    if isinstance(ds, grain.IterDataset):
+        return ds
+    if isinstance(ds, grain.MapDataset):
+        return ds.to_iter_dataset()
+    if isinstance(ds, getattr(grain, "DataLoader", ())):
+        raise TypeError("dlinspect.grain.device_put takes a grain IterDataset or MapDataset; a "
+                        "grain.DataLoader is not a dataset: convert its batches with "
+                        "dlinspect.prefetch_to_jax(loader, ...) (same options), or build the "
+                        "pipeline as a dataset (grain.MapDataset.source(...)...batch(n), "
+                        ".mp_prefetch(...) for worker processes).")
+    raise TypeError(f"dlinspect.grain.device_put takes a grain IterDataset or MapDataset, not "
+                    f"{type(ds).__module__}.{type(ds).__qualname__}; for any other iterable of "
+                    f"batches use dlinspect.prefetch_to_jax(iterable, ...).")
+
+
+def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
+    """``device`` as ``jax.device_put`` takes it, split into to_jax's device= and sharding=."""
+    if device is None or sharding is not None:
+        return device, sharding          # both given: check_options says so
+    if hasattr(device, "device_set"):    # a Sharding
+        return (device, None) if len(device.device_set) == 1 else (None, device)
+    if hasattr(device, "platform") and hasattr(device, "id"):
+        return device, None
+    import jax
+    from jax.sharding import Sharding, SingleDeviceSharding
+    leaves = jax.tree_util.tree_leaves(device)
+    if not leaves or not all(isinstance(x, Sharding) or _is_device(x) for x in leaves):
+        raise TypeError(f"device must be a jax.Device, a jax.sharding.Sharding or a pytree of "
+                        f"them (as jax.device_put takes), not {device!r}")
+    return None, jax.tree_util.tree_map(
+        lambda x: SingleDeviceSharding(x) if _is_device(x) else x, device)
+
+
+def _is_device(x: Any) -> bool:
+    return hasattr(x, "platform") and hasattr(x, "id") and not hasattr(x, "device_set")
