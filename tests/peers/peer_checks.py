@@ -5,10 +5,17 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 
 import dlinspect
 from dlinspect import DLInspectWarning
+
+#: The numeric dtypes NumPy exports through DLPack: what NumPy's test_dtype_passthrough
+#: round-trips, and JAX's tests' numpy_dtypes.
+NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64,
+                np.complex128]
 
 
 def to_jax_checked(x: Any, src_ptr: int | None, **kw: Any) -> tuple[Any, Any]:

@@ -39,14 +39,11 @@ from dlinspect.testing import FakeProducer, aligned_array, aligned_empty  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/_versions.py
 from _versions import NUMPY_VERSIONED, enable_x64, torch_exports_float8  # noqa: E402
-from peer_checks import to_jax_checked  # noqa: E402
+from peer_checks import NUMPY_DTYPES, to_jax_checked  # noqa: E402
 
-#: jax._src.dlpack.SUPPORTED_DTYPES_SET, the dtypes JAX's tests round-trip.
-DLPACK_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                 np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64,
-                 np.complex128, jnp.bfloat16]
-#: JAX's numpy_dtypes: what NumPy exports (all but bfloat16).
-NUMPY_DTYPES = [d for d in DLPACK_DTYPES if d is not jnp.bfloat16]
+#: jax._src.dlpack.SUPPORTED_DTYPES_SET, the dtypes JAX's tests round-trip: NumPy's
+#: (JAX's numpy_dtypes) and bfloat16.
+DLPACK_DTYPES = [*NUMPY_DTYPES, jnp.bfloat16]
 #: JAX's extra_dlpack_dtypes (neither NumPy nor TensorFlow have them).
 EXTRA_DTYPES = ["float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
                 "float8_e5m2fnuz", "float4_e2m1fn", "float8_e3m4", "float8_e4m3",

@@ -44,12 +44,8 @@ from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, align
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/_versions.py
 from _versions import NUMPY_VERSIONED, enable_x64  # noqa: E402
-from peer_checks import to_jax_checked  # noqa: E402
+from peer_checks import NUMPY_DTYPES, to_jax_checked  # noqa: E402
 
-#: The dtypes NumPy's test_dtype_passthrough round-trips.
-NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                np.uint32, np.uint64, np.float16, np.float32, np.float64, np.complex64,
-                np.complex128]
 ML_DTYPES = ["bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
              "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
              "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "int2", "uint2", "int4", "uint4"]
