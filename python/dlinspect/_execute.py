@@ -63,12 +63,15 @@ def _host_view_import(route: Route, cap: Any, x: Any, tg: Any, opts: Options) ->
 
 
 def _empty(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
-    """A new empty array; the capsule is taken and freed (nothing of it is used)."""
+    """A new empty array; the capsule is taken and freed (nothing of it is used).
+    ``jax.device_put`` of an empty NumPy array, not ``jnp.zeros``: that compiles a fill,
+    and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1), a dtype
+    ``jax.device_put`` takes."""
     info = route.info
     _core.take(cap, True, info)
     shape = info.shape + ((info.dtype.lanes,) if info.dtype.lanes != 1 else ())
     dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
-    return tg.jnp.zeros(shape, dtype, device=route.jax_device)
+    return tg.jax.device_put(np.empty(shape, dtype), route.jax_device)
 
 
 def _producer_copy(route: Route, cap: Any, x: Any, tg: Any, opts: Options) -> Any:
