@@ -543,8 +543,11 @@ class TestDtypes:
     @pytest.mark.parametrize("dtype", [(15, 6, 1), (3, 64, 1), (99, 8, 1)])
     def test_dtypes_jax_cannot_hold(self, dtype):
         cap = make_capsule(aligned_empty((8,), np.uint8, 64), shape=(2,), dtype=dtype)
-        with pytest.raises(UnsupportedDTypeError, match=f"code={dtype[0]}, bits={dtype[1]}, "
-                                                          f"lanes={dtype[2]}"):
+        match = f"code={dtype[0]}, bits={dtype[1]}, lanes={dtype[2]}"
+        if dtype == (15, 6, 1) and djax.caps()._probe_hold(15, 6) is None:
+            # jax >= 0.11 holds float6 arrays: then it is the packing that is refused.
+            match = "packs 6-bit elements across byte boundaries"
+        with pytest.raises(UnsupportedDTypeError, match=match):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned"
 
