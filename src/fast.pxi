@@ -222,45 +222,68 @@ cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_
 
 # ---- sharded: one decision per leaf, every slice imported in one pass ------------------
 
-def split_parts(TensorInfo info, JaxTarget tg, list indices, bint share_readonly):
+def split_parts(TensorInfo info, JaxTarget tg, list indices, bint share_readonly,
+                bint may_copy=False):
     """The slices of host memory ``info`` for a sharding (``indices``: one tuple of
     slices per device, in the order of ``Sharding.addressable_devices_indices_map``),
-    when every one needs nothing to be viewed by JAX on a CPU device (the needs plan
-    gives its shards); else None, and the general route decides.
+    when every one can be viewed by JAX on a CPU device as it is or, with
+    ``may_copy``, copied in C as :func:`to_jax_fast` copies (at most 1 MiB, needing
+    only alignment, x64 narrowing or a writable copy): the needs plan gives its
+    shards. Else None, and the general route decides.
 
     Returns
     -------
-    list of TensorInfo or None
+    list of (TensorInfo, int) or None
+        Each slice and its needs (0: viewed as it is).
     """
     cdef list parts = []
     cdef TensorInfo part
+    cdef uint32_t n
     if not _host_accessible(info._dev_type):
         return None
     for index in indices:
         part = info.sliced(index)
-        if _needs_jax(part, tg, share_readonly) & ~NEED_VIA_CPU:
+        n = _needs_jax(part, tg, share_readonly) & ~NEED_VIA_CPU
+        if n and not (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0
+                      and part._nbytes <= _COPY_MAX_BYTES and part._bits % 8 == 0):
             return None
-        parts.append(part)
+        parts.append((part, n))
     return parts
 
 
-def split_import(cap, TensorInfo info, list parts, list devices, JaxTarget tg):
+def split_import(cap, TensorInfo info, list parts, list devices, JaxTarget tg,
+                 bint warn_narrowing=True):
     """Consume ``cap`` into one owner and import each slice of :func:`split_parts` onto
-    its device, zero-copy; the producer's deleter runs when the last slice dies. A
-    legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
-    does.
+    its device: zero-copy where it needs nothing, else copied in C into aligned
+    memory (narrowed where JAX narrows, warning once unless ``warn_narrowing`` is
+    false, before anything is consumed). The producer's deleter runs when the last
+    viewed slice dies (at once when every slice is copied). A legacy capsule cannot
+    say read-only and is imported as writable, as ``to_jax`` does.
 
     Returns
     -------
     list of jax.Array
         One single-device array per slice, in the order of ``devices``.
     """
-    owner = take(cap, info.read_only is True, info)
-    cdef list arrays = []
     cdef TensorInfo part
+    cdef uint32_t n
+    cdef int dst_key = info._key()
     cdef Py_ssize_t i
+    cdef list arrays = []
+    for part, n in parts:
+        if n & NEED_NARROW:
+            dst_key, text = tg.narrow[info._key()]
+            if warn_narrowing:
+                tg.warn(text)   # before consuming: -W error leaves the capsule as it was
+            break
+    owner = take(cap, info.read_only is True, info)
     for i in range(len(parts)):
-        part = parts[i]
-        arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
-                                     None, None, kDLCPU))
+        part, n = parts[i]
+        if n == 0:
+            arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
+                                         None, None, kDLCPU))
+        else:
+            copy = _aligned_copy(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+            arrays.append(tg.import_fn(copy, devices[i], None, None, <int>kDLCPU))
+            del copy
     return arrays

@@ -579,9 +579,10 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
                 decided.append((i, *item))
             out = list(leaves)
             for i, route, cap, info, parts in decided:
-                if route is None:   # every slice viewed as it is
+                if route is None:   # every slice viewed, or small ones copied in C
                     lay = _shard.layout(s, info.shape)
-                    arrays = _core.split_import(cap, info, parts, lay.devices, tg)
+                    arrays = _core.split_import(cap, info, parts, lay.devices, tg,
+                                                leaf_opts.warn_narrowing)
                     out[i] = tg.assemble(info.shape, s, lay.devices, arrays)
                 else:
                     out[i] = execute(route, cap, leaves[i], tg, leaf_opts)
@@ -606,7 +607,8 @@ def _to_jax_sharded(x: Any, tg: Any, opts: Options) -> Any:
 
 def _decide_split(leaf: Any, tg: Any, s: Any, opts: Options) -> Any:
     """``(None, capsule, TensorInfo, slices)`` when host memory splits over ``s`` with
-    every slice viewed as it is (``_core.split_parts``); else ``(route, capsule, None,
+    every slice viewed as it is or, with ``copy=None``, small slices copied in C
+    (``_core.split_parts``); else ``(route, capsule, None,
     None)`` from the general decision; None for a leaf the general path takes whole."""
     if isinstance(leaf, tg.jax.Array):
         return None
@@ -621,7 +623,8 @@ def _decide_split(leaf: Any, tg: Any, s: Any, opts: Options) -> Any:
             _native_copy(leaf, None, tg.copy_align), tg, s, opts)
     lay = _shard.layout(s, info.shape)
     if lay.split and opts.copy is not True:
-        parts = _core.split_parts(info, tg, lay.indices, opts.share_readonly)
+        parts = _core.split_parts(info, tg, lay.indices, opts.share_readonly,
+                                  opts.copy is None)
         if parts is not None:
             return (None, cap, info, parts)
     route = _plan.decide(info, tg, "jax", opts, leaf)

@@ -139,6 +139,43 @@ def test_failed_split_leaves_capsule_unconsumed():
     assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
 
 
+def test_small_slices_copied_in_c_in_the_one_pass(monkeypatch):
+    # A misaligned leaf and int64 labels (x64 off): every slice copied in C, in the one
+    # sharded pass, not by the general route's executors; plan's copy bytes, the
+    # producer's deleter at once (nothing views its memory), one warning per leaf, and
+    # -W error on that warning leaves the capsule as it was.
+    from dlinspect import _execute
+    monkeypatch.setattr(_execute, "execute", lambda *a, **k: pytest.fail("general route"))
+    src = aligned_empty((8, 16), np.float32, 64, offset=16)   # every slice 16-byte aligned
+    src[...] = np.arange(128).reshape(8, 16)
+    counter = DeleterCounter()
+    cap = make_capsule(src, counter=counter)
+    route = plan(make_capsule(src), sharding=DATA)
+    if _xla_alignment() > 16:
+        assert route.kind == "copy" and route.copy_bytes == src.nbytes
+    y = to_jax(cap, sharding=DATA)
+    gc.collect()
+    assert counter.calls == (1 if route.kind == "copy" else 0)
+    np.testing.assert_array_equal(np.asarray(y), src)
+    assert y.sharding == DATA
+    labels = np.arange(8, dtype=np.int64)
+    if not jax.config.jax_enable_x64:
+        with pytest.warns(DLInspectWarning, match="int64") as record:
+            z = to_jax({"label": labels}, sharding=DATA)["label"]
+        assert len([w for w in record if w.category is DLInspectWarning]) == 1
+        assert z.dtype == np.int32 and z.tolist() == list(range(8)) and z.sharding == DATA
+        counter = DeleterCounter()
+        cap = make_capsule(labels, counter=counter)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DLInspectWarning)
+            with pytest.raises(DLInspectWarning):
+                to_jax(cap, sharding=DATA)
+        assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DLInspectWarning)
+            assert to_jax(cap, sharding=DATA, narrow="ok").tolist() == list(range(8))
+
+
 def test_copy_false_and_copy_true():
     misaligned = aligned_empty((8,), np.float32, 64, offset=4)
     misaligned[:] = 1
@@ -200,6 +237,7 @@ def test_process_local_data_path(monkeypatch):
     global array is that part)."""
     from dlinspect import _shard
     monkeypatch.setattr(_shard, "spans_processes", lambda sharding: True)
+    monkeypatch.setattr(_shard, "_layouts", {})   # layouts cached by earlier tests
     x = aligned(np.arange(8 * 3).reshape(8, 3))
     route = plan(x, sharding=DATA)
     assert route.kind == "copy" and "make_array_from_process_local_data" in route.reason

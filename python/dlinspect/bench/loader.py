@@ -23,13 +23,16 @@ within each repetition):
 
 Then, in a subprocess with 4 forced CPU devices, ``prefetch_to_jax`` with
 ``sharding=NamedSharding(mesh, P("data"))`` against from_dlpack then
-``jax.device_put(leaf, sharding)``, and the bytes each leaf's sharded route copies.
+``jax.device_put(leaf, sharding)``, and the bytes each leaf's sharded route copies; and
+``to_jax(b, sharding=...)`` against ``jax.device_put(b, sharding)`` of the same batches as
+NumPy arrays (``{"image": float32, "label": int32}``: what ``jax.device_put`` takes).
 
 Targets (with x64 off every method narrows the int64 labels to int32): the to_jax
 loop (conversion only) >= 2x the from_dlpack loop and >= 3x the asarray loop;
 prefetch_to_jax (defaults) >= 0.95x the to_jax loop end to end (async and synced:
 never meaningfully slower than the plain loop); sharded over 4 devices, the float32
-image leaf copies 0 bytes.
+image leaf copies 0 bytes, and ``to_jax(b, sharding=)`` >= 1.0x ``jax.device_put(b,
+sharding)`` (batches/s).
 """
 
 from __future__ import annotations
@@ -78,7 +81,14 @@ def _convert_functions() -> dict[str, Callable[[Any], Any]]:
             "asarray loop": lambda b: [jnp.asarray(leaf.numpy()) for leaf in b]}
 
 
+#: Methods over NumPy batches that place each batch themselves (sharded suite only).
+PLACED = {"to_jax(b, sharding)": lambda b, s: dlinspect.to_jax(b, sharding=s),
+          "jax.device_put(b, sharding)": lambda b, s: jax.device_put(b, s)}
+
+
 def _iterate(method: str, batches: Any, sharding: Any = None) -> Any:
+    if method in PLACED:
+        return (PLACED[method](b, sharding) for b in batches)
     if method.startswith("prefetch_to_jax"):
         return iter(dlinspect.prefetch_to_jax(batches, sharding=sharding,
                                               thread=True if method.endswith("thread") else None))
@@ -113,7 +123,7 @@ def _pass(method: str, batches: Any, step: Any = None, sync: bool = False,
     start = time.perf_counter()
     params = None if step is None else step[1]
     for b in _iterate(method, batches, sharding):
-        if sharding is not None and not method.startswith("prefetch"):
+        if sharding is not None and method in _convert_functions():
             b = [jax.device_put(leaf, sharding) for leaf in b]
         if step is None:
             jax.block_until_ready(b)
@@ -154,8 +164,11 @@ def _sharded_child(quick: bool, repeat: int) -> dict[str, Any]:
                         "narrowing": route.warning is not None}
     rates = _rates(["prefetch_to_jax", "from_dlpack loop"], lambda: batches, repeat,
                    sharding=sharding)
+    arrays = [{"image": im.numpy(), "label": lb.numpy().astype(numpy.int32)}
+              for im, lb in batches]
+    placed = _rates(list(PLACED), lambda: arrays, repeat, sharding=sharding)
     rows = {"prefetch_to_jax (sharded)": rates["prefetch_to_jax"],
-            "from_dlpack + device_put": rates["from_dlpack loop"]}
+            "from_dlpack + device_put": rates["from_dlpack loop"], **placed}
     return {"devices": len(jax.devices()), "copies": copies, "rows": rows}
 
 
@@ -207,6 +220,12 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     targets.append({"target": f"sharded over {sharded['devices']} devices: the float32 image "
                               f"leaf copies 0 bytes", "status": "PASS" if image_bytes == 0 else "FAIL",
                     "value": image_bytes, "limit": 0})
+    measured, baseline = (f"{name} [sharded, conversion]" for name in PLACED)
+    ratio = sharded["rows"]["to_jax(b, sharding)"]["median"] / \
+        sharded["rows"]["jax.device_put(b, sharding)"]["median"]
+    targets.append({"target": "to_jax(b, sharding) >= 1.0x jax.device_put(b, sharding) "
+                              "(sharded, conversion)", "status": "PASS" if ratio >= 1.0 else "FAIL",
+                    "value": ratio, "limit": 1.0, "measured": measured, "baseline": baseline})
     fastest = {where: max(table, key=lambda m: table[m]["median"]) for where, table in tables.items()}
     notes = [f"fastest: {', '.join(f'{where}: {m}' for where, m in fastest.items())}"]
     notes += [f"sharded: {name} leaf planned {c['kind']}, {c['copy_bytes']} B copied"
