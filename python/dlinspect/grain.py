@@ -76,8 +76,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         batch's own memory). On JAX CPU devices too the second thread is worth
         keeping, although the conversion is only a view or one copy in C:
         without it, end to end into a jitted step, ``benchmarks/bench_grain.py
-        --variants`` measured a few percent fewer batches/s (up to 7%, on 2
-        cores), the conversion then sharing the consumer's thread with the
+        --variants`` measured fewer batches/s (up to 10%, on 2 cores; README,
+        "grain"), the conversion then sharing the consumer's thread with the
         step's dispatch.
     copy, fallback, readonly, leaves, narrow
         Passed to :func:`dlinspect.to_jax` for every element: ``copy=False``
