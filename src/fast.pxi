@@ -9,6 +9,13 @@ cdef int64_t _COPY_MAX_BYTES = 1 << 20
 cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY
 
 
+cdef inline bint _small_copy(TensorInfo info, uint32_t n) noexcept:
+    """The one rule of the C copy: compact host memory of at most 1 MiB (whole bytes per
+    element) whose only needs ``n`` are ALIGN, NARROW and/or READ_ONLY."""
+    return ((n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
+            and info._bits % 8 == 0)
+
+
 @cython.binding(False)
 def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_narrowing=True):
     """Export ``x`` once and import it into JAX's CPU device when nothing is needed.
@@ -160,8 +167,7 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy, JaxTarget tg) ex
     if info._dev_type == kDLCPU and info._dev_id == 0:
         if n == 0:
             return 1
-        if (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
-                and info._bits % 8 == 0):
+        if may_copy and _small_copy(info, n):
             return 2
         return 0
     if n == 0 and (info._dev_type, info._dev_id) in tg.devices:
@@ -244,8 +250,7 @@ def split_parts(TensorInfo info, JaxTarget tg, list indices, bint share_readonly
     for index in indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share_readonly) & ~NEED_VIA_CPU
-        if n and not (may_copy and (n & ~_SMALL_COPY_NEEDS) == 0
-                      and part._nbytes <= _COPY_MAX_BYTES and part._bits % 8 == 0):
+        if n and not (may_copy and _small_copy(part, n)):
             return None
         parts.append((part, n))
     return parts

@@ -15,6 +15,7 @@ grain is imported when :func:`device_put` is first called, never by
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -22,6 +23,7 @@ import warnings
 from typing import Any
 
 from ._execute import to_jax
+from ._options import DEFAULT
 from ._options import options as check_options
 from ._warn import collecting
 from .errors import DLInspectWarning
@@ -245,8 +247,7 @@ def _move(out: Any, device: Any) -> Any:
     return out if moved is None else flat.unflatten(moved)
 
 
-_DEFAULTS = dict(device=None, sharding=None, copy=None, fallback="host", readonly="copy",
-                 leaves="keep", narrow="warn")
+_DEFAULTS = dataclasses.asdict(DEFAULT)   # to_jax's defaults, from the one Options
 
 
 def _default(name: str, value: Any) -> bool:
