@@ -3,6 +3,8 @@
 
 The flow runs one way, one concern per included file::
 
+    tables.pxi   the DLPack enums and the tables read by everything below: devices,
+                 dtypes
     export.pxi   the only code that calls a producer (__dlpack__, __dlpack_device__,
                  the DLPack C exchange API) and applies every producer guard
     header.pxi   TensorInfo: a header copied out and validated (every field untrusted)
@@ -77,9 +79,7 @@ from dlinspect.errors import (
     CapsuleConsumedError, MalformedTensorError, NotDescribableError, NotDLPackError,
     NotNumericError, ProducerError, UnsupportedDTypeError, UnsupportedVersionError,
 )
-from dlinspect._enums import DLDataType as _PyDLDataType, as_device_type, device_name
-from dlinspect import _dtypes
-from numpy import ndarray as _np_ndarray
+from numpy import dtype as _np_dtype, empty as _np_empty, ndarray as _np_ndarray
 
 #: Largest ``ndim`` peek accepts (NumPy's NPY_MAXDIMS). Larger values raise MalformedTensorError.
 MAX_NDIM = 64
@@ -96,38 +96,9 @@ cdef const char* EXCHANGE_API = DLINSPECT_CAPSULE_EXCHANGE_API
 FLAG_READ_ONLY = <uint64_t>DLPACK_FLAG_BITMASK_READ_ONLY
 FLAG_IS_COPIED = <uint64_t>DLPACK_FLAG_BITMASK_IS_COPIED
 FLAG_IS_SUBBYTE_TYPE_PADDED = <uint64_t>DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-ABI_VERSION = (DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
 
 
-# The device table (dlinspect._enums.DEVICES), as bits per DLDeviceType below 64.
-cdef enum:
-    _DEV_HOST = 1
-    _DEV_PINNED = 2
-cdef uint8_t _DEVICE_BITS[64]
-
-
-cdef int _read_device_table() except -1:
-    from dlinspect._enums import DEVICES
-    memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
-    for device_type, row in DEVICES.items():
-        if 0 <= device_type < 64:
-            _DEVICE_BITS[device_type] = (_DEV_HOST if row.host else 0) | (_DEV_PINNED if row.pinned else 0)
-    return 0
-
-
-_read_device_table()
-
-
-cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
-    """Host-accessible memory (the device table's ``host``)."""
-    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_HOST) != 0
-
-
-cdef inline bint _pinned(int32_t device_type) noexcept nogil:
-    """Pinned host memory that a producer may export with a kDLCPU header (``pinned``)."""
-    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_PINNED) != 0
-
-
+include "tables.pxi"
 include "header.pxi"
 include "capsules.pxi"
 include "export.pxi"

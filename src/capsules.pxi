@@ -194,7 +194,7 @@ cdef tuple _numpy_form(object arr):
     """``(NumpyForm, why)`` of ndarray ``arr``; ``why`` says in words what DLPack lacks."""
     dt = arr.dtype
     try:
-        _dtypes.dldtype_from_numpy(dt)
+        dldtype_from_numpy(dt)
     except ValueError:
         if dt.kind in "biufc" or str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes"):
             return (NP_NO_CODE, f"DLPack has no type code for {dt.name}")
@@ -254,7 +254,7 @@ def capsule_of(arr, bint read_only=False):
     form, why = _numpy_form(arr)
     if form != NP_EXACT:
         raise ValueError(f"DLPack cannot describe this array exactly: {why}")
-    code, bits, lanes = _dtypes.dldtype_from_numpy(arr.dtype)
+    code, bits, lanes = dldtype_from_numpy(arr.dtype)
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
@@ -509,7 +509,39 @@ cdef class ByteView:
                 "data": (self.owner.info._ptr(), True)}
 
 
-# ---- aligned copies, made without the GIL ------------------------------------
+# ---- aligned memory, and aligned copies made without the GIL -----------------
+
+def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=0):
+    """A C-contiguous NumPy array whose data sits ``offset`` bytes past an ``alignment`` boundary.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Extents, in elements.
+    dtype : numpy dtype
+        Element type (ml_dtypes ones included); default float32.
+    alignment : int
+        In bytes, a power of two; 64 is what XLA:CPU needs to view memory without a copy.
+    offset : int
+        Bytes past the boundary: ``aligned_empty((3, 4), offset=16)`` is 16-byte but
+        not 64-byte aligned, the misaligned case of XLA:CPU's zero-copy import.
+
+    Returns
+    -------
+    numpy.ndarray
+        Uninitialised; owns its memory.
+    """
+    dt = _np_dtype("float32" if dtype is None else dtype)
+    shape = tuple(shape)
+    nbytes = dt.itemsize
+    for extent in shape:
+        nbytes *= extent
+    raw = _np_empty(nbytes + alignment + offset, "uint8")
+    start = (-raw.ctypes.data) % alignment + offset
+    return raw[start:start + nbytes].view(dt).reshape(shape)
+
+
+# ---- aligned copies -----------------------------------------------------------
 
 cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
     free(dlm)   # header, shape, strides and data are one allocation

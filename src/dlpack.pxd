@@ -14,7 +14,9 @@ cdef extern from "dlinspect/dlpack.h" nogil:
     uint64_t DLPACK_FLAG_BITMASK_IS_COPIED
     uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
-    ctypedef enum DLDeviceType:
+    # The Python-level names DLDeviceType, DLDataTypeCode and DLDataType are the
+    # core's enums and named tuple (tables.pxi); the C types take a c_ prefix here.
+    ctypedef enum c_DLDeviceType "DLDeviceType":
         kDLCPU
         kDLCUDA
         kDLCUDAHost
@@ -32,7 +34,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         kDLMAIA
         kDLTrn
 
-    ctypedef enum DLDataTypeCode:
+    ctypedef enum c_DLDataTypeCode "DLDataTypeCode":
         kDLInt
         kDLUInt
         kDLFloat
@@ -60,7 +62,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         int32_t device_type
         int32_t device_id
 
-    ctypedef struct DLDataType:
+    ctypedef struct c_DLDataType "DLDataType":
         uint8_t code
         uint8_t bits
         uint16_t lanes
@@ -69,7 +71,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         void* data
         DLDevice device
         int32_t ndim
-        DLDataType dtype
+        c_DLDataType dtype
         int64_t* shape
         int64_t* strides
         uint64_t byte_offset

@@ -559,7 +559,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
         asked = True
     stream = None
     if (mode == MODE_TAKE and asked and stream_for is not None
-            and (dev_type == kDLCUDA or dev_type == kDLROCM)):
+            and _takes_stream(dev_type)):
         stream = stream_for(dev_type, dev_id)
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)

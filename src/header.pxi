@@ -211,15 +211,15 @@ cdef class TensorInfo:
     # -- dtype -----------------------------------------------------------
     @property
     def dtype(self):
-        return _PyDLDataType(self._code, self._bits, self._lanes)
+        return DLDataType(self._code, self._bits, self._lanes)
 
     @property
     def dtype_name(self):
-        return _dtypes.dtype_name(self._code, self._bits, self._lanes)
+        return dtype_name(self._code, self._bits, self._lanes)
 
     @property
     def numpy_dtype(self):
-        return _dtypes.numpy_dtype(self._code, self._bits, 1)
+        return numpy_dtype(self._code, self._bits, 1)
 
     # -- memory ----------------------------------------------------------
     @property

@@ -219,7 +219,7 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
     if not _host_accessible(info._dev_type):
         n |= NEED_DEVICE
-    if _dtypes.numpy_dtype(info._code, info._bits, 1) is None:
+    if numpy_dtype(info._code, info._bits, 1) is None:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES

@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
     ) from exc
 
 from ._core import MAX_NDIM, TensorInfo, peek
-from ._enums import DLDataType, DLDataTypeCode, DLDeviceType
+from ._core import DLDataType, DLDataTypeCode, DLDeviceType
 from ._execute import to_host, to_jax
 from ._facts import Need
 from ._inspect import explain, plan

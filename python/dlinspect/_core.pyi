@@ -1,14 +1,12 @@
 """Type stubs for the compiled extension dlinspect._core (src/_core.pyx and its .pxi files)."""
 
+import enum
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, NamedTuple, final
 
 import numpy as np
 
-from ._enums import DLDataType, DLDeviceType
-
 MAX_NDIM: int
-ABI_VERSION: tuple[int, int]
 FLAG_READ_ONLY: int
 FLAG_IS_COPIED: int
 FLAG_IS_SUBBYTE_TYPE_PADDED: int
@@ -16,6 +14,76 @@ NEED_BITS: dict[str, int]
 TYPES_MAX: int
 
 Capsule = Any  # a PyCapsule (no Python-level type to name)
+
+# tables.pxi
+class DLDeviceType(enum.IntEnum):
+    kDLCPU = 1
+    kDLCUDA = 2
+    kDLCUDAHost = 3
+    kDLOpenCL = 4
+    kDLVulkan = 7
+    kDLMetal = 8
+    kDLVPI = 9
+    kDLROCM = 10
+    kDLROCMHost = 11
+    kDLExtDev = 12
+    kDLCUDAManaged = 13
+    kDLOneAPI = 14
+    kDLWebGPU = 15
+    kDLHexagon = 16
+    kDLMAIA = 17
+    kDLTrn = 18
+
+class DLDataTypeCode(enum.IntEnum):
+    kDLInt = 0
+    kDLUInt = 1
+    kDLFloat = 2
+    kDLOpaqueHandle = 3
+    kDLBfloat = 4
+    kDLComplex = 5
+    kDLBool = 6
+    kDLFloat8_e3m4 = 7
+    kDLFloat8_e4m3 = 8
+    kDLFloat8_e4m3b11fnuz = 9
+    kDLFloat8_e4m3fn = 10
+    kDLFloat8_e4m3fnuz = 11
+    kDLFloat8_e5m2 = 12
+    kDLFloat8_e5m2fnuz = 13
+    kDLFloat8_e8m0fnu = 14
+    kDLFloat6_e2m3fn = 15
+    kDLFloat6_e3m2fn = 16
+    kDLFloat4_e2m1fn = 17
+
+class DLDataType(NamedTuple):
+    code: int
+    bits: int
+    lanes: int = 1
+
+class Device(NamedTuple):
+    host: bool = False
+    pinned: bool = False
+    platform: str | None = None
+    jax_maps: bool = True
+    stream: bool = False
+    default_stream: int = 0
+    to_host: str = ...
+    plugin: str | None = None
+
+class DType(NamedTuple):
+    name: str
+    numpy: bool
+    x64_narrow: tuple[int, int] | None = None
+
+OTHER_DEVICE: Device
+DEVICES: dict[DLDeviceType, Device]
+DTYPES: dict[tuple[int, int], DType]
+def device_row(device_type: int) -> Device: ...
+def as_device_type(value: int) -> DLDeviceType | int: ...
+def device_name(device_type: int, device_id: int | None = None) -> str: ...
+def stream_of(device_type: int, jax_device: Any) -> int | None: ...
+def dtype_name(code: int, bits: int, lanes: int = 1) -> str: ...
+def numpy_dtype(code: int, bits: int, lanes: int = 1) -> np.dtype[Any] | None: ...
+def dldtype_from_numpy(dtype: object) -> tuple[int, int, int]: ...
 
 # header.pxi
 @final
@@ -101,6 +169,8 @@ def _make_capsule(data: Any, address: int | None, shape: tuple[int, ...] | None,
                   counter: DeleterCounter | None, name: str | None,
                   null_deleter: bool) -> Capsule: ...
 def capsule_of(arr: np.ndarray[Any, Any], read_only: bool = ...) -> Capsule: ...
+def aligned_empty(shape: Any, dtype: Any = ..., alignment: int = ..., offset: int = ...
+                  ) -> np.ndarray[Any, Any]: ...
 def numpy_form(arr: np.ndarray[Any, Any]) -> tuple[str, str | None]: ...
 def import_capsule(import_fn: Callable[..., Any], cap: Capsule, device: Any, stream: int | None,
                    copy: bool | None, dl_device_type: int) -> Any: ...

@@ -16,10 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _core, _plan, _shard, _tree, _words
-from ._buffers import aligned_empty
-from ._core import TensorInfo
-from ._dtypes import numpy_dtype
-from ._enums import DLDeviceType as D
+from ._core import DLDeviceType as D, TensorInfo, aligned_empty, numpy_dtype
 from . import _jaxcaps
 from ._options import DEFAULT, Options, options as _options
 from ._words import Route

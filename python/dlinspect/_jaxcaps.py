@@ -20,10 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _core
-from ._buffers import aligned_empty
-from ._dtypes import dldtype_from_numpy, dtype_name, numpy_dtype
-from ._enums import DEVICES, OTHER_DEVICE
-from ._enums import DLDeviceType as D
+from ._core import DEVICES, DTYPES, DLDeviceType as D, aligned_empty, dldtype_from_numpy
+from ._core import dtype_name, numpy_dtype, stream_of
 from ._words import narrowing_text
 from ._warn import warn
 
@@ -292,21 +290,23 @@ class JaxCaps:
         """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows
         it to with x64 off, the DLInspectWarning text)."""
         table = {}
-        for code, bits in ((0, 64), (1, 64), (2, 64), (5, 128)):  # int, uint, float, complex
-            wide = np.dtype(dtype_name(code, bits))
-            narrow = self._narrowed_dtype(wide)
+        for (code, bits), row in DTYPES.items():
+            if row.x64_narrow is None:
+                continue
+            wide = np.dtype(row.name)
+            narrow = self._narrowed_dtype(wide, row.x64_narrow)
             ncode, nbits, _ = dldtype_from_numpy(narrow)
             if narrow != wide:
                 table[code | bits << 8] = (ncode | nbits << 8, narrowing_text(wide.name, narrow.name)[0])
         return table
 
-    def _narrowed_dtype(self, wide: np.dtype) -> np.dtype:
-        canonicalize = self.jax.dtypes.canonicalize_dtype
+    def _narrowed_dtype(self, wide: np.dtype, documented: tuple[int, int]) -> np.dtype:
+        """What JAX narrows ``wide`` to with x64 off: asked of JAX where it has a
+        thread-local x64 state; else the dtype table's documented narrowing."""
         if self._x64_state is not None:
             with self._x64_state(False):
-                return np.dtype(canonicalize(wide))
-        # No thread-local state object: JAX's documented narrowing.
-        return np.dtype({8: wide.str[:-1] + "4", 16: "complex64"}[wide.itemsize])
+                return np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
+        return np.dtype(numpy_dtype(*documented))
 
     # -- the target ------------------------------------------------------
     @property
@@ -398,24 +398,6 @@ def _quiet_stderr() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-
-
-def stream_of(device_type: int, jax_device: Any) -> int | None:
-    """The ``stream`` to pass to ``__dlpack__`` (array API ``__dlpack__``, *stream*).
-
-    None for CPU, pinned host and devices JAX has no backend for; on CUDA/ROCm the
-    stream JAX waits on, where ``0`` (ambiguous on CUDA) becomes ``1``, the legacy
-    default stream.
-    """
-    if not DEVICES.get(device_type, OTHER_DEVICE).stream or jax_device is None:
-        return None
-    try:
-        stream = jax_device.get_stream_for_external_ready_events()
-    except Exception:
-        return None
-    if stream == 0 and device_type == D.kDLCUDA:
-        return 1
-    return int(stream)
 
 
 class _CapsuleProducer:

@@ -23,8 +23,7 @@ from ._facts import (  # noqa: F401  (the actions, one executor each in _execute
     IMPORT, KEEP, NUMPY_COPY, NUMPY_PUT, PASS, PROCESS_LOCAL, PRODUCER_COPY, RAISE, SPLIT, UNPACK,
     ZERO_COPY, Need,
 )
-from ._dtypes import dldtype_from_numpy
-from ._enums import DLDeviceType as D
+from ._core import DLDeviceType as D, dldtype_from_numpy
 from ._jaxcaps import jax_module
 from ._options import DEFAULT, Options
 from .errors import NotDescribableError

@@ -16,7 +16,7 @@ from typing import Any
 from ._core import TensorInfo
 
 from . import _facts as P
-from ._enums import DEVICES, OTHER_DEVICE, device_name
+from ._core import device_name, device_row, dtype_name
 from ._facts import Need
 from .errors import (
     AllocationError,
@@ -163,7 +163,7 @@ def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
     Never sends the user to an option that just failed: ``fallback="host"`` is named
     only for ``to_jax`` with a producer (a bare capsule has none to ask).
     """
-    row = DEVICES.get(int(device_type), OTHER_DEVICE)
+    row = device_row(int(device_type))
     parts = [f"move it to host memory with its own library first ({row.to_host})"]
     if bare_capsule:
         parts.append("or pass the producer object instead of its capsule, so dlinspect can "
@@ -217,7 +217,6 @@ def _strides_word(info: Any) -> str:
 
 def _narrowed(facts: dict[str, Any]) -> str:
     code, bits, ncode, nbits, _ = facts["narrow"]
-    from ._dtypes import dtype_name
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
 
 
@@ -542,7 +541,7 @@ def _reason(route: Any) -> str:
         if route.needs & P.Need.VIA_CPU:
             dt = int(info.device_type)
             return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it "
-                    f"without a copy (no {DEVICES.get(dt, OTHER_DEVICE).platform or 'device'} "
+                    f"without a copy (no {device_row(dt).platform or 'device'} "
                     f"backend here).")
         return f"JAX views the producer's memory on {f['dest']}."
     reasons = _copy_reasons(route)[0] + ([_lanes_text(info)] if as_axis else [])
@@ -554,7 +553,6 @@ def warning(route: Any) -> str | None:
     narrow = route.facts.get("narrow") if route.problem is None else None
     if not narrow or not narrow[4]:
         return None
-    from ._dtypes import dtype_name
     code, bits, ncode, nbits, _ = narrow
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
 

@@ -57,7 +57,7 @@ def doctor_report() -> dict[str, Any]:
 
     import dlinspect
     from dlinspect import _core
-    from dlinspect._buffers import aligned_empty
+    from dlinspect._core import aligned_empty
     from dlinspect.bench._common import optional, versions
 
     report: dict[str, Any] = {"versions": versions()}

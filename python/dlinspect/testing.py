@@ -13,10 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._buffers import aligned_empty
-from ._core import DeleterCounter
-from ._dtypes import dldtype_from_numpy
-from ._enums import DLDeviceType
+from ._core import DeleterCounter, DLDeviceType, aligned_empty, dldtype_from_numpy
 
 __all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
 

@@ -59,7 +59,7 @@ def _statements(quick: bool) -> dict[str, Any]:
     import numpy as np
 
     import dlinspect
-    from dlinspect._buffers import aligned_empty
+    from dlinspect._core import aligned_empty
     from dlinspect._jaxcaps import target
 
     tg = target()

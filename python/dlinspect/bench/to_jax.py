@@ -35,7 +35,7 @@ import jax.tree_util
 import numpy
 
 import dlinspect
-from dlinspect._buffers import aligned_empty
+from dlinspect._core import aligned_empty
 
 from ._common import MIB, Tick, optional, rss_kib, time_cases
 
