@@ -11,7 +11,13 @@ The flow runs one way, one concern per included file::
     needs.pxi    what a TensorInfo needs to reach JAX or NumPy (one bit set)
     capsules.pxi capsules dlinspect owns: host views, the test factory, the
                  versioned->legacy adapter, consumed owners, aligned copies
+    routes.pxi   the needs made into a Route of facts (the decision, pure)
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
+    execute.pxi  the front doors (to_jax, to_host) and one executor per action
+
+Below the core stand only dlinspect.errors, _options, _tree, _shard and _warn (imported
+here). The core reaches up twice, each time lazily and off the hot path: to
+dlinspect._words for a route's words, and to dlinspect._jaxcaps to build the JaxTarget.
 
 Pointer names follow one scheme throughout: ``dlm`` is a ``DLManagedTensor*``,
 ``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
@@ -76,9 +82,11 @@ cdef extern from *:
 
 import sys as _sys
 from dlinspect.errors import (
-    CapsuleConsumedError, MalformedTensorError, NotDescribableError, NotDLPackError,
-    NotNumericError, ProducerError, UnsupportedDTypeError, UnsupportedVersionError,
+    CapsuleConsumedError, DLInspectError, MalformedTensorError, NotDescribableError,
+    NotDLPackError, NotNumericError, ProducerError, UnsupportedDeviceError,
+    UnsupportedDTypeError, UnsupportedVersionError,
 )
+import numpy as _np
 from numpy import dtype as _np_dtype, empty as _np_empty, ndarray as _np_ndarray
 
 #: Largest ``ndim`` peek accepts (NumPy's NPY_MAXDIMS). Larger values raise MalformedTensorError.
@@ -103,4 +111,6 @@ include "header.pxi"
 include "capsules.pxi"
 include "export.pxi"
 include "needs.pxi"
+include "routes.pxi"
 include "fast.pxi"
+include "execute.pxi"

@@ -1,7 +1,8 @@
 # fast.pxi: to_jax's fast path. One export, the one decision (needs), then the
-# import when nothing is needed, or a small copy in C when only alignment or x64
-# narrowing is; everything else goes back to the general route with the same
-# export and the same answer.
+# import when nothing is needed, or a small copy in C when only alignment, x64
+# narrowing or a writable copy is; everything else goes to the general route with
+# the same export and the same answer. Options arrive as one flags value (the bits of
+# dlinspect._options.Options.flags).
 
 # Larger tensors are copied by NumPy on the general route: its copy and cast are
 # faster there (vectorised, huge pages) and release the GIL in the same way.
@@ -16,9 +17,8 @@ cdef inline bint _small_copy(TensorInfo info, uint32_t n) noexcept:
             and info._bits % 8 == 0)
 
 
-@cython.binding(False)
-def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_narrowing=True):
-    """Export ``x`` once and import it into JAX's CPU device when nothing is needed.
+def to_jax_fast(x, JaxTarget tg, int flags=0):
+    """Export ``x`` once and import it into JAX when nothing is needed.
 
     Parameters
     ----------
@@ -27,15 +27,13 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_n
         ``jax.Array`` is returned as it is: it is not a foreign tensor.
     tg : JaxTarget
         The installed JAX.
-    may_copy : bool
-        ``copy=None``: compact kDLCPU tensors of at most 1 MiB whose only needs are
-        ALIGN, NARROW and/or READ_ONLY are copied in C into ``tg.copy_align``-aligned
-        memory (cast where JAX narrows, with its DLInspectWarning) and imported;
-        the source is freed at once.
-    share_readonly : bool
-        ``readonly="share"``: the READ_ONLY flag is no need.
-    warn_narrowing : bool
-        ``narrow="warn"``: a narrowing copy warns (``"ok"``: quietly).
+    flags : int
+        ``Options.flags`` (no ``COPY_ALWAYS`` or ``PLACED`` bit: those never take the
+        fast path). With ``copy=None``, compact host tensors of at most 1 MiB whose
+        only needs are ALIGN, NARROW and/or READ_ONLY are copied in C into
+        ``tg.copy_align``-aligned memory (cast where JAX narrows, with its
+        DLInspectWarning unless ``narrow="ok"``) and imported; the source is freed
+        at once.
 
     Returns
     -------
@@ -49,24 +47,16 @@ def to_jax_fast(x, JaxTarget tg, bint may_copy, bint share_readonly, bint warn_n
         From the export (see :func:`peek`); and whatever the import raises, with
         the capsule left unconsumed.
     """
-    return _fast_one(x, tg, may_copy, share_readonly, warn_narrowing)
+    return _fast_one(x, tg, flags)
 
 
-@cython.binding(False)
-def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
-                bint warn_narrowing=True):
+def to_jax_many(list leaves, JaxTarget tg, int flags=0):
     """:func:`to_jax_fast` over the leaves of a pytree, in one call, deciding first.
 
     Every leaf is exported and its needs computed first; the leaves are imported
     (a second pass) only when every tensor leaf can be imported as it is (or
     copied small in C). Otherwise nothing is imported and ``pending`` lists every
     tensor leaf, so a leaf whose route fails consumes no other leaf's capsule.
-
-    Parameters
-    ----------
-    leaves : list
-        The batch's leaves (see ``dlinspect._tree``); those that are not tensors
-        are kept as they are.
 
     Returns
     -------
@@ -75,7 +65,7 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
         tensor (or is a jax.Array), or None where the general route must finish
         it; ``pending``: empty when everything was imported, else
         ``(index, capsule, TensorInfo, needs, fast)`` for every tensor leaf, ``fast``
-        telling :func:`import_fast` can take it; for NumPy memory DLPack cannot
+        telling the fast import can take it; for NumPy memory DLPack cannot
         describe, ``(index, None, NotDescribableError, 0, False)``. Arrays of
         non-numeric dtypes (NotNumericError) are kept as they are.
 
@@ -86,6 +76,10 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
         ``_dlinspect_leaf`` attribute (the caller names the leaf's key path);
         nothing is imported then.
     """
+    return _fast_many(leaves, tg, flags)
+
+
+cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
     cdef list todo = []
@@ -94,6 +88,7 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
     cdef TensorInfo info
     cdef uint32_t needs
     cdef bint all_fast = True, fast
+    cdef bint share = flags & _OPT_SHARE_READONLY
     for i in range(n):
         leaf = leaves[i]
         if not PyCapsule_CheckExact(leaf):
@@ -109,7 +104,7 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
         try:
             info = _export(leaf, MODE_TAKE, tg.stream_for, &p)
             cap = _take_ref(p)
-            needs = _needs_jax(info, tg, share_readonly)
+            needs = _needs_jax(info, tg, share)
         except NotNumericError:
             out[i] = leaf            # not a numeric tensor: a leaf kept as it is
             continue
@@ -120,15 +115,14 @@ def to_jax_many(list leaves, JaxTarget tg, bint may_copy, bint share_readonly,
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
-        fast = _fast_kind(info, needs, may_copy, tg) != 0
+        fast = _fast_kind(info, needs, flags, tg) != 0
         all_fast = all_fast and fast
         todo.append((i, cap, info, needs, fast))
     if not all_fast:
         return out, todo
     for i, cap, info, needs, fast in todo:
         try:
-            out[i] = _import_fast(cap, info, needs, tg, warn_narrowing,
-                                  PyCapsule_CheckExact(leaves[i]))
+            out[i] = _import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
@@ -151,23 +145,16 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-def import_fast(cap, TensorInfo info, uint32_t needs, JaxTarget tg, bint warn_narrowing=True,
-                bint bare=False):
-    """Import a leaf :func:`to_jax_many` marked ``fast`` (as :func:`to_jax_fast` would;
-    ``bare``: the caller passed the capsule itself, so no stream was asked of a producer)."""
-    return _import_fast(cap, info, needs, tg, warn_narrowing, bare)
-
-
 # What the fast path does with a header: 0 nothing (the general route), 1 import as it
 # is onto the CPU device, 2 copy in C (small, compact, writable host memory only
 # misaligned or narrowed), 3 import as it is onto the JAX device of its own DLPack
 # device (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route
 # plan gives a tensor that needs nothing, carried out in C.
-cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy, JaxTarget tg) except -1:
+cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     if info._dev_type == kDLCPU and info._dev_id == 0:
         if n == 0:
             return 1
-        if may_copy and _small_copy(info, n):
+        if not flags & _OPT_COPY_NEVER and _small_copy(info, n):
             return 2
         return 0
     if n == 0 and (info._dev_type, info._dev_id) in tg.devices:
@@ -175,8 +162,8 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, bint may_copy, JaxTarget tg) ex
     return 0
 
 
-cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg,
-                         bint warn_narrowing, bint bare):
+cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
+                         bint bare):
     if n == 0:
         if info._dev_type == kDLCPU and info._dev_id == 0:
             return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
@@ -187,15 +174,14 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg,
                               stream, None, info._dev_type)
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[info._key()]
-        if not warn_narrowing:
+        if flags & _OPT_QUIET_NARROW:
             text = None
     else:
         dst_key, text = info._key(), None
     return _copy_and_import(cap, info, tg, dst_key, text)
 
 
-cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly,
-                      bint warn_narrowing):
+cdef object _fast_one(object x, JaxTarget tg, int flags):
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
@@ -205,10 +191,10 @@ cdef object _fast_one(object x, JaxTarget tg, bint may_copy, bint share_readonly
             return x   # already a jax.Array, and no device or copy was asked for
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry)
     cap = _take_ref(p)
-    cdef uint32_t n = _needs_jax(info, tg, share_readonly)
-    if _fast_kind(info, n, may_copy, tg) == 0:
+    cdef uint32_t n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
+    if _fast_kind(info, n, flags, tg) == 0:
         return (cap, info, n)
-    return _import_fast(cap, info, n, tg, warn_narrowing, entry is None)
+    return _import_fast(cap, info, n, tg, flags, entry is None)
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
@@ -226,50 +212,14 @@ cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_
     return arr
 
 
-# ---- sharded: one decision per leaf, every slice imported in one pass ------------------
-
-def split_parts(TensorInfo info, JaxTarget tg, list indices, bint share_readonly,
-                bint may_copy=False):
-    """The slices of host memory ``info`` for a sharding (``indices``: one tuple of
-    slices per device, in the order of ``Sharding.addressable_devices_indices_map``),
-    when every one can be viewed by JAX on a CPU device as it is or, with
-    ``may_copy``, copied in C as :func:`to_jax_fast` copies (at most 1 MiB, needing
-    only alignment, x64 narrowing or a writable copy): the needs plan gives its
-    shards. Else None, and the general route decides.
-
-    Returns
-    -------
-    list of (TensorInfo, int) or None
-        Each slice and its needs (0: viewed as it is).
-    """
-    cdef list parts = []
-    cdef TensorInfo part
-    cdef uint32_t n
-    if not _host_accessible(info._dev_type):
-        return None
-    for index in indices:
-        part = info.sliced(index)
-        n = _needs_jax(part, tg, share_readonly) & ~NEED_VIA_CPU
-        if n and not (may_copy and _small_copy(part, n)):
-            return None
-        parts.append((part, n))
-    return parts
-
-
-def split_import(cap, TensorInfo info, list parts, list devices, JaxTarget tg,
-                 bint warn_narrowing=True):
-    """Consume ``cap`` into one owner and import each slice of :func:`split_parts` onto
-    its device: zero-copy where it needs nothing, else copied in C into aligned
-    memory (narrowed where JAX narrows, warning once unless ``warn_narrowing`` is
-    false, before anything is consumed). The producer's deleter runs when the last
-    viewed slice dies (at once when every slice is copied). A legacy capsule cannot
-    say read-only and is imported as writable, as ``to_jax`` does.
-
-    Returns
-    -------
-    list of jax.Array
-        One single-device array per slice, in the order of ``devices``.
-    """
+cdef list _split_import(object cap, TensorInfo info, list parts, list devices, JaxTarget tg):
+    """Consume ``cap`` into one owner and import each slice of a one-pass split
+    (``route_sharded``: ``(TensorInfo, needs)`` per slice) onto its device: zero-copy
+    where it needs nothing (or only VIA_CPU), else copied in C into aligned memory
+    (narrowed where JAX narrows: the route's warning was given before). The producer's
+    deleter runs when the last viewed slice dies (at once when every slice is copied).
+    A legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
+    does. Returns one single-device array per slice, in the order of ``devices``."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
@@ -277,14 +227,12 @@ def split_import(cap, TensorInfo info, list parts, list devices, JaxTarget tg,
     cdef list arrays = []
     for part, n in parts:
         if n & NEED_NARROW:
-            dst_key, text = tg.narrow[info._key()]
-            if warn_narrowing:
-                tg.warn(text)   # before consuming: -W error leaves the capsule as it was
+            dst_key = tg.narrow[info._key()][0]
             break
     owner = take(cap, info.read_only is True, info)
     for i in range(len(parts)):
         part, n = parts[i]
-        if n == 0:
+        if n & ~NEED_VIA_CPU == 0:
             arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                          None, None, kDLCPU))
         else:

@@ -20,11 +20,42 @@ cdef enum:
                              # int4/float4, padded or packed; others on some jaxlibs):
                              # jax.device_put copies it from a NumPy (ml_dtypes) view
 
-#: The bits of :func:`needs`, by name (``dlinspect.Need`` mirrors them).
-NEED_BITS = {"DEVICE": NEED_DEVICE, "DTYPE": NEED_DTYPE, "LANES": NEED_LANES,
-             "LAYOUT": NEED_LAYOUT, "READ_ONLY": NEED_READ_ONLY, "ALIGN": NEED_ALIGN,
-             "NARROW": NEED_NARROW, "PACKED": NEED_PACKED, "EMPTY": NEED_EMPTY,
-             "VIA_CPU": NEED_VIA_CPU, "NUMPY_PUT": NEED_NUMPY_PUT}
+
+class Need(_enum.IntFlag):
+    """What a tensor needs to reach its target: the bits of ``Route.needs``.
+
+    Computed by one function in the core (``dlinspect._core.needs``) from the
+    header (:class:`TensorInfo`) and what the installed JAX takes; ``plan``,
+    ``to_jax`` and ``to_host`` all act on the same answer.
+    """
+
+    DEVICE = NEED_DEVICE
+    """No JAX device here for the memory's device (or, for NumPy, not host memory)."""
+    DTYPE = NEED_DTYPE
+    """The target cannot hold one lane's DLDataType (code, bits)."""
+    LANES = NEED_LANES
+    """A vector dtype (lanes > 1): the lanes become a trailing axis."""
+    LAYOUT = NEED_LAYOUT
+    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides."""
+    READ_ONLY = NEED_READ_ONLY
+    """The READ_ONLY flag is set and the caller did not pass ``readonly="share"``."""
+    ALIGN = NEED_ALIGN
+    """``data + byte_offset`` is below XLA:CPU's zero-copy alignment."""
+    NARROW = NEED_NARROW
+    """A 64-bit dtype that JAX narrows to 32 bits with x64 off."""
+    PACKED = NEED_PACKED
+    """Packed sub-byte elements (bits * lanes < 8, more than one element)."""
+    EMPTY = NEED_EMPTY
+    """No elements: nothing to view or copy."""
+    VIA_CPU = NEED_VIA_CPU
+    """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
+    backend views it (no copy)."""
+    NUMPY_PUT = NEED_NUMPY_PUT
+    """A dtype JAX holds but its DLPack import does not take: sub-byte elements (int4,
+    uint4, int2, float4...; packed, or padded one per byte with
+    ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
+    ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
+
 
 
 @cython.final

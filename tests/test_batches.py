@@ -348,14 +348,14 @@ class TestAllocation:
         assert cap is None or dlinspect._core.capsule_name(cap) == "dltensor_versioned"
 
     def test_failed_allocation_consumes_nothing(self, monkeypatch):
-        from dlinspect import _execute
+        from dlinspect import _core
         counter = DeleterCounter()
         src = np.arange(12, dtype=np.float32)
         cap = make_capsule(src, shape=(3, 2), strides=(4, 2), counter=counter)   # gaps: a copy
 
         def refuse(*args, **kwargs):
             raise MemoryError("no memory (simulated)")
-        monkeypatch.setattr(_execute, "aligned_empty", refuse)
+        monkeypatch.setattr(_core, "aligned_empty", refuse)
         with pytest.raises(dlinspect.AllocationError, match="24 bytes.*nothing was consumed"):
             to_jax(cap)
         assert dlinspect._core.capsule_name(cap) == "dltensor_versioned"

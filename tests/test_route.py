@@ -35,6 +35,7 @@ from dlinspect import (  # noqa: E402
 from dlinspect import _core  # noqa: E402
 from dlinspect import _jaxcaps as djax  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
+from dlinspect._options import COPY_NEVER  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, aligned_empty, make_capsule  # noqa: E402
 from _versions import (  # noqa: E402
     NUMPY_TAKES_VERSIONED, NUMPY_VERSIONED, enable_x64, torch_exchange_api, torch_exports_float8)
@@ -255,10 +256,10 @@ class TestSmallCopiesInC:
         expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
         counter = DeleterCounter()
         cap = make_capsule(x, counter=counter)
-        got = _core.to_jax_fast(cap, target(), False, False)   # copy=False: not here
+        got = _core.to_jax_fast(cap, target(), COPY_NEVER)   # copy=False: not here
         assert type(got) is tuple and got[0] is cap and got[2] & Need.NARROW
         with pytest.warns(DLInspectWarning, match="narrowed"):
-            y = _core.to_jax_fast(cap, target(), True, False)
+            y = _core.to_jax_fast(cap, target())
         assert isinstance(y, jax.Array) and y.dtype == expected.dtype
         assert counter.calls == 1 and capsule_name(cap).startswith("used_")  # freed after the copy
         x[...] = 0
@@ -272,7 +273,7 @@ class TestSmallCopiesInC:
             x[...] = np.arange(5) * 1.5 if dtype is not np.int64 else np.arange(5) - 2**40
             expected = np.asarray(jax.dlpack.from_dlpack(np.ascontiguousarray(x)))
             with pytest.warns(DLInspectWarning):
-                y = _core.to_jax_fast(make_capsule(x), target(), True, False)
+                y = _core.to_jax_fast(make_capsule(x), target())
             assert isinstance(y, jax.Array)
             np.testing.assert_array_equal(np.asarray(y), expected)
 
@@ -285,7 +286,7 @@ class TestSmallCopiesInC:
         cap = make_capsule(src, counter=counter)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            y = _core.to_jax_fast(cap, target(), True, False)
+            y = _core.to_jax_fast(cap, target())
         assert isinstance(y, jax.Array) and buffer_pointer(y) % 64 == 0
         assert buffer_pointer(y) != src.ctypes.data and counter.calls == 1
         src[...] = -1
@@ -298,14 +299,14 @@ class TestSmallCopiesInC:
     ])
     def test_other_needs_go_back_unconsumed(self, make, need):
         x = make()
-        cap, info, needs = _core.to_jax_fast(x, target(), True, False)
+        cap, info, needs = _core.to_jax_fast(x, target())
         assert capsule_name(cap) in ("dltensor_versioned", "dltensor") and needs & need
         assert info.shape == x.shape
 
     def test_small_read_only_memory_is_copied_in_c(self):
         # Read-only batches (Ray's, tf.data's as_numpy_iterator) copy like misaligned ones.
         x = _read_only(aligned(np.arange(8.0), np.float32))
-        y = _core.to_jax_fast(x, target(), True, False)
+        y = _core.to_jax_fast(x, target())
         assert isinstance(y, jax.Array) and buffer_pointer(y) != x.ctypes.data
         np.testing.assert_array_equal(np.asarray(y), np.arange(8.0))
         assert plan(x).kind == "copy" and plan(x).needs == Need.READ_ONLY
@@ -313,9 +314,9 @@ class TestSmallCopiesInC:
     def test_x64_is_read_per_call(self):
         x = aligned(np.arange(4), np.float64)
         with enable_x64(True):
-            y = _core.to_jax_fast(x, target(), False, False)
+            y = _core.to_jax_fast(x, target(), COPY_NEVER)
             assert isinstance(y, jax.Array) and y.dtype == np.float64
-        assert type(_core.to_jax_fast(x, target(), False, False)) is tuple
+        assert type(_core.to_jax_fast(x, target(), COPY_NEVER)) is tuple
 
 
 def _read_only(x):
@@ -899,12 +900,13 @@ class TestLifetimes:  # C12
             raise RuntimeError("import failed")
         monkeypatch.setattr(c, "_direct_fn", boom)
         monkeypatch.setattr(c, "_target", None)
-        monkeypatch.setattr(djax, "TARGET", None)   # (the built target the hot path reads)
+        dlinspect._core.set_target(None)   # (the built target the hot path reads)
         monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
         with pytest.raises(RuntimeError, match="import failed"):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
         monkeypatch.undo()
+        dlinspect._core.set_target(None)
         y = to_jax(cap)
         del cap, y
         gc.collect()
@@ -1103,29 +1105,29 @@ class TestDeviceFastPath:
         calls = []
         tg = self.target(calls)
         p = FakeProducer(aligned([1, 2, 3]), (device_type, 0))
-        assert dlinspect._core.to_jax_fast(p, tg, True, False, True) == "imported"
+        assert dlinspect._core.to_jax_fast(p, tg) == "imported"
         # The producer was asked with the consumer's stream, and jaxlib got the same one.
         assert p.calls[-1]["stream"] == stream
         assert calls == [("dltensor", tg.cpu_device, stream, None, int(device_type))]
         # The route plan gives the same header: zero-copy IMPORT with that device type.
         info = dlinspect.peek(p)
         needs = dlinspect._core.needs(info, tg)
-        route = dlinspect._plan.route_jax(info, needs, tg, dlinspect._options.DEFAULT, p)
+        route = dlinspect._core.route_jax(info, needs, tg, dlinspect._options.DEFAULT, p)
         assert needs == 0 and route.kind == "zero-copy" and route.import_type == int(device_type)
 
     def test_bare_capsule_gets_no_stream(self):
         calls = []
         tg = self.target(calls)
         cap = make_capsule(aligned([1, 2]), device=(D.kDLCUDA, 0))
-        assert dlinspect._core.to_jax_fast(cap, tg, True, False, True) == "imported"
+        assert dlinspect._core.to_jax_fast(cap, tg) == "imported"
         assert calls[0][2] is None and calls[0][4] == int(D.kDLCUDA)
 
     def test_needs_send_it_to_the_general_route(self):
         calls = []
         tg = self.target(calls)
         strided = FakeProducer(np.arange(6, dtype=np.float32)[::2], (D.kDLCUDA, 0))
-        got = dlinspect._core.to_jax_fast(strided, tg, True, False, True)
+        got = dlinspect._core.to_jax_fast(strided, tg)
         assert type(got) is tuple and got[2] & Need.LAYOUT and calls == []
         out, pending = dlinspect._core.to_jax_many(
-            [FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided], tg, True, False, True)
+            [FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided], tg)
         assert calls == [] and [f for *_, f in pending] == [True, False]   # nothing imported

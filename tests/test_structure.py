@@ -82,16 +82,27 @@ def test_only_the_export_calls_producers():
     assert call.search((ROOT / "src" / "export.pxi").read_text(encoding="utf-8"))
 
 
-def test_every_action_has_one_executor():
+def test_every_action_has_one_executor_and_its_words():
     """One decision, executed once: each action a route can carry has its executor
-    (UNPACK is a host route's: into JAX, packed data is a NUMPY_PUT)."""
-    from dlinspect import _execute, _facts
-    actions = {v for k, v in vars(_facts).items() if k.isupper() and isinstance(v, str)
-               and k not in ("ZERO_COPY", "COPY", "HOST_FALLBACK", "ERROR", "KEEP", "UNPACK")}
-    assert actions <= set(_execute.EXECUTORS), actions - set(_execute.EXECUTORS)
-    host = {_facts.RAISE, _facts.PRODUCER_COPY, _facts.EMPTY, _facts.UNPACK, _facts.HOST_COPY,
-            _facts.HOST_VIEW}
-    assert host == set(_execute.HOST_EXECUTORS)
+    (UNPACK is a host route's: into JAX, packed data is a NUMPY_PUT), and every action but
+    RAISE a reason in the words' table."""
+    from dlinspect import _core, _words
+    assert set(_core.EXECUTORS) == _core.JAX_ACTIONS
+    assert set(_core.HOST_EXECUTORS) == _core.HOST_ACTIONS
+    worded = (_core.JAX_ACTIONS | _core.HOST_ACTIONS | {_core.KEEP}) - {_core.RAISE}
+    assert set(_words.REASONS) == worded, set(_words.REASONS) ^ worded
+
+
+def test_every_problem_has_its_words():
+    """Every ``fail(problem, ...)`` of the core is worded by one function of the words'
+    table (``"raised"``: the producer's or the header's own error), and no entry of
+    that table is for a problem nobody raises."""
+    from dlinspect import _words
+    raised = set()
+    for path in (ROOT / "src").glob("*.pxi"):
+        raised |= set(re.findall(r'\bfail\("([a-z-]+)"', path.read_text(encoding="utf-8")))
+    assert raised, "no fail(...) found in src/"
+    assert raised - {"raised"} == set(_words.PROBLEMS), raised ^ set(_words.PROBLEMS)
 
 
 def test_no_message_text_is_parsed():

@@ -15,12 +15,9 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
         "pip install --no-build-isolation -Cbuild-dir=build -e ."
     ) from exc
 
-from ._core import MAX_NDIM, TensorInfo, peek
+from ._core import MAX_NDIM, Need, Route, TensorInfo, peek, to_host, to_jax
 from ._core import DLDataType, DLDataTypeCode, DLDeviceType
-from ._execute import to_host, to_jax
-from ._facts import Need
 from ._inspect import explain, plan
-from ._words import Route
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from . import testing
 from .errors import (

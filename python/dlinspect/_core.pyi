@@ -10,7 +10,6 @@ MAX_NDIM: int
 FLAG_READ_ONLY: int
 FLAG_IS_COPIED: int
 FLAG_IS_SUBBYTE_TYPE_PADDED: int
-NEED_BITS: dict[str, int]
 TYPES_MAX: int
 
 Capsule = Any  # a PyCapsule (no Python-level type to name)
@@ -242,14 +241,101 @@ class JaxTarget:
 def needs(info: TensorInfo, target: JaxTarget | None = ..., share_readonly: bool = ...) -> int: ...
 def dtype_needs(code: int, bits: int, lanes: int, target: JaxTarget, flags: int = ...) -> int: ...
 
+class Need(enum.IntFlag):
+    DEVICE = 1
+    DTYPE = 2
+    LANES = 4
+    LAYOUT = 8
+    READ_ONLY = 16
+    ALIGN = 32
+    NARROW = 64
+    PACKED = 128
+    EMPTY = 256
+    VIA_CPU = 512
+    NUMPY_PUT = 1024
+
+# routes.pxi
+ZERO_COPY: str
+COPY: str
+HOST_FALLBACK: str
+ERROR: str
+UNTOUCHED: str
+IMPORT: str
+HOST_COPY: str
+HOST_VIEW: str
+UNPACK: str
+EMPTY: str
+PRODUCER_COPY: str
+NUMPY_PUT: str
+NUMPY_COPY: str
+RAISE: str
+PASS: str
+ARRAY_PUT: str
+ARRAY_COPY: str
+KEEP: str
+SPLIT: str
+DEVICE_PUT: str
+PROCESS_LOCAL: str
+JAX_ACTIONS: frozenset[str]
+HOST_ACTIONS: frozenset[str]
+
+class Route:
+    kind: str
+    action: str
+    target: str
+    info: TensorInfo | None
+    jax_device: Any
+    import_device: Any
+    import_copy: bool | None
+    import_type: int
+    problem: str | None
+    facts: dict[str, Any]
+    copy_bytes: int
+    key_path: str
+    def __init__(self, kind: str, action: str, info: TensorInfo | None, target: str, *,
+                 needs: int = ..., copy_bytes: int = ..., jax_device: Any = ...,
+                 import_device: Any = ..., import_type: int = ..., import_copy: bool | None = ...,
+                 shards: tuple[Any, ...] | None = ..., problem: str | None = ...,
+                 **facts: Any) -> None: ...
+    @property
+    def needs(self) -> Need: ...
+    @property
+    def zero_copy(self) -> bool: ...
+    @property
+    def shards(self) -> tuple[tuple[Any, tuple[slice, ...], Route], ...]: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def error(self) -> Exception | None: ...
+    @property
+    def warning(self) -> str | None: ...
+
+def fail(problem: str, info: TensorInfo | None, target: str, needs: int = ...,
+         **facts: Any) -> Route: ...
+def failed(exc: BaseException, target: str, info: TensorInfo | None = ...) -> Route: ...
+def physical_memory() -> int | None: ...
+def route_jax(info: TensorInfo, needs: int, tg: JaxTarget, opts: Any, source: Any) -> Route: ...
+def route_host(info: TensorInfo, needs: int, copy: bool | None, source: Any) -> Route: ...
+def route_numpy_copy(exc: Any, tg: JaxTarget | None, target: str, opts: Any) -> Route: ...
+def route_sharded(info: TensorInfo, needs: int, tg: JaxTarget, sharding: Any, opts: Any,
+                  source: Any) -> Route: ...
+def route_jax_array(x: Any, opts: Any) -> Route: ...
+def untouched(leaf: Any, target: str, opts: Any) -> Route: ...
+def decide(info: TensorInfo, tg: JaxTarget | None, target: str, opts: Any,
+           source: Any = ...) -> Route: ...
+def plan_one(x: Any, tg: JaxTarget | None, target: str, opts: Any) -> Route: ...
+
 # fast.pxi
-def to_jax_fast(x: Any, tg: JaxTarget, may_copy: bool, share_readonly: bool,
-                warn_narrowing: bool = ..., /) -> Any: ...
-def to_jax_many(leaves: list[Any], tg: JaxTarget, may_copy: bool, share_readonly: bool,
-                warn_narrowing: bool = ..., /) -> tuple[list[Any], list[tuple[int, Any, Any, int, bool]]]: ...
-def split_parts(info: TensorInfo, tg: JaxTarget, indices: list[Any],
-                share_readonly: bool, may_copy: bool = ...) -> list[tuple[TensorInfo, int]] | None: ...
-def split_import(cap: Capsule, info: TensorInfo, parts: list[tuple[TensorInfo, int]],
-                 devices: list[Any], tg: JaxTarget, warn_narrowing: bool = ...) -> list[Any]: ...
-def import_fast(cap: Capsule, info: TensorInfo, needs: int, tg: JaxTarget,
-                warn_narrowing: bool = ..., bare: bool = ...) -> Any: ...
+def to_jax_fast(x: Any, tg: JaxTarget, flags: int = ...) -> Any: ...
+def to_jax_many(leaves: list[Any], tg: JaxTarget, flags: int = ...
+                ) -> tuple[list[Any], list[tuple[int, Any, Any, int, bool]]]: ...
+
+# execute.pxi
+def set_target(tg: JaxTarget | None) -> None: ...
+def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
+           fallback: str = "host", readonly: str = "copy", leaves: str = "keep",
+           narrow: str = "warn") -> Any: ...
+def convert(x: Any, opts: Any, tg: JaxTarget | None = ...) -> Any: ...
+def to_host(x: Any, copy: bool | None = None) -> np.ndarray[Any, Any]: ...
+EXECUTORS: dict[str, Callable[..., Any]]
+HOST_EXECUTORS: dict[str, Callable[..., Any]]

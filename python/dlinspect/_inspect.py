@@ -1,19 +1,16 @@
 """``plan`` and ``explain``: the routes of a tensor or a batch, decided without
-importing or copying anything (:mod:`dlinspect._plan` decides, :mod:`dlinspect._words`
-words, :mod:`dlinspect._tree` walks the batch)."""
+importing or copying anything (the core decides, :mod:`dlinspect._words` words,
+:mod:`dlinspect._tree` walks the batch)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _core, _tree, _words
-from ._core import TensorInfo
-from ._options import Options, options as make_options
-from ._plan import decide, failed, route_jax_array, route_numpy_copy, untouched
-from ._words import Route
-from .errors import DLInspectError, NotDescribableError
+from . import _tree, _words
+from ._core import Route, TensorInfo, is_tensor, plan_one, untouched
+from ._options import options as make_options
 
-__all__ = ["plan", "explain", "plan_one", "is_tensor"]
+__all__ = ["plan", "explain"]
 
 
 def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None = None,
@@ -107,26 +104,6 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
             route.key_path = flat.keystr(i)
         routes.append(route)
     return flat.unflatten(routes)
-
-
-#: Whether dlinspect takes an object as a tensor (see ``_core.is_tensor``).
-is_tensor = _core.is_tensor
-
-
-def plan_one(x: Any, tg: Any, target: str, opts: Options) -> Route:
-    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array)."""
-    if tg is not None and isinstance(x, tg.jax.Array):
-        return route_jax_array(x, opts)
-    if isinstance(x, TensorInfo):
-        return decide(x, tg, target, opts)
-    try:
-        cap, info = _core.export(x, None if tg is None else tg.stream_for)
-    except NotDescribableError as exc:
-        return route_numpy_copy(exc.with_traceback(None), tg, target, opts)
-    except DLInspectError as exc:
-        return failed(exc, target)
-    del cap   # released unconsumed (a bare capsule stays the caller's)
-    return decide(info, tg, target, opts, x)
 
 
 def explain(x: Any, target: str = "jax", **options: Any) -> str:

@@ -187,8 +187,7 @@ class JaxCaps:
         self._cpu_align: int | None = None
 
     def _set_direct(self, force_public: bool, why: str) -> None:
-        global TARGET
-        TARGET = None   # rebuilt with the import function chosen here
+        _core.set_target(None)   # rebuilt with the import function chosen here
         status = self.symbols[0]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
@@ -325,9 +324,8 @@ class JaxCaps:
     @property
     def target(self) -> Any:
         """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
-        global TARGET
         if self._target is None:
-            self._target = TARGET = _core.JaxTarget(
+            self._target = _core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
@@ -335,6 +333,7 @@ class JaxCaps:
                 narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
                 array_type=self.array_type, permuted_ok=self._probe_permuted(),
                 assemble=self._assembler())
+            _core.set_target(self._target)
         return self._target
 
     def _assembler(self) -> Callable[..., Any]:
@@ -418,9 +417,6 @@ class _CapsuleProducer:
 
 _caps: JaxCaps | None = None
 _caps_lock = threading.Lock()
-#: The process-wide JaxTarget once built (None before, and after force_public_api):
-#: what the hot path reads; :func:`target` builds it.
-TARGET: Any = None
 
 
 def caps() -> JaxCaps:
@@ -443,17 +439,6 @@ def caps() -> JaxCaps:
                         "it with: pip install 'dlinspect[jax]'") from exc
                 _caps = JaxCaps()
     return _caps
-
-
-def jax_module(name: str) -> Any:
-    """A jax module (``"jax.tree_util"``, ``"jax.sharding"``), imported on first use: one
-    dict lookup after that, where an import statement in a function costs microseconds on
-    every call (dlinspect itself never imports jax on ``import dlinspect``)."""
-    module = sys.modules.get(name)
-    if module is None:
-        import importlib
-        module = importlib.import_module(name)
-    return module
 
 
 def target() -> Any:

@@ -1,20 +1,37 @@
-"""The caller's wishes, checked once: one object instead of loose parameters."""
+"""The caller's wishes, checked once: one object, built at each public entry and handed
+on to the core, which reads one flags value from it.
+
+Below the core: nothing here imports :mod:`dlinspect._core` (the core imports this).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
-__all__ = ["Options", "DEFAULT", "options", "single_device"]
+__all__ = ["Options", "DEFAULT", "options", "single_device", "jax_module", "check_sharding"]
 
 _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
             "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
 
+# The bits of Options.flags: what the core reads of the options, as one int. 0 is every
+# default (copy=None, no device or sharding, fallback="host", readonly="copy",
+# leaves="keep", narrow="warn").
+COPY_ALWAYS = 1       # copy=True
+COPY_NEVER = 2        # copy=False
+PLACED = 4            # device= or sharding= given
+SHARE_READONLY = 8    # readonly="share"
+QUIET_NARROW = 16     # narrow="ok"
+FALLBACK_RAISE = 32   # fallback="raise"
+LEAVES_RAISE = 64     # leaves="raise"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Options:
-    """What the caller of :func:`~dlinspect.to_jax`, :func:`~dlinspect.plan` or
-    :func:`~dlinspect.prefetch_to_jax` asked for (see ``to_jax`` for each meaning).
+    """What the caller of :func:`~dlinspect.to_jax`, :func:`~dlinspect.plan`,
+    :func:`~dlinspect.prefetch_to_jax` or :func:`dlinspect.grain.device_put` asked for
+    (see ``to_jax`` for each meaning); built by :func:`options`, which checks it.
 
     Attributes
     ----------
@@ -29,6 +46,8 @@ class Options:
     leaves : {"keep", "raise"}
     narrow : {"warn", "ok"}
         64-bit dtypes JAX narrows with x64 off: with a DLInspectWarning, or quietly.
+    flags : int
+        The same wishes as the bits the core reads (0 for every default).
     """
 
     device: Any = None
@@ -38,6 +57,16 @@ class Options:
     readonly: str = "copy"
     leaves: str = "keep"
     narrow: str = "warn"
+    flags: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        flags = ((COPY_ALWAYS if self.copy is True else COPY_NEVER if self.copy is False else 0)
+                 | (PLACED if self.device is not None or self.sharding is not None else 0)
+                 | (SHARE_READONLY if self.readonly == "share" else 0)
+                 | (QUIET_NARROW if self.narrow == "ok" else 0)
+                 | (FALLBACK_RAISE if self.fallback == "raise" else 0)
+                 | (LEAVES_RAISE if self.leaves == "raise" else 0))
+        object.__setattr__(self, "flags", flags)
 
     @property
     def share_readonly(self) -> bool:
@@ -51,6 +80,16 @@ class Options:
         """The same wishes, for one device (a shard's, a leaf's sharding)."""
         return dataclasses.replace(self, device=device, sharding=None)
 
+    def with_sharding(self, sharding: Any) -> Options:
+        """The same wishes, for one sharding of a sharding pytree."""
+        return dataclasses.replace(self, device=None, sharding=sharding)
+
+    def quiet(self, device: Any) -> Options:
+        """What a producer's host copy is routed with: onto ``device``, with no host
+        fallback of its own, no non-tensor leaves and no second narrowing warning."""
+        return dataclasses.replace(self, device=device, sharding=None, copy=None,
+                                   fallback="raise", leaves="keep", narrow="ok")
+
 
 #: No option given: what every call without keywords uses (checked once, here).
 DEFAULT = Options()
@@ -58,7 +97,7 @@ DEFAULT = Options()
 
 def options(device: Any = None, copy: Any = None, sharding: Any = None, fallback: str = "host",
             readonly: str = "copy", leaves: str = "keep", narrow: str = "warn") -> Options:
-    """Check the options and make them one object.
+    """Check the options and make them one object (:data:`DEFAULT` when all are defaults).
 
     Raises
     ------
@@ -76,10 +115,8 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None, fallback
             raise ValueError(f"{name} must be {allowed}, not {value!r}")
     if sharding is not None and device is not None:
         raise ValueError("pass device= or sharding=, not both: one of them.")
-    if (device is None and copy is None and sharding is None and fallback == "host"
-            and readonly == "copy" and leaves == "keep" and narrow == "warn"):
-        return DEFAULT
-    return Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
+    made = Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
+    return DEFAULT if made == DEFAULT else made
 
 
 def single_device(device: Any) -> Any:
@@ -96,3 +133,23 @@ def single_device(device: Any) -> Any:
         raise ValueError(f"to_jax takes a jax.Device or a single-device sharding; this sharding "
                          f"spans {len(devices)} devices.")
     return next(iter(devices))
+
+
+def jax_module(name: str) -> Any:
+    """A jax module (``"jax.tree_util"``, ``"jax.sharding"``), imported on first use: one
+    dict lookup after that, where an import statement in a function costs microseconds on
+    every call (dlinspect itself never imports jax on ``import dlinspect``)."""
+    module = sys.modules.get(name)
+    if module is None:
+        import importlib
+        module = importlib.import_module(name)
+    return module
+
+
+def check_sharding(s: Any) -> Any:
+    """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
+    if not isinstance(s, jax_module("jax.sharding").Sharding):
+        raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
+                        f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
+                        f"PartitionSpec('data')).")
+    return s

@@ -11,8 +11,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._execute import to_jax
-from ._options import options as check_options
+from ._core import convert
+from ._options import Options, options as check_options
 from ._warn import collecting, warn
 from .errors import DLInspectWarning
 
@@ -63,12 +63,12 @@ class PrefetchLoader:
         Whether batches are converted on a background thread: True, False, or
         None, decided per epoch from the first batches' timings (see
         :func:`prefetch_to_jax`, ``thread``).
-    options : dict
-        The :func:`to_jax` options for every batch.
+    options : Options
+        The :func:`to_jax` options for every batch, checked once.
     """
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
-                 options: dict[str, Any], progress: bool) -> None:
+                 options: Options, progress: bool) -> None:
         self.source = source
         self.size = size
         self.thread = thread
@@ -186,12 +186,11 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     """
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
-    check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
-    return PrefetchLoader(iterable, size, None if thread is None else bool(thread),
-                          dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
-                               readonly=readonly, leaves=leaves, narrow=narrow), progress)
+    return PrefetchLoader(iterable, size, None if thread is None else bool(thread), opts,
+                          progress)
 
 
 def _progress_bar(iterable: Any) -> Any:
@@ -209,7 +208,7 @@ def _progress_bar(iterable: Any) -> Any:
     return tqdm(total=total, unit="batch", desc="prefetch_to_jax")
 
 
-def _auto(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
+def _auto(it: Iterator[Any], size: int, bar: Any, options: Options,
           x64: bool) -> Iterator[Any]:
     """The first batches on the consumer's thread, timed; then a worker thread only if
     both sides have work to overlap (see ``_OVERLAP_S``)."""
@@ -222,7 +221,7 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
             if batch is _END:
                 _close(it, bar)
                 return
-            out = to_jax(batch, **options)
+            out = convert(batch, options)
             del batch
             load.append(time.perf_counter() - start)
             if bar is not None:
@@ -242,10 +241,10 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
 _END = object()
 
 
-def _on_cpu(options: dict[str, Any]) -> bool:
+def _on_cpu(options: Options) -> bool:
     """Whether the batches go to JAX CPU devices (the step then runs on the host's cores)."""
     import jax
-    where = options.get("sharding") or options.get("device")
+    where = options.sharding or options.device
     if where is None:
         return jax.default_backend() == "cpu"
     from jax import tree_util
@@ -262,10 +261,10 @@ def _close(it: Iterator[Any], bar: Any) -> None:
         bar.close()
 
 
-def _inline(it: Iterator[Any], bar: Any, options: dict[str, Any]) -> Iterator[Any]:
+def _inline(it: Iterator[Any], bar: Any, options: Options) -> Iterator[Any]:
     try:
         for batch in it:
-            out = to_jax(batch, **options)
+            out = convert(batch, options)
             del batch
             if bar is not None:
                 bar.update(1)
@@ -275,7 +274,7 @@ def _inline(it: Iterator[Any], bar: Any, options: dict[str, Any]) -> Iterator[An
         _close(it, bar)
 
 
-def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
+def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options,
               x64: bool) -> Iterator[Any]:
     ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
     stop = threading.Event()
@@ -299,7 +298,7 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: dict[str, Any],
                     # Warnings (x64 narrowing) are kept with the batch and emitted on
                     # the consumer's thread, at the consumer's line.
                     collecting.messages = []
-                    converted = to_jax(batch, **options)
+                    converted = convert(batch, options)
                     if stop.is_set() or not put((_BATCH, (converted, collecting.messages))):
                         return
                     del batch

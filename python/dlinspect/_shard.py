@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._jaxcaps import jax_module
+from ._options import jax_module
 
 __all__ = ["Layout", "layout", "tiling", "uneven", "plain_device", "default_memory",
            "spans_processes"]

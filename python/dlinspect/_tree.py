@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ._jaxcaps import jax_module
+from ._options import jax_module
 from .errors import ContainerError
 
 __all__ = ["Flat", "flatten"]

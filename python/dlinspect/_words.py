@@ -1,23 +1,23 @@
-"""A route and its words: one module turns a route's facts (decided in
-:mod:`dlinspect._plan`) into its reason, its error and its warning (and ``explain``'s
-lines). Nothing here decides; nothing parses a message.
+"""The words of a route: its reason, its error and its warning (and ``explain``'s lines),
+made from the facts the core's decision put in it (``dlinspect._core.Route``). Nothing
+here decides; nothing parses a message.
 
-An error's text is built from three parts: the tensor it is about (``subject``), the
-first sentence (what was found and why it cannot go there) and the rest (what to do).
-A route's ``reason`` is the subject and the first sentence; a shard's error inside a
-sharded tensor's error is its first sentence and the rest, after the whole tensor.
+Two tables: :data:`PROBLEMS` words the error of each problem an error route can carry
+(one function each), :data:`REASONS` the reason of each action. An error's text is built
+from three parts: the tensor it is about (``subject``), the first sentence (what was
+found and why it cannot go there) and the rest (what to do). A route's ``reason`` is the
+subject and the first sentence; a shard's error inside a sharded tensor's error is its
+first sentence and the rest, after the whole tensor.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
-from ._core import TensorInfo
-
-from . import _facts as P
-from ._core import device_name, device_row, dtype_name
-from ._facts import Need
+from . import _core as C
+from ._core import Need, device_name, device_row, dtype_name
 from .errors import (
     AllocationError,
     CopyRequiredError,
@@ -28,114 +28,15 @@ from .errors import (
     UnsupportedDTypeError,
 )
 
-__all__ = ["Route", "reason", "error", "warning", "explain_one", "explain_tree", "describe", "narrowing_text",
-           "device_fix", "allocation_error", "name_leaf", "INSTALL_JAX"]
+__all__ = ["PROBLEMS", "REASONS", "reason", "error", "warning", "explain_one", "explain_tree",
+           "describe", "narrowing_text", "device_fix", "allocation_error", "name_leaf",
+           "INSTALL_JAX"]
 
 #: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
 
 _SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
-
-
-# ---- the route ---------------------------------------------------------------
-
-class Route:
-    """Where a tensor goes and why: the result of :func:`plan`.
-
-    Attributes
-    ----------
-    kind : str
-        ``"zero-copy"`` (JAX or NumPy views the producer's memory; an empty
-        tensor, which has none, is zero-copy too), ``"copy"`` (a copy on a device
-        JAX has: strides, alignment, read-only, dtype narrowing, device transfer
-        or ``copy=True``), ``"host-fallback"`` (the memory is on a device this
-        JAX has no backend for: it goes through host memory), ``"error"``, or,
-        for a pytree leaf that is not a tensor, ``"untouched"`` (left as it is).
-    zero_copy : bool
-        No byte of the tensor is copied.
-    reason : str
-        One sentence: why this route.
-    needs : Need
-        What the decision found the tensor needs (0 for a plain tensor).
-    copy_bytes : int
-        Bytes the route copies, counted on the source tensor (0 for zero-copy).
-    jax_device : jax.Device or None
-        The device the array ends up on (None for ``target="host"`` and errors).
-    error : Exception or None
-        The exception executing the route raises (kind ``"error"`` only): a
-        producer's refusal, a corrupt header, or why the target cannot take it.
-    warning : str or None
-        A warning executing the route emits (64-bit narrowing with x64 off, unless
-        ``narrow="ok"``).
-    info : TensorInfo or None
-        The header the decision was made from (None when the producer refused to
-        export, the header could not be read, or NumPy memory has none: see ``error``).
-    target : str
-        ``"jax"`` or ``"host"``.
-    shards : tuple of (jax.Device, tuple of slice, Route)
-        With ``plan(x, sharding=...)`` and host memory bound for CPU devices:
-        each device's index into ``x`` (as ``Sharding.addressable_devices_indices_map``
-        gives it) and that slice's own route. Empty otherwise.
-    problem : str or None
-        For kind ``"error"``: what blocked the route, as a fact ("dtype",
-        "copy-forbidden", "no-device"...); :mod:`dlinspect._words` words it.
-    facts : dict
-        What the words of this route rest on (the option that blocked it, the
-        reasons for a copy, JAX's own reason for a dtype...).
-    """
-
-    __slots__ = ("kind", "action", "_needs", "info", "target", "copy_bytes", "jax_device",
-                 "import_device", "import_type", "import_copy", "shards", "problem", "facts",
-                 "key_path", "_error", "_reason")
-
-    def __init__(self, kind: str, action: str, info: TensorInfo | None, target: str, *,
-                 needs: int = 0, copy_bytes: int = 0, jax_device: Any = None,
-                 import_device: Any = None, import_type: int = 1,
-                 import_copy: bool | None = None, shards: tuple[Any, ...] = (),
-                 problem: str | None = None, **facts: Any) -> None:
-        self.kind = kind
-        self.action = action             # what _execute does
-        self._needs = int(needs)
-        self.info: Any = info           # TensorInfo, or None (see the class's doc)
-        self.target = target
-        self.copy_bytes = copy_bytes
-        self.jax_device = jax_device
-        self.import_device = import_device   # where jaxlib imports it
-        self.import_type = import_type       # dl_device_type handed to jaxlib
-        self.import_copy = import_copy
-        self.shards = shards
-        self.problem = problem
-        self.facts = facts
-        self.key_path = ""
-        self._error: Exception | None = None
-        self._reason: str | None = None
-
-    @property
-    def needs(self) -> Need:
-        return Need(self._needs)
-
-    @property
-    def zero_copy(self) -> bool:
-        return self.kind == P.ZERO_COPY
-
-    @property
-    def reason(self) -> str:
-        if self._reason is None:
-            self._reason = reason(self)
-        return self._reason
-
-    @property
-    def error(self) -> Exception | None:
-        if self._error is None and self.problem is not None:
-            self._error = error(self)
-        return self._error
-
-    @property
-    def warning(self) -> str | None:
-        return warning(self)
-
-    def __repr__(self) -> str:
-        return f"<Route {self.kind} to {self.target}: {self.reason}>"
+Parts = tuple[type[Exception], str, str, str]
 
 
 # ---- shared phrases ------------------------------------------------------------
@@ -231,30 +132,30 @@ def _host_copy_words(methods: tuple[str, ...], into: str | None = None) -> str:
     return ", else ".join(steps + ["numpy.asarray(x)"])
 
 
+#: Why a JAX route copies, per need: (the reason, the fix), from the route.
+_COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
+    (Need.LAYOUT, lambda r: (
+        f"strides {r.info.strides} for shape {r.info.shape} have {_strides_word(r.info)}"
+        + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
+        "make it contiguous first (numpy.ascontiguousarray, t.contiguous())")),
+    (Need.READ_ONLY, lambda r: (
+        "the producer marked it read-only (pass readonly='share' to import it without a "
+        "copy)", "readonly='share'")),
+    (Need.ALIGN, lambda r: (
+        f"its data pointer {r.info.data_ptr:#x} is {r.info.alignment}-byte aligned and "
+        f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
+        f"allocate {r.facts['align']}-byte aligned memory (dlinspect.testing.aligned_empty; "
+        f"torch tensors are)")),
+    (Need.NARROW, lambda r: (_narrowed(r.facts), 'jax.config.update("jax_enable_x64", True)')),
+)
+
+
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
     """Why a JAX route copies (or would), with the fix for each: from its needs, its
     devices and ``copy=True``."""
-    info, needs, f = route.info, route.needs, route.facts
-    reasons: list[str] = []
-    fixes: list[str] = []
-    if needs & Need.LAYOUT:
-        reasons.append(f"strides {info.strides} for shape {info.shape} have "
-                       f"{_strides_word(info)}" + ("" if f.get("permuted") else
-                                                    ", which JAX cannot view"))
-        fixes.append("make it contiguous first (numpy.ascontiguousarray, t.contiguous())")
-    if needs & Need.READ_ONLY:
-        reasons.append("the producer marked it read-only (pass readonly='share' to import it "
-                       "without a copy)")
-        fixes.append("readonly='share'")
-    if needs & Need.ALIGN:
-        align = f["align"]
-        reasons.append(f"its data pointer {info.data_ptr:#x} is {info.alignment}-byte aligned "
-                       f"and XLA:CPU views only {align}-byte aligned memory")
-        fixes.append(f"allocate {align}-byte aligned memory (dlinspect.testing.aligned_empty; "
-                     f"torch tensors are)")
-    if needs & Need.NARROW:
-        reasons.append(_narrowed(f))
-        fixes.append('jax.config.update("jax_enable_x64", True)')
+    needs, f = route.needs, route.facts
+    found = [words(route) for need, words in _COPY_NEEDS if needs & need]
+    reasons, fixes = [r for r, _ in found], [fix for _, fix in found]
     if f["dest"] != f["src"]:
         reasons.append(f"it moves from {f['src']} to {f['dest']}")
     if f.get("copy_true"):
@@ -269,11 +170,10 @@ def _lanes_text(info: Any) -> str:
 
 
 def _numpy_put_words(route: Any) -> str:
-    f = route.facts
     how = ("unpacked into one element per byte, then copied by jax.device_put"
            if route.needs & Need.PACKED else "viewed by NumPy (one element per byte) and "
            "copied by jax.device_put")
-    refusal = f["refusal"] or "it takes no padded sub-byte data"
+    refusal = route.facts["refusal"] or "it takes no padded sub-byte data"
     return (f"JAX holds {route.info.dtype_name} arrays, but its DLPack import does not take "
             f"them ({refusal}), so the elements are {how}")
 
@@ -313,94 +213,120 @@ def _where(f: dict[str, Any]) -> str:
     return f"the sharding {where}" if hasattr(where, "device_set") else str(where)
 
 
-# ---- errors: (type, subject, first sentence, what to do) ----------------------------
-
-def _parts(route: Any) -> tuple[type[Exception], str, str, str]:
-    """The error of an error route, in parts (see the module's doc)."""
-    p, info, f, t = route.problem, route.info, route.facts, route.target
-    subject = describe(info) if info is not None else ""
-    if p == "lanes-share-bytes":
-        code, bits, lanes = info.dtype
-        return (UnsupportedDTypeError, subject,
-                f"has {_dtype_text(info)}: {lanes} lanes of {bits} bits share each byte, so they "
-                f"cannot become an axis of {'JAX' if t == 'jax' else 'NumPy'} elements.",
-                "To fix: unpack it with its own library first (e.g. torch: view the bytes as "
-                "uint8).")
-    if p == "dtype":
-        return (UnsupportedDTypeError, subject,
-                f"has {_dtype_text(info)}, which JAX cannot hold: {f['why']}.",
-                "To fix: convert it with its own library first (e.g. t.float() or "
-                "t.view(torch.uint8))"
-                + (", or take it as NumPy with dlinspect.to_host." if f["host_ok"] else "."))
-    if p == "host-dtype":
-        name = info.dtype_name
-        hint = (" (NumPy has no such dtype; ml_dtypes provides it: pip install -U ml_dtypes)"
-                if name.startswith(_SUBBYTE_NAMES) else "")
-        return (UnsupportedDTypeError, subject,
-                f"has {_dtype_text(info)}, which has no NumPy dtype here{hint}.",
-                "To fix: convert it with its own library first.")
-    if p == "numpy-dtype":
-        code, bits, lanes = f["dtype"]
-        return (UnsupportedDTypeError, _numpy_head(f),
-                f"has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
-                f"hold: {f['jax_why']}.", "To fix: convert it with NumPy first (x.astype(...)).")
-    if p == "layout-not-host":
-        return (UnsupportedDeviceError, subject,
-                f"has strides {info.strides}, which JAX cannot import, and its memory is not "
-                f"host-accessible for dlinspect to copy.",
-                "To fix: make it contiguous with its own library first (torch: t.contiguous()).")
-    if p == "no-device":
-        dt, bare = int(info.device_type), f["bare"]
-        if t == "host":
-            return (UnsupportedDeviceError, subject,
-                    "is not in host memory. A bare capsule has no producer to ask for a host "
-                    "copy.", f"To fix: {device_fix(dt, t, True)}.")
-        tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
-                 else "nothing (fallback='raise')")
-        fix = device_fix(dt, t, bare)
-        if not bare:
-            fix += ', or pass fallback="host" so dlinspect goes through host memory'
-        return (UnsupportedDeviceError, "", _no_device_head(route),
-                f"Tried: {tried}. To fix: {fix}.")
-    if p == "copy-forbidden":
-        return _copy_forbidden(route, subject)
-    if p == "packed-copy":
-        bits = info.dtype.bits * info.dtype.lanes
-        return (UnsupportedDTypeError, subject,
-                f"packs {bits}-bit elements and needs a copy ({'; '.join(_copy_reasons(route)[0])}"
-                f"), but dlinspect copies packed sub-byte data only into NumPy (dlinspect.to_host "
-                f"unpacks it).", "To fix: give JAX aligned, contiguous memory, or unpack it with "
-                "its own library first.")
-    if p == "unpack":
-        bits = info.dtype.bits * info.dtype.lanes
-        where = (f"with strides {info.strides}" if bits and 8 % bits == 0
-                 else "across byte boundaries")
-        return (UnsupportedDTypeError, subject,
-                f"packs {bits}-bit elements {where}; dlinspect unpacks only C-contiguous 1-, 2- "
-                f"and 4-bit data.", "To fix: ask the producer for padded storage (one element "
-                "per byte), or unpack with its own library.")
-    if p == "allocation":
-        first, rest = _allocation_words(f["nbytes"], subject or "the tensor", f["total"])
-        return AllocationError, "", first, rest
-    if p == "uneven":
-        return ShardingError, subject, f"cannot be sharded: {_uneven_words(f)}", ""
-    if p == "shard":
-        dev, index, shard = f["shard"]
-        _, _, first, rest = _parts(shard)
-        return (type(shard.error), subject,
-                f"cannot be sharded as asked: its shard {_index_text(index)} for {dev} (shape "
-                f"{shard.info.shape}) {first}", rest)
-    if p == "not-a-tensor":
-        tp = f["leaf_type"]
-        return (NotDLPackError, "",
-                f"a leaf of type {tp.__module__}.{tp.__qualname__} is not a tensor, and "
-                f"leaves='raise' was asked for.", "To fix: pass leaves='keep' to leave "
-                "non-tensor leaves as they are, or take it out of the batch.")
-    raise AssertionError(f"a route problem without words: {p!r}")
+def _subject(route: Any) -> str:
+    return describe(route.info) if route.info is not None else ""
 
 
-def _copy_forbidden(route: Any, subject: str) -> tuple[type[Exception], str, str, str]:
-    f, t = route.facts, route.target
+# ---- errors: one function per problem, (type, subject, first sentence, what to do) ----
+
+def _lanes_share_bytes(route: Any) -> Parts:
+    info = route.info
+    _, bits, lanes = info.dtype
+    return (UnsupportedDTypeError, _subject(route),
+            f"has {_dtype_text(info)}: {lanes} lanes of {bits} bits share each byte, so they "
+            f"cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
+            "To fix: unpack it with its own library first (e.g. torch: view the bytes as "
+            "uint8).")
+
+
+def _dtype(route: Any) -> Parts:
+    f = route.facts
+    return (UnsupportedDTypeError, _subject(route),
+            f"has {_dtype_text(route.info)}, which JAX cannot hold: {f['why']}.",
+            "To fix: convert it with its own library first (e.g. t.float() or "
+            "t.view(torch.uint8))" + (", or take it as NumPy with dlinspect.to_host."
+                                      if f["host_ok"] else "."))
+
+
+def _host_dtype(route: Any) -> Parts:
+    info = route.info
+    hint = (" (NumPy has no such dtype; ml_dtypes provides it: pip install -U ml_dtypes)"
+            if info.dtype_name.startswith(_SUBBYTE_NAMES) else "")
+    return (UnsupportedDTypeError, _subject(route),
+            f"has {_dtype_text(info)}, which has no NumPy dtype here{hint}.",
+            "To fix: convert it with its own library first.")
+
+
+def _numpy_dtype(route: Any) -> Parts:
+    f = route.facts
+    code, bits, lanes = f["dtype"]
+    return (UnsupportedDTypeError, _numpy_head(f),
+            f"has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
+            f"hold: {f['jax_why']}.", "To fix: convert it with NumPy first (x.astype(...)).")
+
+
+def _layout_not_host(route: Any) -> Parts:
+    return (UnsupportedDeviceError, _subject(route),
+            f"has strides {route.info.strides}, which JAX cannot import, and its memory is "
+            f"not host-accessible for dlinspect to copy.",
+            "To fix: make it contiguous with its own library first (torch: t.contiguous()).")
+
+
+def _no_device(route: Any) -> Parts:
+    dt, bare, t = int(route.info.device_type), route.facts["bare"], route.target
+    if t == "host":
+        return (UnsupportedDeviceError, _subject(route),
+                "is not in host memory. A bare capsule has no producer to ask for a host "
+                "copy.", f"To fix: {device_fix(dt, t, True)}.")
+    tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
+             else "nothing (fallback='raise')")
+    fix = device_fix(dt, t, bare)
+    if not bare:
+        fix += ', or pass fallback="host" so dlinspect goes through host memory'
+    return (UnsupportedDeviceError, "", _no_device_head(route),
+            f"Tried: {tried}. To fix: {fix}.")
+
+
+def _packed_copy(route: Any) -> Parts:
+    bits = route.info.dtype.bits * route.info.dtype.lanes
+    return (UnsupportedDTypeError, _subject(route),
+            f"packs {bits}-bit elements and needs a copy ({'; '.join(_copy_reasons(route)[0])}"
+            f"), but dlinspect copies packed sub-byte data only into NumPy (dlinspect.to_host "
+            f"unpacks it).", "To fix: give JAX aligned, contiguous memory, or unpack it with "
+            "its own library first.")
+
+
+def _unpack(route: Any) -> Parts:
+    info = route.info
+    bits = info.dtype.bits * info.dtype.lanes
+    where = (f"with strides {info.strides}" if bits and 8 % bits == 0
+             else "across byte boundaries")
+    return (UnsupportedDTypeError, _subject(route),
+            f"packs {bits}-bit elements {where}; dlinspect unpacks only C-contiguous 1-, 2- "
+            f"and 4-bit data.", "To fix: ask the producer for padded storage (one element "
+            "per byte), or unpack with its own library.")
+
+
+def _allocation(route: Any) -> Parts:
+    f = route.facts
+    first, rest = _allocation_words(f["nbytes"], _subject(route) or "the tensor", f["total"])
+    return AllocationError, "", first, rest
+
+
+def _uneven(route: Any) -> Parts:
+    subject = _subject(route) or (_numpy_head(route.facts) if "array" in route.facts else "")
+    return ShardingError, subject, f"cannot be sharded: {_uneven_words(route.facts)}", ""
+
+
+def _shard(route: Any) -> Parts:
+    dev, index, shard = route.facts["shard"]
+    _, _, first, rest = _parts(shard)
+    return (type(shard.error), _subject(route),
+            f"cannot be sharded as asked: its shard {_index_text(index)} for {dev} (shape "
+            f"{shard.info.shape}) {first}", rest)
+
+
+def _not_a_tensor(route: Any) -> Parts:
+    tp = route.facts["leaf_type"]
+    return (NotDLPackError, "",
+            f"a leaf of type {tp.__module__}.{tp.__qualname__} is not a tensor, and "
+            f"leaves='raise' was asked for.", "To fix: pass leaves='keep' to leave "
+            "non-tensor leaves as they are, or take it out of the batch.")
+
+
+def _copy_forbidden(route: Any) -> Parts:
+    """copy=False against the copy the route needs: the copy the facts say, in words."""
+    f, t, subject = route.facts, route.target, _subject(route)
     if f.get("numpy_copy"):
         return (CopyRequiredError, _numpy_head(f),
                 f"cannot be described by DLPack ({f['why']}), so only a copy gives its values, "
@@ -448,6 +374,22 @@ def _uneven_words(f: dict[str, Any]) -> str:
             f"replicate this leaf with PartitionSpec().")
 
 
+#: The words of every problem an error route carries ("raised": the producer's or the
+#: header's own error, worded where it was raised).
+PROBLEMS: dict[str, Callable[[Any], Parts]] = {
+    "lanes-share-bytes": _lanes_share_bytes, "dtype": _dtype, "host-dtype": _host_dtype,
+    "numpy-dtype": _numpy_dtype, "layout-not-host": _layout_not_host, "no-device": _no_device,
+    "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
+    "allocation": _allocation, "uneven": _uneven, "shard": _shard,
+    "not-a-tensor": _not_a_tensor,
+}
+
+
+def _parts(route: Any) -> Parts:
+    """The error of an error route, in parts (see the module's doc)."""
+    return PROBLEMS[route.problem](route)
+
+
 def error(route: Any) -> Exception | None:
     """The exception executing ``route`` raises (None unless its kind is "error")."""
     if route.problem is None:
@@ -462,90 +404,134 @@ def error(route: Any) -> Exception | None:
     return name_leaf(exc, route.key_path)
 
 
-# ---- reasons -------------------------------------------------------------------
+# ---- reasons: one function per action ------------------------------------------------
+
+def _keep(route: Any) -> str:
+    tp = route.facts["leaf_type"]
+    return f"Not a tensor ({tp.__module__}.{tp.__qualname__}): left as it is."
+
+
+def _pass(route: Any) -> str:
+    if "where" in route.facts:
+        return f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
+    return "It already is a jax.Array: returned as it is (no DLPack round trip)."
+
+
+def _array_put(route: Any) -> str:
+    return f"A copy is needed: the jax.Array moves to {_where(route.facts)} (jax.device_put)."
+
+
+def _empty(route: Any) -> str:
+    return ("The tensor is empty: JAX gets a new empty array; no byte is copied."
+            if route.target == "jax" else "The tensor is empty: NumPy gets a new empty array.")
+
+
+def _producer_copy(route: Any) -> str:
+    f = route.facts
+    where = device_name(int(route.info.device_type))
+    words = _host_copy_words(f["methods"], f.get("into"))
+    if route.target == "host":
+        return f"{where} memory is not host-accessible: {words}."
+    narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
+    return f"{where} memory: {words}; JAX imports that{narrowed}."
+
+
+def _numpy_copy(route: Any) -> str:
+    f = route.facts
+    words = f"{f['why']}; NumPy copies it into native, C-ordered memory"
+    if route.target == "host":
+        return f"A copy is needed: {words}."
+    narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
+    then = (f"that copy is then split over the {f['spread']} devices of the sharding"
+            if "spread" in f else "JAX views that copy")
+    return f"A copy is needed: {words}{narrowed}; {then}."
+
+
+def _split(route: Any) -> str:
+    shards = route.shards
+    views = sum(r.zero_copy for _, _, r in shards)
+    text = f"{views} of {len(shards)} shards are views of the producer's memory"
+    copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
+    return text + ("." if copying is None else f"; the shard for {copying[0]}: "
+                   f"{copying[1].reason}")
+
+
+def _spread(route: Any) -> str:
+    f = route.facts
+    whole = f["whole"]
+    if whole.zero_copy:
+        return (f"A copy is needed: JAX first views the producer's memory, then "
+                f"{_spread_words(f)} (the one copy).")
+    return f"Two copies: {whole.reason[0].lower()}{whole.reason[1:-1]}; then {_spread_words(f)}."
+
+
+def _host_lanes(info: Any) -> str:
+    return f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
+
+
+def _unpack_reason(route: Any) -> str:
+    bits = route.info.dtype.bits * route.info.dtype.lanes
+    return (f"{bits}-bit elements are packed; NumPy holds one per byte, so they are unpacked "
+            f"into a copy.")
+
+
+def _jax_view(route: Any) -> str:
+    info = route.info
+    if route.needs & Need.LANES:
+        text = _lanes_text(info)
+        return f"{text[0].upper()}{text[1:]}; JAX views the producer's memory on {route.facts['dest']}."
+    if route.needs & Need.VIA_CPU:
+        dt = int(info.device_type)
+        return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
+                f"a copy (no {device_row(dt).platform or 'device'} backend here).")
+    return f"JAX views the producer's memory on {route.facts['dest']}."
+
+
+def _jax_copy(route: Any) -> str:
+    reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
+                                         if route.needs & Need.LANES else [])
+    return f"A copy is needed: {'; '.join(reasons)}."
+
+
+def _host_copy(route: Any) -> str:
+    if route.target == "host":
+        return f"copy=True was asked for{_host_lanes(route.info)}."
+    return _jax_copy(route)
+
+
+def _host_view(route: Any) -> str:
+    if route.target == "host":
+        return (f"NumPy views the {device_name(int(route.info.device_type))} memory "
+                f"directly{_host_lanes(route.info)}.")
+    return _jax_view(route)
+
+
+#: The reason of every action a route that is not an error carries.
+REASONS: dict[str, Callable[[Any], str]] = {
+    C.KEEP: _keep, C.PASS: _pass, C.ARRAY_PUT: _array_put,
+    C.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
+    C.EMPTY: _empty, C.PRODUCER_COPY: _producer_copy,
+    C.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
+    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread,
+    C.PROCESS_LOCAL: _spread, C.UNPACK: _unpack_reason, C.HOST_COPY: _host_copy,
+    C.HOST_VIEW: _host_view,
+    C.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
+}
+
 
 def reason(route: Any) -> str:
     """One sentence: why ``route`` (for an error, what was found; led by its key path)."""
-    text = _reason(route)
-    return f"{route.key_path}: {text}" if route.key_path and route.problem else text
-
-
-def _reason(route: Any) -> str:
-    a, info, f, t = route.action, route.info, route.facts, route.target
+    if route.problem is None:
+        return REASONS[route.action](route)
     if route.problem == "raised":
-        return str(f["cause"])
-    if route.problem == "shard":
-        dev, index, shard = f["shard"]
-        return f"The shard {_index_text(index)} for {dev}: {shard.reason}"
-    if route.problem is not None:
+        text = str(route.facts["cause"])
+    elif route.problem == "shard":
+        dev, index, shard = route.facts["shard"]
+        text = f"The shard {_index_text(index)} for {dev}: {shard.reason}"
+    else:
         _, subject, first, _ = _parts(route)
-        return f"{subject} {first}" if subject else first
-    if a == P.KEEP:
-        tp = f["leaf_type"]
-        return f"Not a tensor ({tp.__module__}.{tp.__qualname__}): left as it is."
-    if "jax_array" in f:
-        if a == P.ARRAY_COPY:
-            return "copy=True was asked for: JAX copies the jax.Array."
-        if a == P.PASS:
-            return (f"It already is a jax.Array on {_where(f)}: returned as it is." if "where"
-                    in f else "It already is a jax.Array: returned as it is (no DLPack round "
-                    "trip).")
-        return f"A copy is needed: the jax.Array moves to {_where(f)} (jax.device_put)."
-    if a == P.EMPTY:
-        return ("The tensor is empty: JAX gets a new empty array; no byte is copied." if t == "jax"
-                else "The tensor is empty: NumPy gets a new empty array.")
-    if a == P.PRODUCER_COPY:
-        where = device_name(int(info.device_type))
-        words = _host_copy_words(f["methods"], f.get("into"))
-        if t == "host":
-            return f"{where} memory is not host-accessible: {words}."
-        narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
-        return f"{where} memory: {words}; JAX imports that{narrowed}."
-    if a == P.NUMPY_PUT:
-        return f"A copy is needed: {_numpy_put_words(route)}."
-    if a == P.NUMPY_COPY:
-        words = f"{f['why']}; NumPy copies it into native, C-ordered memory"
-        if t == "host":
-            return f"A copy is needed: {words}."
-        narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
-        return f"A copy is needed: {words}{narrowed}; JAX views that copy."
-    if a == P.SPLIT:
-        views = sum(r.zero_copy for _, _, r in route.shards)
-        text = f"{views} of {len(route.shards)} shards are views of the producer's memory"
-        copying = f["copying"]
-        return text + ("." if copying is None else f"; the shard for {copying[0]}: "
-                       f"{copying[1].reason}")
-    if a in (P.DEVICE_PUT, P.PROCESS_LOCAL):
-        whole = f["whole"]
-        if whole.zero_copy:
-            return (f"A copy is needed: JAX first views the producer's memory, then "
-                    f"{_spread_words(f)} (the one copy).")
-        return (f"Two copies: {whole.reason[0].lower()}{whole.reason[1:-1]}; then "
-                f"{_spread_words(f)}.")
-    if t == "host":
-        lanes = f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
-        if a == P.UNPACK:
-            bits = info.dtype.bits * info.dtype.lanes
-            return (f"{bits}-bit elements are packed; NumPy holds one per byte, so they are "
-                    f"unpacked into a copy.")
-        if a == P.HOST_COPY:
-            return f"copy=True was asked for{lanes}."
-        return f"NumPy views the {device_name(int(info.device_type))} memory directly{lanes}."
-    # JAX, the main routes
-    as_axis = bool(route.needs & P.Need.LANES)
-    if route.kind == P.ZERO_COPY:
-        if as_axis:
-            text = _lanes_text(info)
-            return (f"{text[0].upper()}{text[1:]}; JAX views the producer's memory on "
-                    f"{f['dest']}.")
-        if route.needs & P.Need.VIA_CPU:
-            dt = int(info.device_type)
-            return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it "
-                    f"without a copy (no {device_row(dt).platform or 'device'} "
-                    f"backend here).")
-        return f"JAX views the producer's memory on {f['dest']}."
-    reasons = _copy_reasons(route)[0] + ([_lanes_text(info)] if as_axis else [])
-    return f"A copy is needed: {'; '.join(reasons)}."
+        text = f"{subject} {first}" if subject else first
+    return f"{route.key_path}: {text}" if route.key_path else text
 
 
 def warning(route: Any) -> str | None:
@@ -564,28 +550,30 @@ def explain_tree(flat: Any) -> str:
     blocks = []
     for i, route in enumerate(flat.leaves):
         key = flat.keystr(i)
-        if route.action is P.KEEP:
+        if route.action == C.KEEP:
             blocks.append(f"{key}: untouched ({route.reason})")
         else:
             blocks.append(f"{key}:\n  " + explain_one(route, None).replace("\n", "\n  "))
     return "\n".join(blocks)
 
 
-def explain_one(route: Any, x: Any) -> str:
-    """``explain``'s lines for one route (``x``: the tensor, for a jax.Array's head)."""
+def _head(route: Any, x: Any) -> str:
     if route.info is not None:
-        head = repr(route.info)
-    elif "jax_array" in route.facts and route.error is None:
-        head = "<jax.Array>" if x is None else (
+        return repr(route.info)
+    if "jax_array" in route.facts and route.error is None:
+        return "<jax.Array>" if x is None else (
             f"<jax.Array {x.dtype}[{', '.join(map(str, x.shape))}] on "
             f"{', '.join(map(str, x.devices()))}>")
-    elif route.action is P.KEEP:
-        head = "<not a tensor>"
-    elif route.action is P.NUMPY_COPY or route.facts.get("numpy_copy"):
-        head = "<no DLPack header: DLPack cannot describe this NumPy memory>"
-    else:
-        head = "<no header: the export failed>"
-    lines = [head, f"route to {route.target}: {route.kind}"
+    if route.action == C.KEEP:
+        return "<not a tensor>"
+    if route.action == C.NUMPY_COPY or route.facts.get("numpy_copy"):
+        return "<no DLPack header: DLPack cannot describe this NumPy memory>"
+    return "<no header: the export failed>"
+
+
+def explain_one(route: Any, x: Any) -> str:
+    """``explain``'s lines for one route (``x``: the tensor, for a jax.Array's head)."""
+    lines = [_head(route, x), f"route to {route.target}: {route.kind}"
              + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
     if route.error is None:  # (an error's message says it all, below)
         lines.append(f"  {route.reason}")

@@ -22,8 +22,8 @@ import sys
 import warnings
 from typing import Any
 
-from ._execute import to_jax
-from ._options import DEFAULT
+from ._core import convert
+from ._options import DEFAULT, Options
 from ._options import options as check_options
 from ._warn import collecting
 from .errors import DLInspectWarning
@@ -160,9 +160,7 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"{name} must be an int >= 0 (elements buffered), not {size!r}")
     device, sharding = _placement(device, sharding)
-    opts = dict(device=device, sharding=sharding, copy=copy, fallback=fallback,
-                readonly=readonly, leaves=leaves, narrow=narrow)
-    check_options(**opts)
+    opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
     from ._jaxcaps import target
@@ -176,7 +174,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
 
 class _ToJax:
-    """``to_jax(element, **options)`` as a grain map; its warnings kept with the element
+    """``to_jax`` of each element, with the options checked once, as a grain map; its
+    warnings kept with the element
     (``emit=False``, on a prefetch thread) or shown at the consumer's line.
 
     ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
@@ -189,15 +188,14 @@ class _ToJax:
 
     __slots__ = ("context", "emit", "move_to", "options", "x64")
 
-    def __init__(self, options: dict[str, Any], x64: bool | None, context: Any,
+    def __init__(self, options: Options, x64: bool | None, context: Any,
                  emit: bool, cpu_device: Any = None) -> None:
-        options = {k: v for k, v in options.items() if not _default(k, v)}
         self.move_to = None
-        if (cpu_device is not None and options.get("device") == cpu_device
-                and options.keys() <= {"device", "leaves", "narrow", "readonly", "fallback"}):
+        if cpu_device is not None and options.device == cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
-            self.move_to = options.pop("device")
+            self.move_to = options.device
+            options = dataclasses.replace(options, device=None)
         self.options = options
         self.x64 = x64
         self.context = context
@@ -209,10 +207,10 @@ class _ToJax:
         collecting.messages = messages
         try:
             if self.context is None:
-                out = to_jax(element, **self.options)
+                out = convert(element, self.options)
             else:
                 with self.context(self.x64):
-                    out = to_jax(element, **self.options)
+                    out = convert(element, self.options)
         finally:
             collecting.messages = before
         del element
@@ -225,7 +223,10 @@ class _ToJax:
         return _Converted(out, messages)
 
     def __repr__(self) -> str:
-        given = dict(self.options, **({} if self.move_to is None else {"device": self.move_to}))
+        given = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(Options)
+                 if f.init and getattr(self.options, f.name) != getattr(DEFAULT, f.name)}
+        if self.move_to is not None:
+            given["device"] = self.move_to
         text = ", ".join(f"{k}={v!r}" for k, v in given.items())
         return f"dlinspect.to_jax({text})" if text else "dlinspect.to_jax"
 
@@ -245,14 +246,6 @@ def _move(out: Any, device: Any) -> Any:
                     moved = list(flat.leaves)
                 moved[i] = target().jax.device_put(leaf, device)
     return out if moved is None else flat.unflatten(moved)
-
-
-_DEFAULTS = dataclasses.asdict(DEFAULT)   # to_jax's defaults, from the one Options
-
-
-def _default(name: str, value: Any) -> bool:
-    default = _DEFAULTS[name]
-    return value is default or (type(value) is str and value == default)
 
 
 class _Converted:

@@ -44,7 +44,7 @@ class TestZeroCopy:
         # The C fast path imports a CUDA tensor that needs nothing (no Python route).
         from dlinspect._jaxcaps import target
         t = torch.ones(32, 32, device="cuda")
-        got = dlinspect._core.to_jax_fast(t, target(), True, False, True)
+        got = dlinspect._core.to_jax_fast(t, target())
         assert type(got) is not tuple and pointer(got) == t.data_ptr()
 
     def test_batch(self):

@@ -144,8 +144,10 @@ def test_small_slices_copied_in_c_in_the_one_pass(monkeypatch):
     # sharded pass, not by the general route's executors; plan's copy bytes, the
     # producer's deleter at once (nothing views its memory), one warning per leaf, and
     # -W error on that warning leaves the capsule as it was.
-    from dlinspect import _execute
-    monkeypatch.setattr(_execute, "execute", lambda *a, **k: pytest.fail("general route"))
+    from dlinspect import _core
+    for action in (_core.IMPORT, _core.HOST_COPY, _core.HOST_VIEW):
+        monkeypatch.setitem(_core.EXECUTORS, action,
+                            lambda *a, **k: pytest.fail("general route"))
     src = aligned_empty((8, 16), np.float32, 64, offset=16)   # every slice 16-byte aligned
     src[...] = np.arange(128).reshape(8, 16)
     counter = DeleterCounter()

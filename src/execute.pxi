@@ -1,0 +1,708 @@
+# execute.pxi: the front doors (to_jax, to_host) and the executors that carry out the
+# route routes.pxi decides. One decision, executed once: a tensor is exported once and
+# its needs computed once (the fast path imports it right there when nothing is
+# needed); otherwise the same export and needs become a Route and the executor of its
+# action carries it out, one function per action (EXECUTORS). No executor calls to_jax
+# or exports the caller's tensor again. A failed route leaves a caller's capsule
+# unconsumed; in a batch, every leaf is decided before any is consumed.
+
+from dlinspect import _options as _options_module
+from dlinspect import _tree
+from dlinspect._options import DEFAULT as _DEFAULT, check_sharding, options as _check_options
+from dlinspect._shard import layout, plain_device
+from dlinspect._warn import warn as _warn
+
+cdef int _OPT_COPY_ALWAYS = _options_module.COPY_ALWAYS
+cdef int _OPT_COPY_NEVER = _options_module.COPY_NEVER
+cdef int _OPT_PLACED = _options_module.PLACED
+cdef int _OPT_SHARE_READONLY = _options_module.SHARE_READONLY
+cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
+cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
+# The defaults of to_jax's string options, compared by identity on the hot path (an
+# equal string that is another object takes the checked way, with the same result).
+cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
+
+cdef object _TARGET = None
+
+
+def set_target(tg):
+    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use);
+    called by :mod:`dlinspect._jaxcaps`, which builds it."""
+    global _TARGET
+    _TARGET = tg
+
+
+cdef JaxTarget _jax_target():
+    """The process-wide JaxTarget: the one other place the core reaches up, once, to
+    dlinspect._jaxcaps, which finds out what the installed JAX takes (imports jax)."""
+    global _TARGET
+    if _TARGET is None:
+        from dlinspect._jaxcaps import target
+        _TARGET = target()
+    return _TARGET
+
+
+# ---- the front door -------------------------------------------------------------
+
+@cython.binding(True)
+def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonly="copy",
+           leaves="keep", narrow="warn"):
+    """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or pytree of them
+        A tensor from any producer (NumPy, PyTorch, CuPy, JAX...), a bare capsule
+        (``"dltensor"`` or ``"dltensor_versioned"``), or a batch of them: any JAX
+        pytree, and the Mappings (transformers' ``BatchEncoding``...) and
+        dataclasses JAX does not register, rebuilt as their own type. Leaves that
+        are not tensors (str, numbers, non-numeric arrays...) are kept, the whole
+        of ``x`` too when it is one (see ``leaves``).
+    device : jax.Device or single-device Sharding, optional
+        Destination; a device other than the source's means import, then ``device_put``.
+    copy : bool or None
+        Array API ``copy`` (``from_dlpack``): True always copies; False never does
+        and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
+        strides, read-only, device transfer, dtype narrowing); None copies only
+        where needed.
+    sharding : jax.sharding.Sharding or pytree of them, optional
+        Spread each leaf over several devices (instead of ``device``), e.g.
+        ``NamedSharding(mesh, PartitionSpec("data"))`` splits the leading (batch)
+        axis, ``PartitionSpec()`` replicates. A pytree of shardings is a prefix
+        of ``x``'s structure, as in ``jax.device_put``. Host memory bound for
+        CPU devices is split in place: each device imports its slice, zero-copy
+        where the slice's memory allows (see ``plan(x, sharding=...).shards``),
+        and JAX assembles the array (``jax.make_array_from_single_device_arrays``).
+        Other memory goes to JAX whole, then ``jax.device_put(array, sharding)``;
+        a sharding spanning several processes takes ``x`` as this process's part
+        (``jax.make_array_from_process_local_data``).
+    fallback : {"host", "raise"}
+        For memory on a device this JAX has no backend for (OpenCL, Vulkan,
+        Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
+        host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
+        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``.
+    leaves : {"keep", "raise"}
+        A leaf that is not a numeric tensor is kept as it is, or (``"raise"``)
+        raises ``NotDLPackError`` naming its key path.
+    narrow : {"warn", "ok"}
+        A 64-bit dtype JAX narrows with x64 off (int64 labels, say) comes with a
+        ``DLInspectWarning`` (Python's filters decide where it shows: by default
+        once per call site and dtype), or (``"ok"``) quietly.
+    readonly : {"copy", "share"}
+        Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
+        array) is copied by default. ``"share"`` imports it without a copy: JAX
+        never writes an array it did not allocate, except through buffer
+        donation, so do not donate such arrays (``jax.jit(donate_argnums=...)``).
+
+    Returns
+    -------
+    jax.Array or pytree of jax.Array
+        The same structure as ``x``. A vector dtype (``lanes > 1``, e.g. float32x4
+        of shape ``(N,)``) arrives as a trailing axis: float32 of shape ``(N, 4)``.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    UnsupportedDeviceError
+        The memory cannot reach JAX (a ``BufferError``); the message names the
+        device, shape, dtype, JAX platforms, what was tried and the fix.
+    UnsupportedDTypeError
+        JAX cannot hold the dtype (a ``BufferError``); names code, bits, lanes.
+    ShardingError
+        An axis does not divide evenly into the shards ``sharding`` cuts it
+        into (a ``ValueError``); names the size, the shard count and the fix.
+    AllocationError
+        A copy the route needs cannot be allocated (a ``MemoryError``); nothing
+        is consumed.
+    ContainerError
+        A Mapping or dataclass of the batch cannot be rebuilt around its
+        converted values (a ``TypeError``).
+    ProducerError
+        The producer raised (requires_grad, conjugate bit, nulls in a pyarrow
+        array...; any exception type, kept as ``__cause__``), or its
+        ``__dlpack_device__`` and its header disagree.
+    CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From reading the header (see :func:`peek`).
+
+    Warns
+    -----
+    DLInspectWarning
+        A 64-bit dtype is narrowed to 32 bits because JAX's x64 mode is off
+        (the same values ``jax.dlpack.from_dlpack`` gives).
+
+    Notes
+    -----
+    Follows the array API ``__dlpack__`` protocol: ``stream`` is None for CPU
+    and pinned memory and JAX's consumer stream on CUDA/ROCm (never 0 on
+    CUDA); ``max_version=(1, 3)`` is asked for, and a versioned capsule is
+    handed to JAX through a zero-copy legacy adapter. On every route the
+    producer's deleter runs exactly once: when the jax.Array dies for
+    zero-copy, right after the copy otherwise. A route that fails leaves a
+    caller's capsule unconsumed. ``plan(x)`` with the same options says what
+    this does.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
+    6.0
+    """
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
+    if (device is None and copy is None and sharding is None and fallback is _S_HOST
+            and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
+        return _convert(x, tg, _DEFAULT, 0)
+    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    return _convert(x, tg, opts, opts.flags)
+
+
+def convert(x, opts, JaxTarget tg=None):
+    """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
+    (what the loaders hold and hand over for every batch)."""
+    if tg is None:
+        tg = _TARGET if _TARGET is not None else _jax_target()
+    return _convert(x, tg, opts, opts.flags)
+
+
+cdef object _convert(x, JaxTarget tg, opts, int flags):
+    if flags & _OPT_PLACED and opts.sharding is not None:
+        return _convert_sharded(x, tg, opts, flags)
+    tp = type(x)
+    if tp is dict or tp is list or tp is tuple:
+        return _convert_tree(x, tg, opts, flags)
+    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+        if not is_tensor(x):
+            return _convert_tree(x, tg, opts, flags)
+        route, cap = _decide_leaf(x, tg, opts)
+        return _execute(route, cap, x, tg, opts)
+    try:
+        got = _fast_one(x, tg, flags)
+    except NotDescribableError as exc:
+        return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
+    except NotDLPackError:
+        if is_tensor(x):
+            raise
+        return _convert_tree(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
+    if type(got) is not tuple:
+        return got
+    cap, info, needs = got
+    return _execute(route_jax(info, needs, tg, opts, x), cap, x, tg, opts)
+
+
+cdef tuple _decide_leaf(x, JaxTarget tg, opts):
+    """One tensor's route into JAX and its (unconsumed) export."""
+    if isinstance(x, tg.jax.Array):
+        return route_jax_array(x, opts), None
+    cdef PyObject* p = NULL
+    try:
+        info = _export(x, MODE_TAKE, tg.stream_for, &p)
+    except NotDescribableError as exc:
+        return route_numpy_copy(exc, tg, "jax", opts), None
+    return decide(info, tg, "jax", opts, x), _take_ref(p)
+
+
+cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
+    """Carry out ``route`` (its narrowing warning first, before anything is consumed:
+    ``-W error`` then leaves a caller's capsule as it was)."""
+    action = route.action
+    if action is not PRODUCER_COPY and action is not RAISE:
+        text = route.warning
+        if text is not None:
+            _warn(text)
+    return EXECUTORS[action](route, cap, x, tg, opts)
+
+
+cdef int _raise_route(Route route) except -1:
+    raise route._take_error()
+
+
+def _leaf_order(item):
+    return item[1] is None   # the general routes first: a copy may still fail for memory
+
+
+cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
+    """Every leaf of a batch (walked once by dlinspect._tree), decided before any is
+    consumed: a leaf whose route fails leaves the others (bare capsules too) as they
+    were. The fast path over all leaves in one call; the general route for the rest;
+    errors name the leaf's key path."""
+    flat = _tree.flatten(x)
+    cdef list leaves = flat.leaves, out, decided = []
+    cdef Py_ssize_t i = -1
+    try:
+        if flags & _OPT_LEAVES_RAISE:
+            for i, leaf in enumerate(leaves):
+                if not is_tensor(leaf):
+                    _raise_route(untouched(leaf, "jax", opts))
+        if not flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+            out, pending = _fast_many(leaves, tg, flags)
+            for i, cap, info, needs, fast in pending:
+                route = None
+                if cap is None:
+                    route = route_numpy_copy(info, tg, "jax", opts)
+                elif not fast:
+                    route = route_jax(info, needs, tg, opts, leaves[i])
+                if route is not None and route.problem is not None:
+                    _raise_route(route)
+                decided.append((i, route, cap, info, needs))
+        else:
+            out = list(leaves)
+            for i, leaf in enumerate(leaves):
+                if is_tensor(leaf):
+                    route, cap = _decide_leaf(leaf, tg, opts)
+                    if route.problem is not None:
+                        _raise_route(route)
+                    decided.append((i, route, cap, None, 0))
+        for i, route, cap, info, needs in sorted(decided, key=_leaf_order):
+            out[i] = (_import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
+                      if route is None else _execute(route, cap, leaves[i], tg, opts))
+    except Exception as exc:
+        index = getattr(exc, "_dlinspect_leaf", i)
+        if index >= 0:
+            _words().name_leaf(exc, flat.keystr(index))
+        raise
+    return flat.unflatten(out)
+
+
+cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
+    """Each leaf onto its sharding (one Sharding, or a pytree of them that is a prefix of
+    the batch's structure, as ``jax.device_put`` takes), every leaf of every sub-tree
+    decided (route_sharded: one decision per leaf) before any is consumed, then each
+    route executed."""
+    tree_util = tg.jax.tree_util
+    Sharding = tg.jax.sharding.Sharding
+    sharding = opts.sharding
+    parts = []   # per sub-tree: (key path prefix, Flat, options, [(index, route, capsule)])
+
+    def decide_subtree(prefix, s, sub):
+        leaf_opts = opts.with_sharding(s)
+        if s is not None and plain_device(check_sharding(s)):
+            leaf_opts = opts.with_device(next(iter(s.device_set)))
+        flat = _tree.flatten(sub)
+        decided = []
+        parts.append((prefix, flat, leaf_opts, decided))
+        for i, leaf in enumerate(flat.leaves):
+            if not is_tensor(leaf):
+                if flags & _OPT_LEAVES_RAISE:
+                    _fail_at(untouched(leaf, "jax", opts), prefix, flat, i)
+                continue
+            try:
+                route, cap = _decide_leaf(leaf, tg, leaf_opts)
+            except Exception as exc:
+                _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+                raise
+            if route.problem is not None:
+                _fail_at(route, prefix, flat, i)
+            decided.append((i, route, cap))
+        return len(parts) - 1
+
+    if isinstance(sharding, Sharding):
+        where = decide_subtree((), sharding, x)
+    else:
+        is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
+        try:
+            tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure "
+                f"is a prefix of the batch's: {str(exc).splitlines()[0]}") from None
+        where = tree_util.tree_map_with_path(decide_subtree, sharding, x, is_leaf=is_leaf)
+    done = []
+    for prefix, flat, leaf_opts, decided in parts:
+        out = list(flat.leaves)
+        for i, route, cap in decided:
+            try:
+                out[i] = _execute(route, cap, flat.leaves[i], tg, leaf_opts)
+            except Exception as exc:
+                _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+                raise
+        done.append(flat.unflatten(out))
+    if isinstance(sharding, Sharding):
+        return done[where]
+    return tree_util.tree_map(lambda k: done[k], where)
+
+
+cdef int _fail_at(Route route, prefix, flat, Py_ssize_t i) except -1:
+    exc = route._take_error()
+    _words().name_leaf(exc, _options_module.jax_module("jax.tree_util").keystr(prefix)
+                       + flat.keystr(i))
+    raise exc
+
+
+# ---- the executors: (route, capsule, source, target, options) -> array ------------------
+
+def _ex_import(Route route, cap, x, JaxTarget tg, opts):
+    """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
+    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
+                                                                route.info.device_id)
+    arr = _import_legacy(tg.import_fn, cap, route.import_device, stream, route.import_copy,
+                         route.import_type)
+    return _finish(tg, arr, route, False)
+
+
+def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
+    """One copy of host memory into C-order, aligned memory (narrowed where JAX
+    narrows), imported without a second copy."""
+    narrow = route.facts.get("narrow")
+    host = _host_copy(cap, route.info,
+                      None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
+                      tg.copy_align)
+    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+
+
+def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
+    """Host memory viewed through NumPy (vector lanes as a trailing axis), imported."""
+    view, _owner = _host_view(cap, route.info)
+    return _finish(tg, _import_host(tg, view, route.import_device, not view.flags.writeable),
+                   route)
+
+
+def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
+    """A new empty array; the capsule is taken and freed (nothing of it is used).
+    ``jax.device_put`` of an empty NumPy array, not ``jnp.zeros``: that compiles a fill,
+    and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1), a dtype
+    ``jax.device_put`` takes."""
+    cdef TensorInfo info = route.info
+    take(cap, True, info)
+    shape = info.shape + ((info._lanes,) if info._lanes != 1 else ())
+    dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
+    return tg.jax.device_put(_np_empty(shape, dtype), route.jax_device)
+
+
+def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
+    """No JAX device for the memory: one copy by the producer into aligned host memory
+    dlinspect allocates, which JAX views (where the producer table says how); else
+    the producer's host copy (one copy where it is memory JAX can view, two where it
+    is not), routed with its own header, which is in hand."""
+    del cap   # the device capsule is not needed: its producer frees it now
+    out, tried = _copy_into_host(route, x, tg.copy_align)
+    if out is not None:
+        dest = route.jax_device
+        src = dest if dest.platform == "cpu" else tg.cpu_device
+        arr = _import_host(tg, out, src, False)
+        return arr if src == dest else tg.jax.device_put(arr, dest)
+    host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
+    # The narrowing warning is for the caller's tensor, given once the host copy is in
+    # hand (a failed host copy raises its own error, not the warning).
+    if route.warning is not None:
+        _warn(route.warning)
+    quiet = opts.quiet(route.jax_device)
+    if host_cap is None:   # a NumPy array from the producer's own method
+        return _numpy_array(host, tg, quiet)
+    inner = route_jax(host_info, _needs_jax(host_info, tg, opts.readonly == "share"), tg,
+                      quiet, host_cap)
+    return _execute(inner, host_cap, host_cap, tg, quiet)
+
+
+def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
+    """A dtype JAX holds but does not import (int4...): a NumPy array of dlinspect's
+    own for ``jax.device_put`` (which keeps its input in a reference cycle until the
+    next collection, measured on jax 0.10: the producer's memory is freed here)."""
+    host = (_unpack_subbyte(cap, route.info) if route._needs & NEED_PACKED
+            else _np.array(_host_view(cap, route.info)[0]))
+    return tg.jax.device_put(host, route.jax_device)
+
+
+def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
+    """NumPy memory DLPack cannot describe: one copy by NumPy into native, C-ordered,
+    aligned memory (narrowed where JAX narrows), which JAX views; under a multi-device
+    sharding, that copy is then split as any host array is."""
+    narrow = route.facts.get("narrow")
+    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
+                        tg.copy_align)
+    if "spread" in route.facts:
+        inner, inner_cap = _decide_leaf(host, tg, opts)
+        return _execute(inner, inner_cap, host, tg, opts)
+    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+
+
+def _ex_split(Route route, cap, x, JaxTarget tg, opts):
+    """Host memory bound for CPU devices: one owner for the whole tensor, each device
+    imports its slice as decided (in one pass in C where every slice is viewed or
+    copied small; else by each slice's own route); JAX assembles the array. The
+    producer's deleter runs when the last shard dies. A legacy capsule cannot say
+    read-only and is imported as writable, as ``to_jax`` does."""
+    cdef TensorInfo info = route.info
+    f = route.facts
+    if route._shards is None:
+        devices = f["devices"]
+        arrays = _split_import(cap, info, f["parts"], devices, tg)
+    else:
+        owner = take(cap, info.read_only is True, info)
+        devices, arrays = [], []
+        for dev, _, shard in route._shards:
+            part = view_capsule(owner, shard.info)
+            devices.append(dev)
+            arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
+    return tg.assemble(info.shape, f["sharding"], devices, arrays)
+
+
+def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
+    """Memory JAX takes whole, then spreads over the sharding's devices."""
+    whole = route.facts["whole"]
+    arr = EXECUTORS[whole.action](whole, cap, x, tg, opts)
+    if route.action is PROCESS_LOCAL:
+        return tg.jax.make_array_from_process_local_data(opts.sharding, arr)
+    return tg.jax.device_put(arr, opts.sharding)
+
+
+def _ex_pass(Route route, cap, x, JaxTarget tg, opts):
+    return x
+
+
+def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
+    return tg.jax.device_put(x, route.facts["where"])
+
+
+def _ex_array_copy(Route route, cap, x, JaxTarget tg, opts):
+    return x.copy()   # (typed PRNG key arrays too, which jnp.array refuses)
+
+
+def _ex_raise(Route route, cap, x, tg, opts):
+    _raise_route(route)
+
+
+#: One executor per action of a JAX route (routes.pxi).
+EXECUTORS = {
+    IMPORT: _ex_import, HOST_COPY: _ex_host_copy, HOST_VIEW: _ex_host_view, EMPTY: _ex_empty,
+    PRODUCER_COPY: _ex_producer_copy, NUMPY_PUT: _ex_numpy_put, NUMPY_COPY: _ex_numpy_copy,
+    SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread, PASS: _ex_pass,
+    ARRAY_PUT: _ex_array_put, ARRAY_COPY: _ex_array_copy, RAISE: _ex_raise,
+}
+
+
+cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
+    if not narrowed and route._needs & NEED_NARROW:
+        canon = tg.jax.dtypes.canonicalize_dtype(arr.dtype)   # device memory: JAX narrows
+        arr = tg.jnp.asarray(arr, dtype=canon)
+    if route.jax_device is not None and route.jax_device != route.import_device:
+        arr = tg.jax.device_put(arr, route.jax_device)
+    return arr
+
+
+cdef object _import_host(JaxTarget tg, arr, device, bint read_only):
+    """Import host array ``arr`` onto ``device``, viewing it where JAX can."""
+    return _import_legacy(tg.import_fn, capsule_of(arr, read_only), device, None, None, kDLCPU)
+
+
+cdef object _numpy_array(arr, JaxTarget tg, opts):
+    """A NumPy array dlinspect holds (a producer's host copy) into JAX: its own route."""
+    try:
+        cap = numpy_capsule(arr)
+    except NotDescribableError as exc:   # DLPack cannot describe it: NumPy copies it
+        return _execute(route_numpy_copy(exc, tg, "jax", opts), None, arr, tg, opts)
+    cdef TensorInfo info = _peek_capsule(cap)
+    route = route_jax(info, _needs_jax(info, tg, opts.readonly == "share"), tg, opts, cap)
+    return _execute(route, cap, cap, tg, opts)
+
+
+cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
+    """The producer's copy into aligned host memory dlinspect allocates (``into`` of the
+    producer table): ``(array, [])``, or ``(None, what was tried)``."""
+    if route.facts.get("into") is None:
+        return None, []
+    info = route.info
+    out = _allocate(info.shape, info.numpy_dtype, align, info)
+    failure = export_host_copy_into(x, out)
+    return (out, []) if failure is None else (None, [failure])
+
+
+cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
+    """A host copy of x's values: ``(capsule, its TensorInfo, None)`` from the producer's
+    ``__dlpack__``, else ``(None, None, ndarray)`` from its own method or the array
+    protocol; or UnsupportedDeviceError listing what was tried (after ``tried``)."""
+    got, host_info = export_host_copy(x)
+    if isinstance(host_info, TensorInfo):
+        return got, host_info, None
+    if got is not None:
+        return None, None, got
+    words = _words()
+    raise UnsupportedDeviceError(
+        f"{words.describe(info)} could not be brought to host memory. Tried: "
+        f"{'; '.join(tried + host_info)}. To fix: "
+        f"{words.device_fix(info._dev_type, target, False)}.")
+
+
+# ---- host memory -----------------------------------------------------------
+
+cdef tuple _host_view(cap, TensorInfo info, read_only=None):
+    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it).
+
+    Vector lanes become a trailing axis. ``read_only`` None: a legacy capsule,
+    which cannot say, gives a read-only view, as NumPy does.
+    """
+    if read_only is None:
+        read_only = info.read_only is not False
+    owner = take(cap, read_only, info)
+    return _np.asarray(owner).view(info.numpy_dtype), owner
+
+
+cdef object _host_copy(cap, TensorInfo info, dtype=None, Py_ssize_t alignment=64):
+    """One copy of host memory into a fresh C-order, ``alignment``-byte aligned array;
+    frees the source. ``dtype``: cast to it on the way (JAX's x64 narrowing). The
+    copy is allocated before ``cap`` is consumed (AllocationError leaves it as it was)."""
+    lanes = (info._lanes,) if info._lanes != 1 else ()
+    out = _allocate(info.shape + lanes, info.numpy_dtype if dtype is None else dtype,
+                    alignment, info)
+    view, owner = _host_view(cap, info)
+    _copy_values(out, view)
+    del view, owner  # the producer's deleter runs here, right after the copy
+    return out
+
+
+cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
+    """NumPy memory DLPack cannot describe (byte order, byte strides), copied by NumPy
+    into native byte order, C order, ``alignment``-byte aligned (``dtype``: cast on the
+    way, for JAX's x64 narrowing)."""
+    out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype,
+                    alignment, None)
+    _copy_values(out, arr)
+    return out
+
+
+cdef int _copy_values(out, src) except -1:
+    # NumPy's cast: swaps bytes, gathers strides; float64 -> float32 overflow is inf
+    # and integers wrap, as in JAX's narrowing.
+    if out.dtype == src.dtype:
+        _np.copyto(out, src)
+        return 0
+    with _np.errstate(over="ignore", invalid="ignore"):
+        _np.copyto(out, src, casting="unsafe")
+    return 0
+
+
+cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
+    """``aligned_empty``, with a failed allocation as AllocationError naming the bytes."""
+    try:
+        return aligned_empty(shape, dtype, alignment)
+    except MemoryError:
+        nbytes = 1
+        for extent in shape:
+            nbytes *= extent
+        nbytes *= _np_dtype(dtype).itemsize
+        words = _words()
+        what = words.describe(info) if info is not None else (
+            f"a {_np_dtype(dtype).name} NumPy array of shape {shape}")
+        raise words.allocation_error(nbytes, what, physical_memory()) from None
+
+
+cdef object _unpack_subbyte(cap, TensorInfo info):
+    """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
+    owner = take(cap, True, info)
+    cdef int bits = info._bits
+    raw = _np.asarray(ByteView(owner, info._nbytes))
+    shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
+    # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
+    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info._size]
+    shape = info.shape
+    if info._code == kDLInt:   # sign-extend, then convert by value
+        half = 1 << (bits - 1)
+        return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype).reshape(shape)
+    if info._code == kDLUInt:  # convert by value
+        return vals.astype(info.numpy_dtype).reshape(shape)
+    # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
+    return vals.view(info.numpy_dtype).reshape(shape).copy()
+
+
+# ---- host --------------------------------------------------------------------
+
+@cython.binding(True)
+def to_host(x, copy=None):
+    """A NumPy array of a DLPack tensor's values, zero-copy for host memory.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__`` or DLPack capsule
+        The tensor.
+    copy : bool or None
+        True always copies; False never does (``CopyRequiredError`` where the
+        memory is not host-accessible or packed sub-byte data must be
+        unpacked); None copies only where needed.
+
+    Returns
+    -------
+    numpy.ndarray
+        Views the producer's memory for kDLCPU, kDLCUDAHost, kDLROCMHost and
+        kDLCUDAManaged, including bfloat16, float8 and int4 (through
+        ml_dtypes), which ``numpy.from_dlpack`` refuses. A vector dtype
+        (``lanes > 1``) is a trailing axis: float32x4 of shape ``(N,)`` gives
+        float32 of shape ``(N, 4)``. Not writeable when the source is read-only
+        (a legacy capsule cannot say, so it is read-only, as NumPy does). Device
+        memory goes through the producer's host copy (``dl_device=(kDLCPU, 0),
+        copy=True``), else ``numpy.asarray(x)``.
+
+    Raises
+    ------
+    UnsupportedDeviceError
+        No host copy could be had (a ``BufferError``).
+    UnsupportedDTypeError
+        No NumPy dtype exists for the tensor's dtype here (a ``BufferError``).
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    ProducerError, CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From the export and the header (see :func:`peek`).
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_host(np.arange(3.0)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    opts = _check_options(copy=copy)
+    cdef PyObject* p = NULL
+    try:
+        info = _export(x, MODE_TAKE, None, &p)
+    except NotDescribableError as exc:
+        return _host_execute(route_numpy_copy(exc, None, "host", opts), None, x)
+    route = route_host(info, _needs_host(info), copy, x)
+    return _host_execute(route, _take_ref(p), x)
+
+
+cdef object _host_execute(Route route, cap, x):
+    return HOST_EXECUTORS[route.action](route, cap, x)
+
+
+def _host_raise(Route route, cap, x):
+    _raise_route(route)
+
+
+def _host_producer_copy(Route route, cap, x):
+    del cap
+    out, tried = _copy_into_host(route, x, 64)
+    if out is not None:
+        return out
+    host_cap, host_info, host = _host_from_producer(x, route.info, "host", tried)
+    if host_cap is None:
+        return host
+    return _host_execute(route_host(host_info, _needs_host(host_info), None, host_cap),
+                         host_cap, host_cap)
+
+
+def _host_empty(Route route, cap, x):
+    cdef TensorInfo info = route.info
+    take(cap, True, info)
+    lanes = (info._lanes,) if info._lanes != 1 else ()
+    return _np_empty(info.shape + lanes, info.numpy_dtype)
+
+
+def _host_unpack(Route route, cap, x):
+    return _unpack_subbyte(cap, route.info)
+
+
+def _host_copy_out(Route route, cap, x):
+    return _host_copy(cap, route.info)
+
+
+def _host_view_out(Route route, cap, x):
+    return _host_view(cap, route.info)[0]
+
+
+def _host_numpy_copy(Route route, cap, x):
+    return _native_copy(x)
+
+
+#: One executor per action of a host route.
+HOST_EXECUTORS = {
+    RAISE: _host_raise, PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
+    UNPACK: _host_unpack, HOST_COPY: _host_copy_out, HOST_VIEW: _host_view_out,
+    NUMPY_COPY: _host_numpy_copy,
+}

@@ -1,0 +1,535 @@
+# routes.pxi: the one decision (needs) made into a Route of facts: its kind, the action
+# that carries it out, the needs, the bytes it copies, the devices, and, for an error,
+# the problem and the facts it rests on. Pure: nothing here imports or copies. No words
+# are written here: dlinspect._words turns a route into its reason, error and warning.
+
+import functools as _functools
+import os as _os
+
+# What a route is, in the public word (Route.kind).
+ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
+    "zero-copy", "copy", "host-fallback", "error", "untouched")
+
+# What executing a route does: one executor each in execute.pxi (EXECUTORS).
+IMPORT = "import"                  # hand the capsule to JAX as it is (maybe copy=True)
+HOST_COPY = "host-copy"            # copy host memory into a C-order aligned array, import that
+HOST_VIEW = "host-view"            # view host memory through NumPy (lanes as an axis), import
+UNPACK = "unpack"                  # packed sub-byte host memory into one element per byte
+EMPTY = "empty"                    # a new empty array; the capsule is taken and freed
+PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
+NUMPY_PUT = "numpy-put"            # a NumPy view (unpacked if packed), then jax.device_put
+NUMPY_COPY = "numpy-copy"          # NumPy memory DLPack cannot describe: NumPy copies it
+RAISE = "raise"
+PASS = "pass"                      # a jax.Array where it was asked to be: returned as it is
+ARRAY_PUT = "array-put"            # a jax.Array elsewhere: jax.device_put
+ARRAY_COPY = "array-copy"          # a jax.Array with copy=True: its own copy
+KEEP = "keep"                      # a pytree leaf that is not a tensor: left as it is
+SPLIT = "split"                    # host memory split in place: each device imports its slice
+DEVICE_PUT = "device-put"          # JAX takes it whole, then jax.device_put(array, sharding)
+PROCESS_LOCAL = "process-local"    # JAX takes it whole, then make_array_from_process_local_data
+
+# The actions a JAX route (to_jax) and a host route (to_host) carry; a leaf that is
+# not a tensor is KEEP, kept by the batch's walker.
+JAX_ACTIONS = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY, NUMPY_PUT,
+                         NUMPY_COPY, RAISE, PASS, ARRAY_PUT, ARRAY_COPY, SPLIT, DEVICE_PUT,
+                         PROCESS_LOCAL])
+HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_VIEW,
+                          NUMPY_COPY])
+
+cdef object _words_module = None
+
+
+cdef object _words():
+    """dlinspect._words, which words every route: imported at the first word asked for
+    (the one place the core reaches up to the Python layer for text)."""
+    global _words_module
+    if _words_module is None:
+        from dlinspect import _words as module
+        _words_module = module
+    return _words_module
+
+
+cdef class Route:
+    """Where a tensor goes and why: the result of :func:`dlinspect.plan`.
+
+    Attributes
+    ----------
+    kind : str
+        ``"zero-copy"`` (JAX or NumPy views the producer's memory; an empty
+        tensor, which has none, is zero-copy too), ``"copy"`` (a copy on a device
+        JAX has: strides, alignment, read-only, dtype narrowing, device transfer
+        or ``copy=True``), ``"host-fallback"`` (the memory is on a device this
+        JAX has no backend for: it goes through host memory), ``"error"``, or,
+        for a pytree leaf that is not a tensor, ``"untouched"`` (left as it is).
+    zero_copy : bool
+        No byte of the tensor is copied.
+    reason : str
+        One sentence: why this route.
+    needs : Need
+        What the decision found the tensor needs (0 for a plain tensor).
+    copy_bytes : int
+        Bytes the route copies, counted on the source tensor (0 for zero-copy).
+    jax_device : jax.Device or None
+        The device the array ends up on (None for ``target="host"`` and errors).
+    error : Exception or None
+        The exception executing the route raises (kind ``"error"`` only): a
+        producer's refusal, a corrupt header, or why the target cannot take it.
+    warning : str or None
+        A warning executing the route emits (64-bit narrowing with x64 off, unless
+        ``narrow="ok"``).
+    info : TensorInfo or None
+        The header the decision was made from (None when the producer refused to
+        export, the header could not be read, or NumPy memory has none: see ``error``).
+    target : str
+        ``"jax"`` or ``"host"``.
+    shards : tuple of (jax.Device, tuple of slice, Route)
+        With ``plan(x, sharding=...)`` and host memory bound for CPU devices:
+        each device's index into ``x`` (as ``Sharding.addressable_devices_indices_map``
+        gives it) and that slice's own route. Empty otherwise.
+    problem : str or None
+        For kind ``"error"``: what blocked the route, as a fact ("dtype",
+        "copy-forbidden", "no-device"...); :mod:`dlinspect._words` words it.
+    facts : dict
+        What the words of this route rest on (the option that blocked it, the
+        reasons for a copy, JAX's own reason for a dtype...).
+    key_path : str
+        The pytree key path of the leaf this route is for, in a batch's plan
+        (``['inputs']['pixels']``); empty for a single tensor.
+    """
+
+    cdef readonly str kind, action, target
+    cdef readonly object info, jax_device, import_device, import_copy, problem, facts
+    cdef readonly object copy_bytes
+    cdef readonly int import_type
+    cdef uint32_t _needs
+    cdef object _shards
+    cdef public str key_path
+    cdef object _error, _reason
+
+    def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
+                 jax_device=None, import_device=None, int import_type=kDLCPU,
+                 import_copy=None, shards=(), problem=None, **facts):
+        self.kind = kind
+        self.action = action
+        self._needs = needs
+        self.info = info
+        self.target = target
+        self.copy_bytes = copy_bytes
+        self.jax_device = jax_device
+        self.import_device = import_device   # where jaxlib imports it
+        self.import_type = import_type       # dl_device_type handed to jaxlib
+        self.import_copy = import_copy
+        self._shards = shards
+        self.problem = problem
+        self.facts = facts
+        self.key_path = ""
+
+    @property
+    def needs(self):
+        return Need(self._needs)
+
+    @property
+    def zero_copy(self):
+        return self.kind == ZERO_COPY
+
+    @property
+    def shards(self):
+        if self._shards is None:   # a split decided in one pass: each slice's route, worded
+            self._shards = _slice_routes(self)
+        return self._shards
+
+    @property
+    def reason(self):
+        if self._reason is None:
+            self._reason = _words().reason(self)
+        return self._reason
+
+    @property
+    def error(self):
+        if self._error is None and self.problem is not None:
+            self._error = _words().error(self)
+        return self._error
+
+    @property
+    def warning(self):
+        return _words().warning(self)
+
+    cdef object _take_error(self):
+        """The error to raise, let go of by the route (no cycle: error -> traceback ->
+        the caller's frame -> route -> error, which would keep the capsule alive)."""
+        error = self.error
+        self._error = None
+        self.problem = None
+        return error
+
+    def __repr__(self):
+        return f"<Route {self.kind} to {self.target}: {self.reason}>"
+
+
+def fail(str problem, info, str target, needs=0, **facts):
+    """A route of kind "error": ``problem`` and the facts its error is worded from."""
+    return Route(ERROR, RAISE, info, target, needs=needs, problem=problem, **facts)
+
+
+def failed(BaseException exc, str target, info=None):
+    """A route of kind "error" whose error is ``exc`` (a producer's refusal, a header's
+    fault: raised by the export, worded there), without its traceback (it would hold
+    the caller's frame, and so the capsule, in a cycle until the next collection)."""
+    return fail("raised", info, target, cause=exc.with_traceback(None))
+
+
+@_functools.lru_cache(maxsize=1)
+def physical_memory():
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+cdef Route _fits(Route route):
+    """Every copy a route plans fits in physical memory, else an AllocationError route
+    (one rule for every route function)."""
+    total = physical_memory()
+    if route.copy_bytes and total is not None and route.copy_bytes > total:
+        return fail("allocation", route.info, route.target, route._needs,
+                    nbytes=route.copy_bytes, total=total)
+    return route
+
+
+cdef bint _lanes_share_bytes(TensorInfo info):
+    """Vector lanes narrower than a byte share bytes: no trailing axis can hold them."""
+    return info._lanes != 1 and info._bits % 8 != 0
+
+
+cdef bint _unpackable(TensorInfo info):
+    cdef int bits = info._bits * info._lanes
+    return bits != 0 and 8 % bits == 0 and info._is_c_contiguous()
+
+
+# ---- JAX -------------------------------------------------------------------
+
+def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
+    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
+
+    ``source``: what the caller passed (a producer; a bare capsule, which has no
+    producer to ask for a host copy; or a TensorInfo).
+    """
+    return _fits(_route_jax(info, needs, tg, opts, source))
+
+
+cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
+    # What rules the tensor out whatever its memory, then where the memory is, then how
+    # JAX takes it.
+    if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
+        return fail("lanes-share-bytes", info, "jax", needs)
+    if needs & NEED_DTYPE:
+        held = info._lanes == 1 and (info._bits < 8
+                                     or tg.dtype_problem(info._code, info._bits) is not None)
+        return fail("dtype", info, "jax", needs, why=tg.dtype_problem(info._code, info._bits, held),
+                    host_ok=not _needs_host(info) & NEED_DTYPE)
+    narrow = _narrowing(info._code, info._bits, needs, tg, opts)
+    if needs & NEED_EMPTY:
+        dest = opts.device or tg.device_for(info._dev_type, info._dev_id) or tg.cpu_device
+        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
+    host = _host_accessible(info._dev_type)
+    if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
+        return _route_through_host(info, needs, tg, opts, source, narrow)
+    if needs & NEED_LAYOUT and not host:
+        return fail("layout-not-host", info, "jax", needs)
+    if needs & NEED_NUMPY_PUT:
+        return _route_numpy_put(info, needs, tg, opts)
+    return _route_import(info, needs, tg, opts, narrow, host)
+
+
+cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow,
+                         bint host):
+    """Memory JAX has a device for: imported as it is, or copied first (by dlinspect for
+    host memory, by JAX's importer for device memory), or the copy=False error."""
+    device, copy = opts.device, opts.copy
+    via_cpu = needs & NEED_VIA_CPU
+    src = tg.cpu_device if via_cpu else tg.device_for(info._dev_type, info._dev_id)
+    if (device is not None and device != src and host and src.platform == "cpu"
+            and getattr(device, "platform", None) == "cpu"):
+        src = device   # host memory: every CPU device views it as it is
+    dest = src if device is None else device
+    import_type = kDLCPU if via_cpu else info._dev_type
+    blocking = needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
+    facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
+                 permuted=info._is_compact())
+    if copy is False and (blocking or dest != src):
+        return fail("copy-forbidden", info, "jax", needs, **facts)
+    # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
+    # and device moves happen after import, except that host memory is narrowed by the
+    # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
+    bytes_copy = bool(needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN)
+                      or (needs & NEED_NARROW and host)) or bool(copy)
+    if needs & NEED_PACKED and bytes_copy:
+        return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
+    if not (blocking or dest != src or copy):
+        return Route(ZERO_COPY, HOST_VIEW if needs & NEED_LANES else IMPORT, info, "jax",
+                     needs=needs, jax_device=dest, import_type=import_type, import_device=src,
+                     **facts)
+    return Route(COPY, HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT,
+                 info, "jax", needs=needs, copy_bytes=info._nbytes, jax_device=dest,
+                 import_type=import_type, import_device=src,
+                 import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
+
+
+cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
+    """``(code, bits, code, bits, warn)``: the dtype and the one JAX narrows it to, where
+    it does, and whether the caller hears of it (``narrow="warn"``); else None."""
+    if not needs & NEED_NARROW:
+        return None
+    ncode, nbits, _ = tg.narrowing(code, bits)
+    return (code, bits, ncode, nbits, opts.narrow == "warn")
+
+
+cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
+    """A dtype JAX holds but does not import through DLPack, in host memory: a NumPy
+    view (sub-byte elements unpacked into one per byte where packed), copied by
+    ``jax.device_put``."""
+    if needs & NEED_PACKED and not _unpackable(info):
+        return fail("unpack", info, "jax", needs)
+    padded = info._flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+    refusal = None if padded else tg.dtype_problem(info._code, info._bits)
+    if opts.copy is False:
+        return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
+    dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
+                           else tg.device_for(info._dev_type, info._dev_id))
+    return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info._nbytes,
+                 jax_device=dest, refusal=refusal)
+
+
+def route_numpy_copy(exc, JaxTarget tg, str target, opts):
+    """NumPy memory DLPack cannot describe (byte order, strides; see
+    :class:`~dlinspect.NotDescribableError`): one copy by NumPy into native,
+    C-ordered, aligned memory (into JAX's narrowed dtype where x64 is off), or the
+    error. Under a multi-device sharding the copy is then split (see ``route_sharded``)."""
+    arr = exc.array
+    facts = dict(array=arr, why=exc.why)
+    if opts.copy is False:
+        return fail("copy-forbidden", None, target, numpy_copy=True, **facts)
+    if target == "host":
+        return _fits(Route(COPY, NUMPY_COPY, None, target, copy_bytes=arr.nbytes, **facts))
+    code, bits, lanes = dldtype_from_numpy(arr.dtype)
+    cdef uint32_t needs = _dtype_needs(tg, code, bits, lanes, 0)
+    if needs & (NEED_DTYPE | NEED_NUMPY_PUT):
+        return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
+                    jax_why=tg.dtype_problem(code, bits), **facts)
+    sharding = opts.sharding
+    if sharding is not None and not plain_device(check_sharding(sharding)):
+        lay = layout(sharding, arr.shape)
+        if lay.uneven is not None:
+            return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven,
+                        **facts)
+        facts["spread"] = len(sharding.device_set)
+    device = opts.device
+    src = device if device is not None and device.platform == "cpu" else tg.cpu_device
+    return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
+                       jax_device=device or src, import_device=src,
+                       narrow=_narrowing(code, bits, needs, tg, opts), **facts))
+
+
+cdef Route _route_through_host(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source,
+                               narrow):
+    """Memory JAX has no device for (or vector lanes in device memory): the producer's
+    host copy, else the array protocol; or the error that says why not."""
+    facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
+    bare = PyCapsule_CheckExact(source)
+    if opts.fallback == "raise" or bare:
+        return fail("no-device", info, "jax", needs, bare=bare, **facts)
+    if opts.copy is False:
+        return fail("copy-forbidden", info, "jax", needs, through_host=True, **facts)
+    return Route(HOST_FALLBACK, PRODUCER_COPY, info, "jax", needs=needs,
+                 copy_bytes=info._nbytes,
+                 jax_device=tg.cpu_device if opts.device is None else opts.device,
+                 methods=tuple(host_methods(source)), into=_copy_into(info, needs, source),
+                 narrow=narrow, **facts)
+
+
+cdef object _copy_into(TensorInfo info, uint32_t needs, source):
+    """How the producer copies into aligned host memory dlinspect allocates (the one
+    copy of a host fallback), where it can and the copy is the whole conversion:
+    same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
+    if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None:
+        return None
+    return host_into(source)
+
+
+# ---- NumPy -----------------------------------------------------------------
+
+def route_host(TensorInfo info, uint32_t needs, copy, source):
+    """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
+    return _fits(_route_host(info, needs, copy, source))
+
+
+cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
+    # What the memory's structure rules out comes first: it holds whatever dtypes exist.
+    if _lanes_share_bytes(info):
+        return fail("lanes-share-bytes", info, "host", needs)
+    if needs & NEED_PACKED and not _unpackable(info):
+        return fail("unpack", info, "host", needs)
+    if needs & NEED_DTYPE:
+        return fail("host-dtype", info, "host", needs)
+    if needs & NEED_EMPTY:
+        return Route(ZERO_COPY, EMPTY, info, "host", needs=needs)
+    if needs & NEED_DEVICE:
+        if PyCapsule_CheckExact(source):
+            return fail("no-device", info, "host", needs, bare=True)
+        if copy is False:
+            return fail("copy-forbidden", info, "host", needs, through_host=True)
+        return Route(HOST_FALLBACK, PRODUCER_COPY, info, "host", needs=needs,
+                     copy_bytes=info._nbytes, methods=tuple(host_methods(source)),
+                     into=_copy_into(info, needs, source))
+    if needs & NEED_PACKED:
+        if copy is False:
+            return fail("copy-forbidden", info, "host", needs)
+        return Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info._nbytes)
+    if copy:
+        return Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info._nbytes)
+    return Route(ZERO_COPY, HOST_VIEW, info, "host", needs=needs)
+
+
+# ---- sharded: one decision per leaf ----------------------------------------
+
+def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
+    """The route of a tensor onto a multi-device ``sharding`` (pure): the one decision
+    for ``plan(x, sharding=)`` and ``to_jax(x, sharding=)`` alike.
+
+    Host memory bound for CPU devices is split in place: each slice's needs are
+    computed here, once. Where every slice is viewed as it is or, with ``copy=None``,
+    copied in C (at most 1 MiB, needing only alignment, x64 narrowing or a writable
+    copy), the route carries the slices (``facts["parts"]``) and is executed in one
+    pass; its ``shards`` are worded only when asked for. Otherwise each slice gets its
+    own route.
+    """
+    lay = layout(sharding, info.shape)
+    if lay.uneven is not None:
+        return fail("uneven", info, "jax", needs, sharding=sharding, uneven=lay.uneven)
+    if (lay.split and _host_accessible(info._dev_type)
+            and not needs & (NEED_DTYPE | NEED_LANES | NEED_PACKED | NEED_NUMPY_PUT)):
+        return _route_split(info, needs, tg, lay, opts, source)
+    whole = route_jax(info, needs, tg, opts.with_device(None), source)
+    if whole.kind == ERROR:
+        return whole
+    nd = len(sharding.device_set)
+    if opts.copy is False:
+        return fail("copy-forbidden", info, "jax", needs, spread=True, local=lay.local,
+                    ndevices=nd)
+    return Route(COPY, DEVICE_PUT if lay.local else PROCESS_LOCAL, info, "jax", needs=needs,
+                 copy_bytes=whole.copy_bytes + info._nbytes, whole=whole, local=lay.local,
+                 ndevices=nd, narrow=whole.facts.get("narrow"))
+
+
+cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts, source):
+    cdef list parts = []
+    cdef TensorInfo part
+    cdef uint32_t n
+    cdef bint share = opts.readonly == "share", one_pass = opts.copy is not True
+    cdef bint may_copy = opts.copy is None
+    copy_bytes = 0
+    narrow = None
+    for index in lay.indices:
+        part = info.sliced(index)
+        n = _needs_jax(part, tg, share)
+        if n & ~NEED_VIA_CPU:
+            copy_bytes += part._nbytes
+            if n & NEED_NARROW and narrow is None:
+                narrow = _narrowing(part._code, part._bits, n, tg, opts)
+            one_pass = one_pass and may_copy and _small_copy(part, n & ~NEED_VIA_CPU)
+        parts.append((part, n))
+    if one_pass:   # every slice viewed, or small ones copied in C: one pass, in C
+        return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
+                           needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
+                           devices=lay.devices, indices=lay.indices, narrow=narrow,
+                           sharding=opts.sharding, tg=tg, opts=opts, source=source))
+    shards = tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
+                    for dev, index, (part, n) in zip(lay.devices, lay.indices, parts)])
+    for dev, index, route in shards:
+        if route.kind == ERROR:   # the caller's tensor first, then which shard and why
+            return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
+    copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
+    return Route(ZERO_COPY if copying is None else COPY, SPLIT, info, "jax", needs=needs,
+                 copy_bytes=sum([r.copy_bytes for _, _, r in shards]), shards=shards,
+                 copying=copying, sharding=opts.sharding,
+                 narrow=next((r.facts.get("narrow") for _, _, r in shards
+                              if r.facts.get("narrow")), None))
+
+
+cdef tuple _slice_routes(Route route):
+    """The worded routes of a split decided in one pass (for plan's ``shards``)."""
+    f = route.facts
+    tg, opts, source = f["tg"], f["opts"], f["source"]
+    return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
+                  for dev, index, (part, n) in zip(f["devices"], f["indices"], f["parts"])])
+
+
+# ---- jax.Array and leaves that are not tensors --------------------------------
+
+def route_jax_array(x, opts):
+    """The route of a ``jax.Array`` (typed PRNG key arrays too): no DLPack round trip,
+    only ``device_put`` or a copy; a deleted or donated one is an error route."""
+    dead = jax_array_problem(x)
+    if dead is not None:
+        return failed(dead, "jax")
+    try:
+        nbytes = x.nbytes
+    except Exception:   # typed PRNG keys on jax 0.4: "Cannot call abstract method nbytes"
+        nbytes = 0
+    if opts.copy is True:
+        return Route(COPY, ARRAY_COPY, None, "jax", copy_bytes=nbytes, jax_array=x)
+    sharding = None if opts.sharding is None else check_sharding(opts.sharding)
+    want = sharding if sharding is not None else opts.device
+    if want is None:
+        return Route(ZERO_COPY, PASS, None, "jax", jax_array=x)
+    if sharding is not None:
+        there = x.sharding.is_equivalent_to(sharding, x.ndim)
+    else:
+        there = x.devices() == {want} and getattr(x.sharding, "memory_kind", None) in (
+            None, want.default_memory().kind)
+    if there:
+        return Route(ZERO_COPY, PASS, None, "jax", jax_device=opts.device, jax_array=x,
+                     where=want)
+    if opts.copy is False:
+        return fail("copy-forbidden", None, "jax", jax_array=x, where=want)
+    return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,
+                 jax_array=x, where=want)
+
+
+def untouched(leaf, str target, opts):
+    """The route of a pytree leaf that is not a tensor."""
+    if opts.leaves == "raise":
+        return fail("not-a-tensor", None, target, leaf_type=type(leaf))
+    return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf))
+
+
+def decide(TensorInfo info, tg, str target, opts, source=None):
+    """The route of a header to ``target``: ``needs``, then the route (pure)."""
+    if target == "host":
+        return route_host(info, _needs_host(info), opts.copy, source)
+    cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share")
+    sharding = opts.sharding
+    if sharding is not None and not plain_device(check_sharding(sharding)):
+        return route_sharded(info, needs, tg, sharding, opts, source)
+    if sharding is not None:
+        opts = opts.with_device(next(iter(sharding.device_set)))
+    return route_jax(info, needs, tg, opts, source)
+
+
+def plan_one(x, tg, str target, opts):
+    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
+    exported exactly as :func:`to_jax` would export it and released unconsumed."""
+    if tg is not None and isinstance(x, (<JaxTarget>tg).jax.Array):
+        return route_jax_array(x, opts)
+    if isinstance(x, TensorInfo):
+        return decide(x, tg, target, opts)
+    cdef PyObject* p = NULL
+    try:
+        info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p)
+    except NotDescribableError as exc:
+        return route_numpy_copy(exc.with_traceback(None), tg, target, opts)
+    except DLInspectError as exc:
+        return failed(exc, target)
+    Py_XDECREF(p)   # released unconsumed (a bare capsule stays the caller's)
+    return decide(info, tg, target, opts, x)
