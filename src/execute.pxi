@@ -220,13 +220,61 @@ def _leaf_order(item):
     return item[1] is None   # the general routes first: a copy may still fail for memory
 
 
+cdef inline bint _tensor_type(v):
+    """``v`` is a tensor by its type alone (a capsule, or a type with ``__dlpack__``, the
+    C exchange API or a row of the producer table): a leaf, never a container."""
+    if PyCapsule_CheckExact(v):
+        return True
+    cdef _TypeEntry entry = _entry_for(type(v))
+    return entry.has_dlpack or entry.api != NULL
+
+
+cdef list _tensor_values(x, type tp, list keys):
+    """The leaves of a plain dict, list or tuple whose every value is a tensor, in
+    ``jax.tree_util``'s order (a dict's sorted keys, put in ``keys``), walked here
+    without flattening; else None (the batch's walker takes it)."""
+    cdef list values
+    if tp is dict:
+        keys.extend(<dict>x)
+        try:
+            keys.sort()
+        except TypeError:
+            return None
+        values = [(<dict>x)[k] for k in keys]
+    else:
+        values = list(x)
+    for v in values:
+        if not _tensor_type(v):
+            return None
+    return values
+
+
+cdef object _rebuilt(type tp, list keys, list out):
+    cdef dict d
+    cdef Py_ssize_t i
+    if tp is dict:
+        d = {}
+        for i in range(len(keys)):
+            d[keys[i]] = out[i]
+        return d
+    return out if tp is list else tuple(out)
+
+
 cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
-    """Every leaf of a batch (walked once by dlinspect._tree), decided before any is
-    consumed: a leaf whose route fails leaves the others (bare capsules too) as they
-    were. The fast path over all leaves in one call; the general route for the rest;
-    errors name the leaf's key path."""
-    flat = _tree.flatten(x)
-    cdef list leaves = flat.leaves, out, decided = []
+    """Every leaf of a batch (a plain dict, list or tuple of tensors walked here, any
+    other batch once by dlinspect._tree), decided before any is consumed: a leaf whose
+    route fails leaves the others (bare capsules too) as they were. The fast path over
+    all leaves in one call; the general route for the rest; errors name the leaf's key
+    path."""
+    tp = type(x)
+    flat = None
+    cdef list keys = []
+    cdef list leaves = (_tensor_values(x, tp, keys) if tp is dict or tp is list
+                        or tp is tuple else None)
+    if leaves is None:
+        flat = _tree.flatten(x)
+        leaves = flat.leaves
+    cdef list out, decided = []
     cdef Py_ssize_t i = -1
     try:
         if flags & _OPT_LEAVES_RAISE:
@@ -258,9 +306,9 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
     except Exception as exc:
         index = getattr(exc, "_dlinspect_leaf", i)
         if index >= 0:
-            _words().name_leaf(exc, flat.keystr(index))
+            _words().name_leaf(exc, (flat or _tree.flatten(x)).keystr(index))
         raise
-    return flat.unflatten(out)
+    return _rebuilt(tp, keys, out) if flat is None else flat.unflatten(out)
 
 
 cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):

@@ -136,7 +136,6 @@ def _types_len():
 def _forget_types():
     """Empty the per-type table (tests change what a type offers)."""
     _types.clear()
-cdef object _torch_strided = None
 
 
 cdef tuple _producer_row(object tp):
@@ -153,7 +152,6 @@ cdef tuple _producer_row(object tp):
 
 
 cdef _TypeEntry _entry_for(object tp):
-    global _torch_strided
     cdef PyObject* hit = PyDict_GetItemWithError(_types, tp)
     if hit != NULL:
         return <_TypeEntry>hit
@@ -179,8 +177,6 @@ cdef _TypeEntry _entry_for(object tp):
                           and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
     entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
     entry.is_torch = entry.guard == GUARD_TORCH
-    if entry.is_torch:
-        _torch_strided = _sys.modules["torch"].strided
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
     if len(_types) >= _TYPES_MAX:
         _types.clear()
@@ -327,27 +323,40 @@ cdef int _refuse_lazy_negation(object x) except -1:
     return 0
 
 
-cdef bint _torch_takes_as_is(object x) except -1:
-    """True when torch's own __dlpack__ would export ``x`` as it is, so its C exchange
-    API may take it instead (that API makes none of __dlpack__'s refusals)."""
-    return (not x.requires_grad and x.layout is _torch_strided and not x.is_conj()
-            and not x.is_quantized)
-
-
-cdef object _exchange_take(object x, const DLPackExchangeAPI* api):
-    """``x`` through ``managed_tensor_from_py_object_no_sync`` into a
-    "dltensor_versioned" capsule; None where the API declines (its error cleared:
-    ``__dlpack__`` then gives the producer's own reason)."""
+cdef object _torch_take(object x, _TypeEntry entry):
+    """A host torch tensor taken through torch's C exchange API
+    (``managed_tensor_from_py_object_no_sync``) into a "dltensor_versioned" capsule,
+    where torch's own ``__dlpack__`` would export it as it is: that API makes none of
+    ``__dlpack__``'s refusals, so a tensor that requires grad, or a complex one with the
+    conjugate bit, is left to ``__dlpack__``, which refuses it in torch's words (the API
+    itself declines sparse, quantized, nested and opaque tensors, its error cleared).
+    None: take the ``__dlpack__`` way (also CUDA memory, which is asked with the
+    consumer's stream, and pinned memory, which the API's header calls kDLCPU)."""
     cdef DLManagedTensorVersioned* dlm_ver = NULL
-    if api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0 or dlm_ver == NULL:
+    cdef int32_t dev_type = 0, dev_id = 0
+    cdef bint id_known = True, keep
+    if x.requires_grad:
+        return None
+    if (entry.api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0
+            or dlm_ver == NULL):
         PyErr_Clear()
         return None
     try:
-        return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
+        dev_type = dlm_ver.dl_tensor.device.device_type
+        keep = dev_type == kDLCPU and not (dlm_ver.dl_tensor.dtype.code == kDLComplex
+                                           and x.is_conj())
+        if keep and entry.ask_device_on_cpu:
+            _ask_device(x, &dev_type, &dev_id, &id_known)
+            keep = dev_type == kDLCPU
+        if keep:
+            return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
     except BaseException:
         if dlm_ver.deleter != NULL:
             dlm_ver.deleter(dlm_ver)
         raise
+    if dlm_ver.deleter != NULL:
+        dlm_ver.deleter(dlm_ver)
+    return None
 
 
 cdef object _numpy_fallback(object x, object refusal):
@@ -534,7 +543,14 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
             f"CuPy...) or the capsule its __dlpack__() returns.")
     if entry.guard > GUARD_NUMPY:
         _guard(x, entry, mode)
-    if entry.api != NULL and mode != MODE_HOST_COPY:
+    if entry.api != NULL and mode == MODE_TAKE and entry.is_torch:
+        # Taking through the API skips every refusal of the producer's __dlpack__: only
+        # for types whose refusals dlinspect checks itself (torch); others (paddle,
+        # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
+        cap = _torch_take(x, entry)
+        if cap is not None:
+            return _handing(_peek_capsule(cap), cap, cap_out)
+    elif entry.api != NULL and mode != MODE_HOST_COPY:
         memset(&t, 0, sizeof(DLTensor))
         if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
             PyErr_Clear()   # __dlpack__ below gives the producer's own reason
@@ -547,13 +563,6 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
                 info = _new_info(&t, SRC_EXCHANGE, 0)
                 _reconcile(info, x, dev_type, dev_id, id_known)
                 return info
-            # Taking through the API skips every refusal of the producer's __dlpack__: only
-            # for types whose refusals dlinspect checks itself (torch); others (paddle,
-            # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
-            if dev_type == kDLCPU and entry.is_torch and _torch_takes_as_is(x):
-                cap = _exchange_take(x, entry.api)
-                if cap is not None:
-                    return _handing(_peek_capsule(cap), cap, cap_out)
     if not asked and entry.has_device and mode != MODE_HOST_COPY:
         _ask_device(x, &dev_type, &dev_id, &id_known)
         asked = True
