@@ -17,7 +17,6 @@ import sys
 import timeit
 
 import jax
-import numpy as np
 import torch
 
 import dlinspect

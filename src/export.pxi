@@ -60,48 +60,75 @@ _PYARROW_HINTS = (
     ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
 )
 
-#: The producer table: ``(top-level package, class name in the type's MRO)`` to
-#: ``(guard, refusal hints, fix, into)``; ``fix`` is what to do with a tensor type that
-#: has no DLPack form (such a type is refused, never kept as a non-tensor leaf);
-#: ``into`` how the producer copies device memory into host memory dlinspect gives it
-#: ("torch": ``out.copy_(x)``; any other string: the name of a method ``x.NAME(out)``),
-#: so that a host fallback makes one copy, into memory JAX views. A type takes the row
-#: of its most derived class that has one; a ``jax.Array`` (a virtual base on some
-#: jaxlib versions) is found by ``issubclass``.
+class Producer(_NamedTuple):
+    """One row of the producer table (:data:`PRODUCERS`): what dlinspect knows of one
+    producer's tensor type."""
+
+    guard: int = GUARD_NONE
+    """The guard run before any export (see ``Guard`` in src/export.pxi)."""
+    hints: tuple = ()
+    """``(word, what to do)`` pairs matched against the producer's own refusals."""
+    fix: object = None
+    """For a tensor type with no DLPack form (refused, never kept as a non-tensor
+    leaf): what to do instead."""
+    into: object = None
+    """How the producer copies device memory into host memory dlinspect gives it
+    ("torch": ``out.copy_(x)``; any other string: the method ``x.NAME(out)``), so that
+    a host fallback makes one copy, into memory JAX views."""
+    doctor: object = None
+    """``(module, expression)``: how ``dlinspect doctor`` finds the tensor type (the
+    module as ``m``), where doctor reports on this producer."""
+
+
+_SPARSE_FIX = "make it dense with x.toarray(), or take x.data and its index arrays apart"
+
+#: The producer table, the one list of producers: ``(top-level package, class name in
+#: the type's MRO)`` to its :class:`Producer` row. A type takes the row of its most
+#: derived class that has one; a ``jax.Array`` (a virtual base on some jaxlib
+#: versions) is found by ``issubclass``.
 PRODUCERS = {
-    ("numpy", "ndarray"): (GUARD_NUMPY, (), None, None),
-    ("torch", "Tensor"): (GUARD_TORCH, _TORCH_HINTS, None, "torch"),
-    ("tensorflow", "EagerTensor"): (GUARD_TF, (), None, None),
-    ("tensorflow", "RaggedTensor"): (
-        GUARD_NO_DLPACK, (), "make it dense with x.to_tensor() (pads the rows), or take "
-        "x.flat_values and x.row_splits apart", None),
-    ("tensorflow", "SparseTensor"): (
-        GUARD_NO_DLPACK, (), "make it dense with tf.sparse.to_dense(x), or take x.indices and "
-        "x.values apart", None),
-    ("tensorflow", "Variable"): (
-        GUARD_NO_DLPACK, (), "pass its value, x.read_value() (a tf.Tensor), or "
-        "tf.convert_to_tensor(x)", None),
-    ("scipy", "spmatrix"): (
-        GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
-        "arrays apart", None),
-    ("scipy", "_spbase"): (
-        GUARD_NO_DLPACK, (), "make it dense with x.toarray(), or take x.data and its index "
-        "arrays apart", None),
-    ("pyarrow", "Table"): (
-        GUARD_NO_DLPACK, (), "take its columns as arrays, {name: x.column(name).to_numpy() "
-        "for name in x.column_names} (Ray: batch_format='numpy')", None),
-    ("pyarrow", "RecordBatch"): (
-        GUARD_NO_DLPACK, (), "take its columns as arrays, {name: x.column(name).to_numpy() "
-        "for name in x.schema.names} (Ray: batch_format='numpy')", None),
-    ("pandas", "DataFrame"): (
-        GUARD_NO_DLPACK, (), "take its columns as arrays, {c: x[c].to_numpy() for c in x} "
-        "(Ray: batch_format='numpy'; datasets: with_format('numpy'))", None),
-    ("pandas", "Series"): (GUARD_NO_DLPACK, (), "take its values: x.to_numpy()", None),
-    ("pyarrow", "Array"): (GUARD_PYARROW, _PYARROW_HINTS, None, None),
-    ("pyarrow", "ChunkedArray"): (
-        GUARD_PYARROW, _PYARROW_HINTS, "join its chunks first: x.combine_chunks() (one "
-        "pyarrow Array, which has __dlpack__)", None),
+    ("numpy", "ndarray"): Producer(GUARD_NUMPY, doctor=("numpy", "m.ndarray")),
+    ("torch", "Tensor"): Producer(GUARD_TORCH, _TORCH_HINTS, into="torch",
+                                  doctor=("torch", "m.Tensor")),
+    ("jax", "Array"): Producer(GUARD_JAX, doctor=("jax", "type(m.numpy.zeros(1))")),
+    ("cupy", "ndarray"): Producer(doctor=("cupy", "m.ndarray")),
+    ("tensorflow", "EagerTensor"): Producer(GUARD_TF,
+                                            doctor=("tensorflow", "type(m.constant(1.0))")),
+    ("tensorflow", "RaggedTensor"): Producer(
+        GUARD_NO_DLPACK, fix="make it dense with x.to_tensor() (pads the rows), or take "
+        "x.flat_values and x.row_splits apart"),
+    ("tensorflow", "SparseTensor"): Producer(
+        GUARD_NO_DLPACK, fix="make it dense with tf.sparse.to_dense(x), or take x.indices "
+        "and x.values apart"),
+    ("tensorflow", "Variable"): Producer(
+        GUARD_NO_DLPACK, fix="pass its value, x.read_value() (a tf.Tensor), or "
+        "tf.convert_to_tensor(x)"),
+    ("scipy", "spmatrix"): Producer(GUARD_NO_DLPACK, fix=_SPARSE_FIX),
+    ("scipy", "_spbase"): Producer(GUARD_NO_DLPACK, fix=_SPARSE_FIX),
+    ("pyarrow", "Table"): Producer(
+        GUARD_NO_DLPACK, fix="take its columns as arrays, {name: x.column(name).to_numpy() "
+        "for name in x.column_names} (Ray: batch_format='numpy')"),
+    ("pyarrow", "RecordBatch"): Producer(
+        GUARD_NO_DLPACK, fix="take its columns as arrays, {name: x.column(name).to_numpy() "
+        "for name in x.schema.names} (Ray: batch_format='numpy')"),
+    ("pandas", "DataFrame"): Producer(
+        GUARD_NO_DLPACK, fix="take its columns as arrays, {c: x[c].to_numpy() for c in x} "
+        "(Ray: batch_format='numpy'; datasets: with_format('numpy'))"),
+    ("pandas", "Series"): Producer(GUARD_NO_DLPACK, fix="take its values: x.to_numpy()"),
+    ("pyarrow", "Array"): Producer(GUARD_PYARROW, _PYARROW_HINTS,
+                                   doctor=("pyarrow", "type(m.array([1], m.int64()))")),
+    ("pyarrow", "ChunkedArray"): Producer(
+        GUARD_PYARROW, _PYARROW_HINTS, fix="join its chunks first: x.combine_chunks() (one "
+        "pyarrow Array, which has __dlpack__)"),
+    ("warp", "array"): Producer(doctor=("warp", "m.array")),
+    ("mlx", "array"): Producer(doctor=("mlx.core", "m.array")),
+    ("paddle", "Tensor"): Producer(doctor=("paddle", "m.Tensor")),
+    ("array_api_strict", "Array"): Producer(doctor=("array_api_strict",
+                                                    "type(m.asarray([1]))")),
+    ("tvm_ffi", "Tensor"): Producer(doctor=("tvm_ffi", "m.Tensor")),
+    ("dpnp", "ndarray"): Producer(doctor=("dpnp", "m.ndarray")),
 }
+cdef object _NO_ROW = Producer()
 
 
 # ---- per-type facts, looked up once per type -------------------------------
@@ -138,17 +165,17 @@ def _forget_types():
     _types.clear()
 
 
-cdef tuple _producer_row(object tp):
-    """The producer table's row for type ``tp``: ``(guard, hints, fix, into)``."""
+cdef object _producer_row(object tp):
+    """The producer table's row for type ``tp`` (a row of defaults where it has none)."""
     jax = _sys.modules.get("jax")
     if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
-        return (GUARD_JAX, (), None, None)
+        return PRODUCERS[("jax", "Array")]
     for cls in getattr(tp, "__mro__", ()):
         row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
                              getattr(cls, "__name__", None)))
         if row is not None:
             return row
-    return (GUARD_NONE, (), None, None)
+    return _NO_ROW
 
 
 cdef _TypeEntry _entry_for(object tp):
@@ -167,8 +194,8 @@ cdef _TypeEntry _entry_for(object tp):
                 and api.managed_tensor_from_py_object_no_sync != NULL):
             entry.api = api
             entry.api_owner = api_obj
-    guard, entry.hints, entry.fix, entry.into = _producer_row(tp)
-    entry.guard = guard
+    row = _producer_row(tp)
+    entry.guard, entry.hints, entry.fix, entry.into = row.guard, row.hints, row.fix, row.into
     # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX)

@@ -249,6 +249,6 @@ def test_real_tensors(path, tgt, copy):
             if reference is None:
                 assert route.kind == "error", name
                 continue
-            check(lambda: x, reference, tgt, **options)   # one tensor: one memory
+            check(lambda: x, reference, tgt, **options)  # noqa: B023 (one tensor: one memory)
     finally:
         djax.force_public_api(False)

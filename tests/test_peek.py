@@ -27,7 +27,8 @@ from dlinspect.testing import (
     make_capsule,
 )
 from dlinspect._core import capsule_name
-from _versions import NUMPY_TAKES_VERSIONED, NUMPY_VERSIONED, ml_dtypes_has, torch_exchange_api, torch_exports_float8
+from _versions import (NUMPY_TAKES_VERSIONED, NUMPY_VERSIONED, ml_dtypes_has, torch_exchange_api,
+                       torch_exports_float8)
 
 EXPECTED_NAMES = {
     (C.kDLInt, 8): "int8", (C.kDLInt, 64): "int64", (C.kDLInt, 4): "int4",
@@ -113,7 +114,7 @@ class TestCapsules:
 
         class Holder:  # numpy.from_dlpack wants __dlpack__, not a bare capsule
             def __dlpack__(self, **kw):
-                return cap
+                return cap  # noqa: F821 (the enclosing function's)
         out = np.from_dlpack(Holder())
         np.testing.assert_array_equal(out, src)
         assert capsule_name(cap) == "used_" + name and counter.calls == 0

@@ -31,7 +31,8 @@ def batch_of(i, counter=None):
 
 @pytest.mark.parametrize("thread", [None, True, False])
 def test_order_and_values(thread):
-    got = [(float(b["x"][0, 0]), int(b["y"][0])) for b in prefetch_to_jax((batch_of(i) for i in range(7)), thread=thread)]
+    loader = prefetch_to_jax((batch_of(i) for i in range(7)), thread=thread)
+    got = [(float(b["x"][0, 0]), int(b["y"][0])) for b in loader]
     assert got == [(i, i) for i in range(7)]
     assert prefetch_threads() == []
 

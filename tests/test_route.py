@@ -868,7 +868,7 @@ class TestLifetimes:  # C12
         assert capsule_name(misaligned) == ("dltensor_versioned" if NUMPY_TAKES_VERSIONED
                                             else "dltensor")
         assert counter.calls == 0
-        y = np.from_dlpack(type("H", (), {"__dlpack__": lambda self, **k: misaligned})())
+        y = np.from_dlpack(type("H", (), {"__dlpack__": lambda self, **k: misaligned})())  # noqa: F821
         assert y.shape == (3,)
         del cap, misaligned, y
         gc.collect()

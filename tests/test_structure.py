@@ -113,3 +113,29 @@ def test_no_message_text_is_parsed():
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert not pattern.search(text), f"{path.relative_to(ROOT)} parses a message"
+
+
+def test_lint_clean():
+    """ruff, with the project's own configuration (pyproject.toml), finds nothing."""
+    import shutil
+    import subprocess
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        import pytest
+        pytest.skip("ruff is not installed (pip install ruff)")
+    proc = subprocess.run([ruff, "check", "--output-format", "concise", str(ROOT)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_function_graded_d_or_worse():
+    """No function of the Python layer (python/dlinspect/*.py) has a cyclomatic
+    complexity of 21 or more (radon's grade D): decisions are tables and small steps."""
+    import pytest
+    complexity = pytest.importorskip("radon.complexity", reason="radon is not installed")
+    graded = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        for block in complexity.cc_visit(path.read_text(encoding="utf-8")):
+            if block.complexity > 20:
+                graded.append(f"{path.name}:{block.lineno} {block.name} ({block.complexity})")
+    assert not graded, graded

@@ -97,7 +97,7 @@ DEFAULT = Options()
 
 def options(device: Any = None, copy: Any = None, sharding: Any = None, fallback: str = "host",
             readonly: str = "copy", leaves: str = "keep", narrow: str = "warn") -> Options:
-    """Check the options and make them one object (:data:`DEFAULT` when all are defaults).
+    """Check the options and make them one object.
 
     Raises
     ------
@@ -115,8 +115,7 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None, fallback
             raise ValueError(f"{name} must be {allowed}, not {value!r}")
     if sharding is not None and device is not None:
         raise ValueError("pass device= or sharding=, not both: one of them.")
-    made = Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
-    return DEFAULT if made == DEFAULT else made
+    return Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
 
 
 def single_device(device: Any) -> Any:

@@ -103,18 +103,6 @@ def doctor_report() -> dict[str, Any]:
     return report
 
 
-#: DLPack producers doctor looks for: (distribution's import name, the expression giving
-#: its tensor type, with the module as ``m``).
-PRODUCERS = (
-    ("numpy", "m.ndarray"), ("torch", "m.Tensor"), ("jax", "type(m.numpy.zeros(1))"),
-    ("cupy", "m.ndarray"), ("tensorflow", "type(m.constant(1.0))"),
-    ("pyarrow", "type(m.array([1], m.int64()))"), ("warp", "m.array"),
-    ("mlx.core", "m.array"), ("paddle", "m.Tensor"),
-    ("array_api_strict", "type(m.asarray([1]))"), ("tvm_ffi", "m.Tensor"),
-    ("dpnp", "m.ndarray"),
-)
-
-
 def producers_report() -> dict[str, Any]:
     """Per DLPack producer importable here: its tensor type, the DLPack C exchange API
     version it offers, and which of ``__dlpack__``'s keywords it takes.
@@ -126,8 +114,10 @@ def producers_report() -> dict[str, Any]:
     """
     import importlib.util
     import subprocess
+
+    from dlinspect._core import PRODUCERS
     out: dict[str, Any] = {}
-    for module, expr in PRODUCERS:
+    for module, expr in (row.doctor for row in PRODUCERS.values() if row.doctor):
         try:
             found = importlib.util.find_spec(module.split(".")[0]) is not None
         except (ImportError, ValueError):
@@ -152,7 +142,7 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
 
     from dlinspect import _core
     m = importlib.import_module(module)
-    tp = eval(expr, {"m": m})  # noqa: S307 - our own table's expression
+    tp = eval(expr, {"m": m})  # noqa: S307 - the producer table's own expression
     version = _core.exchange_api_version(tp)
     row: dict[str, Any] = {"type": f"{tp.__module__}.{tp.__qualname__}",
                            "exchange_api": list(version) if version else None}
@@ -252,29 +242,37 @@ def _writable(path: str) -> str | None:
     return None
 
 
+def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[str]) -> str | None:
+    """What is wrong with a bench command line, checked before a run that may take
+    minutes (everything the output needs included); None when nothing is."""
+    unknown = [s for s in suites if s not in known]
+    if unknown:
+        return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
+    if args.repeat is not None and args.repeat < 1:
+        return f"--repeat must be at least 1, not {args.repeat}"
+    for path in (args.json, args.plot, args.markdown):
+        if path and (problem := _writable(path)):
+            return f"cannot write {problem}"
+    if not args.plot:
+        return None
+    if "sweep" not in suites:
+        return "--plot draws the sweep suite; add it (dlinspect bench sweep ...)"
+    if os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+        return f"--plot writes .png, .svg or .pdf, not {args.plot}"
+    if _missing("matplotlib"):
+        return ("--plot draws with matplotlib, which is not installed; install it with: "
+                "pip install matplotlib")
+    return None
+
+
 def _bench(args: argparse.Namespace) -> int:
     from dlinspect import bench
     suites = list(args.suites or bench.DEFAULT_SUITES)
     if args.instructions and "instructions" not in suites:
         suites.append("instructions")
-    unknown = [s for s in suites if s not in bench.SUITES]
-    if unknown:
-        return _fail(f"bench: unknown suite(s) {', '.join(unknown)}; choose from "
-                     f"{', '.join(bench.SUITES)}")
-    # Everything the output needs is checked before a run that may take minutes.
-    if args.repeat is not None and args.repeat < 1:
-        return _fail(f"bench: --repeat must be at least 1, not {args.repeat}")
-    for path in (args.json, args.plot, args.markdown):
-        if path and (problem := _writable(path)):
-            return _fail(f"bench: cannot write {problem}")
-    if args.plot:
-        if "sweep" not in suites:
-            return _fail("bench: --plot draws the sweep suite; add it (dlinspect bench sweep ...)")
-        if os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
-            return _fail(f"bench: --plot writes .png, .svg or .pdf, not {args.plot}")
-        if _missing("matplotlib"):
-            return _fail("bench: --plot draws with matplotlib, which is not installed; install "
-                         "it with: pip install matplotlib")
+    problem = _bench_problem(args, suites, bench.SUITES)
+    if problem is not None:
+        return _fail(f"bench: {problem}")
     report = bench.run_suites(suites, quick=args.quick, repeat=args.repeat,
                               progress=not args.no_progress)
     print(bench.format_report(report))

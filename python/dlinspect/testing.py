@@ -253,7 +253,7 @@ class CopyIntoFakeProducer(FakeProducer):
 
 
 # The producer table's row for it: copy_into is how it copies into host memory.
-_core.PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = (0, (), None, "copy_into")
+_core.PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = _core.Producer(into="copy_into")
 
 
 class LegacyFakeProducer(FakeProducer):

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import jax
+import jax  # noqa: F401  (imported once, before hypothesis starts timing examples)
 
 import dlinspect
 from dlinspect import DLDeviceType, DLInspectError, DLInspectWarning

@@ -460,7 +460,8 @@ def test_torch_narrow_floats_to_jax(torch, name):
     if not hasattr(torch, name):
         pytest.skip(f"torch {torch.__version__} has no {name}")
     raw = torch.tensor([56, 60, 64, 68, 72, 127], dtype=torch.uint8)
-    x = raw.view(getattr(torch, name)) if name != "bfloat16" else raw.to(torch.int16).mul(64).view(torch.bfloat16)
+    x = (raw.view(getattr(torch, name)) if name != "bfloat16"
+         else raw.to(torch.int16).mul(64).view(torch.bfloat16))
     route, y = to_jax_checked(x, x.data_ptr())
     assert route.kind == "zero-copy"
     assert y.dtype == jnp.dtype(getattr(jnp, name))

@@ -227,7 +227,8 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
                            + " | ".join(f"{p[m]:.2f}" for m in methods) + " |")
         elif name == "loader" and "tables" in result:
             cols = ("conversion", "end_to_end", "end_to_end_synced")
-            out += ["| method | conversion only | end to end, jitted step (async) | end to end, loss read every step |",
+            out += ["| method | conversion only | end to end, jitted step (async) "
+                    "| end to end, loss read every step |",
                     "| --- | ---: | ---: | ---: |"]
             for method in result["tables"]["conversion"]:
                 out.append(f"| {method} | " + " | ".join(
