@@ -23,7 +23,8 @@ fi
 echo "sanitize.sh: $so is instrumented (ASan + UBSan)"
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_agreement.py
+    tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_devices.py
+           tests/test_producers.py tests/test_agreement.py
            tests/test_prefetch.py
            tests/test_multidevice.py tests/test_fuzz.py tests/test_reliability.py)
 fi

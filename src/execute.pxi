@@ -471,7 +471,7 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     read-only and is imported as writable, as ``to_jax`` does."""
     cdef TensorInfo info = route.info
     f = route.facts
-    if route._shards is None:
+    if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
         devices = f["devices"]
         arrays = _split_import(cap, info, f["parts"], devices, tg)
     else:

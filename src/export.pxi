@@ -718,6 +718,12 @@ def host_into(x):
     return _entry_for(type(x)).into
 
 
+def into_call(into):
+    """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
+    else ``x.NAME(out)``."""
+    return "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
+
+
 def export_host_copy_into(x, out):
     """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype,
     C order): the one copy of a host fallback, into memory JAX can view.
@@ -736,8 +742,7 @@ def export_host_copy_into(x, out):
         else:
             getattr(x, into)(out)
     except Exception as exc:
-        how = "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
-        return f"{how} raised {_first_line(exc)}"
+        return f"{into_call(into)} raised {_first_line(exc)}"
     return None
 
 

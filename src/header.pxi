@@ -376,11 +376,9 @@ cdef class TensorInfo:
         ValueError
             ``index`` has more entries than ``ndim``.
         """
-        cdef DLTensor t
         cdef int64_t shape_buf[_MAX_NDIM]
         cdef int64_t strides_buf[_MAX_NDIM]
         cdef int i
-        cdef TensorInfo out
         index = tuple(index)
         if len(index) > self._ndim:
             raise ValueError(f"an index of {len(index)} slices for a tensor of {self._ndim} "
@@ -402,20 +400,10 @@ cdef class TensorInfo:
             strides_buf[i] = self._strides[i] * step
         if offset < 0:   # a negative stride: the slice starts before `data`; move data instead
             data, offset = data + offset, 0
-        t.data = <void*><uintptr_t>data
-        t.device.device_type = self._cap_dev_type
-        t.device.device_id = self._cap_dev_id
-        t.ndim = self._ndim
-        t.dtype.code = self._code
-        t.dtype.bits = self._bits
-        t.dtype.lanes = self._lanes
-        t.shape = shape_buf
-        t.strides = strides_buf
-        t.byte_offset = offset
-        out = _new_info(&t, self._source, self._flags)
-        out._ver_major, out._ver_minor = self._ver_major, self._ver_minor
-        out._dev_type, out._dev_id = self._dev_type, self._dev_id
-        return out
+        return _made_info(data, self._cap_dev_type, self._cap_dev_id, self._ndim, self._code,
+                          self._bits, self._lanes, shape_buf, strides_buf, offset, self._source,
+                          self._flags, self._ver_major, self._ver_minor, self._dev_type,
+                          self._dev_id)
 
     # -- presentation ----------------------------------------------------
     def _layout_word(self):
@@ -488,31 +476,40 @@ def _rebuild_info(state):
     """Unpickle a TensorInfo: rebuild the header it describes and read it again."""
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
-    cdef DLTensor t
     cdef int64_t shape_buf[_MAX_NDIM]
     cdef int64_t strides_buf[_MAX_NDIM]
     cdef int i
-    cdef TensorInfo info
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
     for i in range(len(shape)):
         shape_buf[i] = shape[i]
         strides_buf[i] = strides[i]
-    t.data = <void*><uintptr_t>data
+    return _made_info(data, cap_dev_type, cap_dev_id, len(shape), code, bits, lanes, shape_buf,
+                      NULL if strides_null else strides_buf, byte_offset, <Source>source, flags,
+                      ver_major, ver_minor, dev_type, dev_id)
+
+
+# contract: the TensorInfo of the header these fields make, validated as _new_info
+# validates every header (a slice's, an unpickled one's); the device reconciled as given.
+cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev_id,
+                           int32_t ndim, int code, int bits, int lanes, int64_t* shape,
+                           int64_t* strides, uint64_t byte_offset, Source source,
+                           uint64_t flags, int ver_major, int ver_minor, int32_t dev_type,
+                           int32_t dev_id):
+    cdef DLTensor t
+    t.data = <void*>data
     t.device.device_type = cap_dev_type
     t.device.device_id = cap_dev_id
-    t.ndim = len(shape)
+    t.ndim = ndim
     t.dtype.code = code
     t.dtype.bits = bits
     t.dtype.lanes = lanes
-    t.shape = shape_buf
-    t.strides = NULL if strides_null else strides_buf
+    t.shape = shape
+    t.strides = strides
     t.byte_offset = byte_offset
-    info = _new_info(&t, <Source>source, flags)
-    info._ver_major = ver_major
-    info._ver_minor = ver_minor
-    info._dev_type = dev_type
-    info._dev_id = dev_id
+    cdef TensorInfo info = _new_info(&t, source, flags)
+    info._ver_major, info._ver_minor = ver_major, ver_minor
+    info._dev_type, info._dev_id = dev_type, dev_id
     return info
 
 
@@ -657,11 +654,6 @@ cdef int _raise_bad_capsule(object cap, const char* name) except -1:
     raise NotDLPackError(
         f"a PyCapsule with {shown} is not a DLPack tensor; expected 'dltensor' or "
         f"'dltensor_versioned'. Pass the array itself or the capsule its __dlpack__() returns.")
-
-
-def is_capsule(x):
-    """True for a PyCapsule (of any name)."""
-    return PyCapsule_CheckExact(x)
 
 
 def capsule_name(cap):

@@ -204,12 +204,6 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
     return n
 
 
-def dtype_needs(int code, int bits, int lanes, JaxTarget target, uint64_t flags=0):
-    """The needs a ``DLDataType`` alone has to reach JAX: DTYPE, NUMPY_PUT, LANES, NARROW
-    (``flags``: a versioned header's, for IS_SUBBYTE_TYPE_PADDED)."""
-    return _dtype_needs(target, code, bits, lanes, flags)
-
-
 # contract: the needs of ``info`` to reach ``tg`` (bits above); raises only what a
 # dtype probe raises.
 cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:

@@ -23,3 +23,13 @@ def jax():
 @pytest.fixture(scope="session")
 def ml_dtypes():
     return pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+
+
+@pytest.fixture(params=["direct", "public"])
+def import_path(request):
+    """Run a test through jaxlib's import function and through jax.dlpack.from_dlpack."""
+    from dlinspect import _jaxcaps as djax
+    djax.force_public_api(request.param == "public")
+    assert djax.caps().direct == (request.param == "direct")
+    yield request.param
+    djax.force_public_api(False)

@@ -163,3 +163,12 @@ def test_enums_follow_our_header():
     assert block("DLDeviceType") == {m.name: m.value for m in DLDeviceType}
     assert block("DLDataTypeCode") == {m.name: m.value for m in DLDataTypeCode}
     assert set(DEVICES) == set(DLDeviceType)   # one row per device type
+    # The extension's type stub lists the same members (for type checkers).
+    stub = (Path(__file__).parents[1] / "python" / "dlinspect" / "_core.pyi").read_text(
+        encoding="utf-8")
+    for enum in (DLDeviceType, DLDataTypeCode):
+        body = re.search(r"class " + enum.__name__ + r"\(enum.IntEnum\):\n((?:    .*\n)+)", stub)
+        assert body is not None, f"no class {enum.__name__} in _core.pyi"
+        listed = {m.group(1): int(m.group(2))
+                  for m in re.finditer(r"(kDL\w+) = (\d+)", body.group(1))}
+        assert listed == {m.name: m.value for m in enum}, enum.__name__

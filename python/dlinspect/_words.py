@@ -124,8 +124,7 @@ def _narrowed(facts: dict[str, Any]) -> str:
 def _host_copy_words(methods: tuple[str, ...], into: str | None = None) -> str:
     """How a host copy is asked for, in the order the executor tries."""
     steps = [f"the producer copies it into aligned host memory dlinspect allocates "
-             f"({'out.copy_(x)' if into == 'torch' else f'x.{into}(out)'}), which is viewed"
-             ] if into else []
+             f"({C.into_call(into)}), which is viewed"] if into else []
     steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
               "copy=True))"]
     steps += [f"its own x.{name}()" for name in methods]

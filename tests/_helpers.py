@@ -1,0 +1,29 @@
+"""Small helpers shared by the routing tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dlinspect.testing import aligned_array
+
+
+def aligned(values, dtype=np.float32):
+    """A 64-byte aligned copy of ``values``."""
+    return aligned_array(values, dtype)
+
+
+def buffer_pointer(arr):
+    """Where a single-device jax.Array's data lives."""
+    return arr.addressable_data(0).unsafe_buffer_pointer()
+
+
+def target():
+    """The installed JAX's JaxTarget."""
+    from dlinspect._jaxcaps import caps
+    return caps().target
+
+
+def read_only(x):
+    """``x``, made read-only."""
+    x.flags.writeable = False
+    return x

@@ -1,0 +1,386 @@
+"""Producers: their refusals, the array API protocol as they speak it, and the lifetime
+of what they export on every route (the deleter exactly once)."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
+
+import dlinspect  # noqa: E402
+from dlinspect import DLDeviceType as D  # noqa: E402
+from dlinspect import (  # noqa: E402
+    CapsuleConsumedError,
+    CopyRequiredError,
+    DLInspectWarning,
+    NotDLPackError,
+    ProducerError,
+    UnsupportedDeviceError,
+    explain,
+    plan,
+    to_host,
+    to_jax,
+)
+from dlinspect import _core  # noqa: E402
+from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect._core import capsule_name  # noqa: E402
+from dlinspect.testing import DeleterCounter, FakeProducer, make_capsule  # noqa: E402
+from _helpers import aligned, buffer_pointer  # noqa: E402
+from _versions import (  # noqa: E402
+    NUMPY_TAKES_VERSIONED, NUMPY_VERSIONED, torch_exchange_api)
+
+
+class TestProducerErrors:
+    """Any exception a producer raises becomes a ProducerError with its own words."""
+
+    def test_torch_refusals(self, torch):  # C17
+        with pytest.raises(ProducerError, match=r"(?s)require gradient.*\.detach\(\)") as err:
+            to_jax(torch.ones(2, requires_grad=True))
+        # torch's own type: BufferError (RuntimeError before torch 2.4), kept as the cause
+        assert isinstance(err.value.__cause__, (BufferError, RuntimeError))
+        with pytest.raises(ProducerError, match=r"(?s)conjugate.*resolve_conj\(\)"):
+            to_jax(torch.ones(2, dtype=torch.complex64).conj())
+        with pytest.raises(ProducerError, match=r"to_dense\(\)"):
+            to_jax(torch.eye(2).to_sparse())
+        with pytest.raises(ProducerError, match="to_dense"):
+            dlinspect.peek(torch.eye(3).to_sparse())
+        for t in (torch.ones(2, requires_grad=True), torch.tensor([1j]).conj()):
+            route = plan(t)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+
+    @pytest.mark.parametrize("exc", [TypeError("Can only convert arrays with no nulls"),
+                                     RuntimeError("bad"), ValueError("no"), KeyError("k"),
+                                     type("ArrowTypeError", (TypeError,), {})("only arrays with no nulls"),
+                                     type("Custom", (Exception,), {})("custom words")])
+    def test_any_exception_type(self, exc):  # C20
+        p = FakeProducer(np.ones(3, np.float32), refuse=exc)
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError) as err:
+                call(p)
+            assert err.value.__cause__ is exc and str(exc).strip("'") in str(err.value)
+            assert type(exc).__name__ in str(err.value)
+        for tgt in ("jax", "host"):
+            route = plan(p, tgt)
+            assert route.kind == "error" and isinstance(route.error, ProducerError)
+            assert route.info is None
+        assert all("max_version" in c for c in p.calls)   # one call each; never retried bare
+
+    def test_hints_fit_the_refusal(self):
+        # A pyarrow array (by its class, as the producer table matches it) in pyarrow's words.
+        Array = type("Array", (FakeProducer,), {"__module__": "pyarrow.lib"})
+        p = Array(np.ones(2), refuse=TypeError(
+            "DataType is not compatible with DLPack spec: date32[day]"))
+        with pytest.raises(ProducerError, match=r"date32.*To fix: convert it to a numeric type"):
+            to_jax(p)
+        # The same words from another producer get no pyarrow advice.
+        other = FakeProducer(np.ones(2), refuse=TypeError(
+            "DataType is not compatible with DLPack spec: date32[day]"))
+        with pytest.raises(ProducerError) as info:
+            to_jax(other)
+        assert "arr.cast" not in str(info.value)
+
+    def test_retry_only_for_keyword_type_errors(self):
+        p = FakeProducer(aligned([1, 2]), legacy_only=True)
+        np.testing.assert_array_equal(np.asarray(to_jax(p)), [1, 2])
+        assert p.calls == [{"stream": None}]
+
+        class NoKeywords:
+            def __init__(self):
+                self.x = aligned([4.0, 5.0])
+
+            def __dlpack__(self):
+                return self.x.__dlpack__()
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        np.testing.assert_array_equal(np.asarray(to_jax(NoKeywords())), [4.0, 5.0])
+        np.testing.assert_array_equal(to_host(NoKeywords()), [4.0, 5.0])
+
+    def test_dlpack_device_raising(self):
+        class P:
+            def __dlpack_device__(self):
+                raise NotImplementedError("Unknown device type meta for Dlpack")
+
+            def __dlpack__(self, **kw):
+                return aligned([1.0]).__dlpack__(**kw)
+
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError, match="__dlpack_device__.*meta") as err:
+                call(P())
+            assert isinstance(err.value.__cause__, NotImplementedError)
+        assert plan(P()).kind == "error"
+
+    def test_not_a_capsule(self):
+        class ReturnsNone:
+            def __dlpack__(self, **kw):
+                return None
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+        for call in (dlinspect.peek, to_jax, to_host):
+            with pytest.raises(ProducerError, match="not a PyCapsule"):
+                call(ReturnsNone())
+
+    def test_lazy_negation_on_every_path(self, torch):  # C21
+        class Sub(torch.Tensor):
+            pass
+
+        plain = torch.arange(16.0)._neg_view()
+        for t in (plain, plain.as_subclass(Sub), torch.tensor([1 + 2j, 3 + 4j]).conj().imag,
+                  torch.arange(4.0).reshape(2, 2)._neg_view().t()):
+            assert t.is_neg()
+            for call in (to_jax, lambda t: to_jax(t, copy=True), lambda t: to_jax({"a": t}),
+                         lambda t: to_jax(t, device=jax.devices("cpu")[0])):
+                with pytest.raises(ProducerError, match=r"resolve_neg\(\)"):
+                    call(t)
+            assert plan(t).kind == "error"
+        assert to_jax(plain.resolve_neg()).tolist() == [-float(i) for i in range(16)]
+
+    def test_lazy_negation_with_a_pinned_capable_producer(self, torch, monkeypatch):  # C21
+        """The guard holds when __dlpack_device__ is asked too (a pinned-capable torch)."""
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        _core._forget_types()
+        try:
+            t = torch.arange(4.0)._neg_view()
+            with pytest.raises(ProducerError, match="resolve_neg"):
+                to_jax(t)
+            assert to_jax(torch.arange(4.0)).tolist() == [0, 1, 2, 3]
+        finally:
+            monkeypatch.undo()
+            _core._forget_types()
+
+    def test_not_dlpack(self):
+        with pytest.raises(NotDLPackError):
+            to_jax(object(), leaves="raise")
+        with pytest.raises(NotDLPackError):
+            to_host("text")
+        with pytest.raises(NotDLPackError):
+            to_jax(np.ndarray, leaves="raise")
+
+    def test_consumed_capsule(self):  # C10
+        cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,
+                           versioned=False)
+        for fn in (to_jax, to_host):
+            with pytest.raises(CapsuleConsumedError, match="already took"):
+                fn(cap)
+        route = plan(cap)
+        assert route.kind == "error" and isinstance(route.error, CapsuleConsumedError)
+        assert "already took" in explain(cap)
+
+    def test_bad_options(self):
+        with pytest.raises(ValueError, match="fallback"):
+            to_jax(np.ones(1), fallback="maybe")
+        with pytest.raises(ValueError, match="target"):
+            plan(np.ones(1), target="gpu")
+        for bad in ("cpu", 1, 0):
+            with pytest.raises(TypeError, match="jax.Device"):
+                to_jax(aligned([1.0]), device=bad)
+
+    def test_explain(self):
+        text = explain(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])
+        assert text.splitlines()[0].startswith("<TensorInfo kDLCPU:0 float32[2, 2]")
+        assert "route to jax: copy (16 B copied)" in text
+        err = explain(FakeProducer(np.ones(1, np.float32), device=(D.kDLVulkan, 0)), fallback="raise")
+        assert "UnsupportedDeviceError" in err
+        refused = explain(FakeProducer(np.ones(1), refuse="no"))
+        assert refused.startswith("<no header") and "ProducerError" in refused
+
+
+class TestLifetimes:  # C12
+    def _capsule(self, counter, **kw):
+        return make_capsule(aligned([1, 2, 3, 4]), counter=counter, **kw)
+
+    @pytest.mark.parametrize("versioned", [False, True])
+    def test_zero_copy_deleter_when_array_dies(self, versioned, import_path):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, versioned=versioned)
+        dlinspect.peek(cap)
+        assert counter.calls == 0
+        y = to_jax(cap)
+        assert counter.calls == 0
+        del cap
+        assert counter.calls == 0
+        del y
+        gc.collect()
+        assert counter.calls == 1
+
+    @pytest.mark.parametrize("kw", [dict(strides=(2,), shape=(2,)), dict(flags=1)],
+                             ids=["strided", "read-only"])
+    def test_copy_deleter_right_after_copy(self, kw, import_path):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, **kw)
+        y = to_jax(cap)
+        assert counter.calls == 1
+        del cap, y
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_host_fallback_deleters(self):
+        p = FakeProducer(np.ones(4, np.float32), device=(D.kDLOpenCL, 0))
+        y = to_jax(p)
+        del y
+        gc.collect()
+        assert p.counter.calls == len(p.calls) == 2
+
+    def test_plan_releases_its_export(self):
+        p = FakeProducer(aligned([1, 2]))
+        for _ in range(3):
+            plan(p)
+        assert p.counter.calls == len(p.calls) == 3
+
+    def test_error_route_leaves_capsule_unconsumed(self):
+        counter = DeleterCounter()
+        cap = self._capsule(counter, device=(D.kDLVulkan, 0))
+        with pytest.raises(UnsupportedDeviceError):
+            to_jax(cap)
+        # (numpy.from_dlpack takes versioned capsules from NumPy 2.1 on)
+        misaligned = make_capsule(np.arange(6, dtype=np.float32)[::2], counter=counter,
+                                  versioned=NUMPY_TAKES_VERSIONED)
+        with pytest.raises(CopyRequiredError):
+            to_jax(misaligned, copy=False)
+        assert capsule_name(cap) == "dltensor_versioned"
+        assert capsule_name(misaligned) == ("dltensor_versioned" if NUMPY_TAKES_VERSIONED
+                                            else "dltensor")
+        assert counter.calls == 0
+        y = np.from_dlpack(type("H", (), {"__dlpack__": lambda self, **k: misaligned})())  # noqa: F821
+        assert y.shape == (3,)
+        del cap, misaligned, y
+        gc.collect()
+        assert counter.calls == 2
+
+    def test_error_route_frees_the_export_at_once(self):
+        """A failed route leaves no reference cycle holding the producer's export: its
+        deleter runs when the exception is dropped, not at the next garbage collection."""
+        p = FakeProducer(np.ones(3, np.float32), (D.kDLVulkan, 0))
+        gc.disable()
+        try:
+            with pytest.raises(UnsupportedDeviceError):
+                to_jax(p, fallback="raise")
+            assert p.counter.calls == 1
+            with pytest.raises(CopyRequiredError):
+                to_jax(FakeProducer(np.ones((3, 3), np.float32)[:, ::2], counter=p.counter),
+                       copy=False)
+            assert p.counter.calls == 2
+        finally:
+            gc.enable()
+
+    def test_failed_import_restores_versioned_capsule(self, monkeypatch):
+        counter = DeleterCounter()
+        cap = self._capsule(counter)
+        c = djax.caps()
+        c.target   # built (and its probes run) before the import breaks
+
+        def boom(*args):
+            raise RuntimeError("import failed")
+        monkeypatch.setattr(c, "_direct_fn", boom)
+        monkeypatch.setattr(c, "_target", None)
+        dlinspect._core.set_target(None)   # (the built target the hot path reads)
+        monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
+        with pytest.raises(RuntimeError, match="import failed"):
+            to_jax(cap)
+        assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+        monkeypatch.undo()
+        dlinspect._core.set_target(None)
+        y = to_jax(cap)
+        del cap, y
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_warning_as_error_leaves_capsule_unconsumed(self):
+        x = aligned(np.arange(8), np.int64)
+        for src in (x, x[::2]):
+            cap = make_capsule(src)
+            for _ in range(2):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", DLInspectWarning)
+                    with pytest.raises(DLInspectWarning):
+                        to_jax(cap)
+                assert capsule_name(cap) == "dltensor_versioned"
+            with pytest.warns(DLInspectWarning):
+                assert to_jax(cap).tolist() == src.tolist()
+
+    def test_to_host_view_keeps_tensor_alive(self):
+        counter = DeleterCounter()
+        h = to_host(self._capsule(counter))
+        assert counter.calls == 0 and h.tolist() == [1, 2, 3, 4]
+        view = h[1:]
+        del h
+        gc.collect()
+        assert counter.calls == 0 and view.tolist() == [2, 3, 4]
+        del view
+        gc.collect()
+        assert counter.calls == 1
+
+    def test_to_hostread_only(self):
+        x = np.ones(3)
+        x.flags.writeable = False
+        assert not to_host(x).flags.writeable
+        # Before NumPy 2.1 its capsules are legacy, which cannot say "writable": the view
+        # is read-only then, as numpy.from_dlpack's is.
+        assert to_host(np.ones(3)).flags.writeable == NUMPY_VERSIONED
+
+
+class TestProducerProtocol:
+    def test_streams_none_on_cpu(self):
+        p = FakeProducer(aligned([1, 2]))
+        to_jax(p)
+        assert p.calls == [{"stream": None, "max_version": (1, 3)}]
+
+    def test_batch_dict(self, torch):  # C16
+        batch = {"x": torch.randn(4, 8), "y": torch.tensor([True, False, True, False]),
+                 "idx": torch.arange(4)}
+        with pytest.warns(DLInspectWarning, match="int64"):
+            out = to_jax(batch)
+        assert set(out) == {"x", "y", "idx"} and all(isinstance(v, jax.Array) for v in out.values())
+        np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"].numpy())
+        np.testing.assert_array_equal(np.asarray(out["y"]), batch["y"].numpy())
+        np.testing.assert_array_equal(np.asarray(out["idx"]), [0, 1, 2, 3])
+
+    def test_nested_pytree(self):
+        from collections import namedtuple
+        Pair = namedtuple("Pair", "a b")
+        out = to_jax([Pair(aligned([1]), (aligned([2]),))])
+        assert isinstance(out[0], Pair) and float(out[0].b[0][0]) == 2.0
+
+    def test_torch_taken_through_the_exchange_api(self, torch, monkeypatch):
+        """Plain CPU torch tensors skip torch's Python __dlpack__; tensors it would refuse
+        (requires grad, lazy conjugate or negative bit) still meet that refusal."""
+        if not torch_exchange_api():
+            pytest.skip(f"torch {torch.__version__} has no DLPack C exchange API")
+        calls = []
+        original = torch.Tensor.__dlpack__
+
+        def spy(self, *args, **kwargs):
+            calls.append(1)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "__dlpack__", spy)
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        y = to_jax(t)
+        assert calls == [] and buffer_pointer(y) == t.data_ptr()
+        t[0, 0] = 7.0
+        assert float(y[0, 0]) == 7.0
+        del y
+        for bad, match in ((torch.ones(3, requires_grad=True), "gradient"),
+                           (torch.tensor([1j, 2j]).conj(), "conj"),
+                           (torch.tensor([1.0, 2.0])._neg_view(), "negative bit")):
+            with pytest.raises(ProducerError, match=match):
+                to_jax(bad)
+
+        class Sub(torch.Tensor):
+            pass
+        calls.clear()
+        to_jax(torch.ones(4).as_subclass(Sub))
+        assert calls  # a subclass may override __dlpack__: it is asked
+
+    def test_exchange_api_type_cache_is_bounded(self):
+        for i in range(2 * _core.TYPES_MAX):
+            tp = type(f"T{i}", (FakeProducer,), {})
+            dlinspect.peek(tp(np.ones(1)))
+        assert _core._types_len() <= _core.TYPES_MAX
