@@ -229,24 +229,18 @@ cdef inline bint _tensor_type(v):
     return entry.has_dlpack or entry.api != NULL
 
 
-cdef list _tensor_values(x, type tp, list keys):
-    """The leaves of a plain dict, list or tuple whose every value is a tensor, in
-    ``jax.tree_util``'s order (a dict's sorted keys, put in ``keys``), walked here
-    without flattening; else None (the batch's walker takes it)."""
-    cdef list values
+cdef list _container_values(x, type tp, list keys):
+    """The values of a plain dict, list or tuple in ``jax.tree_util``'s order (a dict's
+    sorted keys, put in ``keys``), for the fast path to take where every one is a
+    tensor; None where a dict's keys do not sort (the batch's walker takes it)."""
     if tp is dict:
         keys.extend(<dict>x)
         try:
             keys.sort()
         except TypeError:
             return None
-        values = [(<dict>x)[k] for k in keys]
-    else:
-        values = list(x)
-    for v in values:
-        if not _tensor_type(v):
-            return None
-    return values
+        return [(<dict>x)[k] for k in keys]
+    return list(x)
 
 
 cdef object _rebuilt(type tp, list keys, list out):
@@ -267,12 +261,28 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
     all leaves in one call; the general route for the rest; errors name the leaf's key
     path."""
     tp = type(x)
-    flat = None
+    flat = got = None
     cdef list keys = []
-    cdef list leaves = (_tensor_values(x, tp, keys) if tp is dict or tp is list
-                        or tp is tuple else None)
+    cdef list leaves = None
+    fast = not flags & (_OPT_COPY_ALWAYS | _OPT_PLACED)
+    if tp is dict or tp is list or tp is tuple:
+        leaves = _container_values(x, tp, keys)
+        if leaves is not None and fast and not flags & _OPT_LEAVES_RAISE:
+            try:
+                got = _fast_many(leaves, tg, flags, True)   # None: a value is no tensor
+            except Exception as exc:
+                index = getattr(exc, "_dlinspect_leaf", -1)
+                if index >= 0:
+                    _words().name_leaf(exc, _tree.flatten(x).keystr(index))
+                raise
+            if got is None:
+                leaves = None
+            elif not got[1]:
+                return _rebuilt(tp, keys, got[0])
+        elif leaves is not None and not all(_tensor_type(v) for v in leaves):
+            leaves = None
     if leaves is None:
-        flat = _tree.flatten(x)
+        flat, got = _tree.flatten(x), None
         leaves = flat.leaves
     cdef list out, decided = []
     cdef Py_ssize_t i = -1
@@ -281,8 +291,8 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
             for i, leaf in enumerate(leaves):
                 if not is_tensor(leaf):
                     _raise_route(untouched(leaf, "jax", opts))
-        if not flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-            out, pending = _fast_many(leaves, tg, flags)
+        if fast:
+            out, pending = got if got is not None else _fast_many(leaves, tg, flags)
             for i, cap, info, needs, fast in pending:
                 route = None
                 if cap is None:

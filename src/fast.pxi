@@ -79,54 +79,81 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
     return _fast_many(leaves, tg, flags)
 
 
-cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
+cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=False):
+    # only_tensors: the values of a plain container walked in C; one that is neither a
+    # tensor nor a plain scalar (str, bytes, a number, None) may be a container itself, so
+    # None is returned at once (nothing is consumed: the exports made so far are released)
+    # and the batch's walker takes the batch.
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
-    cdef list todo = []
+    cdef list caps = [None] * n, infos = [None] * n
+    cdef uint32_t inline_needs[64]
+    cdef uint32_t* needs = inline_needs
     cdef _TypeEntry entry
     cdef PyObject* p
     cdef TensorInfo info
-    cdef uint32_t needs
-    cdef bint all_fast = True, fast
+    cdef bint all_fast = True
     cdef bint share = flags & _OPT_SHARE_READONLY
-    for i in range(n):
-        leaf = leaves[i]
-        if not PyCapsule_CheckExact(leaf):
-            entry = _entry_for(type(leaf))
-            if not entry.has_dlpack and entry.api == NULL:
-                out[i] = leaf
+    if n > 64:
+        needs = <uint32_t*>malloc(n * sizeof(uint32_t))
+        if needs == NULL:
+            raise MemoryError()
+    try:
+        for i in range(n):
+            leaf = leaves[i]
+            entry = None
+            if not PyCapsule_CheckExact(leaf):
+                entry = _entry_for(type(leaf))
+                if not entry.has_dlpack and entry.api == NULL:
+                    if only_tensors and not _plain_scalar(leaf):
+                        return None
+                    out[i] = leaf
+                    continue
+                if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
+                    _refuse_dead_array_at(leaf, i)
+                    out[i] = leaf    # already a jax.Array, and no device or copy was asked for
+                    continue
+            p = NULL
+            try:
+                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry)
+                caps[i] = _take_ref(p)
+                needs[i] = _needs_jax(info, tg, share)
+            except NotNumericError:
+                out[i] = leaf            # not a numeric tensor: a leaf kept as it is
                 continue
-            if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
-                _refuse_dead_array_at(leaf, i)
-                out[i] = leaf    # already a jax.Array, and no device or copy was asked for
+            except NotDescribableError as exc:
+                infos[i] = exc           # the general route copies it with NumPy
+                all_fast = False
                 continue
-        p = NULL
-        try:
-            info = _export(leaf, MODE_TAKE, tg.stream_for, &p)
-            cap = _take_ref(p)
-            needs = _needs_jax(info, tg, share)
-        except NotNumericError:
-            out[i] = leaf            # not a numeric tensor: a leaf kept as it is
-            continue
-        except NotDescribableError as exc:
-            todo.append((i, None, exc, 0, False))   # the general route copies it with NumPy
-            all_fast = False
-            continue
-        except BaseException as exc:
-            _mark_leaf(exc, i)
-            raise
-        fast = _fast_kind(info, needs, flags, tg) != 0
-        all_fast = all_fast and fast
-        todo.append((i, cap, info, needs, fast))
-    if not all_fast:
-        return out, todo
-    for i, cap, info, needs, fast in todo:
-        try:
-            out[i] = _import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
-        except BaseException as exc:
-            _mark_leaf(exc, i)
-            raise
-    return out, []
+            except BaseException as exc:
+                _mark_leaf(exc, i)
+                raise
+            infos[i] = info
+            all_fast = all_fast and _fast_kind(info, needs[i], flags, tg) != 0
+        if not all_fast:
+            return out, [(i, caps[i], infos[i], needs[i] if caps[i] is not None else 0,
+                          caps[i] is not None and _fast_kind(infos[i], needs[i], flags, tg) != 0)
+                         for i in range(n) if infos[i] is not None]
+        for i in range(n):
+            if infos[i] is None:
+                continue
+            try:
+                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags,
+                                      PyCapsule_CheckExact(leaves[i]))
+            except BaseException as exc:
+                _mark_leaf(exc, i)
+                raise
+        return out, []
+    finally:
+        if needs != inline_needs:
+            free(needs)
+
+
+cdef inline bint _plain_scalar(v):
+    """A value no walker descends into: str, bytes, a number, None."""
+    tp = type(v)
+    return (v is None or tp is str or tp is int or tp is float or tp is bool or tp is bytes
+            or tp is complex)
 
 
 cdef int _refuse_dead_array_at(object leaf, Py_ssize_t i) except -1:

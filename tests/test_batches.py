@@ -43,6 +43,31 @@ class TestMixedLeaves:
             assert out[key] is b[key] or out[key] == b[key], key
         assert out["id"] == ["a", "b"]
 
+    @pytest.mark.parametrize("make", [
+        lambda torch: {"w2": torch.ones(2), "w1": np.ones(3, np.float32), "id": "x",
+                       "none": None, "n": 3},
+        lambda torch: [torch.ones(2), "s", 1.5, None, np.ones(1, np.float32)],
+        lambda torch: (np.ones(2, np.float32), torch.zeros(1), b"raw"),
+        lambda torch: {"b": torch.ones(2), "a": {"c": np.ones(1, np.float32)}},
+    ])
+    def test_plain_containers_come_back_as_jax_walks_them(self, torch, make):
+        """A plain dict, list or tuple of tensors and scalars is walked in the core; the
+        result is what walking it as a pytree gives (a dict's keys in sorted order),
+        and a nested container takes the batch's walker with the same result."""
+        x = make(torch)
+        out = to_jax(x)
+        expected = jax.tree_util.tree_map(lambda v: v, x, is_leaf=lambda v: v is None)
+        tree = jax.tree_util.tree_structure
+        assert type(out) is type(x) and tree(out, is_leaf=lambda v: v is None) == tree(
+            expected, is_leaf=lambda v: v is None)
+        if isinstance(x, dict):
+            assert list(out) == sorted(x)
+        for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(x)):
+            if isinstance(got, jax.Array):
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            else:
+                assert got is want
+
     def test_leaves_raise(self, torch):
         with pytest.raises(NotDLPackError, match=r"^\['caption'\]: .*bytes.*leaves='keep'"):
             to_jax(self.batch(torch), leaves="raise")

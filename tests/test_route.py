@@ -47,6 +47,19 @@ class TestZeroCopy:
         assert isinstance(y, jax.Array) and buffer_pointer(y) == x.ctypes.data
         np.testing.assert_array_equal(np.asarray(y), x)
 
+    def test_default_options_by_value_take_the_checked_way_to_the_same_route(self):
+        """The front door compares the defaults by identity; options equal to them but
+        other objects (a string built at run time) are checked, with the same result,
+        and a wrong one is refused before anything is exported."""
+        x = aligned(np.arange(12).reshape(3, 4))
+        host = "".join(["ho", "st"])
+        y = to_jax(x, fallback=host, readonly="".join(["co", "py"]), narrow=str("warn"))
+        assert buffer_pointer(y) == x.ctypes.data
+        with pytest.raises(ValueError, match="fallback must be 'host' or 'raise'"):
+            to_jax(x, fallback="hosts")
+        with pytest.raises(ValueError, match="copy must be None, True or False"):
+            to_jax(x, copy=0)
+
     def test_torch_tensor(self, torch, import_path):
         t = torch.arange(12.0).reshape(3, 4)
         y = to_jax(t)
