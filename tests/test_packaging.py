@@ -80,3 +80,14 @@ def test_readme_figures_are_the_published_run():
     expected = [rows["from_dlpack(x)"], rows["from_dlpack(x16)"], rows["to_jax(x)"],
                 rows["to_jax(x16)"]]
     assert shown == [float(f"{v:.3g}") for v in expected], (shown, expected)
+
+
+def test_readme_summary_is_the_published_run():
+    """The README's table of every benchmark target is rendered from
+    benchmarks/results.json (python scripts/figures.py), not typed in by hand."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, ("README.md's figures differ from benchmarks/results.json: "
+                                  "run python scripts/figures.py", proc.stderr)

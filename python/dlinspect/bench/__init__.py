@@ -21,7 +21,7 @@ from typing import Any
 from ._common import format_suite, machine, versions
 
 __all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "plot_sweep",
-           "write_markdown"]
+           "write_markdown", "summary_markdown", "SUMMARY_BEGIN", "SUMMARY_END"]
 
 #: Every suite; :data:`DEFAULT_SUITES` run when none is named.
 SUITES = ("peek", "to_jax", "sweep", "loader", "instructions")
@@ -248,3 +248,50 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
         out.append("")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out))
+
+
+#: Where the README holds the summary of the published run (``scripts/figures.py``
+#: writes what is between the two markers; a test checks it).
+SUMMARY_BEGIN = "<!-- figures from benchmarks/results.json: python scripts/figures.py -->"
+SUMMARY_END = "<!-- end of figures -->"
+
+
+def _figure(value: float | None, unit: str) -> str:
+    if value is None:
+        return ""
+    if unit.startswith("instructions"):
+        return f"{value:,.0f}"
+    if unit.startswith("batches"):
+        return f"{value:,.0f} /s"
+    return f"{value:.3g} µs" if unit.startswith("µs") else f"{value:.4g}"
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    """Every target of a run in one Markdown table: suite, target, the measured and the
+    baseline figures (medians, in the suite's unit), the ratio and its status.
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_suites` returned (or its JSON, ``--json``).
+
+    Returns
+    -------
+    str
+        The table, preceded by the machine and versions of the run.
+    """
+    v = report["versions"]
+    out = [f"{report['machine']}; " + ", ".join(f"{k} {val}" for k, val in v.items() if val)
+           + f"; {report['seconds'] / 60:.0f} min.", "",
+           "| suite | target | measured | baseline | value | status |",
+           "| --- | --- | ---: | ---: | ---: | --- |"]
+    for name, result in report["suites"].items():
+        medians = {r["name"]: r["median"] for r in result.get("rows", [])}
+        unit = result.get("unit", "")
+        for t in result["targets"]:
+            value = "" if t["value"] is None else f"{t['value']:.3g}"
+            out.append(f"| {name} | {t['target']} | "
+                       f"{_figure(medians.get(t.get('measured')), unit)} | "
+                       f"{_figure(medians.get(t.get('baseline')), unit)} | {value} | "
+                       f"{t['status']} |")
+    return "\n".join(out)
