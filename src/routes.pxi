@@ -444,8 +444,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
                            needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
                            devices=lay.devices, indices=lay.indices, narrow=narrow,
                            sharding=opts.sharding, tg=tg, opts=opts, source=source))
-    shards = tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
-                    for dev, index, (part, n) in zip(lay.devices, lay.indices, parts)])
+    shards = _shard_routes(lay.devices, lay.indices, parts, tg, opts, source)
     for dev, index, route in shards:
         if route.kind == ERROR:   # the caller's tensor first, then which shard and why
             return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
@@ -457,12 +456,17 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
                               if r.facts.get("narrow")), None))
 
 
+cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, opts, source):
+    """``(device, index, route)`` of every slice: each slice's own route onto its device."""
+    return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
+                  for dev, index, (part, n) in zip(devices, indices, parts)])
+
+
 cdef tuple _slice_routes(Route route):
     """The worded routes of a split decided in one pass (for plan's ``shards``)."""
     f = route.facts
-    tg, opts, source = f["tg"], f["opts"], f["source"]
-    return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
-                  for dev, index, (part, n) in zip(f["devices"], f["indices"], f["parts"])])
+    return _shard_routes(f["devices"], f["indices"], f["parts"], f["tg"], f["opts"],
+                         f["source"])
 
 
 # ---- jax.Array and leaves that are not tensors --------------------------------

@@ -1,7 +1,7 @@
 """How a ``jax.sharding.Sharding`` cuts a tensor: pure geometry, no imports or copies.
 
-The sharded route itself is decided in :mod:`dlinspect._plan` (``route_sharded``) and
-carried out in :mod:`dlinspect._execute`.
+The sharded route itself is decided and carried out in the core (``route_sharded`` in
+src/routes.pxi, the SPLIT executor in src/execute.pxi).
 """
 
 from __future__ import annotations
