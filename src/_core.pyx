@@ -5,18 +5,19 @@ The flow runs one way, one concern per included file::
 
     tables.pxi   the DLPack enums and the tables read by everything below: devices,
                  dtypes
+    warn.pxi     DLInspectWarning at the user's line (or kept for another thread)
     export.pxi   the only code that calls a producer (__dlpack__, __dlpack_device__,
                  the DLPack C exchange API) and applies every producer guard
     header.pxi   TensorInfo: a header copied out and validated (every field untrusted)
     needs.pxi    what a TensorInfo needs to reach JAX or NumPy (one bit set)
     capsules.pxi capsules dlinspect owns: host views, the test factory, the
                  versioned->legacy adapter, consumed owners, aligned copies
+    shard.pxi    how a sharding cuts a tensor (geometry, cached per shape)
     routes.pxi   the needs made into a Route of facts (the decision, pure)
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
 
-Below the core stand only dlinspect.errors, _options, _tree, _shard and _warn (imported
-here). The core reaches up twice, each time lazily and off the hot path: to
+Below the core stand only dlinspect.errors, _options and _tree (imported here). The core reaches up twice, each time lazily and off the hot path: to
 dlinspect._words for a route's words, and to dlinspect._jaxcaps to build the JaxTarget.
 
 Pointer names follow one scheme throughout: ``dlm`` is a ``DLManagedTensor*``,
@@ -82,9 +83,9 @@ cdef extern from *:
 
 import sys as _sys
 from dlinspect.errors import (
-    CapsuleConsumedError, DLInspectError, MalformedTensorError, NotDescribableError,
-    NotDLPackError, NotNumericError, ProducerError, UnsupportedDeviceError,
-    UnsupportedDTypeError, UnsupportedVersionError,
+    CapsuleConsumedError, DLInspectError, DLInspectWarning, MalformedTensorError,
+    NotDescribableError, NotDLPackError, NotNumericError, ProducerError,
+    UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedVersionError,
 )
 import numpy as _np
 from numpy import dtype as _np_dtype, empty as _np_empty, ndarray as _np_ndarray
@@ -107,10 +108,12 @@ FLAG_IS_SUBBYTE_TYPE_PADDED = <uint64_t>DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADD
 
 
 include "tables.pxi"
+include "warn.pxi"
 include "header.pxi"
 include "capsules.pxi"
 include "export.pxi"
 include "needs.pxi"
+include "shard.pxi"
 include "routes.pxi"
 include "fast.pxi"
 include "execute.pxi"

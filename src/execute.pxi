@@ -9,8 +9,6 @@
 from dlinspect import _options as _options_module
 from dlinspect import _tree
 from dlinspect._options import DEFAULT as _DEFAULT, check_sharding, options as _check_options
-from dlinspect._shard import layout, plain_device
-from dlinspect._warn import warn as _warn
 
 cdef int _OPT_COPY_ALWAYS = _options_module.COPY_ALWAYS
 cdef int _OPT_COPY_NEVER = _options_module.COPY_NEVER
@@ -208,7 +206,7 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
     if action is not PRODUCER_COPY and action is not RAISE:
         text = route.warning
         if text is not None:
-            _warn(text)
+            warn(text)
     return EXECUTORS[action](route, cap, x, tg, opts)
 
 
@@ -216,8 +214,63 @@ cdef int _raise_route(Route route) except -1:
     raise route._take_error()
 
 
+def repeated_capsule(list leaves):
+    """The index of the first leaf that is a DLPack capsule already met earlier in
+    ``leaves`` (the same object twice: a capsule is consumed exactly once), or -1."""
+    cdef Py_ssize_t i
+    seen = None
+    for i in range(len(leaves)):
+        leaf = leaves[i]
+        if PyCapsule_CheckExact(leaf):
+            if seen is None:
+                seen = set()
+            elif id(leaf) in seen:
+                return i
+            seen.add(id(leaf))
+    return -1
+
+
+def repeated_capsule_error():
+    """The error for a capsule that is a second leaf of its batch."""
+    return CapsuleConsumedError(
+        "this DLPack capsule is also an earlier leaf of the batch (the same object twice), "
+        "and a capsule is consumed exactly once, so converting it twice could only fail "
+        "after the first consumed it; nothing was consumed. To fix: pass each capsule once, "
+        "or the producer object instead (its __dlpack__ makes a capsule for every leaf).")
+
+
+cdef int _refuse_repeated_capsule(list leaves, flat, x) except -1:
+    cdef Py_ssize_t i = repeated_capsule(leaves)
+    if i >= 0:
+        raise _words().name_leaf(repeated_capsule_error(),
+                                 (flat or _tree.flatten(x)).keystr(i))
+    return 0
+
+
+# Routes whose execution takes nothing of the caller's (a producer's host copy, NumPy's
+# own copy, a jax.Array's device_put): in a batch they run first, so that their
+# failures (a producer's host copy that raises) leave every capsule as it was.
+cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT,
+                                           ARRAY_COPY])
+
+
+cdef int _rank(route):
+    """The order a batch's routes execute in: 0 those that take nothing of the caller's,
+    1 the other general routes (a copy may still fail for memory), 2 the fast imports."""
+    if route is None:
+        return 2
+    action = (<Route>route).action
+    if action is DEVICE_PUT or action is PROCESS_LOCAL:
+        action = (<Route>route).facts["whole"].action
+    return 0 if action in _TAKES_NOTHING else 1
+
+
 def _leaf_order(item):
-    return item[1] is None   # the general routes first: a copy may still fail for memory
+    return _rank(item[1])
+
+
+def _first(item):
+    return item[0]
 
 
 cdef inline bint _tensor_type(v):
@@ -267,6 +320,8 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
     fast = not flags & (_OPT_COPY_ALWAYS | _OPT_PLACED)
     if tp is dict or tp is list or tp is tuple:
         leaves = _container_values(x, tp, keys)
+        if leaves is not None:
+            _refuse_repeated_capsule(leaves, None, x)
         if leaves is not None and fast and not flags & _OPT_LEAVES_RAISE:
             try:
                 got = _fast_many(leaves, tg, flags, True)   # None: a value is no tensor
@@ -284,6 +339,10 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
     if leaves is None:
         flat, got = _tree.flatten(x), None
         leaves = flat.leaves
+        if flat.errors:   # a container that cannot be rebuilt: before anything is taken
+            index = min(flat.errors)
+            raise _words().name_leaf(flat.errors[index], flat.keystr(index))
+        _refuse_repeated_capsule(leaves, flat, x)
     cdef list out, decided = []
     cdef Py_ssize_t i = -1
     try:
@@ -338,6 +397,11 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
         flat = _tree.flatten(sub)
         decided = []
         parts.append((prefix, flat, leaf_opts, decided))
+        for i in sorted(flat.errors):
+            _fail_at(failed(flat.errors[i], "jax"), prefix, flat, i)
+        i = repeated_capsule(flat.leaves)
+        if i >= 0:
+            _fail_at(failed(repeated_capsule_error(), "jax"), prefix, flat, i)
         for i, leaf in enumerate(flat.leaves):
             if not is_tensor(leaf):
                 if flags & _OPT_LEAVES_RAISE:
@@ -364,16 +428,18 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
                 f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure "
                 f"is a prefix of the batch's: {str(exc).splitlines()[0]}") from None
         where = tree_util.tree_map_with_path(decide_subtree, sharding, x, is_leaf=is_leaf)
-    done = []
-    for prefix, flat, leaf_opts, decided in parts:
-        out = list(flat.leaves)
-        for i, route, cap in decided:
-            try:
-                out[i] = _execute(route, cap, flat.leaves[i], tg, leaf_opts)
-            except Exception as exc:
-                _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
-                raise
-        done.append(flat.unflatten(out))
+    outs = [list(flat.leaves) for _, flat, _, _ in parts]
+    order = sorted([(_rank(route), k, i, route, cap)
+                    for k, (_, _, _, decided) in enumerate(parts) for i, route, cap in decided],
+                   key=_first)
+    for _, k, i, route, cap in order:
+        prefix, flat, leaf_opts, _ = parts[k]
+        try:
+            outs[k][i] = _execute(route, cap, flat.leaves[i], tg, leaf_opts)
+        except Exception as exc:
+            _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+            raise
+    done = [flat.unflatten(out) for (_, flat, _, _), out in zip(parts, outs)]
     if isinstance(sharding, Sharding):
         return done[where]
     return tree_util.tree_map(lambda k: done[k], where)
@@ -442,7 +508,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
     # The narrowing warning is for the caller's tensor, given once the host copy is in
     # hand (a failed host copy raises its own error, not the warning).
     if route.warning is not None:
-        _warn(route.warning)
+        warn(route.warning)
     quiet = opts.quiet(route.jax_device)
     if host_cap is None:   # a NumPy array from the producer's own method
         return _numpy_array(host, tg, quiet)
@@ -567,17 +633,32 @@ cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
 cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
     """A host copy of x's values: ``(capsule, its TensorInfo, None)`` from the producer's
     ``__dlpack__``, else ``(None, None, ndarray)`` from its own method or the array
-    protocol; or UnsupportedDeviceError listing what was tried (after ``tried``)."""
+    protocol, checked against the header (ProducerError where its shape or dtype is
+    another); or UnsupportedDeviceError listing what was tried (after ``tried``)."""
     got, host_info = export_host_copy(x)
     if isinstance(host_info, TensorInfo):
+        if host_info.shape != info.shape or host_info.dtype != info.dtype:
+            raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
         return got, host_info, None
     if got is not None:
+        lanes = (info._lanes,) if info._lanes != 1 else ()
+        want = info.numpy_dtype
+        if got.shape != info.shape + lanes or (want is not None and got.dtype != want):
+            raise _copy_mismatch(x, info, got.shape, got.dtype.name)
         return None, None, got
     words = _words()
     raise UnsupportedDeviceError(
         f"{words.describe(info)} could not be brought to host memory. Tried: "
         f"{'; '.join(tried + host_info)}. To fix: "
         f"{words.device_fix(info._dev_type, target, False)}.")
+
+
+cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
+    return ProducerError(
+        f"{_type_name(x)}'s host copy has shape {tuple(shape)} and dtype {dtype}, but the "
+        f"header it exported says shape {info.shape} and dtype {info.dtype_name}: the "
+        f"producer is at fault, and nothing of that copy was used. To fix: "
+        f"{_words().device_fix(info._dev_type, 'host', False)}.")
 
 
 # ---- host memory -----------------------------------------------------------

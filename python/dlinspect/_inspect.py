@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _tree, _words
-from ._core import Route, TensorInfo, is_tensor, plan_one, untouched
+from ._core import Route, TensorInfo, failed, is_tensor, plan_one, repeated_capsule
+from ._core import repeated_capsule_error, untouched
 from ._options import options as make_options
 
 __all__ = ["plan", "explain"]
@@ -97,9 +98,15 @@ def plan(x: Any, target: str = "jax", *, device: Any = None, copy: bool | None =
         return plan_one(x, tg, target, opts)
     flat = _tree.flatten(x)
     routes = []
+    repeated = {i for i in [repeated_capsule(flat.leaves)] if i >= 0}
     for i, leaf in enumerate(flat.leaves):
-        route = (plan_one(leaf, tg, target, opts) if is_tensor(leaf)
-                 else untouched(leaf, target, opts))
+        if i in flat.errors:   # a container that cannot be rebuilt: its error, in its place
+            route = failed(flat.errors[i], target)
+        elif i in repeated:    # the same capsule twice: the second is the error
+            route = failed(repeated_capsule_error(), target)
+        else:
+            route = (plan_one(leaf, tg, target, opts) if is_tensor(leaf)
+                     else untouched(leaf, target, opts))
         if route.problem is not None:
             route.key_path = flat.keystr(i)
         routes.append(route)

@@ -23,7 +23,6 @@ from . import _core
 from ._core import DEVICES, DTYPES, DLDeviceType as D, aligned_empty, dldtype_from_numpy
 from ._core import dtype_name, numpy_dtype, stream_of
 from ._words import narrowing_text
-from ._warn import warn
 
 __all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
 
@@ -330,7 +329,7 @@ class JaxCaps:
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
+                narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
                 array_type=self.array_type, permuted_ok=self._probe_permuted(),
                 assemble=self._assembler())
             _core.set_target(self._target)

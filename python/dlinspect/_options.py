@@ -68,14 +68,6 @@ class Options:
                  | (LEAVES_RAISE if self.leaves == "raise" else 0))
         object.__setattr__(self, "flags", flags)
 
-    @property
-    def share_readonly(self) -> bool:
-        return self.readonly == "share"
-
-    @property
-    def warn_narrowing(self) -> bool:
-        return self.narrow == "warn"
-
     def with_device(self, device: Any) -> Options:
         """The same wishes, for one device (a shard's, a leaf's sharding)."""
         return dataclasses.replace(self, device=device, sharding=None)

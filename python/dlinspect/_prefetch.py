@@ -11,9 +11,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._core import convert
+from ._core import collecting, convert, warn
 from ._options import Options, options as check_options
-from ._warn import collecting, warn
 from .errors import DLInspectWarning
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]

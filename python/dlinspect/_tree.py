@@ -3,32 +3,48 @@ prefetch) finds the leaves of a batch and puts the batch back together.
 
 A batch is walked as JAX walks a pytree (``jax.tree_util``: dict, list, tuple,
 namedtuple, None and every registered node type), and further into the containers
-PyTorch and Hugging Face loaders make that JAX does not register:
+PyTorch and Hugging Face loaders make that JAX does not register, each rebuilt as its
+own type around the converted values, keeping every other value it had:
 
 - any ``collections.abc.Mapping`` (transformers' ``BatchEncoding`` and
   ``BatchFeature`` are ``UserDict`` subclasses; ``dict`` subclasses), rebuilt as
   ``type(m)(dict_of_values)``, as accelerate's ``send_to_device`` does;
-- dataclass instances, rebuilt with ``dataclasses.replace`` over their ``init``
-  fields (the other fields are left to the class).
+- dataclass instances, every field (``init=False`` ones too), rebuilt as a copy of the
+  instance with the new values set (``__init__`` and ``__post_init__`` are not run again);
+- subclasses of tuple and list that are not namedtuples (torch's ``torch.return_types``,
+  ``torch.Size``), rebuilt as ``type(x)(values)``;
+- ``types.SimpleNamespace``, rebuilt as ``type(x)(**values)``.
 
 Everything else is a leaf: tensors (see :func:`dlinspect._core.is_tensor`) and
-whatever is not a tensor (str, bytes, numbers, non-numeric NumPy arrays...).
+whatever is not a tensor (str, bytes, numbers, non-numeric NumPy arrays...). Each
+container is rebuilt once with its own values while the batch is walked, so a
+container that cannot be rebuilt is found before any leaf is converted: it becomes a
+leaf with its ContainerError (:attr:`Flat.errors`). A batch nested deeper than
+:data:`MAX_DEPTH`, one that contains itself, and a dict whose keys do not sort (JAX
+sorts a dict's keys to walk it) are a ContainerError naming the key path.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import types
 from collections.abc import Mapping
 from typing import Any
 
 from ._options import jax_module
 from .errors import ContainerError
 
-__all__ = ["Flat", "flatten"]
+__all__ = ["Flat", "flatten", "MAX_DEPTH"]
 
-_LEAF, _MAPPING, _DATACLASS = 0, 1, 2
+#: The deepest a batch may nest (containers inside containers).
+MAX_DEPTH = 200
+
+_LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
+_FIX = ("register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a "
+        "dict")
 
 
 def _classify(tp: type) -> int:
@@ -38,12 +54,21 @@ def _classify(tp: type) -> int:
         kind = _MAPPING
     elif dataclasses.is_dataclass(tp):
         kind = _DATACLASS
+    elif issubclass(tp, (tuple, list)):   # jax walks exact tuples, lists and namedtuples
+        kind = _SEQUENCE
+    elif issubclass(tp, types.SimpleNamespace):
+        kind = _NAMESPACE
     else:
         kind = _LEAF
     if len(_kinds) >= _KINDS_MAX:
         _kinds.clear()
     _kinds[tp] = kind
     return kind
+
+
+def _kind(tp: type) -> int:
+    kind = _kinds.get(tp)
+    return _classify(tp) if kind is None else kind
 
 
 def _tree_util() -> Any:
@@ -56,19 +81,24 @@ class Flat:
     Attributes
     ----------
     leaves : list
-        The leaves, in ``jax.tree_util`` order, with the leaves of unregistered
-        Mapping and dataclass containers in place of the container.
+        The leaves, in ``jax.tree_util`` order, with the leaves of the containers JAX
+        does not register in place of the container.
+    errors : dict of int to ContainerError
+        Leaves that are containers which cannot be rebuilt, by index (empty
+        normally); their messages do not yet name the key path (see :meth:`keystr`).
     """
 
-    __slots__ = ("x", "leaves", "treedef", "parts")
+    __slots__ = ("x", "leaves", "treedef", "parts", "errors")
 
-    def __init__(self, x: Any, leaves: list[Any], treedef: Any, parts: list[Any] | None):
+    def __init__(self, x: Any, leaves: list[Any], treedef: Any, parts: list[Any] | None,
+                 errors: dict[int, ContainerError]):
         self.x = x
         self.leaves = leaves
         self.treedef = treedef
         # None: no leaf of jax's flattening is a container. Else one entry per jax
         # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
         self.parts = parts
+        self.errors = errors
 
     def unflatten(self, values: list[Any]) -> Any:
         """The pytree with ``values`` (one per leaf) in place of the leaves.
@@ -76,8 +106,8 @@ class Flat:
         Raises
         ------
         ContainerError
-            A Mapping that cannot be built from a dict, or a dataclass that
-            ``dataclasses.replace`` cannot rebuild (a ``TypeError``).
+            A container that cannot be rebuilt (a ``TypeError``); a walked batch has
+            none (see :attr:`errors`) unless a constructor fails for the new values.
         """
         if self.parts is None:
             return self.treedef.unflatten(values)
@@ -122,41 +152,71 @@ class Flat:
 
 
 def flatten(x: Any) -> Flat:
-    """Flatten batch ``x`` once (see this module's doc for what is walked)."""
-    tree_util = _tree_util()
-    outer, treedef = tree_util.tree_flatten(x)
-    get = _kinds.get
-    for leaf in outer:
-        kind = get(type(leaf))
-        if kind is None:
-            kind = _classify(type(leaf))
-        if kind:
-            break
-    else:
-        return Flat(x, outer, treedef, None)
+    """Flatten batch ``x`` once (see this module's doc for what is walked).
+
+    Raises
+    ------
+    ContainerError
+        The batch nests deeper than :data:`MAX_DEPTH`, contains itself, or holds a
+        dict whose keys do not sort (a ``TypeError``); the message names where. It is
+        looked for before JAX walks the batch: jaxlib's walk of such a batch fails
+        leaving the interpreter unable to go on.
+    """
+    unwalkable = _unwalkable(x)
+    if unwalkable is not None:
+        raise unwalkable
+    return _flatten(x)
+
+
+def _flatten(x: Any) -> Flat:
+    outer, treedef = _tree_util().tree_flatten(x)
+    if not any(_kind(type(leaf)) for leaf in outer):
+        return Flat(x, outer, treedef, None, {})
     leaves: list[Any] = []
     parts: list[Any] = []
+    errors: dict[int, ContainerError] = {}
     for leaf in outer:
-        kind = _kinds.get(type(leaf))
-        if kind is None:
-            kind = _classify(type(leaf))
-        if kind == _LEAF:
+        kind = _kind(type(leaf))
+        part = None if kind == _LEAF else _container(kind, leaf)
+        if part is None or isinstance(part, ContainerError):
+            if part is not None:
+                errors[len(leaves)] = part
             parts.append(None)
             leaves.append(leaf)
             continue
-        keys: list[Any]
-        if kind == _MAPPING:
-            names = list(leaf.keys())
-            keys = [tree_util.DictKey(k) for k in names]
-            subs = [flatten(leaf[k]) for k in names]
-        else:
-            names = [f.name for f in dataclasses.fields(leaf) if f.init]
-            keys = [tree_util.GetAttrKey(n) for n in names]
-            subs = [flatten(getattr(leaf, n)) for n in names]
-        for sub in subs:
+        for sub in part[4]:
+            errors.update((len(leaves) + i, e) for i, e in sub.errors.items())
             leaves.extend(sub.leaves)
-        parts.append((kind, leaf, keys, names, subs))
-    return Flat(x, leaves, treedef, parts)
+        parts.append(part)
+    return Flat(x, leaves, treedef, parts, errors)
+
+
+def _container(kind: int, obj: Any) -> Any:
+    """``(kind, obj, keys, names, subs)`` of a container JAX does not walk, or the
+    ContainerError that says it cannot be rebuilt (tried with its own values)."""
+    tree_util = _tree_util()
+    names: list[Any]
+    if kind == _MAPPING:
+        names = list(obj.keys())
+        keys = [tree_util.DictKey(k) for k in names]
+        values = [obj[k] for k in names]
+    elif kind == _DATACLASS:
+        names = [f.name for f in dataclasses.fields(obj)]
+        keys = [tree_util.GetAttrKey(n) for n in names]
+        values = [getattr(obj, n) for n in names]
+    elif kind == _SEQUENCE:
+        names = list(range(len(obj)))
+        keys = [tree_util.SequenceKey(i) for i in names]
+        values = list(obj)
+    else:
+        names = list(vars(obj))
+        keys = [tree_util.GetAttrKey(n) for n in names]
+        values = [getattr(obj, n) for n in names]
+    try:
+        _rebuild(kind, obj, names, values)
+    except ContainerError as exc:
+        return exc
+    return (kind, obj, keys, names, [_flatten(v) for v in values])
 
 
 def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
@@ -164,12 +224,94 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
     try:
         if kind == _MAPPING:
             return tp(dict(zip(names, values)))
-        return dataclasses.replace(obj, **dict(zip(names, values)))
+        if kind == _SEQUENCE:
+            return tp(values)
+        if kind == _NAMESPACE:
+            return tp(**dict(zip(names, values)))
+        new = copy.copy(obj)
+        for name, value in zip(names, values):
+            object.__setattr__(new, name, value)
+        return new
     except Exception as exc:
-        how = (f"{tp.__qualname__}(dict)" if kind == _MAPPING
-               else "dataclasses.replace")
+        how = {_MAPPING: f"{tp.__qualname__}(dict)", _SEQUENCE: f"{tp.__qualname__}(values)",
+               _NAMESPACE: f"{tp.__qualname__}(**values)"}.get(kind, "a copy with its fields set")
         raise ContainerError(
             f"a {tp.__module__}.{tp.__qualname__} in the batch cannot be rebuilt around its "
-            f"converted values with {how} ({type(exc).__name__}: {exc}). To fix: register "
-            f"it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a dict."
-        ) from exc
+            f"converted values with {how} ({type(exc).__name__}: {exc}); nothing was "
+            f"converted. To fix: {_FIX}.") from exc
+
+
+def _unwalkable(x: Any) -> ContainerError | None:
+    """Where a walk of ``x`` cannot end, as the ContainerError naming the key path: a
+    container inside itself (a cycle), a nesting deeper than :data:`MAX_DEPTH`, a dict
+    whose keys do not sort; None for a batch any walk ends. One pass over the
+    containers, without recursion; leaves are not looked at."""
+    on_path: list[int] = []          # the containers from the top to where the walk is
+    keys: list[Any] = []             # the key of each of them in its parent
+    stack: list[tuple[Any, Any, int]] = [(x, None, 0)]
+    while stack:
+        node, key, depth = stack.pop()
+        del on_path[depth:], keys[depth:]
+        path = tuple(keys[1:]) + ((key,) if depth else ())
+        if id(node) in on_path:
+            return ContainerError(
+                f"the batch contains itself: {_where(path)} is one of the containers it is "
+                f"in (a reference cycle), so no walk of it ends; nothing was converted. To "
+                f"fix: pass a batch without the cycle.")
+        if depth > MAX_DEPTH:
+            return ContainerError(
+                f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); "
+                f"nothing was converted. To fix: pass a flatter batch (a dict or list of "
+                f"tensors).")
+        children = _children(node, path)
+        if isinstance(children, ContainerError):
+            return children
+        on_path.append(id(node))
+        keys.append(key)
+        stack.extend((child, k, depth + 1) for k, child in reversed(children)
+                     if _may_hold(child))
+    return None
+
+
+_SCALARS = (str, bytes, int, float, bool, complex)
+
+
+def _may_hold(v: Any) -> bool:
+    """``v`` may be a container a walk descends into (not a tensor, a scalar or None)."""
+    tp = type(v)
+    return not (v is None or tp in _SCALARS or hasattr(tp, "__dlpack__"))
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    """A key path in words, its middle left out when it is long."""
+    tree_util = _tree_util()
+    if not path:
+        return "the top of the batch"
+    if len(path) <= 8:
+        return tree_util.keystr(path)
+    return (f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, "
+            f"{len(path)} levels down")
+
+
+def _children(node: Any, path: tuple[Any, ...]) -> Any:
+    """``[(key, child)]`` of a container (``[]`` for anything else), or the
+    ContainerError of a dict whose keys do not sort."""
+    tree_util = _tree_util()
+    if type(node) is dict or isinstance(node, Mapping):
+        try:
+            names = sorted(node) if type(node) is dict else list(node)
+        except TypeError:
+            kinds = sorted({type(k).__name__ for k in node})
+            return ContainerError(
+                f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
+                f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
+                f"converted. To fix: give its keys one type (e.g. str(key)).")
+        return [(tree_util.DictKey(k), node[k]) for k in names]
+    if isinstance(node, (list, tuple)):
+        return [(tree_util.SequenceKey(i), v) for i, v in enumerate(node)]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return [(tree_util.GetAttrKey(f.name), getattr(node, f.name))
+                for f in dataclasses.fields(node)]
+    if isinstance(node, types.SimpleNamespace):
+        return [(tree_util.GetAttrKey(k), v) for k, v in vars(node).items()]
+    return []

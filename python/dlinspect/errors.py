@@ -137,13 +137,16 @@ class ShardingError(DLInspectError, ValueError):
 
 
 class ContainerError(DLInspectError, TypeError):
-    """A container of a batch cannot be rebuilt around its converted values.
+    """A batch that cannot be walked, or a container of it that cannot be rebuilt.
 
     dlinspect rebuilds a ``collections.abc.Mapping`` that JAX does not register
-    as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device`` does) and
-    a dataclass with ``dataclasses.replace``; a type whose constructor takes
-    no dict, or whose ``__post_init__`` refuses the new values, raises this,
-    naming the type and how to fix it. A ``TypeError``.
+    as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device`` does), a
+    dataclass as a copy with its fields set, a tuple or list subclass as
+    ``type(x)(values)``; each is tried with its own values before anything is
+    converted, and a type whose constructor takes no dict (say) raises this,
+    naming the type, its key path and how to fix it. A batch that contains itself,
+    nests deeper than 200 containers or holds a dict whose keys do not sort raises
+    it too, naming where. A ``TypeError``.
     """
 
 

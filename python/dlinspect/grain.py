@@ -22,10 +22,9 @@ import sys
 import warnings
 from typing import Any
 
-from ._core import convert
+from ._core import collecting, convert
 from ._options import DEFAULT, Options
 from ._options import options as check_options
-from ._warn import collecting
 from .errors import DLInspectWarning
 
 __all__ = ["device_put"]

@@ -167,6 +167,10 @@ class FakeProducer:
         ``TypeError`` for an array with nulls).
     counter : DeleterCounter or None
         Shared by every capsule it serves; a new one by default.
+    host_values : numpy.ndarray or None
+        What its host copies hold (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` and
+        ``numpy()``), where it differs from ``array``: a faulty producer whose host copy
+        has another shape or dtype than its header.
 
     Attributes
     ----------
@@ -189,7 +193,8 @@ class FakeProducer:
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
                  legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
                  copy_into: bool = False, refuse: str | BaseException | None = None,
-                 counter: DeleterCounter | None = None) -> None:
+                 counter: DeleterCounter | None = None,
+                 host_values: np.ndarray | None = None) -> None:
         self.array = np.asarray(array)
         self.device = (int(device[0]), None if device[1] is None else int(device[1]))
         self.capsule_device = ((self.device[0], self.device[1] or 0) if capsule_device is None
@@ -200,6 +205,7 @@ class FakeProducer:
         self.host_copy = host_copy
         self.refuse = refuse
         self.counter = DeleterCounter() if counter is None else counter
+        self.host_values = self.array if host_values is None else np.asarray(host_values)
         self.calls: list[dict[str, Any]] = []
         self.served: list[np.ndarray] = []
 
@@ -229,7 +235,7 @@ class FakeProducer:
                 raise BufferError(f"unsupported device requested: {tuple(dl_device)}")
             if copy is False:
                 raise BufferError("a copy to the host is needed but copy=False")
-            arr, device = np.array(self.array, copy=True), (DLDeviceType.kDLCPU, 0)
+            arr, device = np.array(self.host_values, copy=True), (DLDeviceType.kDLCPU, 0)
             flags = FLAG_IS_COPIED if versioned else 0
             self.served.append(arr)
         elif copy:

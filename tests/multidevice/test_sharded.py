@@ -237,9 +237,9 @@ def test_process_local_data_path(monkeypatch):
     """A sharding spanning several processes: x is this process's part, and JAX's
     make_array_from_process_local_data builds the global array (in one process the
     global array is that part)."""
-    from dlinspect import _shard
-    monkeypatch.setattr(_shard, "spans_processes", lambda sharding: True)
-    monkeypatch.setattr(_shard, "_layouts", {})   # layouts cached by earlier tests
+    from dlinspect import _core
+    monkeypatch.setattr(_core, "spans_processes", lambda sharding: True)
+    monkeypatch.setattr(_core, "_layouts", {})   # layouts cached by earlier tests
     x = aligned(np.arange(8 * 3).reshape(8, 3))
     route = plan(x, sharding=DATA)
     assert route.kind == "copy" and "make_array_from_process_local_data" in route.reason

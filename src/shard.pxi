@@ -1,34 +1,22 @@
-"""How a ``jax.sharding.Sharding`` cuts a tensor: pure geometry, no imports or copies.
+# shard.pxi: how a jax.sharding.Sharding cuts a tensor: pure geometry, no imports or
+# copies; asked of JAX once per (sharding, shape). The sharded route is decided in
+# routes.pxi (route_sharded) and carried out in execute.pxi (the SPLIT executor).
 
-The sharded route itself is decided and carried out in the core (``route_sharded`` in
-src/routes.pxi, the SPLIT executor in src/execute.pxi).
-"""
-
-from __future__ import annotations
-
-from typing import Any, NamedTuple
-
-from ._options import jax_module
-
-__all__ = ["Layout", "layout", "tiling", "uneven", "plain_device", "default_memory",
-           "spans_processes"]
-
-
-class Layout(NamedTuple):
+class Layout(_NamedTuple):
     """How a sharding cuts a tensor of one shape (asked of JAX once per pair)."""
 
     local: bool               # every device is this process's
-    uneven: tuple[Any, ...] | None   # why it does not split evenly (see uneven), or None
-    devices: list[Any]        # this process's devices, in JAX's order
-    indices: list[Any]        # each device's tuple of slices
+    uneven: object            # why it does not split evenly (see uneven), or None
+    devices: list             # this process's devices, in JAX's order
+    indices: list             # each device's tuple of slices
     split: bool               # local, even, CPU devices in default memory: host memory is
                               # split in place, each device viewing its slice
 
 
-_layouts: dict[tuple[Any, tuple[int, ...]], Layout] = {}
+_layouts = {}   # (sharding, shape) -> Layout; a module global (tests start it afresh)
 
 
-def layout(sharding: Any, shape: tuple[int, ...]) -> Layout:
+def layout(sharding, shape):
     """The :class:`Layout` of ``shape`` under ``sharding`` (cached: a loader sends the
     same batch shape every step)."""
     key = (sharding, shape)
@@ -46,7 +34,7 @@ def layout(sharding: Any, shape: tuple[int, ...]) -> Layout:
     return got
 
 
-def tiling(sharding: Any, ndim: int) -> tuple[int, ...]:
+def tiling(sharding, ndim):
     """How many shards ``sharding`` cuts each of ``ndim`` axes into (JAX's own answer)."""
     n = len(sharding.device_set)
     # Every per-axis shard count divides the device count, so a shape of n
@@ -54,7 +42,7 @@ def tiling(sharding: Any, ndim: int) -> tuple[int, ...]:
     return tuple(n // extent for extent in sharding.shard_shape((n,) * ndim))
 
 
-def uneven(shape: tuple[int, ...], sharding: Any) -> tuple[Any, ...] | None:
+def uneven(shape, sharding):
     """Why ``sharding`` cannot split ``shape`` evenly, as facts, or None:
     ``("ndim", ndim, jax's words)`` when the sharding has more axes than the tensor,
     ``("axis", axis, size, shard count, device count)`` for an axis that does not divide."""
@@ -68,18 +56,18 @@ def uneven(shape: tuple[int, ...], sharding: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def plain_device(sharding: Any) -> bool:
+def plain_device(sharding):
     """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
-    single = jax_module("jax.sharding").SingleDeviceSharding
+    single = _options_module.jax_module("jax.sharding").SingleDeviceSharding
     return type(sharding) is single and default_memory(sharding)
 
 
-def default_memory(sharding: Any) -> bool:
+def default_memory(sharding):
     """True when ``sharding`` puts arrays in each device's default memory (not pinned_host...)."""
     kind = getattr(sharding, "memory_kind", None)
     return kind is None or all(kind == d.default_memory().kind for d in sharding.device_set)
 
 
-def spans_processes(sharding: Any) -> bool:
+def spans_processes(sharding):
     """True when ``sharding`` has devices this process cannot address (multi-process)."""
     return not sharding.is_fully_addressable

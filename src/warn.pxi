@@ -1,31 +1,26 @@
-"""DLInspectWarning, attributed to the user's line, or kept for another thread to emit."""
+# warn.pxi: DLInspectWarning, attributed to the user's line, or kept for another thread
+# (a loader's worker) to emit on the consumer's.
 
-from __future__ import annotations
-
-import os
-import sys
-import threading
-import warnings
-from typing import Any
-
-from .errors import DLInspectWarning
-
-__all__ = ["warn", "collecting"]
+import os as _os
+import threading as _threading
+import warnings as _warnings
 
 #: ``collecting.messages``: a list on a thread that keeps its warnings for another
 #: thread to emit (``prefetch_to_jax``'s worker); absent elsewhere.
-collecting = threading.local()
+collecting = _threading.local()
 
-_HERE = os.path.dirname(__file__) + os.sep
-_jax_here: str | None = None
+# dlinspect's own Python files (the package's folder: an editable install keeps the
+# extension elsewhere).
+_HERE = _os.path.dirname(_sys.modules["dlinspect"].__file__) + _os.sep
+_jax_here = None
 
 
-def warn(message: str) -> None:
+def warn(message):
     """A DLInspectWarning attributed to the first caller outside dlinspect and jax.
 
     Shown as Python's filters say (by default once per call site and message, that is,
     per dtype narrowed): a message already shown at a call site whose filter hides
-    repeats is not handed to ``warnings.warn`` again while the filters stay as they
+    repeats is not handed to ``_warnings.warn`` again while the filters stay as they
     were (a loader's step warns once, not every batch). On a thread collecting
     warnings the message is kept instead.
     """
@@ -33,19 +28,20 @@ def warn(message: str) -> None:
     if collected is not None:
         collected.append(message)
         return
-    level, frame = 2, sys._getframe(1)
-    frame_or_none: Any = frame
+    # The innermost Python frame (compiled functions have none) is _warnings.warn's
+    # stacklevel 1; dlinspect's own and jax's frames are passed over.
+    level, frame_or_none = 1, _sys._getframe(0)
     while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename):
         level, frame_or_none = level + 1, frame_or_none.f_back
     if frame_or_none is None:
-        warnings.warn(message, DLInspectWarning, stacklevel=level)
+        _warnings.warn(message, DLInspectWarning, stacklevel=level)
         return
     key = (frame_or_none.f_code, frame_or_none.f_lineno, message)
-    filters = warnings.filters
+    filters = _warnings.filters
     seen = _shown.get(key)
     if seen is not None and seen[0] is filters and seen[1] == len(filters):
         return
-    warnings.warn(message, DLInspectWarning, stacklevel=level)
+    _warnings.warn(message, DLInspectWarning, stacklevel=level)
     if _repeats_hidden(frame_or_none, message):
         if len(_shown) >= 1024:
             _shown.clear()
@@ -54,14 +50,14 @@ def warn(message: str) -> None:
 
 # (code, line, message) -> the filters list (kept: its identity is the test) and its
 # length when the warning was shown there.
-_shown: dict[tuple[Any, int, str], tuple[Any, int]] = {}
+_shown = {}
 
 
-def _repeats_hidden(frame: Any, message: str) -> bool:
+def _repeats_hidden(frame, message):
     """Whether Python's filters show this warning at most once at ``frame``'s line
     (the first matching filter's action is not "always"; "error" raised already)."""
     module = frame.f_globals.get("__name__", "<string>")
-    for action, msg, category, mod, lineno in warnings.filters:
+    for action, msg, category, mod, lineno in _warnings.filters:
         if ((msg is None or msg.match(message)) and issubclass(DLInspectWarning, category)
                 and (mod is None or mod.match(module))
                 and (lineno == 0 or lineno == frame.f_lineno)):
@@ -69,13 +65,13 @@ def _repeats_hidden(frame: Any, message: str) -> bool:
     return True
 
 
-def _internal(filename: str) -> bool:
+def _internal(filename):
     global _jax_here
     if filename.startswith(_HERE):
         return True
     if _jax_here is None:
-        jax_file = getattr(sys.modules.get("jax"), "__file__", None)
+        jax_file = getattr(_sys.modules.get("jax"), "__file__", None)
         if jax_file is None:
             return False
-        _jax_here = os.path.dirname(jax_file) + os.sep
+        _jax_here = _os.path.dirname(jax_file) + _os.sep
     return filename.startswith(_jax_here)
