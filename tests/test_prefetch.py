@@ -255,3 +255,22 @@ def test_auto_never_takes_a_thread_for_cpu_devices(monkeypatch):
         seen.append(len(prefetch_threads()))
         time.sleep(0.002)
     assert seen == [0] * 8
+
+
+@pytest.mark.parametrize("thread", [False, True, None])
+def test_a_one_shot_source_refuses_a_second_epoch(thread):
+    """An iterator gives one epoch; a second epoch over it (exhausted, or closed by an
+    epoch stopped early) is an error, not an epoch of no batches. A source that starts
+    again gives every epoch."""
+    batches = [{"x": np.full(2, i, np.float32)} for i in range(3)]
+    loader = prefetch_to_jax(iter(batches), thread=thread)
+    assert [float(b["x"][0]) for b in loader] == [0.0, 1.0, 2.0]
+    with pytest.raises(dlinspect.SourceExhaustedError, match="list_iterator.*new iterator"):
+        iter(loader)
+    gen = prefetch_to_jax((b for b in batches), thread=thread)
+    for b in gen:
+        break   # stopped early: the generator is closed
+    with pytest.raises(dlinspect.SourceExhaustedError, match="generator"):
+        iter(gen)
+    again = prefetch_to_jax(batches, thread=thread)
+    assert [len(list(again)) for _ in range(2)] == [3, 3]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._core import collecting, convert, warn
 from ._options import Options, options as check_options
-from .errors import DLInspectWarning
+from .errors import DLInspectWarning, SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 
@@ -50,7 +50,11 @@ class PrefetchLoader:
 
     Each ``iter()`` starts a new pass over the source (``iter(source)``), with its
     own worker thread where one is used; ``len()`` is the source's, where it has
-    one. Not thread-safe: one consumer per epoch.
+    one. Not thread-safe: one consumer per epoch. A source that is an iterator
+    (``iter(source) is source``: a generator, tf.data's ``as_numpy_iterator()``)
+    gives one epoch (the one that exhausts it, or that stops early and closes it):
+    a new ``iter()`` then raises ``SourceExhaustedError`` instead of an epoch of no
+    batches.
 
     Attributes
     ----------
@@ -73,6 +77,7 @@ class PrefetchLoader:
         self.thread = thread
         self.options = options
         self._progress = progress
+        self._spent = False   # an epoch over a one-shot source (an iterator) has begun
 
     def __len__(self) -> int:
         try:
@@ -82,8 +87,18 @@ class PrefetchLoader:
                             f"has no len()") from None
 
     def __iter__(self) -> Iterator[Any]:
+        it: Iterator[Any] = iter(self.source)
+        if it is self.source:   # one pass only (an epoch stopped early closes it, too)
+            if self._spent:
+                tp = type(self.source)
+                raise SourceExhaustedError(
+                    f"the source of this PrefetchLoader, a {tp.__module__}.{tp.__qualname__}, "
+                    f"is an iterator that has given all its items in an earlier epoch, so a "
+                    f"new epoch over it would have no batches. To fix: pass what starts "
+                    f"again on every iter() (the DataLoader or tf.data.Dataset itself, a "
+                    f"list), or call prefetch_to_jax on a new iterator per epoch.")
+            self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
-        it = iter(self.source)
         if self.thread is False:
             return _inline(it, bar, self.options)
         from ._jaxcaps import target
@@ -110,7 +125,8 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         Batches: a ``torch.utils.data.DataLoader``, a list, anything whose items
         :func:`to_jax` takes. Each ``iter()`` of the returned loader calls
         ``iter(iterable)`` again, so a DataLoader gives one epoch per pass; a
-        generator, which cannot start again, gives its items once.
+        generator, which cannot start again, gives its items once (a second epoch
+        over it raises ``SourceExhaustedError``).
     size : int
         How many converted batches may wait ahead of the consumer (>= 1). Each
         holds its memory (for zero-copy batches, the producer's) until yielded
@@ -150,6 +166,9 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         ``size < 1`` or an invalid ``fallback`` / ``readonly`` / ``leaves``.
     ImportError
         ``progress=True`` without tqdm installed.
+    SourceExhaustedError
+        At ``iter()`` of a loader whose source is an iterator an earlier epoch
+        went over (a ``RuntimeError``).
     Exception
         While iterating: whatever ``iterable`` or the conversion raised,
         re-raised (same object, same traceback) when the consumer reaches the

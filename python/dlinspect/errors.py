@@ -150,6 +150,19 @@ class ContainerError(DLInspectError, TypeError):
     """
 
 
+class SourceExhaustedError(DLInspectError, RuntimeError):
+    """A loader's source is an iterator an earlier epoch went over, and a new epoch
+    was started over it.
+
+    :func:`~dlinspect.prefetch_to_jax` calls ``iter(source)`` for every epoch; an
+    iterator (a generator, tf.data's ``as_numpy_iterator()``) returns itself and,
+    once exhausted (or closed by an epoch stopped early), would give an epoch of no
+    batches without a word. The message
+    names the source and the fix (pass what starts again: the DataLoader, the
+    ``tf.data.Dataset`` itself, a list). A ``RuntimeError``.
+    """
+
+
 class AllocationError(DLInspectError, MemoryError):
     """The memory for a copy the route needs cannot be had.
 

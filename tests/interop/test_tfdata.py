@@ -109,7 +109,9 @@ def test_epochs_reiterate(ds, table):
         assert np.array_equal(np.concatenate([np.asarray(b["x"]) for b in got]), table["x"])
         assert [bytes(t) for b in got for t in b["text"].numpy()] == list(table["text"])
     once = dlinspect.prefetch_to_jax(ds.as_numpy_iterator(), readonly="share", narrow="ok")
-    assert len(list(once)) == -(-N // BATCH) and list(once) == []   # one pass
+    assert len(list(once)) == -(-N // BATCH)   # one pass; a second is refused, with the fix
+    with pytest.raises(dlinspect.SourceExhaustedError, match="tf.data.Dataset itself"):
+        list(once)
 
 
 def test_agrees_with_asarray(ds):
