@@ -1,4 +1,4 @@
-# cython: language_level=3, freethreading_compatible=False
+# cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
 """dlinspect._core: the one export, the header, the one decision, the fast path.
 
 The flow runs one way, one concern per included file::
@@ -16,6 +16,7 @@ The flow runs one way, one concern per included file::
     routes.pxi   the needs made into a Route of facts (the decision, pure)
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
+    stack.pxi    dlinspect.stack: batches written once into memory JAX views
 
 Below the core stand only dlinspect.errors, _options and _tree (imported here). The core reaches up twice, each time lazily and off the hot path: to
 dlinspect._words for a route's words, and to dlinspect._jaxcaps to build the JaxTarget.
@@ -30,6 +31,7 @@ from libc.stdint cimport (
 )
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS
@@ -84,7 +86,7 @@ cdef extern from *:
 import sys as _sys
 from dlinspect.errors import (
     CapsuleConsumedError, DLInspectError, DLInspectWarning, MalformedTensorError,
-    NotDescribableError, NotDLPackError, NotNumericError, ProducerError,
+    NotDescribableError, NotDLPackError, NotNumericError, ProducerError, StackError,
     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedVersionError,
 )
 import numpy as _np
@@ -117,3 +119,4 @@ include "shard.pxi"
 include "routes.pxi"
 include "fast.pxi"
 include "execute.pxi"
+include "stack.pxi"

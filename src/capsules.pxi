@@ -3,9 +3,12 @@
 # tensor. Nothing here calls a producer.
 
 cdef void _owned_capsule_destructor(object cap) noexcept:
-    # Called with the GIL held. Frees the tensor only while nobody consumed it.
+    # Called with the GIL held. Frees the tensor only while nobody consumed it; an error
+    # pending meanwhile is set aside (a producer's deleter may run Python code).
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
+    cdef PyObject *err_type, *err_value, *err_tb
+    PyErr_Fetch(&err_type, &err_value, &err_tb)
     if PyCapsule_IsValid(cap, LEGACY):
         dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         if dlm.deleter != NULL:
@@ -14,6 +17,7 @@ cdef void _owned_capsule_destructor(object cap) noexcept:
         dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         if dlm_ver.deleter != NULL:
             dlm_ver.deleter(dlm_ver)
+    PyErr_Restore(err_type, err_value, err_tb)
 
 
 cdef class DeleterCounter:
@@ -449,10 +453,14 @@ cdef class HostOwner:
     cdef readonly bint read_only
 
     def __dealloc__(self):
+        # An error pending meanwhile is set aside: a producer's deleter may run Python code.
+        cdef PyObject *err_type, *err_value, *err_tb
+        PyErr_Fetch(&err_type, &err_value, &err_tb)
         if self.dlm != NULL and self.dlm.deleter != NULL:
             self.dlm.deleter(self.dlm)
         if self.dlm_ver != NULL and self.dlm_ver.deleter != NULL:
             self.dlm_ver.deleter(self.dlm_ver)
+        PyErr_Restore(err_type, err_value, err_tb)
 
     @property
     def __array_interface__(self):

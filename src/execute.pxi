@@ -154,6 +154,104 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     return _convert(x, tg, opts, opts.flags)
 
 
+@cython.binding(True)
+def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="host",
+         readonly="copy", leaves="keep", narrow="warn"):
+    """Decide where a tensor would go, without importing or copying anything.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
+        The tensor (a capsule is only read, never consumed). The producer is
+        asked to export it exactly as :func:`to_jax` would (the export is then
+        released unconsumed), so its refusals show in the plan. A ``jax.Array``
+        is not exported at all (see :func:`to_jax`).
+    target : {"jax", "host"}
+        Where it should go.
+    device : jax.Device or single-device Sharding, optional
+        Destination device for ``target="jax"``; default: the source's own.
+    copy : bool or None
+        Array API ``copy``: True always copies, False never (a needed copy becomes a
+        ``CopyRequiredError`` route), None copies only where needed.
+    sharding : jax.sharding.Sharding, optional
+        Plan the split over several devices (see :func:`to_jax`); the route's
+        ``shards`` then give each device's index and route, and an uneven split
+        is a ``ShardingError`` route.
+    fallback : {"host", "raise"}
+        What to do with memory on a device JAX has no backend for: go through host
+        memory, or an ``UnsupportedDeviceError`` route.
+    readonly : {"copy", "share"}
+        Read-only memory (versioned READ_ONLY flag) is copied by default;
+        ``"share"`` imports it without a copy (see :func:`to_jax`).
+    leaves : {"keep", "raise"}
+        A leaf that is not a tensor (a str, a number, a NumPy array of strings...;
+        the whole of ``x`` too, when it is one) gets an ``"untouched"`` route, or
+        (``"raise"``) a ``NotDLPackError`` route. The batch is walked as
+        :func:`to_jax` walks it (Mappings and dataclasses included).
+    narrow : {"warn", "ok"}
+        Whether a 64-bit dtype JAX narrows (x64 off) gets a ``warning``.
+
+    Returns
+    -------
+    Route or pytree of Route
+        ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``;
+        for a pytree, one Route per leaf in the same structure, each error's
+        message led by its leaf's key path (``['inputs']['pixels']: ...``).
+        ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
+        when the kind is ``"error"``, and shares memory exactly when it is
+        ``"zero-copy"``. A ``"host-fallback"`` route rests on the producer's answer
+        to a host-copy request, which plan does not make: executing it raises
+        ``UnsupportedDeviceError`` (listing what was tried) when no host copy can
+        be had.
+
+    Raises
+    ------
+    ValueError, TypeError
+        An option outside its documented values.
+    ContainerError
+        The batch cannot be walked: it contains itself, nests too deep, or holds a
+        dict whose keys do not sort (a container that cannot be rebuilt is an error
+        route in its place).
+
+    Notes
+    -----
+    A producer's refusal (any exception its ``__dlpack__`` or ``__dlpack_device__``
+    raises), a corrupt or consumed header and every routing problem are returned
+    as a route of kind ``"error"``, with the exception in ``error`` and ``info``
+    None where no header could be read.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
+    'copy'
+    >>> routes = dlinspect.plan({"x": np.ones(6, np.float32)[::2], "id": "a"})
+    >>> routes["x"].kind, routes["id"].kind
+    ('copy', 'untouched')
+    """
+    if target != "jax" and target != "host":
+        raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
+    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    tg = _jax_target() if target == "jax" else None
+    if isinstance(x, TensorInfo) or is_tensor(x):
+        return plan_one(x, tg, target, opts)
+    flat = _tree.flatten(x)
+    cdef list routes = []
+    cdef Py_ssize_t i, repeated = repeated_capsule(flat.leaves)
+    for i, leaf in enumerate(flat.leaves):
+        if i in flat.errors:   # a container that cannot be rebuilt: its error, in its place
+            route = failed(flat.errors[i], target)
+        elif i == repeated:    # the same capsule twice: the second is the error
+            route = failed(repeated_capsule_error(), target)
+        else:
+            route = (plan_one(leaf, tg, target, opts) if is_tensor(leaf)
+                     else untouched(leaf, target, opts))
+        if route.problem is not None:
+            route.key_path = flat.keystr(i)
+        routes.append(route)
+    return flat.unflatten(routes)
+
+
 def convert(x, opts, JaxTarget tg=None):
     """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
     (what the loaders hold and hand over for every batch)."""
@@ -168,23 +266,30 @@ cdef object _convert(x, JaxTarget tg, opts, int flags):
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
         return _convert_tree(x, tg, opts, flags)
-    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-        if not is_tensor(x):
-            return _convert_tree(x, tg, opts, flags)
-        route, cap = _decide_leaf(x, tg, opts)
-        return _execute(route, cap, x, tg, opts)
+    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED) and not is_tensor(x):
+        return _convert_tree(x, tg, opts, flags)
+    cap = got = None
     try:
-        got = _fast_one(x, tg, flags)
-    except NotDescribableError as exc:
-        return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
-    except NotDLPackError:
-        if is_tensor(x):
-            raise
-        return _convert_tree(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
-    if type(got) is not tuple:
-        return got
-    cap, info, needs = got
-    return _execute(route_jax(info, needs, tg, opts, x), cap, x, tg, opts)
+        if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+            route, cap = _decide_leaf(x, tg, opts)
+            return _execute(route, cap, x, tg, opts)
+        try:
+            got = _fast_one(x, tg, flags)
+        except NotDescribableError as exc:
+            return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
+        except NotDLPackError:
+            if is_tensor(x):
+                raise
+            return _convert_tree(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
+        if type(got) is not tuple:
+            return got
+        cap, info, needs = got
+        return _execute(route_jax(info, needs, tg, opts, x), cap, x, tg, opts)
+    except BaseException:
+        # The export is let go of here, with the error handled rather than pending: a
+        # producer's capsule destructor may run Python code (warp's is a ctypes callback).
+        cap = got = None
+        raise
 
 
 cdef tuple _decide_leaf(x, JaxTarget tg, opts):
@@ -196,7 +301,12 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts):
         info = _export(x, MODE_TAKE, tg.stream_for, &p)
     except NotDescribableError as exc:
         return route_numpy_copy(exc, tg, "jax", opts), None
-    return decide(info, tg, "jax", opts, x), _take_ref(p)
+    cap = _take_ref(p)
+    try:
+        return decide(info, tg, "jax", opts, x), cap
+    except BaseException:
+        cap = None   # (see _convert)
+        raise
 
 
 cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
@@ -214,11 +324,11 @@ cdef int _raise_route(Route route) except -1:
     raise route._take_error()
 
 
-def repeated_capsule(list leaves):
+def repeated_capsule(list leaves, set seen=None):
     """The index of the first leaf that is a DLPack capsule already met earlier in
-    ``leaves`` (the same object twice: a capsule is consumed exactly once), or -1."""
+    ``leaves`` (the same object twice: a capsule is consumed exactly once), or -1.
+    ``seen``: ids of capsules met before ``leaves`` (earlier sub-trees), updated."""
     cdef Py_ssize_t i
-    seen = None
     for i in range(len(leaves)):
         leaf = leaves[i]
         if PyCapsule_CheckExact(leaf):
@@ -372,9 +482,10 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
         for i, route, cap, info, needs in sorted(decided, key=_leaf_order):
             out[i] = (_import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
                       if route is None else _execute(route, cap, leaves[i], tg, opts))
-    except Exception as exc:
+    except BaseException as exc:
+        got = pending = out = decided = cap = info = None   # the exports let go of (see _convert)
         index = getattr(exc, "_dlinspect_leaf", i)
-        if index >= 0:
+        if index >= 0 and isinstance(exc, Exception):
             _words().name_leaf(exc, (flat or _tree.flatten(x)).keystr(index))
         raise
     return _rebuilt(tp, keys, out) if flat is None else flat.unflatten(out)
@@ -389,6 +500,7 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
     Sharding = tg.jax.sharding.Sharding
     sharding = opts.sharding
     parts = []   # per sub-tree: (key path prefix, Flat, options, [(index, route, capsule)])
+    capsules = set()   # ids of the bare capsules of every sub-tree: each may come once
 
     def decide_subtree(prefix, s, sub):
         leaf_opts = opts.with_sharding(s)
@@ -399,7 +511,7 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
         parts.append((prefix, flat, leaf_opts, decided))
         for i in sorted(flat.errors):
             _fail_at(failed(flat.errors[i], "jax"), prefix, flat, i)
-        i = repeated_capsule(flat.leaves)
+        i = repeated_capsule(flat.leaves, capsules)
         if i >= 0:
             _fail_at(failed(repeated_capsule_error(), "jax"), prefix, flat, i)
         for i, leaf in enumerate(flat.leaves):
@@ -413,10 +525,23 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
                 _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
                 raise
             if route.problem is not None:
+                cap = None   # let go of before raising (see _convert)
                 _fail_at(route, prefix, flat, i)
             decided.append((i, route, cap))
         return len(parts) - 1
 
+    try:
+        return _convert_subtrees(x, tg, sharding, decide_subtree, parts)
+    except BaseException:
+        del parts[:]   # the exports let go of (see _convert)
+        raise
+
+
+cdef object _convert_subtrees(x, JaxTarget tg, sharding, decide_subtree, list parts):
+    """The sharded batch: every sub-tree decided, then every route executed (routes that
+    take nothing of the caller's first)."""
+    tree_util = tg.jax.tree_util
+    Sharding = tg.jax.sharding.Sharding
     if isinstance(sharding, Sharding):
         where = decide_subtree((), sharding, x)
     else:
@@ -792,8 +917,12 @@ def to_host(x, copy=None):
         info = _export(x, MODE_TAKE, None, &p)
     except NotDescribableError as exc:
         return _host_execute(route_numpy_copy(exc, None, "host", opts), None, x)
-    route = route_host(info, _needs_host(info), copy, x)
-    return _host_execute(route, _take_ref(p), x)
+    cap = _take_ref(p)
+    try:
+        return _host_execute(route_host(info, _needs_host(info), copy, x), cap, x)
+    except BaseException:
+        cap = None   # (see _convert)
+        raise
 
 
 cdef object _host_execute(Route route, cap, x):

@@ -43,9 +43,10 @@ _GENERIC_HINTS = (
     ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
-    ("device", "move it to host memory with its own library first (torch: t.cpu())"),
+    ("device", "move it to host memory with its own library first"),
 )
 _TORCH_HINTS = (
+    ("device", "move it to host memory first: t.cpu()"),
     ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("negative bit", "call .resolve_neg() first"),
@@ -78,8 +79,16 @@ class Producer(_NamedTuple):
     doctor: object = None
     """``(module, expression)``: how ``dlinspect doctor`` finds the tensor type (the
     module as ``m``), where doctor reports on this producer."""
+    astype: str = "xp.astype(x, xp.{})"
+    """How the producer converts a tensor to another dtype (``{}``: the dtype's name),
+    for advice that names the producer's own method (the array API's ``astype`` by
+    default)."""
+    other: str = "convert the tensor with its own library first"
+    """What to do when a refusal of this producer matches none of its hints."""
 
 
+_LOADER_FIX = ("it is a data loader, not a batch: iterate it through "
+               "dlinspect.prefetch_to_jax(loader), which converts each batch it gives")
 _SPARSE_FIX = "make it dense with x.toarray(), or take x.data and its index arrays apart"
 
 #: The producer table, the one list of producers: ``(top-level package, class name in
@@ -87,13 +96,23 @@ _SPARSE_FIX = "make it dense with x.toarray(), or take x.data and its index arra
 #: derived class that has one; a ``jax.Array`` (a virtual base on some jaxlib
 #: versions) is found by ``issubclass``.
 PRODUCERS = {
-    ("numpy", "ndarray"): Producer(GUARD_NUMPY, doctor=("numpy", "m.ndarray")),
+    ("numpy", "ndarray"): Producer(GUARD_NUMPY, doctor=("numpy", "m.ndarray"),
+                                   astype="x.astype(numpy.{})"),
     ("torch", "Tensor"): Producer(GUARD_TORCH, _TORCH_HINTS, into="torch",
-                                  doctor=("torch", "m.Tensor")),
-    ("jax", "Array"): Producer(GUARD_JAX, doctor=("jax", "type(m.numpy.zeros(1))")),
-    ("cupy", "ndarray"): Producer(doctor=("cupy", "m.ndarray")),
+                                  doctor=("torch", "m.Tensor"), astype="t.to(torch.{})",
+                                  other="convert it with torch first (t.cpu(), "
+                                  "t.contiguous(), t.to(dtype))"),
+    ("jax", "Array"): Producer(GUARD_JAX, (
+        ("dlpack equivalent", "take it as NumPy with numpy.asarray(x), or convert it "
+         "first with x.astype(jax.numpy.int8)"),), doctor=("jax", "type(m.numpy.zeros(1))"),
+        astype="x.astype(jax.numpy.{})", other="take it as NumPy with numpy.asarray(x)"),
+    ("cupy", "ndarray"): Producer(doctor=("cupy", "m.ndarray"), astype="x.astype(cupy.{})",
+                                  other="convert it with CuPy first (cupy.asnumpy(x), "
+                                  "cupy.ascontiguousarray(x))"),
     ("tensorflow", "EagerTensor"): Producer(GUARD_TF,
-                                            doctor=("tensorflow", "type(m.constant(1.0))")),
+                                            doctor=("tensorflow", "type(m.constant(1.0))"),
+                                            astype="tf.cast(x, tf.{})",
+                                            other="take it as NumPy with x.numpy()"),
     ("tensorflow", "RaggedTensor"): Producer(
         GUARD_NO_DLPACK, fix="make it dense with x.to_tensor() (pads the rows), or take "
         "x.flat_values and x.row_splits apart"),
@@ -120,13 +139,27 @@ PRODUCERS = {
     ("pyarrow", "ChunkedArray"): Producer(
         GUARD_PYARROW, _PYARROW_HINTS, fix="join its chunks first: x.combine_chunks() (one "
         "pyarrow Array, which has __dlpack__)"),
-    ("warp", "array"): Producer(doctor=("warp", "m.array")),
-    ("mlx", "array"): Producer(doctor=("mlx.core", "m.array")),
-    ("paddle", "Tensor"): Producer(doctor=("paddle", "m.Tensor")),
+    ("warp", "array"): Producer(doctor=("warp", "m.array"),
+                                other="take it as NumPy with x.numpy()"),
+    ("mlx", "array"): Producer(doctor=("mlx.core", "m.array"), astype="a.astype(mlx.core.{})",
+                               other="take it as NumPy with numpy.array(a)"),
+    ("paddle", "Tensor"): Producer(doctor=("paddle", "m.Tensor"), astype="x.astype(paddle.{})",
+                                   other="take it as NumPy with x.numpy()"),
     ("array_api_strict", "Array"): Producer(doctor=("array_api_strict",
                                                     "type(m.asarray([1]))")),
     ("tvm_ffi", "Tensor"): Producer(doctor=("tvm_ffi", "m.Tensor")),
-    ("dpnp", "ndarray"): Producer(doctor=("dpnp", "m.ndarray")),
+    ("dpnp", "ndarray"): Producer(doctor=("dpnp", "m.ndarray"), astype="x.astype(dpnp.{})",
+                                  other="take it as NumPy with dpnp.asnumpy(x)"),
+    # Loaders: what a user meant to convert is each batch they give.
+    ("torch", "DataLoader"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("grain", "DataLoader"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("grain", "MapDataset"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("grain", "IterDataset"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("grain", "DatasetIterator"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("tensorflow", "DatasetV2"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    ("datasets", "Dataset"): Producer(GUARD_NO_DLPACK, fix=(
+        "it is a dataset, not a batch: iterate its batches through dlinspect.prefetch_to_jax("
+        "ds.with_format('numpy').iter(batch_size=n))")),
 }
 cdef object _NO_ROW = Producer()
 
@@ -249,8 +282,7 @@ cdef object _producer_error(object obj, BaseException exc, str what):
         reason += "."
     low = reason.lower()
     hints = _entry_for(type(obj)).hints + _GENERIC_HINTS
-    todo = next((hint for key, hint in hints if key in low),
-                "convert the tensor with its own library first (e.g. .cpu(), .contiguous())")
+    todo = next((hint for key, hint in hints if key in low), _producer_row(type(obj)).other)
     method = _METHOD.search(todo)
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
     return ProducerError(

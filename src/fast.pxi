@@ -144,6 +144,9 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
                 _mark_leaf(exc, i)
                 raise
         return out, []
+    except BaseException:
+        caps = infos = None   # the exports let go of with the error handled (see _convert)
+        raise
     finally:
         if needs != inline_needs:
             free(needs)

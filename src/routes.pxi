@@ -227,7 +227,8 @@ cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
         held = info._lanes == 1 and (info._bits < 8
                                      or tg.dtype_problem(info._code, info._bits) is not None)
         return fail("dtype", info, "jax", needs, why=tg.dtype_problem(info._code, info._bits, held),
-                    host_ok=not _needs_host(info) & NEED_DTYPE)
+                    host_ok=not _needs_host(info) & NEED_DTYPE,
+                    astype=_producer_row(type(source)).astype)
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)
     if needs & NEED_EMPTY:
         dest = opts.device or tg.device_for(info._dev_type, info._dev_id) or tg.cpu_device
@@ -371,7 +372,7 @@ cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "host", needs)
     if needs & NEED_DTYPE:
-        return fail("host-dtype", info, "host", needs)
+        return fail("host-dtype", info, "host", needs, astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
         return Route(ZERO_COPY, EMPTY, info, "host", needs=needs)
     if needs & NEED_DEVICE:

@@ -81,6 +81,17 @@ class TestMixedLeaves:
         text = dlinspect.explain({"x": np.ones(2, np.float32)[::2], "id": "a"})
         assert "['x']:" in text and "copy" in text and "['id']: untouched" in text
 
+    def test_explain_gives_a_run_of_non_tensors_one_line(self):
+        batch = {"ids": [f"id{i}" for i in range(256)], "pixels": np.ones(4, np.float32),
+                 "meta": ["a", 3, np.ones(2, np.float32), "b"], "name": "x"}
+        lines = dlinspect.explain(batch).splitlines()
+        assert "['ids'][0] .. ['ids'][255]: 256 leaves untouched (Not a tensor (builtins.str)" \
+            in lines[0]
+        # A run ends where the parent, the reason or a tensor changes: each stays in order.
+        heads = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+        assert heads == ["['ids'][0] .. ['ids'][255]", "['meta'][0]", "['meta'][1]",
+                         "['meta'][2]", "['meta'][3]", "['name']", "['pixels']"]
+
     def test_a_single_non_tensor_follows_the_leaf_rule(self):
         # One rule at every depth: kept by default, refused with leaves="raise".
         for x in (object(), "text", 3.5, b"raw", [1, 2, 3], np.array(["a", "b"])):

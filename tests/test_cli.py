@@ -85,6 +85,8 @@ def test_inspect_npy_and_expressions(tmp_path):
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
     (("inspect", "--expr", "np.ones("), "SyntaxError"),
     (("inspect", "--expr", "[np.ones(3)]"), "expected a tensor"),
+    (("inspect", "--expr", "np.array(['ab', 'c'])"), "dtype <U2 (str64)"),
+    (("inspect", "--expr", "np.array(['2020-01-01'], 'datetime64[D]')"), "datetime64[D]"),
     (("inspect", "--copy", "maybe", "--expr", "1"), "invalid choice"),
     (("bench", "nosuch"), "unknown suite(s) nosuch"),
     (("bench", "peek", "--repeat", "0"), "--repeat must be at least 1"),

@@ -45,6 +45,9 @@ def test_oldest_stack_is_exactly_the_declared_minimums():
         assert tuple(map(int, version.split(".")[:len(declared.split("."))])) == \
             tuple(map(int, declared.split("."))), (name, version, declared)
     assert PYPROJECT["project"]["requires-python"] == f">={STACKS['oldest']['python']}"
+    # every minimum, the test tools' too, is what the oldest stack installs
+    pinned = {name.lower().replace("-", "_") for name in oldest}
+    assert set(minimums) - pinned == set(), set(minimums) - pinned
 
 
 def test_readme_tested_with_lists_every_stack():
@@ -91,3 +94,14 @@ def test_readme_summary_is_the_published_run():
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, ("README.md's figures differ from benchmarks/results.json: "
                                   "run python scripts/figures.py", proc.stderr)
+
+
+def test_version_is_written_once():
+    """The version is written in python/dlinspect/__init__.py only; the build reads it
+    there, so the installed metadata and dlinspect.__version__ agree."""
+    import importlib.metadata
+
+    import dlinspect
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
+    assert importlib.metadata.version("dlinspect") == dlinspect.__version__

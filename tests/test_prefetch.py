@@ -50,8 +50,10 @@ def test_every_deleter_once(size):
 
 
 @pytest.mark.parametrize("thread", [None, True, False])
-def test_source_error_raised_at_its_batch(thread):
-    boom = RuntimeError("batch 3 is corrupt")
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_source_error_raised_at_its_batch(thread, error):
+    # A KeyboardInterrupt of the source on the worker thread too reaches the consumer.
+    boom = error("batch 3 is corrupt")
 
     def source():
         for i in range(6):
@@ -60,7 +62,7 @@ def test_source_error_raised_at_its_batch(thread):
             yield batch_of(i)
 
     seen = []
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(error) as info:
         for b in prefetch_to_jax(source(), size=4, thread=thread):
             seen.append(int(b["y"][0]))
     assert info.value is boom and seen == [0, 1, 2]

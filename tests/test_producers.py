@@ -83,6 +83,62 @@ class TestProducerErrors:
             to_jax(other)
         assert "arr.cast" not in str(info.value)
 
+    @pytest.mark.parametrize("module, name, method", [
+        ("paddle.base.core", "Tensor", "x.astype(paddle.complex64)"),
+        ("mlx.core", "array", "a.astype(mlx.core.complex64)"),
+        ("somewhere", "Tensor", "xp.astype(x, xp.complex64)"),
+    ])
+    def test_dtype_advice_names_the_producers_method(self, module, name, method):
+        cls = type(name, (FakeProducer,), {"__module__": module})
+        p = cls(np.zeros(4, np.uint8), dtype=(dlinspect.DLDataTypeCode.kDLComplex, 32, 1))
+        for target in ("jax", "host"):   # (JAX has no complex32; NumPy may, from ml_dtypes)
+            route = plan(p, target)
+            assert route.kind == "error" or target == "host"
+            assert route.kind != "error" or f"convert it to complex64 first ({method})" in str(route.error)
+            assert "t.float()" not in str(route.error)
+
+    def test_refusal_advice_is_the_producers_own(self):
+        # Words no hint matches: the advice is the producer's row's, never torch's methods
+        # for a tensor of another library.
+        refusal = RuntimeError("UNIMPLEMENTED: XLA type S4 has no DLPack equivalent")
+        Mlx = type("array", (FakeProducer,), {"__module__": "mlx.core"})
+        with pytest.raises(ProducerError, match=r"To fix: take it as NumPy with numpy\.array"):
+            to_host(Mlx(np.ones(2), refuse=RuntimeError("strange")))
+        for p in (FakeProducer(np.ones(2), refuse=refusal), Mlx(np.ones(2), refuse=refusal)):
+            with pytest.raises(ProducerError) as err:
+                to_host(p)
+            assert ".cpu()" not in str(err.value) and ".contiguous()" not in str(err.value)
+
+    def test_jax_int4_to_host_advises_numpy(self):
+        x = jax.numpy.arange(4, dtype=jax.numpy.int4)
+        try:
+            np.testing.assert_array_equal(np.asarray(to_host(x)).astype(np.int8), [0, 1, 2, 3])
+        except ProducerError as exc:   # a jaxlib whose __dlpack__ has no int4
+            assert "numpy.asarray(x)" in str(exc) and ".cpu()" not in str(exc)
+            np.testing.assert_array_equal(np.asarray(x).astype(np.int8), [0, 1, 2, 3])
+
+    @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+    def test_complex32_advice_keeps_the_imaginary_part(self, torch):
+        t = torch.zeros(3, dtype=torch.complex32)
+        with pytest.raises(dlinspect.UnsupportedDTypeError,
+                           match=r"t\.to\(torch\.complex64\)") as err:
+            to_jax(t)
+        assert "t.float()" not in str(err.value)
+
+    def test_a_loader_is_refused_naming_prefetch_to_jax(self, torch):
+        DatasetV2 = type("DatasetV2", (), {"__module__": "tensorflow.python.data.ops.dataset_ops"})
+        loaders = [torch.utils.data.DataLoader([np.zeros(2)] * 4, batch_size=2),
+                   type("DataLoader", (), {"__module__": "grain._src.python.data_loader"})(),
+                   type("MapDataset", (), {"__module__": "grain._src.python.dataset.dataset"})(),
+                   type("_PrefetchDataset", (DatasetV2,), {"__module__": DatasetV2.__module__})()]
+        for loader in loaders:
+            with pytest.raises(ProducerError, match=r"data loader.*prefetch_to_jax\(loader\)"):
+                to_jax(loader)
+            batch = {"x": np.zeros(2, np.float32), "loader": loader}
+            assert plan(batch)["loader"].kind == "error"
+            with pytest.raises(ProducerError, match="prefetch_to_jax"):
+                to_jax(batch)
+
     def test_retry_only_for_keyword_type_errors(self):
         p = FakeProducer(aligned([1, 2]), legacy_only=True)
         np.testing.assert_array_equal(np.asarray(to_jax(p)), [1, 2])
@@ -384,3 +440,57 @@ class TestProducerProtocol:
             tp = type(f"T{i}", (FakeProducer,), {})
             dlinspect.peek(tp(np.ones(1)))
         assert _core._types_len() <= _core.TYPES_MAX
+
+
+# Capsule names live as long as the capsules that carry them.
+LEGACY, USED = b"dltensor", b"used_dltensor"
+
+
+class TestCapsulesWhoseDestructorRunsPython:
+    """A producer's capsule destructor may be Python code (warp's is a ctypes callback):
+    dlinspect lets go of an unconsumed export with no error pending, whatever the route
+    raises, so that code runs as it would anywhere else."""
+
+    def producer(self, seen):
+        import ctypes
+        api = ctypes.pythonapi
+        api.PyCapsule_New.restype = ctypes.py_object
+        api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+        api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        name_of = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(("PyCapsule_GetName", api))
+
+        @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        def destructor(ptr):
+            # Python code calling back into the C API, as warp's does
+            seen.append(name_of(ptr).decode())
+
+        class CtypesProducer:
+            keep: list = []
+
+            def __dlpack_device__(self):
+                return (1, 0)
+
+            def __dlpack__(self, **kwargs):
+                # the header of a strided float32 tensor, held by a capsule of ctypes'
+                inner = make_capsule(np.arange(6, dtype=np.float32), shape=(3,), strides=(2,),
+                                     versioned=False)
+                ptr = api.PyCapsule_GetPointer(inner, LEGACY)
+                api.PyCapsule_SetName(inner, USED)   # its header is the new capsule's now
+                self.keep.append((inner, destructor))
+                return api.PyCapsule_New(ptr, LEGACY, ctypes.cast(destructor, ctypes.c_void_p))
+        return CtypesProducer()
+
+    def test_on_a_refused_route_and_in_a_batch(self):
+        seen: list = []
+        p = self.producer(seen)
+        with pytest.raises(dlinspect.CopyRequiredError):
+            to_jax(p, copy=False)
+        with pytest.raises(dlinspect.CopyRequiredError, match=r"^\['a'\]: "):
+            to_jax({"a": p, "b": aligned([1.0])}, copy=False)
+        with pytest.raises(dlinspect.CopyRequiredError):
+            dlinspect.to_jax(p, copy=False, device=jax.devices("cpu")[0])
+        gc.collect()
+        assert seen == ["dltensor"] * 3   # each export let go of, unconsumed, without error
+        assert to_jax(p).tolist() == [0.0, 2.0, 4.0]

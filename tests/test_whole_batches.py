@@ -108,6 +108,11 @@ def test_the_same_capsule_twice_is_refused_naming_the_second():
         to_jax({"a": cap, "b": cap})
     with pytest.raises(dlinspect.CapsuleConsumedError, match=r"^\[1\]\[0\]: "):
         to_jax([cap, (cap,)])
+    one = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    for sharding in (one, {"a": one, "b": one}, {"a": one, "b": {"c": one}}):
+        # across the sub-trees of a pytree of shardings as within one
+        with pytest.raises(dlinspect.CapsuleConsumedError, match=r"^\['b'\]\['c'\]: "):
+            to_jax({"a": cap, "b": {"c": cap}}, sharding=sharding)
     routes = plan({"a": cap, "b": cap})
     assert routes["a"].kind == "zero-copy" and routes["b"].kind == "error"
     assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0

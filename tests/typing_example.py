@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 import dlinspect
@@ -22,3 +23,7 @@ text: str = dlinspect.explain(x, target="host")
 host: np.ndarray = dlinspect.to_host(x)
 counter = DeleterCounter()
 calls: int = counter.calls
+arr: jax.Array = dlinspect.to_jax(x, readonly="share", narrow="ok")
+batch = dlinspect.to_jax({"x": x})          # a pytree: its own structure (Any)
+routes = dlinspect.plan({"x": x})
+loader = dlinspect.prefetch_to_jax([{"x": x}], fallback="raise")

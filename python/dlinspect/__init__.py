@@ -15,9 +15,9 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
         "pip install --no-build-isolation -Cbuild-dir=build -e ."
     ) from exc
 
-from ._core import MAX_NDIM, Need, Route, TensorInfo, peek, to_host, to_jax
+from ._core import MAX_NDIM, Need, Route, TensorInfo, peek, plan, stack, to_host, to_jax
 from ._core import DLDataType, DLDataTypeCode, DLDeviceType
-from ._inspect import explain, plan
+from ._words import explain
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from . import testing
 from .errors import (
@@ -32,6 +32,7 @@ from .errors import (
     ProducerError,
     ShardingError,
     SourceExhaustedError,
+    StackError,
     ContainerError,
     AllocationError,
     UnsupportedDeviceError,
@@ -39,7 +40,7 @@ from .errors import (
     UnsupportedVersionError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"   # the package's version, read from here by the build (pyproject.toml)
 
 __all__ = [
     "peek",
@@ -47,6 +48,7 @@ __all__ = [
     "explain",
     "to_jax",
     "to_host",
+    "stack",
     "prefetch_to_jax",
     "PrefetchLoader",
     "Route",
@@ -69,6 +71,7 @@ __all__ = [
     "ProducerError",
     "ShardingError",
     "SourceExhaustedError",
+    "StackError",
     "ContainerError",
     "AllocationError",
     "DLInspectWarning",

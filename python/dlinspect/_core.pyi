@@ -2,9 +2,12 @@
 
 import enum
 from collections.abc import Callable
-from typing import Any, NamedTuple, final
+from typing import Any, NamedTuple, final, overload
 
+import jax
 import numpy as np
+
+from ._options import Fallback, Leaves, Narrow, ReadOnly, SupportsDLPack, Target
 
 MAX_NDIM: int
 FLAG_READ_ONLY: int
@@ -358,12 +361,26 @@ def to_jax_many(leaves: list[Any], tg: JaxTarget, flags: int = ...
 
 # execute.pxi
 def set_target(tg: JaxTarget | None) -> None: ...
+@overload
+def to_jax(x: SupportsDLPack, device: Any = None, copy: bool | None = None, *,
+           sharding: Any = None, fallback: Fallback = "host", readonly: ReadOnly = "copy",
+           leaves: Leaves = "keep", narrow: Narrow = "warn") -> jax.Array: ...
+@overload
 def to_jax(x: Any, device: Any = None, copy: bool | None = None, *, sharding: Any = None,
-           fallback: str = "host", readonly: str = "copy", leaves: str = "keep",
-           narrow: str = "warn") -> Any: ...
+           fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
+           narrow: Narrow = "warn") -> Any: ...
+@overload
+def plan(x: TensorInfo | SupportsDLPack, target: Target = "jax", *, device: Any = None,
+         copy: bool | None = None, sharding: Any = None, fallback: Fallback = "host",
+         readonly: ReadOnly = "copy", leaves: Leaves = "keep", narrow: Narrow = "warn") -> Route: ...
+@overload
+def plan(x: Any, target: Target = "jax", *, device: Any = None, copy: bool | None = None,
+         sharding: Any = None, fallback: Fallback = "host", readonly: ReadOnly = "copy",
+         leaves: Leaves = "keep", narrow: Narrow = "warn") -> Any: ...
 def convert(x: Any, opts: Any, tg: JaxTarget | None = ...) -> Any: ...
-def repeated_capsule(leaves: list[Any]) -> int: ...
+def repeated_capsule(leaves: list[Any], seen: set[int] | None = None) -> int: ...
 def repeated_capsule_error() -> Exception: ...
 def to_host(x: Any, copy: bool | None = None) -> np.ndarray[Any, Any]: ...
+def stack(elements: Any, *, alignment: int = 0) -> Any: ...
 EXECUTORS: dict[str, Callable[..., Any]]
 HOST_EXECUTORS: dict[str, Callable[..., Any]]

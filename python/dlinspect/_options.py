@@ -8,9 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, Literal, Protocol
 
-__all__ = ["Options", "DEFAULT", "options", "single_device", "jax_module", "check_sharding"]
+__all__ = ["Options", "DEFAULT", "options", "single_device", "jax_module", "check_sharding",
+           "SupportsDLPack", "Target", "Fallback", "ReadOnly", "Leaves", "Narrow"]
+
+# The values of each string option, for type checkers (checked at run time by options()).
+Target = Literal["jax", "host"]
+Fallback = Literal["host", "raise"]
+ReadOnly = Literal["copy", "share"]
+Leaves = Literal["keep", "raise"]
+Narrow = Literal["warn", "ok"]
+
+
+class SupportsDLPack(Protocol):
+    """A DLPack producer: anything with ``__dlpack__`` (array API), whose every
+    parameter has a default, as the array API asks."""
+
+    def __dlpack__(self) -> Any: ...
 
 _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
             "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
@@ -53,10 +68,10 @@ class Options:
     device: Any = None
     copy: bool | None = None
     sharding: Any = None
-    fallback: str = "host"
-    readonly: str = "copy"
-    leaves: str = "keep"
-    narrow: str = "warn"
+    fallback: Fallback = "host"
+    readonly: ReadOnly = "copy"
+    leaves: Leaves = "keep"
+    narrow: Narrow = "warn"
     flags: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
@@ -87,8 +102,9 @@ class Options:
 DEFAULT = Options()
 
 
-def options(device: Any = None, copy: Any = None, sharding: Any = None, fallback: str = "host",
-            readonly: str = "copy", leaves: str = "keep", narrow: str = "warn") -> Options:
+def options(device: Any = None, copy: Any = None, sharding: Any = None,
+            fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
+            narrow: Narrow = "warn") -> Options:
     """Check the options and make them one object.
 
     Raises

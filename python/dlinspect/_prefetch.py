@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._core import collecting, convert, warn
-from ._options import Options, options as check_options
+from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
 from .errors import DLInspectWarning, SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
@@ -114,8 +114,8 @@ class PrefetchLoader:
 
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
-                    sharding: Any = None, copy: bool | None = None, fallback: str = "host",
-                    readonly: str = "copy", leaves: str = "keep", narrow: str = "warn",
+                    sharding: Any = None, copy: bool | None = None, fallback: Fallback = "host",
+                    readonly: ReadOnly = "copy", leaves: Leaves = "keep", narrow: Narrow = "warn",
                     thread: bool | None = None, progress: bool = False) -> PrefetchLoader:
     """A loader yielding each batch of ``iterable`` as JAX arrays, converted ahead.
 

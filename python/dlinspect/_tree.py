@@ -126,25 +126,24 @@ class Flat:
             outer.append(_rebuild(kind, obj, names, new))
         return self.treedef.unflatten(outer)
 
-    def key_path(self, index: int) -> tuple[Any, ...]:
-        """The ``jax.tree_util`` key path of leaf ``index``."""
-        tree_util = _tree_util()
-        paths = [path for path, _ in tree_util.tree_flatten_with_path(self.x)[0]]
+    def key_paths(self) -> list[tuple[Any, ...]]:
+        """The ``jax.tree_util`` key path of every leaf, in leaf order."""
+        paths = [tuple(path) for path, _ in
+                 _tree_util().tree_flatten_with_path(self.x)[0]]
         if self.parts is None:
-            return tuple(paths[index])
-        pos = 0
+            return paths
+        out: list[tuple[Any, ...]] = []
         for path, part in zip(paths, self.parts):
             if part is None:
-                if pos == index:
-                    return tuple(path)
-                pos += 1
+                out.append(path)
                 continue
             for key, sub in zip(part[2], part[4]):
-                n = len(sub.leaves)
-                if index < pos + n:
-                    return tuple(path) + (key,) + sub.key_path(index - pos)
-                pos += n
-        raise IndexError(index)
+                out.extend(path + (key,) + p for p in sub.key_paths())
+        return out
+
+    def key_path(self, index: int) -> tuple[Any, ...]:
+        """The ``jax.tree_util`` key path of leaf ``index``."""
+        return self.key_paths()[index]
 
     def keystr(self, index: int) -> str:
         """``jax.tree_util.keystr`` of leaf ``index``'s key path (``['x']['pixels']``)."""

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _core as C
+from ._core import DLDataTypeCode as Code
 from ._core import Need, device_name, device_row, dtype_name
+from ._options import Target
+from ._tree import flatten
 from .errors import (
     AllocationError,
     CopyRequiredError,
@@ -28,7 +31,8 @@ from .errors import (
     UnsupportedDTypeError,
 )
 
-__all__ = ["PROBLEMS", "REASONS", "reason", "error", "warning", "explain_one", "explain_tree",
+__all__ = ["PROBLEMS", "REASONS", "reason", "error", "warning", "explain", "explain_one",
+           "explain_tree",
            "describe", "narrowing_text", "device_fix", "allocation_error", "name_leaf",
            "INSTALL_JAX"]
 
@@ -228,13 +232,21 @@ def _lanes_share_bytes(route: Any) -> Parts:
             "uint8).")
 
 
+def _widen(route: Any) -> str:
+    """Converting to the narrowest standard dtype that holds every value, with the
+    producer's own method: "convert it to complex64 first (t.to(torch.complex64))"."""
+    code, bits, _ = route.info.dtype
+    kind = {Code.kDLComplex: "complex", Code.kDLInt: "int", Code.kDLUInt: "uint"}.get(code, "float")
+    wide = f"{kind}{max(bits * 2, 64)}" if kind == "complex" else f"{kind}{max(bits, 32)}"
+    return f"convert it to {wide} first ({route.facts['astype'].format(wide)})"
+
+
 def _dtype(route: Any) -> Parts:
     f = route.facts
     return (UnsupportedDTypeError, _subject(route),
             f"has {_dtype_text(route.info)}, which JAX cannot hold: {f['why']}.",
-            "To fix: convert it with its own library first (e.g. t.float() or "
-            "t.view(torch.uint8))" + (", or take it as NumPy with dlinspect.to_host."
-                                      if f["host_ok"] else "."))
+            f"To fix: {_widen(route)}" + (", or take it as NumPy with dlinspect.to_host."
+                                          if f["host_ok"] else "."))
 
 
 def _host_dtype(route: Any) -> Parts:
@@ -243,7 +255,7 @@ def _host_dtype(route: Any) -> Parts:
             if info.dtype_name.startswith(_SUBBYTE_NAMES) else "")
     return (UnsupportedDTypeError, _subject(route),
             f"has {_dtype_text(info)}, which has no NumPy dtype here{hint}.",
-            "To fix: convert it with its own library first.")
+            f"To fix: {_widen(route)}.")
 
 
 def _numpy_dtype(route: Any) -> Parts:
@@ -546,14 +558,33 @@ def warning(route: Any) -> str | None:
 
 def explain_tree(flat: Any) -> str:
     """``explain``'s text for a batch's routes (a :class:`dlinspect._tree.Flat` of them)."""
-    blocks = []
-    for i, route in enumerate(flat.leaves):
-        key = flat.keystr(i)
+    blocks: list[str] = []
+    kept: list[Any] = []   # a run of untouched leaves under one parent, for one reason
+
+    def end_run() -> None:
+        if kept:
+            first, last, reason = kept[0], kept[-1], kept[-1][1]
+            blocks.append(f"{first[2]}: untouched ({reason})" if len(kept) == 1 else
+                          f"{first[2]} .. {last[2]}: {len(kept)} leaves untouched ({reason})")
+            kept.clear()
+
+    keystr = _tree_keystr()
+    for path, route in zip(flat.key_paths(), flat.leaves):
         if route.action == C.KEEP:
-            blocks.append(f"{key}: untouched ({route.reason})")
-        else:
-            blocks.append(f"{key}:\n  " + explain_one(route, None).replace("\n", "\n  "))
+            if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason
+                         or not path):
+                end_run()
+            kept.append((path, route.reason, keystr(path)))
+            continue
+        end_run()
+        blocks.append(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  "))
+    end_run()
     return "\n".join(blocks)
+
+
+def _tree_keystr() -> Callable[[Any], str]:
+    from jax.tree_util import keystr
+    return lambda path: keystr(tuple(path))
 
 
 def _head(route: Any, x: Any) -> str:
@@ -586,3 +617,22 @@ def explain_one(route: Any, x: Any) -> str:
     if route.error is not None:
         lines.append(f"  error: {type(route.error).__name__}: {route.error}")
     return "\n".join(lines)
+
+
+def explain(x: Any, target: Target = "jax", **options: Any) -> str:
+    """The header and the route, in a few readable lines (one block per pytree leaf).
+
+    Takes the same arguments as :func:`plan`; reads, never consumes.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> print(dlinspect.explain(np.ones(3, np.float32), target="host"))  # doctest: +ELLIPSIS
+    <TensorInfo kDLCPU:0 float32[3] ...>
+    route to host: zero-copy
+      NumPy views the kDLCPU memory directly.
+    """
+    routes = C.plan(x, target, **options)
+    if isinstance(routes, C.Route):
+        return explain_one(routes, x)
+    return explain_tree(flatten(routes))

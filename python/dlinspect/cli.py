@@ -201,6 +201,11 @@ def _inspect(args: argparse.Namespace) -> int:
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not dlinspect._core.is_tensor(x):
+        if isinstance(x, np.ndarray):  # a dtype DLPack has no type for: the core words it
+            try:
+                dlinspect.peek(x)
+            except dlinspect.NotNumericError as exc:
+                return _fail(f"inspect: {args.path or args.expr}: {exc}")
         return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
                      f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
                      f"at a time (for a dict or list, inspect each leaf).")

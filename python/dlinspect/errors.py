@@ -25,6 +25,8 @@ __all__ = [
     "NotDescribableError",
     "ShardingError",
     "ContainerError",
+    "SourceExhaustedError",
+    "StackError",
     "AllocationError",
     "DLInspectWarning",
 ]
@@ -148,6 +150,12 @@ class ContainerError(DLInspectError, TypeError):
     nests deeper than 200 containers or holds a dict whose keys do not sort raises
     it too, naming where. A ``TypeError``.
     """
+
+
+class StackError(DLInspectError, ValueError):
+    """The elements given to :func:`dlinspect.stack` do not stack into one batch: none,
+    different pytree structures, or leaves of different shapes at one key path (the
+    message names which). A ``ValueError``, as ``np.stack`` raises."""
 
 
 class SourceExhaustedError(DLInspectError, RuntimeError):

@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from ._core import collecting, convert
-from ._options import DEFAULT, Options
+from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
 from ._options import options as check_options
 from .errors import DLInspectWarning
 
@@ -33,8 +33,9 @@ _INSTALL = "pip install grain"
 
 
 def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
-               device_buffer_size: int = 2, copy: bool | None = None, fallback: str = "host",
-               readonly: str = "copy", leaves: str = "keep", narrow: str = "warn") -> Any:
+               device_buffer_size: int = 2, copy: bool | None = None,
+               fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
+               narrow: Narrow = "warn") -> Any:
     """Put each element of a grain dataset into JAX through :func:`dlinspect.to_jax`, prefetching.
 
     The stage ``grain.experimental.device_put(ds, device, cpu_buffer_size=...,

@@ -158,11 +158,13 @@ def test_epochs_reiterate(ds, table):
 
 def test_a_bare_generator_is_one_epoch(ds):
     # Dataset.iter() is a generator: prefetch_to_jax over it gives its batches once (as
-    # prefetch_to_jax documents), hence the re-iterable wrapper above.
+    # prefetch_to_jax documents), hence the re-iterable wrapper above; a second epoch is
+    # refused, naming the fix, not an epoch of no batches.
     loader = dlinspect.prefetch_to_jax(ds.with_format("numpy").iter(batch_size=BATCH),
                                        narrow="ok")
     assert len(list(loader)) == -(-N // BATCH)
-    assert list(loader) == []
+    with pytest.raises(dlinspect.SourceExhaustedError, match="generator"):
+        list(loader)
 
 
 def test_agrees_with_with_format_jax(ds):
