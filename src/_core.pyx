@@ -51,6 +51,17 @@ cdef extern from "Python.h":
     Py_ssize_t PyTuple_GET_SIZE(object t)
     bint PyIndex_Check(object o)
 
+cdef extern from "dlinspect/copy.h":
+    ctypedef enum dl_copy_cast:
+        DL_COPY_SAME
+        DL_COPY_F64_F32
+        DL_COPY_U64_U32
+    void dl_advise_huge(void* p, size_t n) noexcept nogil
+    char* dl_copy_run(char* dst, const char* src, int64_t count, int64_t step, size_t src_size,
+                      dl_copy_cast cast) noexcept nogil
+    void dl_gather(char* dst, const char* src, int ndim, const int64_t* shape,
+                   const int64_t* strides, size_t src_size, dl_copy_cast cast) noexcept nogil
+
 cdef extern from *:
     """
     #define DLINSPECT_INT64_MIN INT64_MIN

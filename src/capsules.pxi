@@ -555,43 +555,48 @@ cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
     free(dlm)   # header, shape, strides and data are one allocation
 
 
-cdef object _aligned_copy(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
-    """A "dltensor" capsule owning an ``align``-byte aligned copy of ``info``'s
-    (compact, host) memory: the bytes as they are when (dst_code, dst_bits) is the
-    source's dtype, else each element cast as NumPy's unsafe cast and JAX's x64
-    narrowing do (integers wrap, floats round to nearest, IEEE)."""
+cdef object _aligned_copy(TensorInfo info, int dst_code, int dst_bits, uintptr_t align,
+                          bint c_order=False):
+    """A "dltensor" capsule owning an ``align``-byte aligned copy of ``info``'s host
+    memory, made in one pass without the GIL: the bytes as they are when (dst_code,
+    dst_bits) is the source's dtype, else each element cast as NumPy's unsafe cast and
+    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). Compact
+    memory is copied as one block and keeps its strides (a permuted order included)
+    unless ``c_order``; any other layout (gaps, broadcast, negative strides) is gathered
+    into row-major order. A failed allocation is AllocationError naming the bytes."""
     cdef int32_t ndim = info._ndim
-    cdef int64_t n = info._size, i
+    cdef int64_t n = info._size
+    cdef int d
     cdef size_t head = sizeof(DLManagedTensor) + 2 * <size_t>ndim * sizeof(int64_t)
     cdef size_t dst_bytes = <size_t>n * (dst_bits // 8)
     cdef char* block = <char*>malloc(head + align + dst_bytes)
     if block == NULL:
-        raise MemoryError()
+        words = _words()
+        raise words.allocation_error(dst_bytes, words.describe(info), physical_memory())
     cdef DLManagedTensor* dlm = <DLManagedTensor*>block
     cdef int64_t* shape = <int64_t*>(block + sizeof(DLManagedTensor))
+    cdef int64_t* strides = shape + ndim
     cdef char* dst = block + head + ((align - (<uintptr_t>(block + head) & (align - 1))) & (align - 1))
     cdef const char* src = <const char*>info._ptr()
+    cdef bint block_copy = not c_order and info._is_compact()
     memcpy(shape, info._shape, ndim * sizeof(int64_t))
-    memcpy(shape + ndim, info._strides, ndim * sizeof(int64_t))
-    cdef double d
-    cdef uint64_t u
-    # Compact memory: the elements form one dense block, cast in memory order;
-    # the copy keeps the source's strides. The source may be misaligned for its
-    # type (DLPack allows it): each element is loaded with memcpy.
-    cdef bint floating = info._code == kDLComplex or info._code == kDLFloat
-    cdef int64_t count = 2 * n if info._code == kDLComplex else n
-    cdef bint same = dst_code == info._code and dst_bits == info._bits
+    if block_copy:
+        memcpy(strides, info._strides, ndim * sizeof(int64_t))
+    else:
+        n = 1
+        for d in range(ndim - 1, -1, -1):
+            strides[d] = n
+            n *= shape[d]
+    cdef dl_copy_cast cast = DL_COPY_SAME
+    if dst_code != info._code or dst_bits != info._bits:
+        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
+    cdef size_t src_size = info._bits // 8
     with nogil:
-        if same:
-            memcpy(dst, src, dst_bytes)
-        elif floating:
-            for i in range(count):
-                memcpy(&d, src + 8 * i, 8)
-                (<float*>dst)[i] = <float>d
+        dl_advise_huge(dst, dst_bytes)
+        if block_copy:
+            dl_copy_run(dst, src, info._size, 1, src_size, cast)
         else:
-            for i in range(count):   # kDLInt / kDLUInt: keep the low 32 bits
-                memcpy(&u, src + 8 * i, 8)
-                (<uint32_t*>dst)[i] = <uint32_t>u
+            dl_gather(dst, src, ndim, info._shape, info._strides, src_size, cast)
     memset(dlm, 0, sizeof(DLManagedTensor))
     dlm.dl_tensor.data = dst
     dlm.dl_tensor.device.device_type = kDLCPU

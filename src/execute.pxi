@@ -589,13 +589,24 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
-    """One copy of host memory into C-order, aligned memory (narrowed where JAX
-    narrows), imported without a second copy."""
+    """One copy of host memory, in one pass in C without the GIL, into aligned memory
+    (narrowed where JAX narrows; row-major where JAX cannot view the source's layout),
+    imported without a second copy; the source is freed right after. (Vector lanes are
+    copied by NumPy, as a trailing axis.)"""
+    cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
-    host = _host_copy(cap, route.info,
-                      None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
-                      tg.copy_align)
-    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+    if info._lanes != 1 or info._bits % 8:
+        host = _host_copy(cap, info, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
+                          tg.copy_align)
+        return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+    copy = (_aligned_copy(info, info._code, info._bits, tg.copy_align, route._needs & NEED_LAYOUT)
+            if narrow is None else
+            _aligned_copy(info, narrow[2], narrow[3], tg.copy_align, route._needs & NEED_LAYOUT))
+    arr = tg.import_fn(copy, route.import_device, None, None, <int>kDLCPU)
+    del copy
+    owner = take(cap, True)   # consume the source; its deleter runs right here
+    del owner
+    return _finish(tg, arr, route)
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
@@ -667,7 +678,7 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     """Host memory bound for CPU devices: one owner for the whole tensor, each device
     imports its slice as decided (in one pass in C where every slice is viewed or
-    copied small; else by each slice's own route); JAX assembles the array. The
+    copied in C; else by each slice's own route); JAX assembles the array. The
     producer's deleter runs when the last shard dies. A legacy capsule cannot say
     read-only and is imported as writable, as ``to_jax`` does."""
     cdef TensorInfo info = route.info

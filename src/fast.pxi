@@ -1,20 +1,20 @@
 # fast.pxi: to_jax's fast path. One export, the one decision (needs), then the
-# import when nothing is needed, or a small copy in C when only alignment, x64
-# narrowing or a writable copy is; everything else goes to the general route with
-# the same export and the same answer. Options arrive as one flags value (the bits of
+# import when nothing is needed, or one copy in C when only alignment, x64 narrowing,
+# a writable copy or a row-major layout is; everything else goes to the general route
+# with the same export and the same answer. Options arrive as one flags value (the bits of
 # dlinspect._options.Options.flags).
 
-# Larger tensors are copied by NumPy on the general route: its copy and cast are
-# faster there (vectorised, huge pages) and release the GIL in the same way.
-cdef int64_t _COPY_MAX_BYTES = 1 << 20
-cdef uint32_t _SMALL_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY
+cdef uint32_t _C_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
+# The routes' own bound (_fits): a copy larger than physical memory is an error route.
+cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
-cdef inline bint _small_copy(TensorInfo info, uint32_t n) noexcept:
-    """The one rule of the C copy: compact host memory of at most 1 MiB (whole bytes per
-    element) whose only needs ``n`` are ALIGN, NARROW and/or READ_ONLY."""
-    return ((n & ~_SMALL_COPY_NEEDS) == 0 and info._nbytes <= _COPY_MAX_BYTES
-            and info._bits % 8 == 0)
+cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
+    """The one rule of the fast path's copy: host memory of any layout, whole bytes per
+    element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
+    fits in physical memory: copied in one pass in C (capsules.pxi, ``_aligned_copy``)."""
+    return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
+            and info._nbytes <= _PHYSICAL_BYTES)
 
 
 def to_jax_fast(x, JaxTarget tg, int flags=0):
@@ -29,8 +29,8 @@ def to_jax_fast(x, JaxTarget tg, int flags=0):
         The installed JAX.
     flags : int
         ``Options.flags`` (no ``COPY_ALWAYS`` or ``PLACED`` bit: those never take the
-        fast path). With ``copy=None``, compact host tensors of at most 1 MiB whose
-        only needs are ALIGN, NARROW and/or READ_ONLY are copied in C into
+        fast path). With ``copy=None``, host tensors of any size whose only needs
+        are ALIGN, NARROW, READ_ONLY and/or LAYOUT are copied in one pass in C into
         ``tg.copy_align``-aligned memory (cast where JAX narrows, with its
         DLInspectWarning unless ``narrow="ok"``) and imported; the source is freed
         at once.
@@ -55,7 +55,7 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
 
     Every leaf is exported and its needs computed first; the leaves are imported
     (a second pass) only when every tensor leaf can be imported as it is (or
-    copied small in C). Otherwise nothing is imported and ``pending`` lists every
+    copied in C). Otherwise nothing is imported and ``pending`` lists every
     tensor leaf, so a leaf whose route fails consumes no other leaf's capsule.
 
     Returns
@@ -176,15 +176,15 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 
 
 # What the fast path does with a header: 0 nothing (the general route), 1 import as it
-# is onto the CPU device, 2 copy in C (small, compact, writable host memory only
-# misaligned or narrowed), 3 import as it is onto the JAX device of its own DLPack
+# is onto the CPU device, 2 copy in C (host memory only misaligned, narrowed, read-only
+# or strided), 3 import as it is onto the JAX device of its own DLPack
 # device (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route
 # plan gives a tensor that needs nothing, carried out in C.
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     if info._dev_type == kDLCPU and info._dev_id == 0:
         if n == 0:
             return 1
-        if not flags & _OPT_COPY_NEVER and _small_copy(info, n):
+        if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
             return 2
         return 0
     if n == 0 and (info._dev_type, info._dev_id) in tg.devices:
@@ -208,7 +208,7 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
             text = None
     else:
         dst_key, text = info._key(), None
-    return _copy_and_import(cap, info, tg, dst_key, text)
+    return _copy_and_import(cap, info, tg, dst_key, text, n & NEED_LAYOUT)
 
 
 cdef object _fast_one(object x, JaxTarget tg, int flags):
@@ -228,13 +228,13 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
-                             object text):
-    """Copy compact host memory into aligned memory (cast to ``dst_key``'s dtype,
-    warning ``text``, where JAX narrows), import the copy, and free the source right
-    away (consuming ``cap``)."""
+                             object text, bint c_order):
+    """Copy host memory into aligned memory in one pass (cast to ``dst_key``'s dtype,
+    warning ``text``, where JAX narrows; row-major with ``c_order``, the LAYOUT need),
+    import the copy, and free the source right away (consuming ``cap``)."""
     if text is not None:
         tg.warn(text)   # before consuming: -W error leaves the capsule as it was
-    copy = _aligned_copy(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+    copy = _aligned_copy(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align, c_order)
     arr = tg.import_fn(copy, tg.cpu_device, None, None, <int>kDLCPU)
     del copy
     owner = take(cap, True)   # consume the source; its deleter runs right here
@@ -266,7 +266,8 @@ cdef list _split_import(object cap, TensorInfo info, list parts, list devices, J
             arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                          None, None, kDLCPU))
         else:
-            copy = _aligned_copy(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+            copy = _aligned_copy(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align,
+                                 n & NEED_LAYOUT)
             arrays.append(tg.import_fn(copy, devices[i], None, None, <int>kDLCPU))
             del copy
     return arrays

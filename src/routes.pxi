@@ -400,8 +400,8 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
 
     Host memory bound for CPU devices is split in place: each slice's needs are
     computed here, once. Where every slice is viewed as it is or, with ``copy=None``,
-    copied in C (at most 1 MiB, needing only alignment, x64 narrowing or a writable
-    copy), the route carries the slices (``facts["parts"]``) and is executed in one
+    copied in one pass in C (needing only alignment, x64 narrowing, a writable copy or
+    a row-major layout), the route carries the slices (``facts["parts"]``) and is executed in one
     pass; its ``shards`` are worded only when asked for. Otherwise each slice gets its
     own route.
     """
@@ -438,9 +438,9 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
             copy_bytes += part._nbytes
             if n & NEED_NARROW and narrow is None:
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
-            one_pass = one_pass and may_copy and _small_copy(part, n & ~NEED_VIA_CPU)
+            one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
-    if one_pass:   # every slice viewed, or small ones copied in C: one pass, in C
+    if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
                            needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
                            devices=lay.devices, indices=lay.indices, narrow=narrow,

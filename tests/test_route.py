@@ -227,9 +227,10 @@ class TestCopies:
             assert plan(x).kind == "copy" and buffer_pointer(y) % align == 0
 
 
-class TestSmallCopiesInC:
-    """Compact host tensors of at most 1 MiB whose only needs are ALIGN and NARROW
-    are copied by the core itself (``_core.to_jax_fast``), the source freed at once."""
+class TestCopiesInC:
+    """Host tensors of any size and layout whose only needs are ALIGN, NARROW, READ_ONLY
+    and LAYOUT are copied by the core itself (``_core.to_jax_fast``) in one pass, the
+    source freed at once."""
 
     @pytest.mark.parametrize("dtype, values", [
         (np.float64, [1 / 3, 1e300, -1e-300, np.nan]),
@@ -281,15 +282,30 @@ class TestSmallCopiesInC:
         np.testing.assert_array_equal(np.asarray(y), np.arange(32).reshape(4, 8))
 
     @pytest.mark.parametrize("make, need", [
-        (lambda: aligned(np.ones((4, 4)))[:, ::2], Need.LAYOUT),
         (lambda: np.zeros((0,), np.float32), Need.EMPTY),
-        (lambda: read_only(aligned(np.ones(300_000))), Need.READ_ONLY),   # over 1 MiB
+        (lambda: make_capsule(np.ones(8, np.float32), dtype=(2, 32, 2), shape=(4,)), Need.LANES),
+        (lambda: np.broadcast_to(np.float32(1), (10**6, 10**6)), Need.LAYOUT),  # 4 TB: no room
     ])
     def test_other_needs_go_back_unconsumed(self, make, need):
         x = make()
         cap, info, needs = _core.to_jax_fast(x, target())
         assert capsule_name(cap) in ("dltensor_versioned", "dltensor") and needs & need
-        assert info.shape == x.shape
+        assert info.shape == getattr(x, "shape", info.shape)
+
+    @pytest.mark.parametrize("make, need", [
+        (lambda: aligned(np.arange(16.0).reshape(4, 4))[:, ::2], Need.LAYOUT),
+        (lambda: aligned(np.arange(16.0).reshape(4, 4))[::-1, ::3], Need.LAYOUT),
+        (lambda: np.broadcast_to(np.arange(3.0), (4, 3)), Need.LAYOUT),
+        (lambda: read_only(aligned(np.arange(300_000.0))), Need.READ_ONLY),   # over 1 MiB
+    ])
+    def test_any_size_and_layout_is_copied_in_c(self, make, need):
+        x = make()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DLInspectWarning)
+            y = _core.to_jax_fast(x, target())
+        assert isinstance(y, jax.Array) and buffer_pointer(y) % 64 == 0
+        np.testing.assert_array_equal(np.asarray(y), x.astype(y.dtype))
+        assert plan(x).kind == "copy" and plan(x).needs & need
 
     def test_small_read_only_memory_is_copied_in_c(self):
         # Read-only batches (Ray's, tf.data's as_numpy_iterator) copy like misaligned ones.

@@ -5,7 +5,8 @@ repository's ``benchmarks/`` folder are thin entry points over the same code.
 Suites: ``peek``, ``to_jax``, ``sweep`` (per-call cost against tensor size, for
 every consumer installed), ``loader`` (a torch DataLoader into JAX) and, when named
 (``dlinspect bench --instructions``), ``instructions`` (instructions per call under
-valgrind's callgrind: targets that hold on a noisy machine). Every
+valgrind's callgrind: targets that hold on a noisy machine) and ``copies`` (the copies
+to_jax makes, 1 KiB to 256 MiB, against NumPy's own copy). Every
 figure is a median measured in the run that reports it; targets are ratios
 against baselines measured in the same run.
 """
@@ -24,7 +25,7 @@ __all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "plot_swee
            "write_markdown", "summary_markdown", "SUMMARY_BEGIN", "SUMMARY_END"]
 
 #: Every suite; :data:`DEFAULT_SUITES` run when none is named.
-SUITES = ("peek", "to_jax", "sweep", "loader", "instructions")
+SUITES = ("peek", "to_jax", "sweep", "loader", "instructions", "copies")
 DEFAULT_SUITES = ("peek", "to_jax", "sweep", "loader")
 
 
@@ -36,7 +37,7 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     ----------
     names : sequence of str
         Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``,
-        ``instructions``).
+        ``instructions``, ``copies``).
     quick : bool
         Fewer repeats, shorter timings, smaller sizes: under 30 s on two cores.
     repeat : int or None

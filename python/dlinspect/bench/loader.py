@@ -183,10 +183,11 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     step = make_step()
     e2e = max(3, repeat // 3)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
-    for where, make_batches, times, kwargs in (
-            ("conversion", lambda: batches, repeat, {}),
-            ("end_to_end", lambda: loader, e2e, {"step": step}),
-            ("end_to_end_synced", lambda: loader, e2e, {"step": step, "sync": True})):
+    runs: list[tuple[str, Callable[[], Any], int, dict[str, Any]]] = [
+        ("conversion", lambda: batches, repeat, {}),
+        ("end_to_end", lambda: loader, e2e, {"step": step}),
+        ("end_to_end_synced", lambda: loader, e2e, {"step": step, "sync": True})]
+    for where, make_batches, times, kwargs in runs:
         if tick:
             tick(f"loader: {where}")
         tables[where] = _rates(METHODS, make_batches, times, **kwargs)
