@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build dlinspect._core with AddressSanitizer and UndefinedBehaviorSanitizer in a fresh
 # virtual environment (.venv-asan, build dir build-asan) and run the peek, routing, agreement,
-# multi-device, prefetch and fuzz tests with the sanitizer runtimes preloaded into Python.
+# copy, stack, batch, multi-device, prefetch and fuzz tests with the sanitizer runtimes preloaded into Python.
 # Any sanitizer report aborts the process, which fails the run.
 #
 # Usage: bash scripts/sanitize.sh [pytest args...]    (default: the tests named below)
@@ -24,7 +24,8 @@ echo "sanitize.sh: $so is instrumented (ASan + UBSan)"
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
     tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_devices.py
-           tests/test_producers.py tests/test_agreement.py
+           tests/test_producers.py tests/test_agreement.py tests/test_copies.py
+           tests/test_stack.py tests/test_batches.py tests/test_whole_batches.py
            tests/test_prefetch.py
            tests/test_multidevice.py tests/test_fuzz.py tests/test_reliability.py)
 fi
