@@ -15,6 +15,7 @@ The flow runs one way, one concern per included file::
     shard.pxi    how a sharding cuts a tensor (geometry, cached per shape)
     routes.pxi   the needs made into a Route of facts (the decision, pure)
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
+    report.pxi   LoaderReport: a loader's bytes zero-copy and copied, per key path, and why
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
     stack.pxi    dlinspect.stack: batches written once into memory JAX views
 
@@ -129,5 +130,6 @@ include "needs.pxi"
 include "shard.pxi"
 include "routes.pxi"
 include "fast.pxi"
+include "report.pxi"
 include "execute.pxi"
 include "stack.pxi"

@@ -252,20 +252,21 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     return flat.unflatten(routes)
 
 
-def convert(x, opts, JaxTarget tg=None):
+def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
     """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
-    (what the loaders hold and hand over for every batch)."""
+    (what the loaders hold and hand over for every batch); ``report``: a loader's
+    :class:`LoaderReport`, which counts the batch once it is converted."""
     if tg is None:
         tg = _TARGET if _TARGET is not None else _jax_target()
-    return _convert(x, tg, opts, opts.flags)
+    return _convert(x, tg, opts, opts.flags, report)
 
 
-cdef object _convert(x, JaxTarget tg, opts, int flags):
+cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
     if flags & _OPT_PLACED and opts.sharding is not None:
-        return _convert_sharded(x, tg, opts, flags)
+        return _convert_sharded(x, tg, opts, flags, report)
     tp = type(x)
-    if tp is dict or tp is list or tp is tuple:
-        return _convert_tree(x, tg, opts, flags)
+    if tp is dict or tp is list or tp is tuple or report is not None:
+        return _convert_tree(x, tg, opts, flags, report)
     if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED) and not is_tensor(x):
         return _convert_tree(x, tg, opts, flags)
     cap = got = None
@@ -417,7 +418,7 @@ cdef object _rebuilt(type tp, list keys, list out):
     return out if tp is list else tuple(out)
 
 
-cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
+cdef object _convert_tree(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
     """Every leaf of a batch (a plain dict, list or tuple of tensors walked here, any
     other batch once by dlinspect._tree), decided before any is consumed: a leaf whose
     route fails leaves the others (bare capsules too) as they were. The fast path over
@@ -428,13 +429,15 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
     cdef list keys = []
     cdef list leaves = None
     fast = not flags & (_OPT_COPY_ALWAYS | _OPT_PLACED)
+    if report is not None:
+        report._drop()   # (what a failed batch noted)
     if tp is dict or tp is list or tp is tuple:
         leaves = _container_values(x, tp, keys)
         if leaves is not None:
             _refuse_repeated_capsule(leaves, None, x)
         if leaves is not None and fast and not flags & _OPT_LEAVES_RAISE:
             try:
-                got = _fast_many(leaves, tg, flags, True)   # None: a value is no tensor
+                got = _fast_many(leaves, tg, flags, True, report)   # None: a value is no tensor
             except Exception as exc:
                 index = getattr(exc, "_dlinspect_leaf", -1)
                 if index >= 0:
@@ -443,6 +446,8 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
             if got is None:
                 leaves = None
             elif not got[1]:
+                if report is not None:
+                    report._end(_plain_keys(tp, keys))
                 return _rebuilt(tp, keys, got[0])
         elif leaves is not None and not all(_tensor_type(v) for v in leaves):
             leaves = None
@@ -461,7 +466,8 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
                 if not is_tensor(leaf):
                     _raise_route(untouched(leaf, "jax", opts))
         if fast:
-            out, pending = got if got is not None else _fast_many(leaves, tg, flags)
+            out, pending = got if got is not None else _fast_many(leaves, tg, flags, False,
+                                                                  report)
             for i, cap, info, needs, fast in pending:
                 route = None
                 if cap is None:
@@ -470,6 +476,11 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
                     route = route_jax(info, needs, tg, opts, leaves[i])
                 if route is not None and route.problem is not None:
                     _raise_route(route)
+                if report is not None:
+                    if route is None:
+                        report._note(i, (<TensorInfo>info)._nbytes, needs)
+                    else:
+                        report._note_route(i, route, False)
                 decided.append((i, route, cap, info, needs))
         else:
             out = list(leaves)
@@ -478,20 +489,53 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags):
                     route, cap = _decide_leaf(leaf, tg, opts)
                     if route.problem is not None:
                         _raise_route(route)
+                    if report is not None:
+                        report._note_route(i, route, flags & _OPT_COPY_ALWAYS)
                     decided.append((i, route, cap, None, 0))
         for i, route, cap, info, needs in sorted(decided, key=_leaf_order):
             out[i] = (_import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
                       if route is None else _execute(route, cap, leaves[i], tg, opts))
     except BaseException as exc:
         got = pending = out = decided = cap = info = None   # the exports let go of (see _convert)
+        if report is not None:
+            report._drop()
         index = getattr(exc, "_dlinspect_leaf", i)
         if index >= 0 and isinstance(exc, Exception):
             _words().name_leaf(exc, (flat or _tree.flatten(x)).keystr(index))
         raise
+    if report is not None:
+        report._end(_plain_keys(tp, keys) if flat is None else _flat_keys(flat))
     return _rebuilt(tp, keys, out) if flat is None else flat.unflatten(out)
 
 
-cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
+cdef object _plain_keys(type tp, list keys):
+    """Leaf index to key path (as ``jax.tree_util.keystr`` writes it) in a plain dict,
+    list or tuple."""
+    if tp is dict:
+        return lambda i: f"[{keys[i]!r}]"
+    return lambda i: f"[{i}]"
+
+
+cdef object _flat_keys(flat):
+    keystr = _options_module.jax_module("jax.tree_util").keystr
+    paths = flat.key_paths()
+    return lambda i: keystr(paths[i])
+
+
+cdef int _report_sharded(LoaderReport report, list parts, bint forced) except -1:
+    """A sharded batch's leaves, counted under their key paths (the sub-tree's prefix
+    first)."""
+    keystr = _options_module.jax_module("jax.tree_util").keystr
+    cdef list keys = []
+    for prefix, flat, _, decided in parts:
+        paths = flat.key_paths()
+        for i, route, _ in decided:
+            report._note_route(len(keys), route, forced)
+            keys.append(keystr(tuple(prefix) + tuple(paths[i])))
+    return report._end(keys.__getitem__)
+
+
+cdef object _convert_sharded(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
     """Each leaf onto its sharding (one Sharding, or a pytree of them that is a prefix of
     the batch's structure, as ``jax.device_put`` takes), every leaf of every sub-tree
     decided (route_sharded: one decision per leaf) before any is consumed, then each
@@ -531,10 +575,13 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags):
         return len(parts) - 1
 
     try:
-        return _convert_subtrees(x, tg, sharding, decide_subtree, parts)
+        out = _convert_subtrees(x, tg, sharding, decide_subtree, parts)
     except BaseException:
         del parts[:]   # the exports let go of (see _convert)
         raise
+    if report is not None:
+        _report_sharded(report, parts, flags & _OPT_COPY_ALWAYS)
+    return out
 
 
 cdef object _convert_subtrees(x, JaxTarget tg, sharding, decide_subtree, list parts):

@@ -79,7 +79,8 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
     return _fast_many(leaves, tg, flags)
 
 
-cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=False):
+cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=False,
+                      LoaderReport report=None):
     # only_tensors: the values of a plain container walked in C; one that is neither a
     # tensor nor a plain scalar (str, bytes, a number, None) may be a container itself, so
     # None is returned at once (nothing is consumed: the exports made so far are released)
@@ -143,6 +144,8 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
+            if report is not None:
+                report._note(i, (<TensorInfo>infos[i])._nbytes, needs[i])
         return out, []
     except BaseException:
         caps = infos = None   # the exports let go of with the error handled (see _convert)

@@ -278,3 +278,80 @@ def test_a_one_shot_source_refuses_a_second_epoch(thread):
         iter(gen)
     again = prefetch_to_jax(batches, thread=thread)
     assert [len(list(again)) for _ in range(2)] == [3, 3]
+
+
+class TestReport:
+    """loader.report: per key path, bytes zero-copy and copied by reason, over an epoch."""
+
+    @staticmethod
+    def batch(i, aligned=True):
+        x = aligned_empty((16, 4), np.float32, 64, offset=0 if aligned else 16)
+        x[...] = i
+        ro = aligned_empty((8,), np.float32, 64)
+        ro.flags.writeable = False
+        return {"x": x, "ro": ro, "strided": np.ones((4, 4), np.float32)[:, ::2],
+                "label": aligned_empty((4,), np.int32, 64), "id": f"b{i}"}
+
+    @pytest.mark.parametrize("thread", [None, True, False])
+    def test_counts_per_key_path_and_reason(self, thread):
+        loader = prefetch_to_jax([self.batch(i, aligned=i % 2 == 0) for i in range(6)],
+                                 thread=thread)
+        assert [float(b["x"][0, 0]) for b in loader] == [0, 1, 2, 3, 4, 5]
+        got = loader.report.as_dict()
+        assert loader.report.batches == 6 and set(got) == {"['x']", "['ro']", "['strided']",
+                                                           "['label']"}   # ids: no tensor
+        assert got["['x']"] == {"batches": 6, "zero_copy_bytes": 3 * 256,
+                                "copied_bytes": {"alignment": 3 * 256}}
+        assert got["['ro']"]["copied_bytes"] == {"read-only": 6 * 32}
+        assert got["['strided']"]["copied_bytes"] == {"strides": 6 * 32}
+        assert got["['label']"] == {"batches": 6, "zero_copy_bytes": 6 * 16, "copied_bytes": {}}
+        table = str(loader.report).splitlines()
+        assert table[0].split()[:2] == ["leaf", "batches"] and len(table) == 5
+        assert any(line.split()[:4] == ["['x']", "6", "768", "768"] and line.endswith(
+            "(alignment)") for line in table)
+        # A new epoch counts again; a failed batch counts nothing.
+        assert len(list(loader)) == 6 and loader.report.batches == 6
+        bad = prefetch_to_jax([self.batch(0), {"x": FakeProducer(np.ones(2), refuse="no")}],
+                              thread=False)
+        with pytest.raises(dlinspect.ProducerError):
+            list(bad)
+        assert bad.report.batches == 1 and set(bad.report.as_dict()) == set(got)
+
+    @staticmethod
+    def big(i, aligned):
+        x = aligned_empty((128, 128), np.float32, 64, offset=0 if aligned else 16)   # 64 KiB
+        x[...] = i
+        return x
+
+    def test_one_warning_per_loader_naming_the_fix(self):
+        from dlinspect._core import ADVISE_AFTER, ADVISE_MIN_BYTES
+        assert self.big(0, True).nbytes == ADVISE_MIN_BYTES
+        loader = prefetch_to_jax([{"x": self.big(i, aligned=False), "y": np.ones(4),
+                                   "small": self.batch(i, aligned=False)["x"]}
+                                  for i in range(ADVISE_AFTER + 2)], narrow="ok", thread=False)
+        with pytest.warns(dlinspect.DLInspectWarning,
+                          match=r"^\['x'\]: copied in every one of the first 8 batches of "
+                                r"the epoch \(65536 bytes each\).*To fix: make the batches "
+                                r"with dlinspect\.stack") as seen:
+            list(loader)
+            list(loader)   # a second epoch: no second warning
+        assert len([w for w in seen if "copied in every" in str(w.message)]) == 1
+        # Narrowing the user asked for (narrow="ok") is no advice; a leaf copied only in
+        # some batches, or small ("small" above), neither.
+        quiet = prefetch_to_jax([{"y": np.ones(4), "x": self.big(i, aligned=i != 3)}
+                                 for i in range(ADVISE_AFTER)], narrow="ok", thread=False)
+        import warnings as _w
+        with _w.catch_warnings():
+            _w.simplefilter("error", dlinspect.DLInspectWarning)
+            list(quiet)
+
+    def test_single_tensors_and_stacked_batches(self):
+        elements = [{"x": self.batch(i, aligned=False)["x"]} for i in range(4)]
+        loader = prefetch_to_jax([dlinspect.stack(elements), dlinspect.stack(elements)],
+                                 thread=False)
+        list(loader)
+        assert loader.report.as_dict()["['x']"]["copied_bytes"] == {}   # born aligned
+        one = prefetch_to_jax([np.ones((4, 4), np.float32)[:, ::2]] * 2, thread=False)
+        list(one)
+        assert one.report.as_dict() == {"": {"batches": 2, "zero_copy_bytes": 0,
+                                             "copied_bytes": {"strides": 64}}}

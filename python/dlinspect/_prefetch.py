@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._core import collecting, convert, warn
+from ._core import LoaderReport, collecting, convert, warn
 from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
 from .errors import DLInspectWarning, SourceExhaustedError
 
@@ -68,6 +68,11 @@ class PrefetchLoader:
         :func:`prefetch_to_jax`, ``thread``).
     options : Options
         The :func:`to_jax` options for every batch, checked once.
+    report : LoaderReport
+        Per key path, the bytes the current epoch imported zero-copy and copied, and
+        why (``print(loader.report)``, ``loader.report.as_dict()``); one
+        ``DLInspectWarning`` per loader where a leaf is copied in every batch for a
+        reason the user can remove.
     """
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
@@ -77,6 +82,7 @@ class PrefetchLoader:
         self.thread = thread
         self.options = options
         self._progress = progress
+        self.report = LoaderReport()
         self._spent = False   # an epoch over a one-shot source (an iterator) has begun
 
     def __len__(self) -> int:
@@ -99,14 +105,15 @@ class PrefetchLoader:
                     f"list), or call prefetch_to_jax on a new iterator per epoch.")
             self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
+        self.report.new_epoch()
         if self.thread is False:
-            return _inline(it, bar, self.options)
+            return _inline(it, bar, self.options, self.report)
         from ._jaxcaps import target
         # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
         x64 = bool(target().x64.value)
         if self.thread is None:
-            return _auto(it, self.size, bar, self.options, x64)
-        return _prefetch(it, self.size, bar, self.options, x64)
+            return _auto(it, self.size, bar, self.options, x64, self.report)
+        return _prefetch(it, self.size, bar, self.options, x64, self.report)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
@@ -226,8 +233,8 @@ def _progress_bar(iterable: Any) -> Any:
     return tqdm(total=total, unit="batch", desc="prefetch_to_jax")
 
 
-def _auto(it: Iterator[Any], size: int, bar: Any, options: Options,
-          x64: bool) -> Iterator[Any]:
+def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
+          report: LoaderReport) -> Iterator[Any]:
     """The first batches on the consumer's thread, timed; then a worker thread only if
     both sides have work to overlap (see ``_OVERLAP_S``)."""
     load: list[float] = []
@@ -239,7 +246,7 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: Options,
             if batch is _END:
                 _close(it, bar)
                 return
-            out = convert(batch, options)
+            out = convert(batch, options, None, report)
             del batch
             load.append(time.perf_counter() - start)
             if bar is not None:
@@ -253,7 +260,8 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: Options,
         raise
     threaded = (not _on_cpu(options)
                 and min(statistics.median(load), statistics.median(consume)) > _OVERLAP_S)
-    yield from (_prefetch(it, size, bar, options, x64) if threaded else _inline(it, bar, options))
+    yield from (_prefetch(it, size, bar, options, x64, report) if threaded
+                else _inline(it, bar, options, report))
 
 
 _END = object()
@@ -279,10 +287,11 @@ def _close(it: Iterator[Any], bar: Any) -> None:
         bar.close()
 
 
-def _inline(it: Iterator[Any], bar: Any, options: Options) -> Iterator[Any]:
+def _inline(it: Iterator[Any], bar: Any, options: Options,
+            report: LoaderReport) -> Iterator[Any]:
     try:
         for batch in it:
-            out = convert(batch, options)
+            out = convert(batch, options, None, report)
             del batch
             if bar is not None:
                 bar.update(1)
@@ -292,8 +301,8 @@ def _inline(it: Iterator[Any], bar: Any, options: Options) -> Iterator[Any]:
         _close(it, bar)
 
 
-def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options,
-              x64: bool) -> Iterator[Any]:
+def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
+              report: LoaderReport) -> Iterator[Any]:
     ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
     stop = threading.Event()
 
@@ -316,7 +325,7 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options,
                     # Warnings (x64 narrowing) are kept with the batch and emitted on
                     # the consumer's thread, at the consumer's line.
                     collecting.messages = []
-                    converted = convert(batch, options)
+                    converted = convert(batch, options, None, report)
                     if stop.is_set() or not put((_BATCH, (converted, collecting.messages))):
                         return
                     del batch

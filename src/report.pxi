@@ -1,0 +1,163 @@
+# report.pxi: what a loader's conversions copied, per key path, and why (the needs each
+# leaf's route was decided from), with one warning per loader where the user can remove
+# a copy made in every batch.
+
+#: Batches a loader converts before its report looks for a copy made in every one.
+ADVISE_AFTER = 8
+#: Bytes per batch below which a leaf's copy is not worth a warning (it costs less than
+#: the call that makes it).
+ADVISE_MIN_BYTES = 64 * 1024
+
+# Need bits, in the words of the report (one reason per bit a copy can come from).
+cdef tuple _REASONS = (
+    (NEED_DEVICE, "foreign device"), (NEED_DTYPE, "dtype"), (NEED_NUMPY_PUT, "dtype"),
+    (NEED_PACKED, "dtype"), (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"),
+    (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
+)
+# Why a copy with one reason is made, and what removes it, where the user can.
+cdef dict _REMEDIES = {
+    "alignment": ("its memory is not aligned as XLA:CPU needs to view it",
+                  "make the batches with dlinspect.stack, which writes them where JAX views "
+                  "them (grain: .batch(n, batch_fn=dlinspect.stack); a torch DataLoader "
+                  "without workers: collate_fn=dlinspect.stack)"),
+    "read-only": ("its memory is read-only and JAX arrays are writable (by donation)",
+                  'pass readonly="share" where the producer never rewrites a batch it has '
+                  'handed over (Ray, tf.data\'s as_numpy_iterator(), pyarrow): see '
+                  'to_jax\'s readonly'),
+    "strides": ("its strides are not ones JAX can view",
+                "make each batch contiguous where it is made (np.ascontiguousarray, "
+                "t.contiguous()): the copy is then made once there, or not at all"),
+}
+
+
+cdef str _copy_reason(uint32_t needs, bint forced):
+    """The reasons a leaf with ``needs`` is copied, joined ("alignment, narrowing"), or
+    None where it is not (a view, an empty tensor, memory the CPU backend views)."""
+    words = ["copy=True"] if forced else []
+    if needs & NEED_DEVICE:    # a host copy whatever the memory's layout
+        needs &= NEED_DEVICE | NEED_NARROW | NEED_DTYPE
+    if needs & NEED_LAYOUT:    # gathered: its start's alignment and its flag are moot
+        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)
+    for bit, word in _REASONS:
+        if needs & <uint32_t>bit and word not in words:
+            words.append(word)
+    return ", ".join(words) if words else None
+
+
+cdef class LoaderReport:
+    """What a loader's conversions imported zero-copy and what they copied, and why,
+    per key path, over the current epoch: ``PrefetchLoader.report``.
+
+    Counts the bytes of each tensor leaf as its route found them (the source's bytes,
+    as ``Route.copy_bytes`` counts them): imported zero-copy, or copied for its reasons
+    (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"foreign
+    device"``, ``"dtype"``, ``"copy=True"``; several joined with ", " where one copy
+    serves them all). A batch counts once it is converted (a failed one not at all).
+    ``str(report)`` is a table; :meth:`as_dict` the same figures.
+
+    After the first :data:`ADVISE_AFTER` batches of an epoch, a leaf copied in every one
+    of them for one reason the user can remove (alignment, read-only, strides), of at
+    least :data:`ADVISE_MIN_BYTES` a batch, gets one ``DLInspectWarning`` per loader,
+    naming the fix.
+
+    Attributes
+    ----------
+    batches : int
+        Batches counted this epoch.
+    """
+
+    cdef public Py_ssize_t batches
+    cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
+    cdef list _pending    # (leaf index, bytes, reason or None) of the batch being converted
+    cdef bint _warned
+
+    def __init__(self):
+        self.batches = 0
+        self._leaves = {}
+        self._pending = []
+        self._warned = False
+
+    def new_epoch(self):
+        """Start the counts again (a new epoch); the one warning stays given."""
+        self.batches = 0
+        self._leaves = {}
+        self._pending = []
+
+    cdef int _note(self, Py_ssize_t i, int64_t nbytes, uint32_t needs) except -1:
+        """A leaf the fast path decided: copied where it needs anything but a view."""
+        self._pending.append((i, nbytes, _copy_reason(needs, False)))
+        return 0
+
+    cdef int _note_route(self, Py_ssize_t i, Route route, bint forced) except -1:
+        """A leaf of the general route: copied where its route copies (``forced``:
+        ``copy=True`` was asked for)."""
+        cdef int64_t nbytes = ((<TensorInfo>route.info)._nbytes if route.info is not None
+                               else route.copy_bytes)
+        if not route.copy_bytes:
+            reason = None
+        elif route.info is None:   # NumPy memory DLPack cannot describe
+            reason = "byte order or byte strides"
+        else:
+            reason = _copy_reason(route._needs, forced) or "sharding"
+        self._pending.append((i, nbytes, reason))
+        return 0
+
+    cdef int _drop(self) except -1:
+        self._pending = []
+        return 0
+
+    cdef int _end(self, keys) except -1:
+        """The batch converted: its leaves counted under ``keys(index)``."""
+        cdef list entry
+        for i, nbytes, reason in self._pending:
+            key = keys(i)
+            entry = self._leaves.get(key)
+            if entry is None:
+                entry = self._leaves[key] = [0, 0, {}]
+            entry[0] += 1
+            if reason is None:
+                entry[1] += nbytes
+            else:
+                got = entry[2].setdefault(reason, [0, 0])
+                got[0] += nbytes
+                got[1] += 1
+        self._pending = []
+        self.batches += 1
+        if not self._warned and self.batches == ADVISE_AFTER:
+            text = self._advice()
+            if text is not None:
+                self._warned = True
+                warn(text)
+        return 0
+
+    cdef object _advice(self):
+        for key, (n, _, copied) in self._leaves.items():
+            for reason, (nbytes, times) in copied.items():
+                if (times == self.batches and reason in _REMEDIES
+                        and nbytes // times >= ADVISE_MIN_BYTES):
+                    why, fix = _REMEDIES[reason]
+                    return (f"{key or 'the batch'}: copied in every one of the first "
+                            f"{self.batches} batches of the epoch ({nbytes // times} bytes each): {why}. "
+                            f"To fix: {fix}. (One warning per loader; loader.report counts "
+                            f"every leaf.)")
+        return None
+
+    def as_dict(self):
+        """``{key path: {"batches": n, "zero_copy_bytes": b, "copied_bytes": {reason: b}}}``
+        (bytes in total over the epoch; the key path as ``jax.tree_util.keystr`` writes
+        it, "" for a batch that is one tensor)."""
+        return {key: {"batches": n, "zero_copy_bytes": zero,
+                      "copied_bytes": {r: b for r, (b, _) in copied.items()}}
+                for key, (n, zero, copied) in self._leaves.items()}
+
+    def __str__(self):
+        rows = [("leaf", "batches", "zero-copy bytes", "copied bytes (why)")]
+        for key, (n, zero, copied) in sorted(self._leaves.items()):
+            why = "; ".join(f"{b} ({r})" for r, (b, _) in copied.items()) or "0"
+            rows.append((key or "(the batch)", str(n), str(zero), why))
+        widths = [max(len(r[c]) for r in rows) for c in range(3)]
+        return "\n".join("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3]
+                         for r in rows)
+
+    def __repr__(self):
+        return f"<LoaderReport of {self.batches} batches, {len(self._leaves)} leaves>"
