@@ -242,6 +242,29 @@ def test_aligned_batches_zero_copy_and_copy_false():
         check_batch(got)
 
 
+def test_dlinspect_stack_as_batch_fn_is_zero_copy_and_reported():
+    """batch_fn=dlinspect.stack: np.stack's values, every numeric leaf born aligned and
+    viewed; the stage's report counts it (and, for np.stack's batches, the copies)."""
+    rec = Recorder()
+    ds = (grain.MapDataset.source(Examples(64)).map(int32_labels)
+          .batch(8, batch_fn=dlinspect.stack).map(rec))
+    stage = dlinspect.grain.device_put(ds)
+    out = list(stage)
+    for got in out:
+        check_batch(got)
+    assert check_sharing(out, rec) == {("image", "zero-copy"): 8, ("label", "zero-copy"): 8}
+    report = stage.report.as_dict()
+    assert stage.report.batches == 8 and set(report) == {"['image']", "['label']"}
+    assert all(r["copied_bytes"] == {} for r in report.values())
+    image_bytes = 8 * 8 * int(np.prod(SHAPE)) * 4
+    assert report["['image']"]["zero_copy_bytes"] == image_bytes
+    plain = dlinspect.grain.device_put(grain.MapDataset.source(Examples(64)).batch(8), **quiet())
+    list(plain)
+    got = plain.report.as_dict()["['image']"]
+    assert got["zero_copy_bytes"] + sum(got["copied_bytes"].values()) == image_bytes
+    assert set(got["copied_bytes"]) <= {"alignment"}
+
+
 def test_device_given_as_grain_users_pass_it():
     """``device_put(ds, jax.devices()[0])`` (grain's positional device): arrays on that
     device, zero-copy kept (converted as device=None, to_jax's batch fast path)."""
