@@ -284,8 +284,21 @@ class TestReport:
     """loader.report: per key path, bytes zero-copy and copied by reason, over an epoch."""
 
     @staticmethod
-    def batch(i, aligned=True):
-        x = aligned_empty((16, 4), np.float32, 64, offset=0 if aligned else 16)
+    def off():
+        """Bytes past an alignment XLA:CPU views that it does not view (jaxlib < 0.5 views
+        16-byte aligned memory; later ones 64-byte aligned)."""
+        from dlinspect._jaxcaps import target
+        return max(4, target().cpu_align // 2)
+
+    @staticmethod
+    def alignment_matters():
+        """Whether this XLA:CPU copies memory for its alignment (jaxlib 0.4.30 views any)."""
+        from dlinspect._jaxcaps import target
+        return target().cpu_align > 4
+
+    @classmethod
+    def batch(cls, i, aligned=True):
+        x = aligned_empty((16, 4), np.float32, 64, offset=0 if aligned else cls.off())
         x[...] = i
         ro = aligned_empty((8,), np.float32, 64)
         ro.flags.writeable = False
@@ -300,15 +313,17 @@ class TestReport:
         got = loader.report.as_dict()
         assert loader.report.batches == 6 and set(got) == {"['x']", "['ro']", "['strided']",
                                                            "['label']"}   # ids: no tensor
-        assert got["['x']"] == {"batches": 6, "zero_copy_bytes": 3 * 256,
-                                "copied_bytes": {"alignment": 3 * 256}}
+        assert got["['x']"] == ({"batches": 6, "zero_copy_bytes": 3 * 256,
+                                 "copied_bytes": {"alignment": 3 * 256}}
+                                if self.alignment_matters() else
+                                {"batches": 6, "zero_copy_bytes": 6 * 256, "copied_bytes": {}})
         assert got["['ro']"]["copied_bytes"] == {"read-only": 6 * 32}
         assert got["['strided']"]["copied_bytes"] == {"strides": 6 * 32}
         assert got["['label']"] == {"batches": 6, "zero_copy_bytes": 6 * 16, "copied_bytes": {}}
         table = str(loader.report).splitlines()
         assert table[0].split()[:2] == ["leaf", "batches"] and len(table) == 5
         assert any(line.split()[:4] == ["['x']", "6", "768", "768"] and line.endswith(
-            "(alignment)") for line in table)
+            "(alignment)") for line in table) or not self.alignment_matters()
         # A new epoch counts again; a failed batch counts nothing.
         assert len(list(loader)) == 6 and loader.report.batches == 6
         bad = prefetch_to_jax([self.batch(0), {"x": FakeProducer(np.ones(2), refuse="no")}],
@@ -317,14 +332,16 @@ class TestReport:
             list(bad)
         assert bad.report.batches == 1 and set(bad.report.as_dict()) == set(got)
 
-    @staticmethod
-    def big(i, aligned):
-        x = aligned_empty((128, 128), np.float32, 64, offset=0 if aligned else 16)   # 64 KiB
+    @classmethod
+    def big(cls, i, aligned):
+        x = aligned_empty((128, 128), np.float32, 64, offset=0 if aligned else cls.off())
         x[...] = i
         return x
 
     def test_one_warning_per_loader_naming_the_fix(self):
         from dlinspect._core import ADVISE_AFTER, ADVISE_MIN_BYTES
+        if not self.alignment_matters():
+            pytest.skip("this jaxlib views memory of any alignment: no copy to advise on")
         assert self.big(0, True).nbytes == ADVISE_MIN_BYTES
         loader = prefetch_to_jax([{"x": self.big(i, aligned=False), "y": np.ones(4),
                                    "small": self.batch(i, aligned=False)["x"]}
