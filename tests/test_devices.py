@@ -160,6 +160,9 @@ class TestForeignDevices:
         p = FakeProducer(src, (D.kDLVulkan, 0), copy_into=True)
         route = plan(p)
         assert route.kind == "host-fallback" and "copy_into(out)" in route.reason
+        assert "two copies at peak" not in route.reason
+        # Without a copy into given memory, plan says what the peak may be.
+        assert "two copies at peak" in plan(FakeProducer(src, (D.kDLVulkan, 0))).reason
         y = to_jax(p)
         np.testing.assert_array_equal(np.asarray(y), src)
         assert [a.ctypes.data for a in p.served] == [buffer_pointer(y)]

@@ -444,7 +444,9 @@ def _producer_copy(route: Any) -> str:
     if route.target == "host":
         return f"{where} memory is not host-accessible: {words}."
     narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
-    return f"{where} memory: {words}; JAX imports that{narrowed}."
+    peak = "" if f.get("into") else (", viewed where it can be, else copied once more "
+                                     "(two copies at peak)")
+    return f"{where} memory: {words}; JAX imports that{narrowed}{peak}."
 
 
 def _numpy_copy(route: Any) -> str:
