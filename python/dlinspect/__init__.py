@@ -15,7 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
         "pip install --no-build-isolation -Cbuild-dir=build -e ."
     ) from exc
 
-from ._core import MAX_NDIM, Need, Route, TensorInfo, peek, plan, stack, to_host, to_jax
+from ._core import MAX_NDIM, LoaderReport, Need, Route, TensorInfo, peek, plan, stack, to_host, to_jax
 from ._core import DLDataType, DLDataTypeCode, DLDeviceType
 from ._words import explain
 from ._prefetch import PrefetchLoader, prefetch_to_jax
@@ -51,6 +51,7 @@ __all__ = [
     "stack",
     "prefetch_to_jax",
     "PrefetchLoader",
+    "LoaderReport",
     "Route",
     "Need",
     "TensorInfo",
