@@ -85,6 +85,8 @@ class Producer(_NamedTuple):
     default)."""
     other: str = "convert the tensor with its own library first"
     """What to do when a refusal of this producer matches none of its hints."""
+    contiguous: str = ""
+    """How the producer makes a contiguous copy of a tensor (``""``: unknown)."""
 
 
 _LOADER_FIX = ("it is a data loader, not a batch: iterate it through "
@@ -100,6 +102,7 @@ PRODUCERS = {
                                    astype="x.astype(numpy.{})"),
     ("torch", "Tensor"): Producer(GUARD_TORCH, _TORCH_HINTS, into="torch",
                                   doctor=("torch", "m.Tensor"), astype="t.to(torch.{})",
+                                  contiguous="t.contiguous()",
                                   other="convert it with torch first (t.cpu(), "
                                   "t.contiguous(), t.to(dtype))"),
     ("jax", "Array"): Producer(GUARD_JAX, (
@@ -107,6 +110,7 @@ PRODUCERS = {
          "first with x.astype(jax.numpy.int8)"),), doctor=("jax", "type(m.numpy.zeros(1))"),
         astype="x.astype(jax.numpy.{})", other="take it as NumPy with numpy.asarray(x)"),
     ("cupy", "ndarray"): Producer(doctor=("cupy", "m.ndarray"), astype="x.astype(cupy.{})",
+                                  contiguous="cupy.ascontiguousarray(x)",
                                   other="convert it with CuPy first (cupy.asnumpy(x), "
                                   "cupy.ascontiguousarray(x))"),
     ("tensorflow", "EagerTensor"): Producer(GUARD_TF,
@@ -149,6 +153,7 @@ PRODUCERS = {
                                                     "type(m.asarray([1]))")),
     ("tvm_ffi", "Tensor"): Producer(doctor=("tvm_ffi", "m.Tensor")),
     ("dpnp", "ndarray"): Producer(doctor=("dpnp", "m.ndarray"), astype="x.astype(dpnp.{})",
+                                  contiguous="dpnp.ascontiguousarray(x)",
                                   other="take it as NumPy with dpnp.asnumpy(x)"),
     # Loaders: what a user meant to convert is each batch they give.
     ("torch", "DataLoader"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),

@@ -237,7 +237,8 @@ cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         return _route_through_host(info, needs, tg, opts, source, narrow)
     if needs & NEED_LAYOUT and not host:
-        return fail("layout-not-host", info, "jax", needs)
+        return fail("layout-not-host", info, "jax", needs,
+                    contiguous=_producer_row(type(source)).contiguous)
     if needs & NEED_NUMPY_PUT:
         return _route_numpy_put(info, needs, tg, opts)
     return _route_import(info, needs, tg, opts, narrow, host)

@@ -347,3 +347,18 @@ class TestDeviceFastPath:
         out, pending = dlinspect._core.to_jax_many(
             [FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided], tg)
         assert calls == [] and [f for *_, f in pending] == [True, False]   # nothing imported
+
+    def test_device_memory_jax_cannot_view_names_the_producers_method(self):
+        # Strided memory on a device JAX has (CUDA here), which dlinspect cannot copy:
+        # the advice is the producer's own contiguous copy, not another library's.
+        tg = self.target([])
+        CupyArray = type("ndarray", (FakeProducer,), {"__module__": "cupy"})
+        for p, advice in ((CupyArray(np.arange(6, dtype=np.float32)[::2], (D.kDLCUDA, 0)),
+                           "(cupy.ascontiguousarray(x))."),
+                          (FakeProducer(np.arange(6, dtype=np.float32)[::2], (D.kDLCUDA, 0)),
+                           "with its own library first.")):
+            info = dlinspect.peek(p)
+            route = dlinspect._core.route_jax(info, dlinspect._core.needs(info, tg), tg,
+                                              dlinspect._options.DEFAULT, p)
+            assert route.kind == "error" and route.problem == "layout-not-host"
+            assert str(route.error).endswith(advice) and "torch" not in str(route.error)

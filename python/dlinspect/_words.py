@@ -270,7 +270,8 @@ def _layout_not_host(route: Any) -> Parts:
     return (UnsupportedDeviceError, _subject(route),
             f"has strides {route.info.strides}, which JAX cannot import, and its memory is "
             f"not host-accessible for dlinspect to copy.",
-            "To fix: make it contiguous with its own library first (torch: t.contiguous()).")
+            "To fix: make it contiguous with its own library first"
+            + (f" ({route.facts['contiguous']})." if route.facts.get("contiguous") else "."))
 
 
 def _no_device(route: Any) -> Parts:
