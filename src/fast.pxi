@@ -5,8 +5,6 @@
 # dlinspect._options.Options.flags).
 
 cdef uint32_t _C_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
-# The routes' own bound (_fits): a copy larger than physical memory is an error route.
-cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
@@ -14,7 +12,7 @@ cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
     fits in physical memory: copied in one pass in C (capsules.pxi, ``_aligned_copy``)."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
-            and info._nbytes <= _PHYSICAL_BYTES)
+            and _fits_in_memory(info._nbytes))
 
 
 def to_jax_fast(x, JaxTarget tg, int flags=0):

@@ -187,13 +187,22 @@ def physical_memory():
         return None
 
 
+# Physical memory in bytes (the most a copy may take; no bound where the OS does not say).
+cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
+
+
+cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
+    """The one bound on a copy's size: what every route (_fits) and the fast path's copy
+    (_c_copy) check."""
+    return nbytes <= _PHYSICAL_BYTES
+
+
 cdef Route _fits(Route route):
     """Every copy a route plans fits in physical memory, else an AllocationError route
     (one rule for every route function)."""
-    total = physical_memory()
-    if route.copy_bytes and total is not None and route.copy_bytes > total:
+    if not _fits_in_memory(route.copy_bytes):
         return fail("allocation", route.info, route.target, route._needs,
-                    nbytes=route.copy_bytes, total=total)
+                    nbytes=route.copy_bytes, total=physical_memory())
     return route
 
 

@@ -70,50 +70,36 @@ static inline char* dl_copy_run(char* restrict dst, const char* restrict src, in
     }
     return dst + (size_t)count * src_size;
   }
-  /* Narrowing: 8-byte parts to 4-byte ones (complex128: two parts per element). */
-  const int64_t parts = (int64_t)(src_size / 8);
+  /* Narrowing: 8-byte parts to 4-byte ones (complex128: two parts per element); a dense
+   * run is one loop over its parts, which compilers vectorise. */
+  const int64_t parts = (int64_t)(src_size / 8), total = count * parts;
   int64_t p;
-  if (step == 1) { /* one dense run of parts: a loop compilers vectorise */
-    const int64_t total = count * parts;
-    if (cast == DL_COPY_F64_F32) {
-      float* restrict out = (float*)dst;
-      for (i = 0; i < total; i++) {
-        double d;
-        memcpy(&d, src + 8 * i, 8);
-        out[i] = (float)d;
-      }
-    } else {
-      uint32_t* restrict out = (uint32_t*)dst;
-      for (i = 0; i < total; i++) {
-        uint64_t u;
-        memcpy(&u, src + 8 * i, 8);
-        out[i] = (uint32_t)u;
-      }
-    }
-    return dst + (size_t)total * 4;
+#define DL_NARROW(WIDE, NARROW)                                     \
+  {                                                                 \
+    NARROW* restrict out = (NARROW*)dst;                            \
+    if (step == 1) {                                                \
+      for (i = 0; i < total; i++) {                                 \
+        WIDE w;                                                     \
+        memcpy(&w, src + 8 * i, 8);                                 \
+        out[i] = (NARROW)w;                                         \
+      }                                                             \
+    } else {                                                        \
+      for (i = 0; i < count; i++) {                                 \
+        for (p = 0; p < parts; p++) {                               \
+          WIDE w;                                                   \
+          memcpy(&w, src + i * step_bytes + 8 * p, 8);              \
+          out[i * parts + p] = (NARROW)w;                           \
+        }                                                           \
+      }                                                             \
+    }                                                               \
   }
   if (cast == DL_COPY_F64_F32) {
-    float* restrict out = (float*)dst;
-    for (i = 0; i < count; i++) {
-      const char* e = src + i * step_bytes;
-      for (p = 0; p < parts; p++) {
-        double d;
-        memcpy(&d, e + 8 * p, 8);
-        out[i * parts + p] = (float)d;
-      }
-    }
+    DL_NARROW(double, float)
   } else {
-    uint32_t* restrict out = (uint32_t*)dst;
-    for (i = 0; i < count; i++) {
-      const char* e = src + i * step_bytes;
-      for (p = 0; p < parts; p++) {
-        uint64_t u;
-        memcpy(&u, e + 8 * p, 8);
-        out[i * parts + p] = (uint32_t)u;
-      }
-    }
+    DL_NARROW(uint64_t, uint32_t) /* the low 32 bits: wraps, as NumPy's cast */
   }
-  return dst + (size_t)(count * parts) * 4;
+#undef DL_NARROW
+  return dst + (size_t)total * 4;
 }
 
 /* contract: copies the `ndim`-d tensor at `src` (extents `shape`, strides `strides` in
