@@ -14,6 +14,8 @@ The flow runs one way, one concern per included file::
                  versioned->legacy adapter, consumed owners, aligned copies
     shard.pxi    how a sharding cuts a tensor (geometry, cached per shape)
     routes.pxi   the needs made into a Route of facts (the decision, pure)
+    put.pxi      host memory into JAX by jaxlib's batched put (jax.device_put's call):
+                 NumPy views and aligned copies, committed only where asked
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
     report.pxi   LoaderReport: a loader's bytes zero-copy and copied, per key path, and why
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
@@ -31,7 +33,7 @@ from libc.stdint cimport (
     int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, UINTPTR_MAX,
 )
 from libc.stdlib cimport malloc, free
-from libc.string cimport strcmp, memset, memcpy
+from libc.string cimport strcmp, memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -129,6 +131,7 @@ include "export.pxi"
 include "needs.pxi"
 include "shard.pxi"
 include "routes.pxi"
+include "put.pxi"
 include "fast.pxi"
 include "report.pxi"
 include "execute.pxi"

@@ -501,6 +501,18 @@ def take(cap, bint read_only, TensorInfo info=None):
     return owner
 
 
+cdef int _untake(HostOwner owner, object cap) except -1:
+    """Undo :func:`take` after the step it was for failed: ``cap`` gets its name back and
+    owns the tensor again; ``owner`` then owns nothing (its death runs no deleter)."""
+    if owner.dlm_ver != NULL:
+        owner.dlm_ver = NULL
+        PyCapsule_SetName(cap, VERSIONED)
+    elif owner.dlm != NULL:
+        owner.dlm = NULL
+        PyCapsule_SetName(cap, LEGACY)
+    return 0
+
+
 cdef class ByteView:
     """A read-only ``uint8`` NumPy-compatible view of the first ``nbytes`` of an
     owner's data (packed sub-byte tensors are unpacked from it)."""
@@ -547,70 +559,3 @@ def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=
     raw = _np_empty(nbytes + alignment + offset, "uint8")
     start = (-raw.ctypes.data) % alignment + offset
     return raw[start:start + nbytes].view(dt).reshape(shape)
-
-
-# ---- aligned copies -----------------------------------------------------------
-
-cdef void _free_block_deleter(DLManagedTensor* dlm) noexcept nogil:
-    free(dlm)   # header, shape, strides and data are one allocation
-
-
-cdef object _aligned_copy(TensorInfo info, int dst_code, int dst_bits, uintptr_t align,
-                          bint c_order=False):
-    """A "dltensor" capsule owning an ``align``-byte aligned copy of ``info``'s host
-    memory, made in one pass without the GIL: the bytes as they are when (dst_code,
-    dst_bits) is the source's dtype, else each element cast as NumPy's unsafe cast and
-    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). Compact
-    memory is copied as one block and keeps its strides (a permuted order included)
-    unless ``c_order``; any other layout (gaps, broadcast, negative strides) is gathered
-    into row-major order. A failed allocation is AllocationError naming the bytes."""
-    cdef int32_t ndim = info._ndim
-    cdef int64_t n = info._size
-    cdef int d
-    cdef size_t head = sizeof(DLManagedTensor) + 2 * <size_t>ndim * sizeof(int64_t)
-    cdef size_t dst_bytes = <size_t>n * (dst_bits // 8)
-    cdef char* block = <char*>malloc(head + align + dst_bytes)
-    if block == NULL:
-        words = _words()
-        raise words.allocation_error(dst_bytes, words.describe(info), physical_memory())
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
-    cdef int64_t* shape = <int64_t*>(block + sizeof(DLManagedTensor))
-    cdef int64_t* strides = shape + ndim
-    cdef char* dst = block + head + ((align - (<uintptr_t>(block + head) & (align - 1))) & (align - 1))
-    cdef const char* src = <const char*>info._ptr()
-    cdef bint block_copy = not c_order and info._is_compact()
-    memcpy(shape, info._shape, ndim * sizeof(int64_t))
-    if block_copy:
-        memcpy(strides, info._strides, ndim * sizeof(int64_t))
-    else:
-        n = 1
-        for d in range(ndim - 1, -1, -1):
-            strides[d] = n
-            n *= shape[d]
-    cdef dl_copy_cast cast = DL_COPY_SAME
-    if dst_code != info._code or dst_bits != info._bits:
-        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
-    cdef size_t src_size = info._bits // 8
-    with nogil:
-        dl_advise_huge(dst, dst_bytes)
-        if block_copy:
-            dl_copy_run(dst, src, info._size, 1, src_size, cast)
-        else:
-            dl_gather(dst, src, ndim, info._shape, info._strides, src_size, cast)
-    memset(dlm, 0, sizeof(DLManagedTensor))
-    dlm.dl_tensor.data = dst
-    dlm.dl_tensor.device.device_type = kDLCPU
-    dlm.dl_tensor.device.device_id = 0
-    dlm.dl_tensor.ndim = ndim
-    dlm.dl_tensor.dtype.code = dst_code
-    dlm.dl_tensor.dtype.bits = dst_bits
-    dlm.dl_tensor.dtype.lanes = 1
-    dlm.dl_tensor.shape = shape
-    dlm.dl_tensor.strides = shape + ndim
-    dlm.manager_ctx = NULL
-    dlm.deleter = _free_block_deleter
-    try:
-        return PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
-    except BaseException:
-        free(block)
-        raise

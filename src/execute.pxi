@@ -312,13 +312,24 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts):
 
 cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
     """Carry out ``route`` (its narrowing warning first, before anything is consumed:
-    ``-W error`` then leaves a caller's capsule as it was)."""
+    ``-W error`` then leaves a caller's capsule as it was). A tensor's new array is
+    committed exactly where the caller named a device or a sharding, as
+    ``jax.device_put`` commits; otherwise uncommitted, as ``jnp.asarray``'s (put.pxi)."""
     action = route.action
     if action is not PRODUCER_COPY and action is not RAISE:
         text = route.warning
         if text is not None:
             warn(text)
-    return EXECUTORS[action](route, cap, x, tg, opts)
+    out = EXECUTORS[action](route, cap, x, tg, opts)
+    if action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED:
+        return tg.uncommit(out)
+    return out
+
+
+# The actions that make a new array of a tensor's values (not a jax.Array's, which is
+# returned or moved as it is; not a sharded one, always placed).
+cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY,
+                                       NUMPY_PUT, NUMPY_COPY])
 
 
 cdef int _raise_route(Route route) except -1:
@@ -493,7 +504,7 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags, LoaderReport report=
                         report._note_route(i, route, flags & _OPT_COPY_ALWAYS)
                     decided.append((i, route, cap, None, 0))
         for i, route, cap, info, needs in sorted(decided, key=_leaf_order):
-            out[i] = (_import_fast(cap, info, needs, tg, flags, PyCapsule_CheckExact(leaves[i]))
+            out[i] = (_import_fast(cap, info, needs, tg, flags, leaves[i])
                       if route is None else _execute(route, cap, leaves[i], tg, opts))
     except BaseException as exc:
         got = pending = out = decided = cap = info = None   # the exports let go of (see _convert)
@@ -641,15 +652,15 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
     imported without a second copy; the source is freed right after. (Vector lanes are
     copied by NumPy, as a trailing axis.)"""
     cdef TensorInfo info = route.info
+    cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     narrow = route.facts.get("narrow")
     if info._lanes != 1 or info._bits % 8:
         host = _host_copy(cap, info, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
                           tg.copy_align)
-        return _finish(tg, _import_host(tg, host, route.import_device, False), route)
-    copy = (_aligned_copy(info, info._code, info._bits, tg.copy_align, route._needs & NEED_LAYOUT)
-            if narrow is None else
-            _aligned_copy(info, narrow[2], narrow[3], tg.copy_align, route._needs & NEED_LAYOUT))
-    arr = tg.import_fn(copy, route.import_device, None, None, <int>kDLCPU)
+        return _finish(tg, _put_host(tg, host, route.import_device, placed), route)
+    copy = (_copy_of(info, info._code, info._bits, tg.copy_align) if narrow is None else
+            _copy_of(info, narrow[2], narrow[3], tg.copy_align))
+    arr = _put_host(tg, copy, route.import_device, placed)
     del copy
     owner = take(cap, True)   # consume the source; its deleter runs right here
     del owner
@@ -659,20 +670,21 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
     """Host memory viewed through NumPy (vector lanes as a trailing axis), imported."""
     view, _owner = _host_view(cap, route.info)
-    return _finish(tg, _import_host(tg, view, route.import_device, not view.flags.writeable),
-                   route)
+    return _finish(tg, _put_host(tg, view, route.import_device,
+                                 (<int>opts.flags) & _OPT_PLACED), route)
 
 
 def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
     """A new empty array; the capsule is taken and freed (nothing of it is used).
-    ``jax.device_put`` of an empty NumPy array, not ``jnp.zeros``: that compiles a fill,
-    and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1), a dtype
-    ``jax.device_put`` takes."""
+    jaxlib's put of an empty NumPy array (``jax.device_put``'s), not ``jnp.zeros``: that
+    compiles a fill, and XLA:CPU aborts the process compiling one for float6 (jaxlib
+    0.12.0.1), a dtype ``jax.device_put`` takes."""
     cdef TensorInfo info = route.info
     take(cap, True, info)
     shape = info.shape + ((info._lanes,) if info._lanes != 1 else ())
     dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
-    return tg.jax.device_put(_np_empty(shape, dtype), route.jax_device)
+    return _put_host(tg, _np_empty(shape, dtype), route.jax_device,
+                     (<int>opts.flags) & _OPT_PLACED, False)
 
 
 def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
@@ -685,7 +697,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
     if out is not None:
         dest = route.jax_device
         src = dest if dest.platform == "cpu" else tg.cpu_device
-        arr = _import_host(tg, out, src, False)
+        arr = _put_host(tg, out, src, (<int>opts.flags) & _OPT_PLACED)
         return arr if src == dest else tg.jax.device_put(arr, dest)
     host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
     # The narrowing warning is for the caller's tensor, given once the host copy is in
@@ -701,12 +713,12 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
-    """A dtype JAX holds but does not import (int4...): a NumPy array of dlinspect's
-    own for ``jax.device_put`` (which keeps its input in a reference cycle until the
-    next collection, measured on jax 0.10: the producer's memory is freed here)."""
+    """A dtype JAX holds but does not import (int4...): a NumPy array of dlinspect's own
+    (unpacked where packed), put into JAX as ``jax.device_put`` puts it (which copies
+    these dtypes): the producer's memory is freed here, not when jaxlib lets go of it."""
     host = (_unpack_subbyte(cap, route.info) if route._needs & NEED_PACKED
             else _np.array(_host_view(cap, route.info)[0]))
-    return tg.jax.device_put(host, route.jax_device)
+    return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
 
 
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
@@ -719,7 +731,8 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
     if "spread" in route.facts:
         inner, inner_cap = _decide_leaf(host, tg, opts)
         return _execute(inner, inner_cap, host, tg, opts)
-    return _finish(tg, _import_host(tg, host, route.import_device, False), route)
+    return _finish(tg, _put_host(tg, host, route.import_device,
+                                 (<int>opts.flags) & _OPT_PLACED), route)
 
 
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
@@ -732,7 +745,7 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
         devices = f["devices"]
-        arrays = _split_import(cap, info, f["parts"], devices, tg)
+        return _split_import(cap, info, f["parts"], devices, f["sharding"], tg)
     else:
         owner = take(cap, info.read_only is True, info)
         devices, arrays = [], []
@@ -784,11 +797,6 @@ cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
     if route.jax_device is not None and route.jax_device != route.import_device:
         arr = tg.jax.device_put(arr, route.jax_device)
     return arr
-
-
-cdef object _import_host(JaxTarget tg, arr, device, bint read_only):
-    """Import host array ``arr`` onto ``device``, viewing it where JAX can."""
-    return _import_legacy(tg.import_fn, capsule_of(arr, read_only), device, None, None, kDLCPU)
 
 
 cdef object _numpy_array(arr, JaxTarget tg, opts):

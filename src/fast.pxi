@@ -10,7 +10,7 @@ cdef uint32_t _C_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_L
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     """The one rule of the fast path's copy: host memory of any layout, whole bytes per
     element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
-    fits in physical memory: copied in one pass in C (capsules.pxi, ``_aligned_copy``)."""
+    fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
             and _fits_in_memory(info._nbytes))
 
@@ -137,8 +137,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
             if infos[i] is None:
                 continue
             try:
-                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags,
-                                      PyCapsule_CheckExact(leaves[i]))
+                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags, leaves[i])
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
@@ -194,22 +193,27 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except
 
 
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
-                         bint bare):
+                         object x):
+    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi).
     if n == 0:
         if info._dev_type == kDLCPU and info._dev_id == 0:
-            return _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+            if _viewable_by_put(info, tg):
+                return _put_view(tg, cap, x, info, tg.cpu_device)
+            return tg.uncommit(_import_legacy(tg.import_fn, cap, tg.cpu_device, None, None,
+                                              kDLCPU))
         # The consumer's stream, as the export asked the producer (array API __dlpack__):
         # none for a bare capsule, whose producer was never asked.
-        stream = None if bare else tg.stream_for(info._dev_type, info._dev_id)
-        return _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info._dev_id)],
-                              stream, None, info._dev_type)
+        stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info._dev_id)
+        return tg.uncommit(_import_legacy(tg.import_fn, cap,
+                                          tg.devices[(info._dev_type, info._dev_id)],
+                                          stream, None, info._dev_type))
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[info._key()]
         if flags & _OPT_QUIET_NARROW:
             text = None
     else:
         dst_key, text = info._key(), None
-    return _copy_and_import(cap, info, tg, dst_key, text, n & NEED_LAYOUT)
+    return _copy_and_import(cap, info, tg, dst_key, text)
 
 
 cdef object _fast_one(object x, JaxTarget tg, int flags):
@@ -225,50 +229,64 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
     cdef uint32_t n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
     if _fast_kind(info, n, flags, tg) == 0:
         return (cap, info, n)
-    return _import_fast(cap, info, n, tg, flags, entry is None)
+    return _import_fast(cap, info, n, tg, flags, x)
 
 
 cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
-                             object text, bint c_order):
-    """Copy host memory into aligned memory in one pass (cast to ``dst_key``'s dtype,
-    warning ``text``, where JAX narrows; row-major with ``c_order``, the LAYOUT need),
-    import the copy, and free the source right away (consuming ``cap``)."""
+                             object text):
+    """Copy host memory into aligned row-major memory in one pass (cast to ``dst_key``'s
+    dtype, warning ``text``, where JAX narrows), put the copy into JAX uncommitted, and
+    free the source right away (consuming ``cap``)."""
     if text is not None:
         tg.warn(text)   # before consuming: -W error leaves the capsule as it was
-    copy = _aligned_copy(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align, c_order)
-    arr = tg.import_fn(copy, tg.cpu_device, None, None, <int>kDLCPU)
+    copy = _copy_of(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+    arr = _put_host(tg, copy, tg.cpu_device, False)
     del copy
     owner = take(cap, True)   # consume the source; its deleter runs right here
     del owner
     return arr
 
 
-cdef list _split_import(object cap, TensorInfo info, list parts, list devices, JaxTarget tg):
-    """Consume ``cap`` into one owner and import each slice of a one-pass split
-    (``route_sharded``: ``(TensorInfo, needs)`` per slice) onto its device: zero-copy
-    where it needs nothing (or only VIA_CPU), else copied in C into aligned memory
-    (narrowed where JAX narrows: the route's warning was given before). The producer's
+cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
+                          JaxTarget tg):
+    """Consume ``cap`` into one owner and put each slice of a one-pass split
+    (``route_sharded``: ``(TensorInfo, needs)`` per slice) onto its device: viewed where
+    it needs nothing (or only VIA_CPU), else copied in C into aligned memory (narrowed
+    where JAX narrows: the route's warning was given before); one committed array over
+    ``sharding``. By jaxlib's batched put in one call where it views every slice that
+    needs nothing; else each slice imported and the array assembled. The producer's
     deleter runs when the last viewed slice dies (at once when every slice is copied).
     A legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
-    does. Returns one single-device array per slice, in the order of ``devices``."""
+    does."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
     cdef Py_ssize_t i
     cdef list arrays = []
+    cdef bint by_put = tg.put is not None
     for part, n in parts:
         if n & NEED_NARROW:
             dst_key = tg.narrow[info._key()][0]
-            break
+        if n & ~NEED_VIA_CPU == 0 and not _viewable_by_put(part, tg):
+            by_put = False
     owner = take(cap, info.read_only is True, info)
-    for i in range(len(parts)):
-        part, n = parts[i]
-        if n & ~NEED_VIA_CPU == 0:
-            arrays.append(_import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
-                                         None, None, kDLCPU))
-        else:
-            copy = _aligned_copy(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align,
-                                 n & NEED_LAYOUT)
-            arrays.append(tg.import_fn(copy, devices[i], None, None, <int>kDLCPU))
-            del copy
-    return arrays
+    cdef bint writeable = info.read_only is not True
+    try:
+        for i in range(len(parts)):
+            part, n = parts[i]
+            if n & ~NEED_VIA_CPU == 0:
+                arrays.append(_view_of(owner, part, writeable) if by_put else
+                              _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
+                                             None, None, kDLCPU))
+            else:
+                copy = _copy_of(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+                arrays.append(copy if by_put else _put_host(tg, copy, devices[i], True))
+                del copy
+        if by_put:
+            return _put(tg, arrays, info, _numpy_dtype(dst_key & 0xFF, dst_key >> 8), sharding,
+                        devices, True)
+        return tg.assemble(info.shape, sharding, devices, arrays)
+    except BaseException:
+        arrays = None
+        _untake(owner, cap)   # a failed split consumes nothing
+        raise

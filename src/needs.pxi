@@ -58,6 +58,17 @@ class Need(_enum.IntFlag):
 
 
 
+cdef enum:
+    _RECENT_AVALS = 8
+
+
+ctypedef struct _AvalSlot:
+    PyObject* aval      # a reference owned by the JaxTarget, or NULL
+    PyObject* descr     # the NumPy dtype (a reference owned too)
+    int32_t ndim
+    int64_t shape[_INLINE_NDIM]
+
+
 @cython.final
 cdef class JaxTarget:
     """The installed JAX, as the decision and every route read it: the one object.
@@ -116,13 +127,33 @@ cdef class JaxTarget:
     assemble : callable
         ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
         single-device arrays, listed in the order of ``devices``.
+    put : callable or None
+        jaxlib's batched put, ``put(aval, sharding, arrays, devices, committed)``: one
+        array from host NumPy arrays, one per device (what ``jax.device_put`` calls);
+        None where it does not view aligned row-major memory in place, or gives another
+        array than ``jax.device_put`` (probed), or the public API is forced.
+    put_align : int
+        The smallest alignment, in bytes, at which ``put`` views memory in place.
+    make_aval : callable
+        ``make_aval(shape, dtype, sharding=None)``: the abstract value ``jax.device_put``
+        gives a NumPy array of that shape and dtype, put on one device or over
+        ``sharding`` (cached here).
+    make_single : callable
+        ``make_single(device)``: the device's ``SingleDeviceSharding`` (cached here).
+    uncommit : callable
+        ``uncommit(array)``: the same array, uncommitted (a single-device array from the
+        DLPack import, which commits it); the array itself where this JAX cannot.
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
-    cdef readonly object stream_for, array_type, platforms, assemble
+    cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit
     cdef readonly bint permuted_ok, direct
-    cdef readonly uintptr_t cpu_align, copy_align
-    cdef object probe, hold
-    cdef dict devices, narrow, bad
+    cdef readonly uintptr_t cpu_align, copy_align, put_align
+    cdef object probe, hold, make_aval, make_single
+    cdef dict devices, narrow, bad, _avals, _singles
+    # The last few abstract values asked for, by shape and dtype, in C (a loader sends the
+    # same shapes every step): asked before the dict, which holds the rest.
+    cdef _AvalSlot _recent[_RECENT_AVALS]
+    cdef int _next_slot
     cdef set cpu_keys
     # What each dtype probe found, by ``code | bits << 8 | held << 16``: 0 not asked
     # yet, 1 taken, 2 refused (reason in ``bad``). A table, not a set: the hot path
@@ -131,9 +162,12 @@ cdef class JaxTarget:
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
-                 dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble):
-        if cpu_align == 0 or (cpu_align & (cpu_align - 1)) != 0:
-            raise ValueError(f"cpu_align must be a power of two, not {cpu_align}")
+                 dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
+                 put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
+                 uncommit=None):
+        for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
+            if align == 0 or (align & (align - 1)) != 0:
+                raise ValueError(f"{name} must be a power of two, not {align}")
         self.jax = jax
         self.jnp = jnp
         self.import_fn = import_fn
@@ -154,8 +188,72 @@ cdef class JaxTarget:
         self.array_type = array_type
         self.permuted_ok = permuted_ok
         self.assemble = assemble
+        self.put = put if make_aval is not None and make_single is not None else None
+        self.put_align = put_align
+        self.make_aval = make_aval
+        self.make_single = make_single
+        self.uncommit = uncommit if uncommit is not None else _same
+        if self.put is not None and put_align > self.copy_align:
+            self.copy_align = put_align
         memset(self._known, 0, sizeof(self._known))
         self.bad = {}
+        self._avals = {}
+        self._singles = {}
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(_RECENT_AVALS):
+            Py_XDECREF(self._recent[i].aval)
+            Py_XDECREF(self._recent[i].descr)
+
+    cdef object aval(self, int32_t ndim, const int64_t* shape, object descr):
+        """The abstract value of a host array of ``shape`` (``ndim`` extents) and NumPy
+        dtype ``descr`` (cached: the last few in C, the rest in a dict)."""
+        cdef int i
+        cdef _AvalSlot* slot
+        if ndim <= _INLINE_NDIM:
+            for i in range(_RECENT_AVALS):
+                slot = &self._recent[i]
+                if (slot.aval != NULL and slot.ndim == ndim and slot.descr == <PyObject*>descr
+                        and memcmp(slot.shape, shape, ndim * sizeof(int64_t)) == 0):
+                    return <object>slot.aval
+        dims = tuple([shape[i] for i in range(ndim)])
+        key = (dims, descr)
+        got = self._avals.get(key)
+        if got is None:
+            if len(self._avals) >= 1024:
+                self._avals.clear()
+            got = self._avals[key] = self.make_aval(dims, descr)
+        if ndim <= _INLINE_NDIM:
+            slot = &self._recent[self._next_slot]
+            self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
+            Py_XDECREF(slot.aval)
+            Py_XDECREF(slot.descr)
+            Py_INCREF(got)
+            Py_INCREF(descr)
+            slot.aval = <PyObject*>got
+            slot.descr = <PyObject*>descr
+            slot.ndim = ndim
+            memcpy(slot.shape, shape, ndim * sizeof(int64_t))
+        return got
+
+    cdef object sharded_aval(self, tuple shape, object descr, sharding):
+        """The abstract value ``jax.device_put`` gives an array of ``shape`` and ``descr``
+        put over a multi-device ``sharding`` (its mesh included; cached)."""
+        key = (shape, descr, sharding)
+        got = self._avals.get(key)
+        if got is None:
+            if len(self._avals) >= 1024:
+                self._avals.clear()
+            got = self._avals[key] = self.make_aval(shape, descr, sharding)
+        return got
+
+    cdef object single(self, device):
+        """``device``'s SingleDeviceSharding (cached)."""
+        got = self._singles.get(device)
+        if got is None:
+            got = self._singles[device] = self.make_single(device)
+        return got
 
     cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
         # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
@@ -185,6 +283,10 @@ cdef class JaxTarget:
         """``(code, bits, warning)`` JAX narrows this 64-bit dtype to with x64 off, or None."""
         got = self.narrow.get(code | (bits << 8))
         return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
+
+
+def _same(arr):
+    return arr
 
 
 # contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,

@@ -262,6 +262,22 @@ def dtype_name(int code, int bits, int lanes=1):
     return name
 
 
+# numpy_dtype's answers by ``code | bits << 8``, borrowed from _numpy_cache (never emptied):
+# the hot path's lookup, one load.
+cdef PyObject* _numpy_by_key[1 << 16]
+
+
+cdef inline object _numpy_dtype(int code, int bits):
+    """:func:`numpy_dtype` of one lane (None where NumPy has none)."""
+    cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8)
+    cdef PyObject* got = _numpy_by_key[key]
+    if got != NULL:
+        return <object>got
+    found = numpy_dtype(code, bits, 1)
+    _numpy_by_key[key] = <PyObject*>found   # kept alive by _numpy_cache
+    return found
+
+
 def numpy_dtype(int code, int bits, int lanes=1):
     """The NumPy dtype of one element, or None where none exists.
 

@@ -29,7 +29,7 @@ from dlinspect import _core  # noqa: E402
 from dlinspect import _jaxcaps as djax  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, make_capsule  # noqa: E402
-from _helpers import aligned, buffer_pointer  # noqa: E402
+from _helpers import aligned, buffer_pointer, jax_lets_go  # noqa: E402
 from _versions import (  # noqa: E402
     NUMPY_TAKES_VERSIONED, NUMPY_VERSIONED, torch_exchange_api)
 
@@ -327,26 +327,41 @@ class TestLifetimes:  # C12
         finally:
             gc.enable()
 
-    def test_failed_import_restores_versioned_capsule(self, monkeypatch):
+    @pytest.mark.parametrize("way", ["import", "put"])
+    def test_failed_import_restores_versioned_capsule(self, monkeypatch, way):
+        """jaxlib's DLPack import, or its batched put (after the capsule was taken for a
+        view), fails: the capsule is left as it was, named and owning its tensor."""
         counter = DeleterCounter()
         cap = self._capsule(counter)
         c = djax.caps()
         c.target   # built (and its probes run) before the import breaks
+        real_put, failing = c._put_fn, []
 
         def boom(*args):
             raise RuntimeError("import failed")
-        monkeypatch.setattr(c, "_direct_fn", boom)
+
+        def put(*args):
+            if failing:
+                raise RuntimeError("put failed")
+            return real_put(*args)
+        if way == "import":
+            monkeypatch.setattr(c, "_direct_fn", boom)
+            monkeypatch.setattr(c, "_put_fn", None)
+            monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
+        else:
+            monkeypatch.setattr(c, "_put_fn", put)
         monkeypatch.setattr(c, "_target", None)
         dlinspect._core.set_target(None)   # (the built target the hot path reads)
-        monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
-        with pytest.raises(RuntimeError, match="import failed"):
+        assert (c.target.put is None) == (way == "import")
+        failing.append(True)
+        with pytest.raises(RuntimeError, match=f"{way} failed"):
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
         monkeypatch.undo()
         dlinspect._core.set_target(None)
         y = to_jax(cap)
         del cap, y
-        gc.collect()
+        jax_lets_go()
         assert counter.calls == 1
 
     def test_warning_as_error_leaves_capsule_unconsumed(self):

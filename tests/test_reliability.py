@@ -32,6 +32,8 @@ from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import DLInspectError, UnsupportedDeviceError  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
 
+from _helpers import jax_lets_go  # noqa: E402
+
 HERE = Path(__file__).parent
 ROUTES = ["zero-copy", "copy", "host-fallback", "error"]
 
@@ -124,6 +126,7 @@ def test_deleter_runs_once(producer, route):
         # zero-copy: the export is held by the array; every other route let it go already
         assert count(x) - base == (1 if route == "zero-copy" else 0)
     del y
+    jax_lets_go()
     if count is not None:
         assert count(x) == base
 
@@ -145,12 +148,14 @@ def test_deleter_runs_once_capsules(route):
         # Every capsule it served is freed already, but the host copy if JAX views it.
         assert counter.calls in (len(p.calls), len(p.calls) - 1)
         del y
+        jax_lets_go()
         assert counter.calls == len(p.calls) > 0
         return
     cap, counter = capsule_producer()
     y = convert(route, cap)
     assert counter.calls == (0 if route == "zero-copy" else 1)
     del y
+    jax_lets_go()
     assert counter.calls == 1
 
 
@@ -235,7 +240,7 @@ def test_threads():
                 done += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
-        totals.append((made, counter.calls, done))
+        totals.append((made, counter, done))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
     for t in threads:
@@ -244,6 +249,7 @@ def test_threads():
         t.join()
     assert errors == [], errors[:3]
     assert len(totals) == 8 and all(done > 0 for _, _, done in totals)
-    assert all(made == calls for made, calls, _ in totals), totals
+    jax_lets_go()
+    assert all(made == counter.calls for made, counter, _ in totals), totals
     with pytest.raises(DLInspectError):
         dlinspect.to_jax(make_capsule(shared, name="used_dltensor_versioned"))

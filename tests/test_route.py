@@ -107,6 +107,66 @@ class TestZeroCopy:
         assert to_jax(x, device=sharding).devices() == {dev}
 
 
+class TestArraysLikeJaxOwn:
+    """With no device asked for, to_jax gives what jnp.asarray gives: an uncommitted array
+    on the memory's own device, so a jitted function fed both compiles once; with a device
+    (or a sharding), a committed one, as jax.device_put(x, device) gives. Every route."""
+
+    @staticmethod
+    def _sources(torch):
+        x = aligned(np.arange(12.0).reshape(3, 4))
+        misaligned = aligned_empty((3, 4), np.float32, 64, offset=16)
+        misaligned[...] = x
+        return {
+            "numpy": x,                                        # put, the array itself
+            "torch": torch.arange(12.0).reshape(3, 4),         # put, a view of the capsule
+            "bare capsule": make_capsule(x),
+            "torch transposed": torch.arange(12.0).reshape(4, 3).t(),   # import (or copy)
+            "misaligned": misaligned,                          # a copy in C
+            "strided": aligned(np.arange(24.0).reshape(3, 8))[:, ::2],
+            "read-only": read_only(aligned(np.arange(12.0).reshape(3, 4))),
+            "float64, x64 off": np.arange(12.0).reshape(3, 4),  # narrowed in the copy
+            "foreign device": FakeProducer(np.arange(12.0, dtype=np.float32).reshape(3, 4),
+                                           (D.kDLVulkan, 0)),  # host fallback
+            "empty": np.zeros((0, 4), np.float32),
+            "big-endian": np.arange(12.0, dtype=">f4").reshape(3, 4),   # NumPy's own copy
+        }
+
+    def test_no_device_is_uncommitted_and_compiles_once(self, torch):
+        if not target().direct:
+            pytest.skip("the public API is forced: arrays of from_dlpack stay committed")
+        for name, src in self._sources(torch).items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DLInspectWarning)
+                y = to_jax(src)
+            mine = jax.numpy.asarray(np.asarray(y))
+            assert y._committed is False and mine._committed is False, name
+            assert y.devices() == mine.devices() and y.aval == mine.aval, name
+            if name == "torch transposed" and plan(src).zero_copy:
+                continue   # viewed in its own (column-major) layout: jit compiles for it
+            step = jax.jit(lambda a: a * 2)
+            step(y)
+            step(mine)
+            assert step._cache_size() == 1, name
+
+    def test_a_device_commits(self, torch):
+        dev = jax.devices("cpu")[0]
+        for name, src in self._sources(torch).items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DLInspectWarning)
+                y = to_jax(src, device=dev)
+            assert y._committed is True and y.devices() == {dev}, name
+
+    def test_a_batch(self, torch):
+        if not target().direct:
+            pytest.skip("the public API is forced: arrays of from_dlpack stay committed")
+        batch = {"x": torch.ones(4, 3), "y": aligned(np.arange(4), np.int32),
+                 "t": torch.ones(3, 4).t()}
+        assert all(a._committed is False for a in to_jax(batch).values())
+        dev = jax.devices("cpu")[0]
+        assert all(a._committed is True for a in to_jax(batch, device=dev).values())
+
+
 class TestCopies:
     def test_slice_with_gaps(self, import_path):  # C3
         x = np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2]

@@ -241,6 +241,9 @@ class JaxTarget:
     array_type: type
     permuted_ok: bool
     assemble: Callable[..., Any]
+    put: Callable[..., Any] | None
+    put_align: int
+    uncommit: Callable[[Any], Any]
     def __init__(self, *, jax: Any, jnp: Any, import_fn: Callable[..., Any], direct: bool,
                  cpu_device: Any, cpu_align: int, x64: Any,
                  x64_context: Callable[[bool], Any] | None,
@@ -248,7 +251,11 @@ class JaxTarget:
                  cpu_keys: set[tuple[int, int]], probe: Callable[[int, int], str | None],
                  hold: Callable[[int, int], str | None], narrow: dict[int, tuple[int, str]],
                  warn: Callable[[str], None], stream_for: Callable[[int, int], int | None],
-                 array_type: type, permuted_ok: bool, assemble: Callable[..., Any]) -> None: ...
+                 array_type: type, permuted_ok: bool, assemble: Callable[..., Any],
+                 put: Callable[..., Any] | None = ..., put_align: int = ...,
+                 make_aval: Callable[..., Any] | None = ...,
+                 make_single: Callable[[Any], Any] | None = ...,
+                 uncommit: Callable[[Any], Any] | None = ...) -> None: ...
     def dtype_problem(self, code: int, bits: int, held: bool = ...) -> str | None: ...
     def device_for(self, device_type: int, device_id: int) -> Any: ...
     def narrowing(self, code: int, bits: int) -> tuple[int, int, str] | None: ...

@@ -63,6 +63,15 @@ SYMBOLS = (
     Symbol("the sharding an abstract value carries (jax >= 0.5)",
            (("jax._src.core", "update_aval_with_sharding"),),
            "an abstract value without a sharding, as jax < 0.5 has"),
+    Symbol("jaxlib's batched put (what jax.device_put calls): host memory into JAX in one "
+           "call per tensor, sharded or not, uncommitted where no device is asked for",
+           (("jax._src.lib._jax", "batched_device_put"),
+            ("jax._src.lib.xla_client._xla", "batched_device_put")),
+           "the DLPack import, each shard imported and the array assembled"),
+    Symbol("a result handler: the array the DLPack import gives (committed), uncommitted",
+           (("jax._src.lib._jax", "array_result_handler"),
+            ("jax._src.lib.xla_client._xla", "array_result_handler")),
+           "arrays of the DLPack import stay committed to their device"),
 )
 
 
@@ -163,7 +172,10 @@ class JaxCaps:
         self.jnp = jax.numpy
         resolved = [_resolve(s) for s in SYMBOLS]
         self.symbols = [status for _, status in resolved]
-        import_fn, mapping, x64_state, *self._assembly = (value for value, _ in resolved)
+        import_fn, mapping, x64_state, array_impl, shaped_array, aval_of, put, handler = (
+            value for value, _ in resolved)
+        self._assembly = (array_impl, shaped_array, aval_of)
+        self._put_fn, self._handler_fn = put, handler
         self.mapping = ({int(k): v for k, v in mapping.items()} if mapping is not None
                         else {int(k): v for k, v in _DEFAULT_PLATFORMS.items()})
         self.x64: Any = x64_state if x64_state is not None else _X64Flag(jax.config)
@@ -331,9 +343,102 @@ class JaxCaps:
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
                 array_type=self.array_type, permuted_ok=self._probe_permuted(),
-                assemble=self._assembler())
+                assemble=self._assembler(), uncommit=self._uncommitter(), **self._put())
             _core.set_target(self._target)
         return self._target
+
+    def _put(self) -> dict[str, Any]:
+        """The batched put and what it needs (``put``, ``put_align``, ``make_aval``,
+        ``make_single`` of JaxTarget), where a probe shows it views aligned row-major host
+        memory in place and gives the array ``jax.device_put`` gives (abstract value,
+        sharding; committed only when asked); else ``put=None``. Why: ``put_status``."""
+        put, (_, shaped_array, aval_of) = self._put_fn, self._assembly
+        if put is None or shaped_array is None or not self.direct:
+            self._put_status(None, "the public API is forced: jax.device_put puts dlinspect's "
+                                   "copies" if not self.direct else SYMBOLS[6].fallback)
+            return {"put": None}
+        jax = self.jax
+        single = jax.sharding.SingleDeviceSharding
+
+        def make_aval(shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
+            aval = shaped_array(shape, dtype, weak_type=False)
+            # jax.device_put's array over a multi-device sharding carries its mesh
+            return aval if sharding is None or aval_of is None else aval_of(aval, sharding)
+
+        dev = self._cpu
+        try:
+            with _quiet_stderr():
+                align = next((a for a in (1, 2, 4, 8, 16, 32, 64, 128, 256)
+                              if _put_views(put, make_aval, single(dev), dev, a)), None)
+            x = aligned_empty((2, 3), np.float32, alignment=256)
+            x[...] = [[1, 2, 3], [4, 5, 6]]
+            ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
+            theirs = jax.device_put(x, dev)
+            same = (align is not None and all(
+                a.aval == theirs.aval and a.sharding == theirs.sharding
+                and np.asarray(a).tolist() == x.tolist() for a in ours)
+                and ours[0]._committed is False and ours[1]._committed is True)
+        except Exception as exc:   # another signature, another array: not used
+            self._put_status(None, f"its probe failed ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); using "
+                                   f"{SYMBOLS[6].fallback}")
+            return {"put": None}
+        if not same:
+            self._put_status(None, f"its probe: it does not view aligned memory in place, or "
+                                   f"gives another array than jax.device_put; using "
+                                   f"{SYMBOLS[6].fallback}")
+            return {"put": None}
+        self._put_status(self.symbols[6].found, f"views host memory aligned to {align} bytes")
+        return {"put": put, "put_align": align, "make_aval": make_aval, "make_single": single}
+
+    def _put_status(self, found: str | None, reason: str) -> None:
+        """What ``dlinspect doctor`` says of the batched put (its row of ``symbols``)."""
+        self.symbols[6] = self.symbols[6]._replace(found=found, reason=reason)
+
+    def _uncommitter(self) -> Callable[[Any], Any]:
+        """``uncommit(array)``: a committed single-device array of the DLPack import as the
+        uncommitted array ``jnp.asarray`` would give (jaxlib's result handler, one per
+        abstract value and sharding, checked by a probe); else the array as it is."""
+        handler_fn, shaped_array = self._handler_fn, self._assembly[1]
+
+        def as_is(arr: Any) -> Any:
+            return arr
+
+        if handler_fn is None or shaped_array is None or not self.direct:
+            if not self.direct:
+                self.symbols[7] = self.symbols[7]._replace(
+                    found=None, reason=f"the public API is forced; {SYMBOLS[7].fallback}")
+            return as_is
+        handlers: dict[Any, Any] = {}
+
+        def uncommit(arr: Any) -> Any:
+            if not arr._committed:
+                return arr
+            key = (arr.shape, arr.dtype, arr.sharding)
+            handler = handlers.get(key)
+            if handler is None:
+                if len(handlers) >= 256:
+                    handlers.clear()
+                handler = handlers[key] = handler_fn(
+                    shaped_array(arr.shape, arr.dtype, weak_type=False), arr.sharding,
+                    committed=False, _skip_checks=True)
+            return handler([arr])
+
+        try:   # the probe: the same memory and values, uncommitted
+            buf = aligned_empty((4,), np.float32, alignment=256)
+            buf[:] = [1, 2, 3, 4]
+            arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu, None,
+                                       None, int(D.kDLCPU))
+            out = uncommit(arr)
+            if (out._committed or out.unsafe_buffer_pointer() != arr.unsafe_buffer_pointer()
+                    or np.asarray(out).tolist() != [1, 2, 3, 4]):
+                raise ValueError("another array than the import's, or still committed")
+        except Exception as exc:
+            self.symbols[7] = self.symbols[7]._replace(
+                found=None, reason=f"its probe failed ({type(exc).__name__}); "
+                                   f"{SYMBOLS[7].fallback}")
+            return as_is
+        return uncommit
 
     def _assembler(self) -> Callable[..., Any]:
         """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
@@ -377,6 +482,14 @@ class JaxCaps:
         except Exception:
             return checked
         return direct
+
+
+def _put_views(put: Any, make_aval: Any, sharding: Any, dev: Any, align: int) -> bool:
+    """Whether ``put`` views host memory ``align`` bytes past a ``2 * align`` boundary in
+    place (the same pointer: jaxlib copies what it cannot view, silently)."""
+    buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+    arr = put(make_aval((64,), buf.dtype), sharding, [buf], [dev], False)
+    return bool(arr.unsafe_buffer_pointer() == buf.ctypes.data)
 
 
 @contextlib.contextmanager

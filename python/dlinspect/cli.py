@@ -73,11 +73,12 @@ def doctor_report() -> dict[str, Any]:
     else:
         from dlinspect._jaxcaps import caps
         c = caps()
+        target = c.target   # built: its probes say which private symbols are used
         report["jax"] = {
             "platforms": sorted({d.platform for d in jax.devices()}),
             "devices": [str(d) for d in jax.devices()],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
-            "cpu_alignment": c.cpu_alignment,
+            "cpu_alignment": target.cpu_align,
             "dlpack_platforms": {str(dlinspect.DLDeviceType(k)) if k in
                                  dlinspect.DLDeviceType._value2member_map_ else str(k): v
                                  for k, v in sorted(c.mapping.items())},

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import jax  # noqa: F401  (imported once, before hypothesis starts timing examples)
+import jax  # (imported once, before hypothesis starts timing examples)
 
 import dlinspect
 from dlinspect import DLDeviceType, DLInspectError, DLInspectWarning
@@ -209,8 +209,10 @@ def test_backed_header_routes(shape, stride_mode, random_strides, byte_offset, m
         if via_jax is not None and via_jax.dtype == np_dtype:
             assert via_jax.tobytes() == view.tobytes()
     del results, host, via_jax, cap
-    # By reference counting (no route leaves a cycle holding a tensor), though JAX may
-    # release an imported buffer a moment later on its own thread; exactly once either way.
+    # By reference counting (no route leaves a cycle holding a tensor), once JAX lets go:
+    # jaxlib drops host memory it views at its next call, and may release an imported
+    # buffer a moment later on its own thread; exactly once either way.
+    jax.device_put(0)
     deadline = time.monotonic() + 5
     while counter.calls < made and time.monotonic() < deadline:
         time.sleep(0.001)

@@ -1,0 +1,160 @@
+# put.pxi: host memory into JAX through jaxlib's batched put, the call jax.device_put
+# itself makes: a NumPy array per device (a view of the producer's memory, or a copy
+# dlinspect made) and one call per tensor, sharded or not. The array is committed exactly
+# where the caller named a device or a sharding (jax.device_put's rule); otherwise it is
+# what jnp.asarray gives, uncommitted, so that a jitted function fed both compiles once.
+# Where the installed jaxlib has no batched put that views memory in place (probed by
+# dlinspect._jaxcaps), the DLPack import carries the tensor and ``JaxTarget.uncommit``
+# makes its array uncommitted.
+
+cimport numpy as cnp
+from cpython.object cimport PyTypeObject
+
+cdef extern from "numpy/arrayobject.h":
+    # (numpy's own .pxd leaves it out) Steals a reference to ``descr``.
+    object PyArray_NewFromDescr(PyTypeObject* subtype, cnp.dtype descr, int nd,
+                                cnp.npy_intp* dims, cnp.npy_intp* strides, void* data,
+                                int flags, PyObject* obj)
+
+cnp.import_array()
+
+
+cdef class _Block:
+    """Owns one ``malloc``'d block (a copy dlinspect made); freed when the last NumPy
+    array over it dies."""
+    cdef void* ptr
+
+    def __dealloc__(self):
+        free(self.ptr)
+
+
+# contract: a NumPy array of ``descr`` over ``data`` (``ndim`` extents and strides in
+# elements of ``itemsize`` bytes), whose base is ``base`` (it keeps the memory alive).
+cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape,
+                     const int64_t* strides, int64_t itemsize, cnp.dtype descr,
+                     bint writeable):
+    cdef cnp.npy_intp dims[_MAX_NDIM]
+    cdef cnp.npy_intp steps[_MAX_NDIM]
+    cdef int32_t i
+    for i in range(ndim):
+        dims[i] = <cnp.npy_intp>shape[i]
+        # An extent-1 dimension may carry any stride (DLPack allows it): NumPy never
+        # steps along it, and 0 keeps it within NumPy's range.
+        steps[i] = 0 if shape[i] <= 1 else <cnp.npy_intp>(strides[i] * itemsize)
+    Py_INCREF(descr)   # PyArray_NewFromDescr steals it
+    arr = PyArray_NewFromDescr(<PyTypeObject*>cnp.ndarray, descr, ndim, dims, steps, data,
+                               cnp.NPY_ARRAY_WRITEABLE if writeable else 0, NULL)
+    cnp.set_array_base(arr, base)
+    return arr
+
+
+cdef object _view_of(object owner, TensorInfo info, bint writeable):
+    """A NumPy array over the memory ``info`` describes (one lane per element), kept
+    alive by ``owner`` (a :class:`HostOwner`, or an array whose memory it is)."""
+    return _ndarray(owner, <void*>info._ptr(), info._ndim, info._shape, info._strides,
+                    info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
+
+
+cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
+    """A new row-major NumPy array of ``info``'s shape and dtype ``(dst_code, dst_bits)``,
+    in ``align``-byte aligned memory of dlinspect's own (uninitialised); AllocationError
+    naming the bytes where it cannot be allocated."""
+    cdef int32_t ndim = info._ndim
+    cdef int64_t strides[_MAX_NDIM]
+    cdef int64_t n = 1
+    cdef int d
+    cdef size_t nbytes = <size_t>info._size * (dst_bits // 8)
+    cdef _Block block = _Block.__new__(_Block)
+    block.ptr = malloc(nbytes + align)
+    if block.ptr == NULL:
+        words = _words()
+        raise words.allocation_error(nbytes, words.describe(info), physical_memory())
+    cdef char* data = <char*>block.ptr
+    data += (align - (<uintptr_t>data & (align - 1))) & (align - 1)
+    for d in range(ndim - 1, -1, -1):
+        strides[d] = n
+        n *= info._shape[d]
+    return _ndarray(block, data, ndim, info._shape, strides, dst_bits // 8,
+                    _numpy_dtype(dst_code, dst_bits), True)
+
+
+cdef object _copy_of(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
+    """One copy of ``info``'s host memory, in one pass in C without the GIL, into a new
+    row-major ``align``-byte aligned NumPy array: the bytes as they are when (dst_code,
+    dst_bits) is the source's dtype, else each element cast as NumPy's unsafe cast and
+    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). Any layout
+    (a permuted order, gaps, broadcast, negative strides) is gathered into row-major order,
+    the order in which jaxlib views host memory."""
+    out = _aligned_array(info, dst_code, dst_bits, align)
+    cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef const char* src = <const char*>info._ptr()
+    cdef size_t dst_bytes = <size_t>info._size * (dst_bits // 8)
+    cdef dl_copy_cast cast = DL_COPY_SAME
+    if dst_code != info._code or dst_bits != info._bits:
+        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
+    cdef size_t src_size = info._bits // 8
+    cdef bint dense = info._is_c_contiguous()
+    with nogil:
+        dl_advise_huge(dst, dst_bytes)
+        if dense:
+            dl_copy_run(dst, src, info._size, 1, src_size, cast)
+        else:
+            dl_gather(dst, src, info._ndim, info._shape, info._strides, src_size, cast)
+    return out
+
+
+cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
+    """jaxlib's batched put views this host memory in place (probed: row-major, whole
+    bytes per element, aligned as it needs); else the DLPack import views it."""
+    return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
+            and info._is_c_contiguous() and (info._ptr() & (tg.put_align - 1)) == 0)
+
+
+cdef object _put(JaxTarget tg, list arrays, TensorInfo info, descr, sharding, list devices,
+                 bint committed):
+    """One array of ``info``'s shape and dtype ``descr`` over ``sharding`` from host
+    arrays, one per device of ``devices`` (the sharding's addressable devices, in its own
+    order), by jaxlib's batched put: viewed where the memory allows, copied by jaxlib
+    otherwise."""
+    return tg.put(tg.sharded_aval(info.shape, descr, sharding), sharding, arrays, devices,
+                  committed)
+
+
+cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
+    """A host NumPy array dlinspect holds (a view or its own copy) into JAX on ``device``,
+    committed or not (see above). ``view``: its memory is viewed, as the route said:
+    by jaxlib's batched put where it views it, else by the DLPack import; otherwise
+    (sub-byte dtypes, empty arrays) taken as ``jax.device_put`` takes it."""
+    cdef cnp.ndarray a = arr
+    cdef int64_t dims[_MAX_NDIM]
+    cdef int i
+    if tg.put is not None and (not view or (cnp.PyArray_IS_C_CONTIGUOUS(a) and
+                                            (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
+        for i in range(a.ndim):
+            dims[i] = a.shape[i]
+        return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device],
+                      committed)
+    if view:
+        out = _import_legacy(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
+                             device, None, None, kDLCPU)
+    else:
+        out = tg.jax.device_put(arr, device)
+    return out if committed else tg.uncommit(out)
+
+
+cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, device):
+    """Host memory that needs nothing, viewed by JAX on ``device``, uncommitted. A NumPy
+    array is handed to jaxlib as it is (its export is released unconsumed: NumPy's deleter
+    runs now); any other memory is taken from its capsule first (consumed: the producer's
+    deleter runs when the last array over it dies)."""
+    descr = _numpy_dtype(info._code, info._bits)
+    aval = tg.aval(info._ndim, info._shape, descr)
+    if type(x) is _np_ndarray:
+        return tg.put(aval, tg.single(device), [x], [device], False)
+    owner = take(cap, info.read_only is True, info)
+    try:
+        return tg.put(aval, tg.single(device), [_view_of(owner, info, info.read_only is not True)],
+                      [device], False)
+    except BaseException:
+        _untake(owner, cap)   # a failed put consumes nothing
+        raise
