@@ -59,6 +59,7 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+html_sidebars: dict[str, list[str]] = {"**": []}   # the top bar and the page's own contents
 html_static_path: list[str] = []
 html_show_sourcelink = False
 html_last_updated_fmt = None

@@ -10,7 +10,8 @@ A figure lives in a generated block of a Markdown file::
 
 and this script writes what is between the two lines from the block's source:
 
-    compare, speed, summary, per-call, loader, copies   benchmarks/results.json (the run
+    run, compare, speed, summary, per-call, loader,     benchmarks/results.json (the run
+    copies
                                                         that wrote BENCHMARKS.md)
     stacks                                              .ci/stacks.json (what CI tests)
     requirements                                        pyproject.toml (what is declared)
@@ -253,8 +254,12 @@ def gpu(old: str = "", folder: Path = GPU_DIR) -> str:
     return "\n".join(out) + "\n"
 
 
+def run(old: str = "") -> str:
+    return run_line() + "\n"
+
+
 BLOCKS: dict[str, Callable[[str], str]] = {
-    "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
+    "run": run, "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
     "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
     "producers": producers, "gpu": gpu,
 }

@@ -122,7 +122,7 @@ def test_figures_check_finds_a_changed_figure():
 
 EXPECTED_BLOCKS = {
     "README.md": {"compare", "speed", "requirements", "stacks"},
-    "docs/performance.md": {"speed", "per-call", "copies", "loader", "summary"},
+    "docs/performance.md": {"run", "per-call", "copies", "loader", "summary"},
     "docs/reliability.md": {"stacks", "producers"},
     "docs/getting-started.md": {"requirements"},
     "docs/gpu.md": {"gpu"},
