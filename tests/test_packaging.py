@@ -75,6 +75,21 @@ def test_stacks_tables_are_the_ci_stacks(page):
         assert f"scripts/stack.sh {name}" in row
 
 
+def test_minimums_written_in_prose_are_the_declared_ones():
+    """"Python 3.11 or newer", "torch 2.3 or newer" in README and docs are what
+    pyproject.toml declares."""
+    python = PYPROJECT["project"]["requires-python"].removeprefix(">=")
+    torch = _minimums()["torch"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    seen = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for name, version in re.findall(r"\b(Python|torch) (\d+\.\d+(?:\.\d+)?) or newer", text):
+            seen += 1
+            assert version == (python if name == "Python" else torch), (page.name, name, version)
+    assert seen >= 3
+
+
 def test_wheel_build_configuration():
     cibw = PYPROJECT["tool"]["cibuildwheel"]
     assert cibw["build"] == "cp311-* cp312-* cp313-*" and "smoke.py" in cibw["test-command"]
