@@ -38,7 +38,8 @@ FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 def pages() -> list[Path]:
     """README.md and every Markdown page of the site."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md")
+                                        if not p.relative_to(ROOT / "docs").parts[0].startswith("_"))]
 
 
 def front_matter(path: Path) -> dict[str, Any]:

@@ -46,7 +46,8 @@ BLOCK = re.compile(r"(<!-- generated: ([a-z-]+) \(python scripts/figures\.py\) -
 
 def markdown_files() -> list[Path]:
     """Every file that may hold generated blocks: README.md and the site's pages."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md")
+                                        if not p.relative_to(ROOT / "docs").parts[0].startswith("_"))]
 
 
 def results() -> dict[str, Any]:
