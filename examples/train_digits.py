@@ -163,8 +163,8 @@ def main() -> None:
     print("  " + dlinspect.explain(first[0], sharding=batch_sharding).replace("\n", "\n  "))
 
     # A plain to_jax loop: with JAX's asynchronous dispatch the next batch is loaded and
-    # converted while the step runs, which was fastest end to end here (README, "Data
-    # loaders"); prefetch_to_jax(loader, sharding=...) converts on a thread instead.
+    # converted while the step runs, the fastest end to end on a CPU-only JAX (the loader
+    # suite of BENCHMARKS.md); prefetch_to_jax(loader, sharding=...) converts on a thread.
     start = time.perf_counter()
     for epoch in range(1, args.epochs + 1):
         if sampler is not None:

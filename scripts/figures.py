@@ -1,41 +1,335 @@
-"""Write the README's summary of the published benchmark run from benchmarks/results.json.
+"""Write every figure of README.md and docs/ from the committed files that hold them.
 
 Usage: python scripts/figures.py [--check]
 
-The table between the README's two figure markers is rendered by
-dlinspect.bench.summary_markdown from the committed results.json (the run that wrote
-BENCHMARKS.md); --check exits 1 when the README holds anything else
-(tests/test_packaging.py checks the same).
+A figure lives in a generated block of a Markdown file::
+
+    <!-- generated: NAME (python scripts/figures.py) -->
+    ...
+    <!-- end generated: NAME -->
+
+and this script writes what is between the two lines from the block's source:
+
+    run, compare, speed, summary, per-call, loader,     benchmarks/results.json (the run
+    copies
+                                                        that wrote BENCHMARKS.md)
+    stacks                                              .ci/stacks.json (what CI tests)
+    requirements                                        pyproject.toml (what is declared)
+    producers                                           scripts/interop.sh (the pinned
+                                                        producers and loaders)
+    gpu                                                 benchmarks/gpu/ (the GPU check's
+                                                        files, when a run is committed)
+
+--check writes nothing and exits 1, naming each block, when a file holds anything else
+(tests/test_packaging.py runs it). ``draw_plots(folder)`` draws the plots of the
+Performance page from benchmarks/results.json (docs/conf.py calls it at every build).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
-
-from dlinspect.bench import SUMMARY_BEGIN, SUMMARY_END, summary_markdown
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results.json"
+GPU_DIR = ROOT / "benchmarks" / "gpu"
+
+BLOCK = re.compile(r"(<!-- generated: ([a-z-]+) \(python scripts/figures\.py\) -->\n)"
+                   r"(.*?)"
+                   r"(<!-- end generated: \2 -->)", re.S)
 
 
-def rendered(readme: str) -> str:
-    """``readme`` with the block between the markers rendered from results.json."""
-    report = json.loads((ROOT / "benchmarks" / "results.json").read_text(encoding="utf-8"))
-    head, sep, rest = readme.partition(SUMMARY_BEGIN)
-    _, sep2, tail = rest.partition(SUMMARY_END)
-    if not sep or not sep2:
-        raise SystemExit(f"README.md has no {SUMMARY_BEGIN} ... {SUMMARY_END} block")
-    return f"{head}{SUMMARY_BEGIN}\n{summary_markdown(report)}\n{SUMMARY_END}{tail}"
+def markdown_files() -> list[Path]:
+    """Every file that may hold generated blocks: README.md and the site's pages."""
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md")
+                                        if not p.relative_to(ROOT / "docs").parts[0].startswith("_"))]
+
+
+def results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text(encoding="utf-8"))
+
+
+def _rows(suite: str) -> dict[str, float]:
+    return {r["name"]: r["median"] for r in results()["suites"][suite]["rows"]}
+
+
+def _us(value: float) -> str:
+    return f"{value:.3g} µs"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def bench_command() -> str:
+    """The command of the published run, as the run wrote it at the head of BENCHMARKS.md."""
+    text = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    m = re.search(r"```\n(dlinspect bench [^\n]+)\n```", text)
+    if not m:
+        raise SystemExit("BENCHMARKS.md names no `dlinspect bench ...` command")
+    return m.group(1)
+
+
+def run_line() -> str:
+    """The machine and versions of the published run, and the command that made it."""
+    report = results()
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
+    return (f"Run: {report['machine']}, JAX platform {report['jax_platform']}; {versions}; "
+            f"written by `{bench_command()}`.")
+
+
+# ---- the blocks -----------------------------------------------------------------------
+
+COMPARE_ROW = "| per call, 32×32 float32 NumPy array, CPU |"
+
+
+def compare(old: str) -> str:
+    """README's first table, as written, with its per-call row from the published run."""
+    rows = _rows("to_jax")
+    row = (f"{COMPARE_ROW} {_us(rows['from_dlpack(x)'])} (64-byte aligned), "
+           f"{_us(rows['from_dlpack(x16)'])} (16-byte) | {_us(rows['to_jax(x)'])} (zero-copy), "
+           f"{_us(rows['to_jax(x16)'])} (one copy in C) |")
+    lines = old.splitlines()
+    at = [i for i, line in enumerate(lines) if line.startswith(COMPARE_ROW)]
+    if len(at) != 1:
+        raise SystemExit(f"the 'compare' block needs exactly one row starting {COMPARE_ROW!r}")
+    lines[at[0]] = row
+    return "\n".join(lines) + "\n"
+
+
+PER_CALL = [  # (what, dlinspect's row, the baseline's row, the baseline's name)
+    ("32×32 float32 NumPy array, 64-byte aligned", "to_jax(x)", "from_dlpack(x)",
+     "`jax.dlpack.from_dlpack`"),
+    ("32×32 float32 NumPy array, 16-byte aligned (both copy)", "to_jax(x16)",
+     "from_dlpack(x16)", "`jax.dlpack.from_dlpack`"),
+    ("32×32 float32 torch tensor", "to_jax(t)", "from_dlpack(t)", "`jax.dlpack.from_dlpack`"),
+    ("dict of 16 float32 torch tensors", "to_jax(d)", "tree_map(from_dlpack, d)",
+     "`jax.tree_util.tree_map(from_dlpack, d)`"),
+    ("a `jax.Array`", "to_jax(j)", "from_dlpack(j)", "`jax.dlpack.from_dlpack`"),
+]
+
+
+def per_call(old: str = "") -> str:
+    """Median µs per call of to_jax and of its baseline on the same inputs."""
+    rows = _rows("to_jax")
+    out = ["| input | baseline | baseline, per call | `dlinspect.to_jax`, per call | ratio |",
+           "| --- | --- | ---: | ---: | ---: |"]
+    for what, mine, theirs, name in PER_CALL:
+        out.append(f"| {what} | {name} | {_us(rows[theirs])} | {_us(rows[mine])} | "
+                   f"{_ratio(rows[mine] / rows[theirs])} |")
+    return "\n".join(out) + "\n"
+
+
+def _copy_ratios() -> dict[str, dict[str, float]]:
+    """to_jax over NumPy's copy-and-import, by kind of copy and size."""
+    rows = _rows("copies")
+    out: dict[str, dict[str, float]] = {}
+    for name, median in rows.items():
+        m = re.fullmatch(r"to_jax (.+?) ([0-9]+ [KMG]iB)", name)
+        if m:
+            kind, size = m.groups()
+            out.setdefault(kind, {})[size] = median / rows[f"numpy copy + import {kind} {size}"]
+    return out
+
+
+def _loader_rate(name: str) -> float:
+    return _rows("loader")[name]
+
+
+def speed(old: str = "") -> str:
+    """README's speed summary: per call, a loader loop, the copies, the targets."""
+    report = results()
+    targets = [t for s in report["suites"].values() for t in s["targets"]]
+    passed = sum(t["status"] == "PASS" for t in targets)
+    ratios = [r for sizes in _copy_ratios().values() for r in sizes.values()]
+    conv = (_loader_rate("to_jax loop [conversion]"), _loader_rate("from_dlpack loop [conversion]"),
+            _loader_rate("asarray loop [conversion]"))
+    return (per_call() + "\n"
+            f"- A loader's batches (256 images of 3×32×32 float32, int64 labels), conversion "
+            f"only: {conv[0]:,.0f} batches/s with a `to_jax` loop, {conv[1]:,.0f} with "
+            f"`jax.dlpack.from_dlpack` per leaf, {conv[2]:,.0f} with `jnp.asarray`.\n"
+            f"- Copies (misaligned, strided, narrowing, read-only; 1 KiB to 256 MiB): "
+            f"`to_jax` takes {min(ratios):.2f}x to {max(ratios):.2f}x the time of NumPy's own "
+            f"copy into aligned memory plus its import.\n"
+            f"- {passed} of the run's {len(targets)} targets met"
+            + "".join(f"; missed: {t['target']} ({t['value']:.3g})" for t in targets
+                      if t["status"] != "PASS")
+            + f".\n\n{run_line()}\n")
+
+
+def summary(old: str = "") -> str:
+    """Every target of the published run (dlinspect.bench.summary_markdown)."""
+    from dlinspect.bench import summary_markdown
+    return summary_markdown(results()) + "\n"
+
+
+def loader(old: str = "") -> str:
+    """The loader suite: batches/s by method, conversion only and end to end."""
+    suite = results()["suites"]["loader"]
+    cols = ("conversion", "end_to_end", "end_to_end_synced")
+    out = ["| method | conversion only | end to end, jitted step | end to end, loss read "
+           "every step |", "| --- | ---: | ---: | ---: |"]
+    for method in suite["tables"]["conversion"]:
+        out.append(f"| {method} | " + " | ".join(
+            f"{suite['tables'][c][method]['median']:,.0f}" for c in cols) + " |")
+    out += ["", f"Sharded over {suite['sharded']['devices']} CPU devices, conversion only:", "",
+            "| method | batches/s |", "| --- | ---: |"]
+    out += [f"| {m} | {row['median']:,.0f} |" for m, row in suite["sharded"]["rows"].items()]
+    return "\n".join(out) + "\n"
+
+
+def copies(old: str = "") -> str:
+    """The copies suite as one table: kind of copy by size, ratio to NumPy's copy."""
+    ratios = _copy_ratios()
+    sizes = list(next(iter(ratios.values())))
+    out = ["| copy | " + " | ".join(sizes) + " |", "| --- | " + " | ".join("---:" for _ in sizes)
+           + " |"]
+    out += [f"| {kind} | " + " | ".join(f"{by[s]:.2f}" for s in sizes) + " |"
+            for kind, by in ratios.items()]
+    return "\n".join(out) + "\n"
+
+
+def stacks(old: str = "") -> str:
+    """The version stacks of .ci/stacks.json, one row each."""
+    data = json.loads((ROOT / ".ci" / "stacks.json").read_text(encoding="utf-8"))
+    out = ["| stack | Python | versions | command |", "| --- | --- | --- | --- |"]
+    for name, stack in data.items():
+        if name.startswith("_"):
+            continue
+        pins = ", ".join(p.replace("==", " ") for p in stack["pins"])
+        out.append(f"| {name} | {stack['python']} | {pins} | `bash scripts/stack.sh {name}` |")
+    return "\n".join(out) + "\n"
+
+
+def requirements(old: str = "") -> str:
+    """What pyproject.toml declares: Python, the dependency and each extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    out = ["| install | requires |", "| --- | --- |",
+           f"| `pip install dlinspect` | Python {project['requires-python']}, "
+           + ", ".join(f"`{d}`" for d in project["dependencies"]) + " |"]
+    for extra, specs in project["optional-dependencies"].items():
+        out.append(f"| `pip install \"dlinspect[{extra}]\"` | "
+                   + ", ".join(f"`{s}`" for s in specs) + " |")
+    return "\n".join(out) + "\n"
+
+
+def interop_pins() -> dict[str, str]:
+    """The producers and loaders scripts/interop.sh installs, with its pins."""
+    text = (ROOT / "scripts" / "interop.sh").read_text(encoding="utf-8")
+    return dict(re.findall(r'^\s+([a-z_]+)\) echo "([^"]+)" ;;$', text, re.M))
+
+
+def producers(old: str = "") -> str:
+    out = ["| `INTEROP=` name | installs | tests |", "| --- | --- | --- |"]
+    for name, spec in interop_pins().items():
+        pins = ", ".join(p.replace("==", " ") for p in spec.split())
+        out.append(f"| {name} | {pins} | `tests/interop/` |")
+    return "\n".join(out) + "\n"
+
+
+def gpu(old: str = "", folder: Path = GPU_DIR) -> str:
+    """The GPU check's figures, from benchmarks/gpu/gpu-bench.json when one is committed
+    (and the closing line of benchmarks/gpu/gpu-tests.log beside it)."""
+    bench = folder / "gpu-bench.json"
+    if not bench.exists():
+        return ("No run of the GPU check is recorded in this repository "
+                "(there is no `benchmarks/gpu/gpu-bench.json`).\n")
+    report = json.loads(bench.read_text(encoding="utf-8"))
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    out = [f"Run: {versions}; devices {', '.join(report['devices'])}.", ""]
+    log = folder / "gpu-tests.log"
+    if log.exists():
+        last = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out += [f"`tests/gpu`: {last[-1].strip('= ')}.", ""] if last else []
+    out += ["| call | median µs |", "| --- | ---: |"]
+    out += [f"| `{k}` | {v:.3g} |" for k, v in report["per_call_us"].items()]
+    out += ["", "| ratio | value |", "| --- | ---: |"]
+    out += [f"| {k} | {v:.3g} |" for k, v in report["ratios"].items()]
+    out += ["", "| loop beside a jitted GPU step | batches/s |", "| --- | ---: |"]
+    out += [f"| {k} | {v:,.0f} |" for k, v in report["loop_batches_per_s"].items()]
+    return "\n".join(out) + "\n"
+
+
+def run(old: str = "") -> str:
+    return run_line() + "\n"
+
+
+BLOCKS: dict[str, Callable[[str], str]] = {
+    "run": run, "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
+    "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
+    "producers": producers, "gpu": gpu,
+}
+
+
+def rendered(text: str, where: str = "") -> str:
+    """``text`` with every generated block written anew from its source."""
+    def one(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name not in BLOCKS:
+            raise SystemExit(f"{where}: no renderer for the generated block {name!r}")
+        return m.group(1) + BLOCKS[name](m.group(3)) + m.group(4)
+    return BLOCK.sub(one, text)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The generated blocks of ``text``, by name (their content as written)."""
+    return {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
+
+
+# ---- plots ----------------------------------------------------------------------------
+
+def draw_plots(folder: Path) -> list[Path]:
+    """The Performance page's plots, drawn from benchmarks/results.json into ``folder``:
+    ``sweep.png`` (by dlinspect.bench.plot_sweep, as ``dlinspect bench --plot`` draws it)
+    and ``copies.png`` (each kind of copy against NumPy's, by size)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dlinspect.bench import plot_sweep
+    folder.mkdir(parents=True, exist_ok=True)
+    report = results()
+    plot_sweep(report, str(folder / "sweep.png"))
+    ratios = _copy_ratios()
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    for kind, by in ratios.items():
+        ax.plot(list(by), list(by.values()), marker="o", label=kind)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel("to_jax time / NumPy's copy + import")
+    ax.set_xlabel("tensor size")
+    ax.set_title(f"Copies into JAX ({report['machine']}, jax {report['versions']['jax']})",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(folder / "copies.png", dpi=110)
+    plt.close(fig)
+    return [folder / "sweep.png", folder / "copies.png"]
 
 
 def main() -> int:
-    path = ROOT / "README.md"
-    readme = path.read_text(encoding="utf-8")
-    new = rendered(readme)
-    if "--check" in sys.argv:
-        return 0 if new == readme else 1
-    path.write_text(new, encoding="utf-8")
+    check = "--check" in sys.argv
+    stale = []
+    for path in markdown_files():
+        text = path.read_text(encoding="utf-8")
+        new = rendered(text, str(path.relative_to(ROOT)))
+        if new == text:
+            continue
+        changed = [name for name, body in blocks(new).items() if blocks(text).get(name) != body]
+        stale.append(f"{path.relative_to(ROOT)}: {', '.join(changed)}")
+        if not check:
+            path.write_text(new, encoding="utf-8")
+    if check and stale:
+        print("generated blocks differ from their sources (run python scripts/figures.py):\n  "
+              + "\n  ".join(stale), file=sys.stderr)
+        return 1
+    for line in stale:
+        print(f"wrote {line}")
     return 0
 
 

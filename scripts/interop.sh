@@ -3,7 +3,8 @@
 # data loaders JAX users feed from (grain, Hugging Face datasets/transformers, Ray Data).
 #
 # Makes .venv-interop (build dir build-interop), installs the build tools, torch, dlinspect
-# with its test and jax extras, then the selected producers, and runs tests/interop.
+# with its test and jax extras, then the selected producers, and runs tests/interop (which
+# also runs the examples of the documentation's loader pages: test_docs_pages.py).
 #
 # Usage: [INTEROP=all|light|heavy|loaders|"name ..."] bash scripts/interop.sh [pytest args...]
 #   light: pyarrow array_api_strict tvm_ffi warp mlx      (small wheels, a minute or two)

@@ -55,9 +55,9 @@ cdef class LoaderReport:
     serves them all). A batch counts once it is converted (a failed one not at all).
     ``str(report)`` is a table; :meth:`as_dict` the same figures.
 
-    After the first :data:`ADVISE_AFTER` batches of an epoch, a leaf copied in every one
+    After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
     of them for one reason the user can remove (alignment, read-only, strides), of at
-    least :data:`ADVISE_MIN_BYTES` a batch, gets one ``DLInspectWarning`` per loader,
+    least ``ADVISE_MIN_BYTES`` (64 KiB) a batch, gets one ``DLInspectWarning`` per loader,
     naming the fix.
 
     Attributes

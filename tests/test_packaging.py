@@ -1,4 +1,5 @@
-"""The declared support range, the CI stacks and the README's "Tested with" table agree."""
+"""The declared support range, the CI stacks, and the tables README.md and docs/ show of them
+and of the published benchmark run, agree."""
 
 from __future__ import annotations
 
@@ -50,18 +51,43 @@ def test_oldest_stack_is_exactly_the_declared_minimums():
     assert set(minimums) - pinned == set(), set(minimums) - pinned
 
 
-def test_readme_tested_with_lists_every_stack():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Tested with", 1)[1].split("\n## ", 1)[0]
-    for name, stack in STACKS.items():
-        if name.startswith("_"):
-            continue
-        row = next((line for line in section.splitlines() if line.startswith(f"| {name} ")), None)
-        assert row is not None, f"README 'Tested with' has no row for {name}"
-        assert f"Python {stack['python']}" in row
-        for pin in stack["pins"]:
-            dist, version = pin.split("==")
-            assert f"{dist} {version}" in row, (name, pin, row)
+def _block(path: Path, name: str) -> str:
+    """The generated block ``name`` of a Markdown file, as written there."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    blocks = figures.blocks(path.read_text(encoding="utf-8"))
+    assert name in blocks, f"{path.relative_to(ROOT)} has no generated block {name!r}"
+    return blocks[name]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reliability.md"])
+def test_stacks_tables_are_the_ci_stacks(page):
+    """What CI tests is shown as .ci/stacks.json says: one row per stack, its Python and
+    every pin, and no other stack."""
+    table = _block(ROOT / page, "stacks")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    stacks = {name: stack for name, stack in STACKS.items() if not name.startswith("_")}
+    assert [row.split("|")[1].strip() for row in rows] == list(stacks), rows
+    for row, (name, stack) in zip(rows, stacks.items()):
+        cells = [c.strip() for c in row.split("|")]
+        assert cells[2] == stack["python"], (name, row)
+        assert cells[3] == ", ".join(p.replace("==", " ") for p in stack["pins"]), (name, row)
+        assert f"scripts/stack.sh {name}" in row
+
+
+def test_minimums_written_in_prose_are_the_declared_ones():
+    """"Python 3.11 or newer", "torch 2.3 or newer" in README and docs are what
+    pyproject.toml declares."""
+    python = PYPROJECT["project"]["requires-python"].removeprefix(">=")
+    torch = _minimums()["torch"]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    seen = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for name, version in re.findall(r"\b(Python|torch) (\d+\.\d+(?:\.\d+)?) or newer", text):
+            seen += 1
+            assert version == (python if name == "Python" else torch), (page.name, name, version)
+    assert seen >= 3
 
 
 def test_wheel_build_configuration():
@@ -76,24 +102,76 @@ def test_readme_figures_are_the_published_run():
     wrote BENCHMARKS.md), not figures typed in by hand."""
     results = json.loads((ROOT / "benchmarks" / "results.json").read_text(encoding="utf-8"))
     rows = {r["name"]: r["median"] for r in results["suites"]["to_jax"]["rows"]}
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    line = next(line for line in readme.splitlines()
-                if line.startswith("| per call, 32×32 float32 NumPy"))
+    compare = _block(ROOT / "README.md", "compare")
+    line = next(line for line in compare.splitlines() if line.startswith("| per call, 32×32"))
     shown = [float(v) for v in re.findall(r"([0-9.]+) µs", line)]
     expected = [rows["from_dlpack(x)"], rows["from_dlpack(x16)"], rows["to_jax(x)"],
                 rows["to_jax(x16)"]]
     assert shown == [float(f"{v:.3g}") for v in expected], (shown, expected)
+    speed = _block(ROOT / "README.md", "speed")
+    assert (f"| 32×32 float32 torch tensor | `jax.dlpack.from_dlpack` | "
+            f"{rows['from_dlpack(t)']:.3g} µs | {rows['to_jax(t)']:.3g} µs |") in speed
+    assert f"{rows['tree_map(from_dlpack, d)']:.3g} µs" in speed
+    assert results["versions"]["jax"] in speed and results["machine"] in speed
 
 
-def test_readme_summary_is_the_published_run():
-    """The README's table of every benchmark target is rendered from
-    benchmarks/results.json (python scripts/figures.py), not typed in by hand."""
+def test_generated_blocks_are_their_sources():
+    """Every generated block of README.md and docs/ is what scripts/figures.py renders from
+    its source file (benchmarks/results.json, .ci/stacks.json, pyproject.toml,
+    scripts/interop.sh, benchmarks/gpu/), not figures typed in by hand."""
     import subprocess
-    import sys
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "figures.py"), "--check"],
                           capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, ("README.md's figures differ from benchmarks/results.json: "
+    assert proc.returncode == 0, ("README.md or docs/ differ from their sources: "
                                   "run python scripts/figures.py", proc.stderr)
+
+
+def test_figures_check_finds_a_changed_figure():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    speed = figures.blocks(readme)["speed"]
+    tampered = readme.replace(speed, speed.replace(" µs |", "1 µs |", 1))
+    assert tampered != readme and figures.rendered(tampered) == readme
+
+
+EXPECTED_BLOCKS = {
+    "README.md": {"compare", "speed", "requirements", "stacks"},
+    "docs/performance.md": {"run", "per-call", "copies", "loader", "summary"},
+    "docs/reliability.md": {"stacks", "producers"},
+    "docs/getting-started.md": {"requirements"},
+    "docs/gpu.md": {"gpu"},
+}
+
+
+def test_every_figure_is_in_a_generated_block():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    for page, names in EXPECTED_BLOCKS.items():
+        assert set(figures.blocks((ROOT / page).read_text(encoding="utf-8"))) == names, page
+    for path in figures.markdown_files():   # every block has its renderer
+        assert set(figures.blocks(path.read_text(encoding="utf-8"))) <= set(figures.BLOCKS)
+
+
+def test_gpu_results_are_rendered_when_committed(tmp_path):
+    """Without a committed run the GPU page says so; with one (scripts/gpu_bench.py's JSON
+    and the tests' log, as scripts/gpu_check.sh writes them) it shows its figures."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    assert "No run of the GPU check is recorded" in figures.gpu("", tmp_path)
+    report = {"versions": {"python": "3.12.3", "jax": "0.10.2", "torch": "2.13.0",
+                           "dlinspect": "0.1.0"},
+              "devices": ["cuda:0"],
+              "per_call_us": {"to_jax(t)": 4.5, "from_dlpack(t)": 30.25},
+              "ratios": {"to_jax(t) / from_dlpack(t)": 4.5 / 30.25},
+              "loop_batches_per_s": {"to_jax loop": 812.0,
+                                     "prefetch_to_jax(thread=True)": 790.5}}
+    (tmp_path / "gpu-bench.json").write_text(json.dumps(report), encoding="utf-8")
+    (tmp_path / "gpu-tests.log").write_text("....\n==== 21 passed in 40.1s ====\n",
+                                            encoding="utf-8")
+    page = figures.gpu("", tmp_path)
+    assert "No run" not in page and "cuda:0" in page and "21 passed in 40.1s" in page
+    assert "| `from_dlpack(t)` | 30.2 |" in page and "| to_jax loop | 812 |" in page
 
 
 def test_version_is_written_once():

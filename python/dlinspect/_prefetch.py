@@ -150,7 +150,8 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         and converted on the consumer's thread when asked for (a plain ``to_jax``
         loop). None (the default): False when the batches go to JAX CPU devices
         (the jitted step then keeps the host's cores busy, and a worker thread
-        only competes with it: measured slower, see the README's loader figures);
+        only competes with it: measured slower, see the loader suite of the published
+        benchmark run, BENCHMARKS.md);
         elsewhere each epoch times its first 4 batches on the consumer's thread,
         and a worker thread takes over only when loading a batch and the
         consumer's own work between batches both take over 0.5 ms (medians):

@@ -625,7 +625,31 @@ def explain_one(route: Any, x: Any) -> str:
 def explain(x: Any, target: Target = "jax", **options: Any) -> str:
     """The header and the route, in a few readable lines (one block per pytree leaf).
 
-    Takes the same arguments as :func:`plan`; reads, never consumes.
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
+        What :func:`plan` takes; a capsule is read, never consumed.
+    target : {"jax", "host"}
+        Where it should go, as for :func:`plan`.
+    **options
+        :func:`plan`'s keyword options (``device``, ``copy``, ``sharding``,
+        ``fallback``, ``readonly``, ``leaves``, ``narrow``).
+
+    Returns
+    -------
+    str
+        For one tensor: the header (``<TensorInfo ...>``: device, dtype, shape,
+        strides in elements, layout, bytes, alignment in bytes, flags), the route's
+        kind and the bytes it copies, its reason or its error, the JAX device and
+        any warning. For a batch: one such block per leaf under its key path, runs
+        of untouched leaves folded into one line.
+
+    Raises
+    ------
+    ValueError, TypeError, ContainerError
+        What :func:`plan` raises: an option outside its values, a batch that cannot
+        be walked. A producer's refusal or a bad header is shown as an error route,
+        not raised.
 
     Examples
     --------

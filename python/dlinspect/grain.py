@@ -77,10 +77,9 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         memory until it is consumed and dropped (for a zero-copy leaf, the
         batch's own memory). On JAX CPU devices too the second thread is worth
         keeping, although the conversion is only a view or one copy in C:
-        without it, end to end into a jitted step, ``benchmarks/bench_grain.py
-        --variants`` measured fewer batches/s (up to 10%, on 2 cores; README,
-        "grain"), the conversion then sharing the consumer's thread with the
-        step's dispatch.
+        without it the conversion shares the consumer's thread with the step's
+        dispatch (``benchmarks/bench_grain.py --variants`` times both, end to end
+        into a jitted step).
     copy, fallback, readonly, leaves, narrow
         Passed to :func:`dlinspect.to_jax` for every element: ``copy=False``
         never copies (``CopyRequiredError`` naming the reason and the key path);

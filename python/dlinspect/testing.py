@@ -154,7 +154,7 @@ class FakeProducer:
     host_copy : bool
         Honour ``dl_device=(kDLCPU, 0), copy=True`` with a host copy whose header
         has IS_COPIED set (as the array API asks a producer to), and
-        :meth:`copy_into`; False refuses both with ``BufferError``, as a producer
+        ``copy_into(out)``; False refuses both with ``BufferError``, as a producer
         without that feature does.
     copy_into : bool
         Copy into host memory it is given (``copy_into(out)``, as torch's
@@ -178,7 +178,7 @@ class FakeProducer:
         The keyword arguments of every ``__dlpack__`` call, in order.
     served : list of numpy.ndarray
         The host memory of every host copy it made (``__dlpack__`` or
-        :meth:`copy_into`), to check by pointer where values ended up.
+        ``copy_into(out)``), to check by pointer where values ended up.
     counter : DeleterCounter
         Deleter calls of every capsule served.
     """

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the reference site (docs/) and check it as code:
+#   1. python scripts/figures.py --check: every generated table of README.md and docs/
+#      is what its source file (benchmarks/results.json, .ci/stacks.json, ...) gives;
+#   2. sphinx-build with warnings as errors (-W --keep-going) and nitpicky references (-n)
+#      into docs/_build/html;
+#   3. every >>> example of README.md and of the site's pages (each page in its own
+#      process), and of the docstrings the API reference renders, run as doctests
+#      (scripts/doctest_docs.py); pages whose libraries are not installed here are
+#      skipped with the reason (the interop suite runs those);
+#   4. every built page opened in Debian's headless Chromium (installed with apt-get when
+#      missing): each must render its main text, and every relative link and anchor must
+#      resolve to a built file and id (scripts/check_site.py).
+#
+# Runs in the active Python environment, which needs dlinspect with its docs extra:
+#   pip install --no-build-isolation -Cbuild-dir=build -e ".[test,jax,examples,docs]"
+# The site: docs/_build/html/index.html.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export JAX_PLATFORMS=cpu
+start=$SECONDS
+lap() { echo "docs.sh: $1 ($((SECONDS - start)) s)"; }
+
+if ! python -c "import sphinx, myst_parser, numpydoc, pydata_sphinx_theme" 2>/dev/null; then
+    echo "docs.sh: the docs tools are not installed in $(command -v python); install them with:" >&2
+    echo "  pip install --no-build-isolation -Cbuild-dir=build -e \".[docs]\"" >&2
+    exit 1
+fi
+browser=$(command -v chromium || true)
+if [ -z "$browser" ]; then
+    echo "docs.sh: installing Debian's chromium (apt-get)"
+    if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    browser=$(command -v chromium)
+fi
+
+python scripts/figures.py --check
+lap "generated tables agree with their sources"
+
+rm -rf docs/_build docs/_generated
+python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+lap "site built without warnings: docs/_build/html/index.html"
+
+python scripts/doctest_docs.py --docstrings
+lap "examples of README, the pages and the API docstrings ran"
+
+python scripts/check_site.py docs/_build/html --browser "$browser"
+lap "every page rendered in $("$browser" --version 2>/dev/null | head -1)"
