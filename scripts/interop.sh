@@ -62,7 +62,7 @@ WHEELS=${INTEROP_WHEELS:-$HOME/.cache/dlinspect-interop/wheels}
 mkdir -p "$WHEELS"
 
 python -m pip install -q --upgrade pip
-python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" ninja cmake
+python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "numpy>=1.26" ninja cmake
 python -m pip install -q torch==2.13.0
 python -m pip install -q --no-build-isolation -Cbuild-dir=build-interop -e ".[test,jax]"
 # What the base resolved to for numpy, jax, jaxlib, ml_dtypes and torch stays: a producer that

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-asan
 . .venv-asan/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" ninja cmake
+python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "numpy>=1.26" ninja cmake
 python -m pip install -q torch==2.13.0
 python -m pip install -q --no-build-isolation -Cbuild-dir=build-asan \
     -Ccmake.define.DLINSPECT_SANITIZE=ON -e ".[test,jax,examples]" apache-tvm-ffi

@@ -26,7 +26,7 @@ start=$SECONDS
 "$py" -m venv --clear "$venv"
 . "$venv/bin/activate"
 python -m pip install -q --upgrade pip
-python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" ninja cmake
+python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" "numpy>=1.26" ninja cmake
 # The pins first, then the package with its test extra (the pins constrain it).
 python -m pip install -q $pins
 python -m pip install -q --no-build-isolation -Cbuild-dir="build-stack-$name" -e ".[test]" $pins

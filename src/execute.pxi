@@ -97,6 +97,10 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     jax.Array or pytree of jax.Array
         The same structure as ``x``. A vector dtype (``lanes > 1``, e.g. float32x4
         of shape ``(N,)``) arrives as a trailing axis: float32 of shape ``(N, 4)``.
+        With no ``device`` or ``sharding``, each array is uncommitted, as
+        ``jnp.asarray(x)``'s (on the device of the memory it views), so a jitted
+        function fed both compiles once; with one, committed, as
+        ``jax.device_put(x, device)``'s. A ``jax.Array`` in ``x`` is returned as it is.
 
     Raises
     ------
@@ -134,11 +138,15 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     Follows the array API ``__dlpack__`` protocol: ``stream`` is None for CPU
     and pinned memory and JAX's consumer stream on CUDA/ROCm (never 0 on
     CUDA); ``max_version=(1, 3)`` is asked for, and a versioned capsule is
-    handed to JAX through a zero-copy legacy adapter. On every route the
-    producer's deleter runs exactly once: when the jax.Array dies for
-    zero-copy, right after the copy otherwise. A route that fails leaves a
-    caller's capsule unconsumed. ``plan(x)`` with the same options says what
-    this does.
+    handed to JAX through a zero-copy legacy adapter. Host memory goes into
+    JAX as ``jax.device_put`` puts it (jaxlib's batched put: one call per
+    tensor, a sharded one included), viewed in place where the route is
+    zero-copy. On every route the producer's deleter runs exactly once: right
+    after the copy for a copy; for zero-copy, once JAX lets go of the memory,
+    which jaxlib does at its next call (or Python's next garbage collection)
+    after the last array over it dies, as for ``jax.device_put``'s arrays. A
+    route that fails leaves a caller's capsule unconsumed. ``plan(x)`` with the
+    same options says what this does.
 
     Examples
     --------
