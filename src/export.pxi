@@ -662,7 +662,7 @@ cdef inline object _take_ref(PyObject* p):
 
 @cython.binding(False)
 @cython.always_allow_keywords(False)
-def peek(obj):
+def peek(obj, /):
     """Read a DLPack tensor's header without consuming it.
 
     Parameters

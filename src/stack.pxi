@@ -86,8 +86,9 @@ def stack(elements, *, Py_ssize_t alignment=0):
             if paths is None:
                 paths = [p for p, _ in tree_util.tree_flatten_with_path(items[0])[0]]
             k, shape, shape0 = exc.args
+            where = tree_util.keystr(tuple(paths[j]))
             raise StackError(
-                f"{tree_util.keystr(tuple(paths[j]))}: element {k} has shape {shape} there, "
+                f"{where + ': ' if where else ''}element {k} has shape {shape} there, "
                 f"and element 0 {shape0}; np.stack stacks arrays of one shape. To fix: pad "
                 f"or crop the examples to one shape before batching (or batch them as a "
                 f"list).") from None

@@ -395,6 +395,16 @@ class TestDtypes:
             to_jax(cap)
         assert capsule_name(cap) == "dltensor_versioned"
 
+    def test_an_opaque_handle_is_not_advised_a_conversion(self):
+        """An opaque handle's bytes are no values: no dtype conversion (nor ml_dtypes)
+        is advised, in to_jax and to_host alike."""
+        for route in (plan(make_capsule(np.zeros(16, np.uint8), shape=(2,), dtype=(3, 64, 1))),
+                      plan(make_capsule(np.zeros(16, np.uint8), shape=(2,), dtype=(3, 64, 1)),
+                           "host")):
+            text = str(route.error)
+            assert "read it with the library that made it" in text, text
+            assert "astype" not in text and "ml_dtypes" not in text, text
+
     def test_vector_lanes_become_a_trailing_axis(self):  # C22
         x = aligned(np.arange(12).reshape(3, 4))
         cap = lambda: make_capsule(x, shape=(3,), dtype=(2, 32, 4))  # noqa: E731

@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _core
-from ._core import DEVICES, DTYPES, DLDeviceType as D, aligned_empty, dldtype_from_numpy
+from ._core import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D, aligned_empty
+from ._core import dldtype_from_numpy
 from ._core import dtype_name, numpy_dtype, stream_of
 from ._words import narrowing_text
 
@@ -287,6 +288,8 @@ class JaxCaps:
         """None if JAX holds a NumPy (ml_dtypes) array of dtype ``(code, bits)``
         (``jax.device_put``); else the reason."""
         dtype = numpy_dtype(code, bits)
+        if code == int(Code.kDLOpaqueHandle):
+            return "an opaque handle holds no values that an array dtype describes"
         if dtype is None:
             return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides "
                     f"bfloat16, float8, int4 and others: pip install -U ml_dtypes)")

@@ -236,6 +236,9 @@ def _widen(route: Any) -> str:
     """Converting to the narrowest standard dtype that holds every value, with the
     producer's own method: "convert it to complex64 first (t.to(torch.complex64))"."""
     code, bits, _ = route.info.dtype
+    if code == Code.kDLOpaqueHandle:   # no values an array type could hold: no dtype helps
+        return ("read it with the library that made it: an opaque handle's bytes mean "
+                "nothing as numbers, and no dtype conversion gives them a meaning")
     kind = {Code.kDLComplex: "complex", Code.kDLInt: "int", Code.kDLUInt: "uint"}.get(code, "float")
     wide = f"{kind}{max(bits * 2, 64)}" if kind == "complex" else f"{kind}{max(bits, 32)}"
     return f"convert it to {wide} first ({route.facts['astype'].format(wide)})"

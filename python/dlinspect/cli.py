@@ -17,7 +17,7 @@ Subcommands:
 ``bench``
     The benchmark suites (see :mod:`dlinspect.bench`) against plain
     ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
-    ``--markdown``; ``--quick`` takes under 30 s on two cores.
+    ``--markdown``; ``--quick`` runs fewer and shorter rounds (its figures are noisier).
 """
 
 from __future__ import annotations
@@ -346,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--instructions", action="store_true",
                    help="also count instructions per call under valgrind's callgrind "
                         "(a minute or two; stable on a noisy machine)")
-    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (under 30 s on two cores)")
+    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (noisier figures)")
     p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot per-call cost against size (matplotlib)")

@@ -22,7 +22,7 @@ from typing import Any
 from ._common import format_suite, machine, versions
 
 __all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "plot_sweep",
-           "write_markdown", "summary_markdown", "SUMMARY_BEGIN", "SUMMARY_END"]
+           "write_markdown", "summary_markdown"]
 
 #: Every suite; :data:`DEFAULT_SUITES` run when none is named.
 SUITES = ("peek", "to_jax", "sweep", "loader", "instructions", "copies")
@@ -39,7 +39,7 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
         Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``,
         ``instructions``, ``copies``).
     quick : bool
-        Fewer repeats, shorter timings, smaller sizes: under 30 s on two cores.
+        Fewer repeats, shorter timings, smaller sizes (noisier figures).
     repeat : int or None
         Runs per measurement (default 15, or 3 with ``quick``).
     progress : bool
@@ -249,12 +249,6 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
         out.append("")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out))
-
-
-#: Where the README holds the summary of the published run (``scripts/figures.py``
-#: writes what is between the two markers; a test checks it).
-SUMMARY_BEGIN = "<!-- figures from benchmarks/results.json: python scripts/figures.py -->"
-SUMMARY_END = "<!-- end of figures -->"
 
 
 def _figure(value: float | None, unit: str) -> str:
