@@ -1,7 +1,9 @@
 """Per-call cost on a CUDA machine (scripts/gpu_check.sh runs it): median µs per call of
 ``dlinspect.to_jax`` and ``jax.dlpack.from_dlpack`` on the same tensors, every result
-waited for, cases interleaved in each repetition; and batches/s of a loop feeding a jitted
-GPU step, plain ``to_jax`` against ``prefetch_to_jax(thread=True)``.
+waited for, cases interleaved in each repetition; batches/s of a loop feeding a jitted
+GPU step, plain ``to_jax`` against ``prefetch_to_jax(thread=True)``; and µs per batch of
+``to_jax(batch, device=gpu)`` of a ``dlinspect.stack`` batch (64 x 3 x 224 x 224 float32)
+in pageable and in pinned (``pinned=True``) host memory.
 
 Usage: python scripts/gpu_bench.py [--json FILE] [--cpu]   (--cpu: the same on the CPU,
 to try the script where no GPU is)
@@ -17,6 +19,7 @@ import sys
 import timeit
 
 import jax
+import numpy as np
 import torch
 
 import dlinspect
@@ -84,6 +87,15 @@ def main() -> int:
     for _ in range(5):
         rates["to_jax loop"].append(loop(None))
         rates["prefetch_to_jax(thread=True)"].append(loop(True))
+    # Host batches into the GPU: dlinspect.stack's pageable and pinned memory, per batch.
+    pinned_h2d = {}
+    if not args.cpu:
+        gpu = jax.devices()[0]
+        elements = [np.random.default_rng(i).random((3, 224, 224), np.float32) for i in range(64)]
+        for name, pinned in (("stack, pageable", False), ("stack, pinned", True)):
+            batch = dlinspect.stack(elements, pinned=pinned)
+            pinned_h2d[name] = times({name: lambda b=batch: dlinspect.to_jax(
+                b, device=gpu).block_until_ready()}, repeat=5)[name]
     report = {
         "versions": {"python": platform.python_version(), "jax": jax.__version__,
                      "torch": torch.__version__, "dlinspect": dlinspect.__version__},
@@ -93,6 +105,7 @@ def main() -> int:
                    "to_jax(d) / tree_map": per_call["to_jax(d)"]
                    / per_call["tree_map(from_dlpack, d)"]},
         "loop_batches_per_s": {k: statistics.median(v) for k, v in rates.items()},
+        "host_to_gpu_us": pinned_h2d,   # a 64 x 3 x 224 x 224 float32 batch (38.5 MB)
     }
     if "to_jax(cupy)" in per_call:
         report["ratios"]["to_jax(cupy) / from_dlpack(cupy)"] = (

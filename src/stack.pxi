@@ -1,8 +1,9 @@
 # Batches born where JAX can view them: dlinspect.stack writes each batched leaf once,
 # into memory aligned as XLA:CPU needs to view it (a loader's np.stack gives malloc's
-# 16 bytes, and every such batch is then copied a second time on its way into JAX).
+# 16 bytes, and every such batch is then copied a second time on its way into JAX), or,
+# for a GPU, into page-locked (pinned) host memory, which the GPU copies from directly.
 
-def stack(elements, *, Py_ssize_t alignment=0):
+def stack(elements, *, Py_ssize_t alignment=0, bint pinned=False):
     """Stack same-structured pytrees of arrays into one batch whose leaves JAX views.
 
     What ``np.stack`` does leaf by leaf (grain's batching, torch's ``collate_fn``),
@@ -21,6 +22,13 @@ def stack(elements, *, Py_ssize_t alignment=0):
         In bytes, a power of two. 0 (the default): what this JAX's CPU import needs
         where it was already probed in this process, else 64 (XLA:CPU's; nothing is
         probed, so that a loader's worker processes do not start JAX backends).
+    pinned : bool, keyword-only
+        Write each batched leaf into page-locked ("pinned") host memory, allocated by
+        torch's CUDA host allocator (``torch.empty(..., pin_memory=True)``), for a
+        batch bound for a GPU: the GPU's copy engine reads pinned memory directly,
+        where pageable memory is first copied into a pinned staging buffer. The
+        leaves stay NumPy arrays over that memory, as aligned as ``alignment`` says;
+        each keeps its block alive. Needs torch with a CUDA device.
 
     Returns
     -------
@@ -38,6 +46,9 @@ def stack(elements, *, Py_ssize_t alignment=0):
         path, the element and both shapes). A ``ValueError``, as ``np.stack`` raises.
     ValueError
         ``alignment`` is not 0 or a power of two.
+    UnsupportedDeviceError
+        ``pinned=True`` where torch has no CUDA device (or is not installed): no
+        pinned memory can be allocated here (a ``BufferError``).
 
     Notes
     -----
@@ -59,6 +70,7 @@ def stack(elements, *, Py_ssize_t alignment=0):
     if alignment < 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be 0 or a power of two (bytes), not {alignment}")
     cdef Py_ssize_t align = alignment or (_TARGET.copy_align if _TARGET is not None else 64)
+    allocate = _pinned_allocator() if pinned else aligned_empty
     tree_util = _options_module.jax_module("jax.tree_util")
     items = list(elements)
     if not items:
@@ -81,7 +93,7 @@ def stack(elements, *, Py_ssize_t alignment=0):
     out = []
     for j in range(len(columns)):
         try:
-            out.append(_stack_leaf(columns[j], align))
+            out.append(_stack_leaf(columns[j], align, allocate))
         except _StackShapes as exc:
             if paths is None:
                 paths = [p for p, _ in tree_util.tree_flatten_with_path(items[0])[0]]
@@ -99,7 +111,7 @@ class _StackShapes(Exception):
     """(element index, its shape, element 0's shape): words added with the key path."""
 
 
-cdef object _stack_leaf(list column, Py_ssize_t align):
+cdef object _stack_leaf(list column, Py_ssize_t align, allocate):
     arrays = [_np.asanyarray(x) for x in column]
     a0 = arrays[0]
     shape0, dt = a0.shape, a0.dtype
@@ -115,11 +127,40 @@ cdef object _stack_leaf(list column, Py_ssize_t align):
         joined = _np.stack(arrays)
         if joined.dtype.hasobject:
             return joined
-        out = aligned_empty(joined.shape, joined.dtype, align)
+        out = allocate(joined.shape, joined.dtype, align)
         _np.copyto(out, joined)
         return out
     if dt.hasobject:
         return _np.stack(arrays)
-    out = aligned_empty((len(arrays),) + shape0, dt, align)
+    out = allocate((len(arrays),) + shape0, dt, align)
     _np.stack(arrays, out=out)
     return out
+
+
+def _pinned_allocator():
+    """``allocate(shape, dtype, alignment)``: an uninitialised C-ordered NumPy array in
+    page-locked host memory from torch's CUDA host allocator, ``alignment``-byte
+    aligned; or UnsupportedDeviceError where torch has no CUDA device."""
+    try:
+        import torch
+        ready = torch.cuda.is_available()
+    except ImportError:
+        torch, ready = None, False
+    if not ready:
+        raise UnsupportedDeviceError(
+            "dlinspect.stack(pinned=True) writes the batch into page-locked host memory "
+            "from torch's CUDA host allocator, and " + (
+                "torch is not installed here" if torch is None else
+                "torch has no CUDA device here (torch.cuda.is_available() is False)") +
+            ", so no pinned memory can be allocated. To fix: pinned=False (the default) "
+            "where there is no GPU; pinned memory only speeds up copies to one.")
+
+    def allocate(shape, dtype, Py_ssize_t alignment):
+        dt = _np_dtype(dtype)
+        nbytes = dt.itemsize
+        for extent in shape:
+            nbytes *= extent
+        block = torch.empty(nbytes + alignment, dtype=torch.uint8, pin_memory=True).numpy()
+        start = (-block.ctypes.data) % alignment
+        return block[start:start + nbytes].view(dt).reshape(shape)
+    return allocate

@@ -107,3 +107,15 @@ def test_what_does_not_stack_says_where():
 def test_a_generator_of_elements():
     batch = stack(np.full(3, i, np.float32) for i in range(4))
     np.testing.assert_array_equal(batch[:, 0], [0, 1, 2, 3])
+
+
+def test_pinned_needs_a_cuda_device():
+    """pinned=True allocates through torch's CUDA host allocator: where torch has no CUDA
+    device, a clear refusal before anything is stacked (tests/gpu checks a real one)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: tests/gpu/test_cuda.py::TestPinnedStack")
+    with pytest.raises(dlinspect.UnsupportedDeviceError,
+                       match=r"page-locked host memory.*is_available\(\) is False.*pinned=False"):
+        stack([np.ones(3)] * 2, pinned=True)
+    assert stack([np.ones(3)] * 2, pinned=False).shape == (2, 3)
