@@ -224,17 +224,21 @@ cdef class JaxTarget:
             if len(self._avals) >= 1024:
                 self._avals.clear()
             got = self._avals[key] = self.make_aval(dims, descr)
+        cdef PyObject* old_aval
+        cdef PyObject* old_descr
         if ndim <= _INLINE_NDIM:
             slot = &self._recent[self._next_slot]
             self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
-            Py_XDECREF(slot.aval)
-            Py_XDECREF(slot.descr)
+            old_aval, old_descr = slot.aval, slot.descr
             Py_INCREF(got)
             Py_INCREF(descr)
             slot.aval = <PyObject*>got
             slot.descr = <PyObject*>descr
             slot.ndim = ndim
             memcpy(slot.shape, shape, ndim * sizeof(int64_t))
+            # The slot is whole before anything is let go of (another thread may read it).
+            Py_XDECREF(old_aval)
+            Py_XDECREF(old_descr)
         return got
 
     cdef object sharded_aval(self, tuple shape, object descr, sharding):

@@ -413,6 +413,8 @@ class JaxCaps:
                     found=None, reason=f"the public API is forced; {SYMBOLS[7].fallback}")
             return as_is
         handlers: dict[Any, Any] = {}
+        # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
+        skip = {"_skip_checks": True} if "_skip_checks" in (handler_fn.__doc__ or "") else {}
 
         def uncommit(arr: Any) -> Any:
             if not arr._committed:
@@ -424,7 +426,7 @@ class JaxCaps:
                     handlers.clear()
                 handler = handlers[key] = handler_fn(
                     shaped_array(arr.shape, arr.dtype, weak_type=False), arr.sharding,
-                    committed=False, _skip_checks=True)
+                    committed=False, **skip)
             return handler([arr])
 
         try:   # the probe: the same memory and values, uncommitted
