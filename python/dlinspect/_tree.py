@@ -246,7 +246,8 @@ def _unwalkable(x: Any) -> ContainerError | None:
     whose keys do not sort; None for a batch any walk ends. One pass over the
     containers, without recursion; leaves are not looked at."""
     on_path: list[int] = []          # the containers from the top to where the walk is
-    keys: list[Any] = []             # the key of each of them in its parent
+    keys: list[Any] = []             # the key of each of them in its parent: (kind, name),
+                                     # made a jax key only to name where a walk cannot end
     stack: list[tuple[Any, Any, int]] = [(x, None, 0)]
     while stack:
         node, key, depth = stack.pop()
@@ -281,11 +282,17 @@ def _may_hold(v: Any) -> bool:
     return not (v is None or tp in _SCALARS or hasattr(tp, "__dlpack__"))
 
 
-def _where(path: tuple[Any, ...]) -> str:
-    """A key path in words, its middle left out when it is long."""
+_DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2
+
+
+def _where(raw: tuple[Any, ...]) -> str:
+    """A key path (of ``(kind, name)`` pairs) in words, as ``jax.tree_util.keystr``
+    writes it, its middle left out when it is long."""
     tree_util = _tree_util()
-    if not path:
+    if not raw:
         return "the top of the batch"
+    make = (tree_util.DictKey, tree_util.SequenceKey, tree_util.GetAttrKey)
+    path = tuple(make[kind](name) for kind, name in raw)
     if len(path) <= 8:
         return tree_util.keystr(path)
     return (f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, "
@@ -293,9 +300,8 @@ def _where(path: tuple[Any, ...]) -> str:
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
-    """``[(key, child)]`` of a container (``[]`` for anything else), or the
+    """``[((kind, name), child)]`` of a container (``[]`` for anything else), or the
     ContainerError of a dict whose keys do not sort."""
-    tree_util = _tree_util()
     if type(node) is dict or isinstance(node, Mapping):
         try:
             names = sorted(node) if type(node) is dict else list(node)
@@ -305,12 +311,11 @@ def _children(node: Any, path: tuple[Any, ...]) -> Any:
                 f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
                 f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
                 f"converted. To fix: give its keys one type (e.g. str(key)).")
-        return [(tree_util.DictKey(k), node[k]) for k in names]
+        return [((_DICT_KEY, k), node[k]) for k in names]
     if isinstance(node, (list, tuple)):
-        return [(tree_util.SequenceKey(i), v) for i, v in enumerate(node)]
+        return [((_SEQUENCE_KEY, i), v) for i, v in enumerate(node)]
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return [(tree_util.GetAttrKey(f.name), getattr(node, f.name))
-                for f in dataclasses.fields(node)]
+        return [((_ATTR_KEY, f.name), getattr(node, f.name)) for f in dataclasses.fields(node)]
     if isinstance(node, types.SimpleNamespace):
-        return [(tree_util.GetAttrKey(k), v) for k, v in vars(node).items()]
+        return [((_ATTR_KEY, k), v) for k, v in vars(node).items()]
     return []
