@@ -332,6 +332,7 @@ class Pipeline:
     batches: int
     devices: int = 1
     close: Callable[[], None] | None = None
+    plan_options: dict[str, Any] = field(default_factory=dict)   # plan()'s, for the census
 
 
 def quartiles(values: list[float]) -> tuple[float, float]:
@@ -451,13 +452,13 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
                        for key, r in per_leaf.items()}}
 
 
-def census(batches: list[Any]) -> dict[str, Any]:
+def census(batches: list[Any], options: dict[str, Any]) -> dict[str, Any]:
     """Per leaf over the batches: types, read-only count, alignments and plan()'s routes
-    (default options and readonly="share"), with the first copy's reason."""
+    with ``options`` (and readonly="share"), with the first copy's reason."""
     out: dict[str, Any] = {}
     for batch in batches:
-        routes = leaves(dlinspect.plan(batch, narrow="ok"))
-        shared = leaves(dlinspect.plan(batch, readonly="share", narrow="ok"))
+        routes = leaves(dlinspect.plan(batch, narrow="ok", **options))
+        shared = leaves(dlinspect.plan(batch, readonly="share", narrow="ok", **options))
         for key, leaf in leaves(batch).items():
             row = out.setdefault(key, {"batches": 0, "types": Counter(), "read_only": 0,
                                        "alignment": Counter(), "plan": Counter(),
@@ -532,19 +533,21 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
         cases = [(m.name, f"convert_all(c{i})", False) for i, m in enumerate(chosen)]
         rows, _ = time_cases(f"{p.name} conversion ({name})", cases, namespace, repeat, quick,
                              progress, [])
-        us = {r["name"]: r["median"] / len(batches) for r in rows}
+        # µs per batch, each round of time_cases ran every case once: paired by round
+        us = {r["name"]: [v / len(batches) for v in r["runs"]] for r in rows}
         ref = base if base in us else chosen[0].name
         for m in chosen:
+            paired = [a / b for a, b in zip(us[m.name], us[ref])]
             methods[m.name]["conversion"] = {
-                "us_per_batch": us[m.name], "batches": name,
-                "ratio": us[m.name] / us[ref] if m.name != ref else None, "against": ref,
-                "as": m.convert_as}
+                "us_per_batch": statistics.median(us[m.name]), "runs": us[m.name],
+                "batches": name, "against": ref, "as": m.convert_as,
+                "ratio": None if m.name == ref else spread(paired)}
     first = next(iter(raw.values()))[0]
     return {"what": p.what, "baseline": base, "devices": p.devices,
             "batches_per_epoch": p.batches, "warmup": warmup,
             "leaves": {k: f"{getattr(v, 'dtype', '?')} {tuple(getattr(v, 'shape', ()))}"
                        for k, v in leaves(first).items()},
-            "methods": methods, "plan": {name: census(b) for name, b in raw.items()}}
+            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()}}
 
 
 # ---- the pipelines ---------------------------------------------------------------------
@@ -601,7 +604,7 @@ def grain_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
         yield Pipeline(name, f"MapDataset.source(Examples).batch(256"
                              f"{', batch_fn=dlinspect.stack' if fn else ''}) in this process",
                        step, methods(make), {"batches": lambda make=make: list(make())}, n,
-                       devices=len(jax.devices()))
+                       devices=len(jax.devices()), plan_options=options)
     if "grain, mp_prefetch" in which:
         ds = grain.MapDataset.source(source).batch(BATCH, drop_remainder=True).repeat()
         live = iter(ds.to_iter_dataset().mp_prefetch(
@@ -617,7 +620,8 @@ def grain_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
         yield Pipeline("grain, mp_prefetch",
                        f"the np.stack pipeline with .mp_prefetch({WORKERS} worker processes)",
                        step, methods(lambda: take(live, n)), {"batches": warm_batches}, n,
-                       devices=len(jax.devices()), close=lambda: close(live))
+                       devices=len(jax.devices()), close=lambda: close(live),
+                       plan_options=options)
 
 
 def replicated(sharding: Any) -> Any:
@@ -669,10 +673,11 @@ def torch_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
             list(dl)
             return list(dl)
 
+        collate_text = "" if collate == "default collate" else ", collate_fn=dlinspect.stack"
         yield Pipeline(name, f"DataLoader(Examples, 256, num_workers={WORKERS}, spawn, "
-                             f"persistent workers){'' if collate == 'default collate' else ', collate_fn=dlinspect.stack'}",
+                             f"persistent workers){collate_text}",
                        step, methods, {"batches": batches}, n, devices=len(jax.devices()),
-                       close=lambda dl=loader: shutdown_workers(dl))
+                       close=lambda dl=loader: shutdown_workers(dl), plan_options=options)
 
 
 def shutdown_workers(loader: Any) -> None:
@@ -944,7 +949,7 @@ def text_report(name: str, result: dict[str, Any]) -> str:
         rtext = "baseline" if ratio is None else \
             f"x{ratio['median']:.2f} ({ratio['q1']:.2f}-{ratio['q3']:.2f})"
         ctext = "" if conv is None else f"  conv {conv['us_per_batch']:.0f} us" + \
-            ("" if conv["ratio"] is None else f" (x{conv['ratio']:.2f})")
+            ("" if conv["ratio"] is None else f" (x{conv['ratio']['median']:.2f})")
         lines.append(f"  {m:<{width}}  {e2e['median']:7.1f} batches/s ({e2e['q1']:.0f}-"
                      f"{e2e['q3']:.0f})  {rtext}{ctext}")
         lines.append(f"  {'':<{width}}  {bytes_text(row['bytes'])}")
