@@ -113,6 +113,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -486,7 +487,10 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
     """Every method of ``p``: end to end over rounds (methods taking turns, ratios
     paired by round), conversion only, bytes per batch, and plan() of its batches."""
     progress(f"{p.name}: collecting its batches")
+    seconds = {"batches": -time.perf_counter()}
     raw = {name: make() for name, make in p.raw.items()}
+    seconds["rounds"] = -time.perf_counter()
+    seconds["batches"] -= seconds["rounds"]
     names = [m.name for m in p.methods]
     runs: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
@@ -501,6 +505,8 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
                 cpu[method.name].append(cpu_ms)
             if report is not None:
                 reports[method.name] = report
+    seconds["bytes"] = -time.perf_counter()
+    seconds["rounds"] -= seconds["bytes"]
     base = names[0]
     methods: dict[str, dict[str, Any]] = {}
     for m in p.methods:
@@ -520,6 +526,8 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
         if m.convert_as:
             row["bytes_as"] = m.convert_as
         methods[m.name] = row
+    seconds["conversion"] = -time.perf_counter()
+    seconds["bytes"] -= seconds["conversion"]
     for name, batches in raw.items():          # conversion only, per set of batches
         chosen = [m for m in p.methods if m.convert is not None and m.raw == name]
         if not chosen:
@@ -542,12 +550,14 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
                 "us_per_batch": statistics.median(us[m.name]), "runs": us[m.name],
                 "batches": name, "against": ref, "as": m.convert_as,
                 "ratio": None if m.name == ref else spread(paired)}
+    seconds["conversion"] += time.perf_counter()
     first = next(iter(raw.values()))[0]
     return {"what": p.what, "baseline": base, "devices": p.devices,
             "batches_per_epoch": p.batches, "warmup": warmup,
             "leaves": {k: f"{getattr(v, 'dtype', '?')} {tuple(getattr(v, 'shape', ()))}"
                        for k, v in leaves(first).items()},
-            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()}}
+            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()},
+            "seconds": seconds}
 
 
 # ---- the pipelines ---------------------------------------------------------------------
@@ -894,33 +904,55 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str], Callable[[list[str]], Iterab
 }
 
 
-def run_group(group: str, repeat: int, warmup: int, quick: bool) -> dict[str, Any]:
+def failure(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"failed: {type(exc).__name__}" + (f": {text[0][:200]}" if text else "")
+
+
+def run_group(group: str, repeat: int, warmup: int,
+              quick: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """The group's pipelines, built and run one at a time (each one's workers live only
+    while it runs): the results by name, and why each one that failed did (its traceback
+    on stderr); the others still run."""
     _, names, build = GROUPS[group]
-    out: dict[str, Any] = {}
+    done: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     pipelines = iter(build(names))
-    while True:       # built one at a time: each one's workers live only while it runs
+    while True:
         try:
             p = next(pipelines)
         except StopIteration:
             break
+        except Exception as exc:      # building failed: the group's remaining pipelines
+            traceback.print_exc()
+            failed.update({n: failure(exc) for n in names if n not in done and n not in failed})
+            break
         try:
-            out[p.name] = run_pipeline(p, repeat, warmup, quick)
+            done[p.name] = run_pipeline(p, repeat, warmup, quick)
+            print(text_report(p.name, done[p.name]), flush=True)
+        except Exception as exc:
+            traceback.print_exc()
+            failed[p.name] = failure(exc)
         finally:
             if p.close is not None:
                 p.close()
             gc.collect()   # batches still referenced free (unlink) their shared memory
-        print(text_report(p.name, out[p.name]), flush=True)
-    return out
+    return done, failed
 
 
-def sharded(repeat: int, warmup: int, quick: bool) -> dict[str, Any]:
+def sharded(repeat: int, warmup: int, quick: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``sharded`` group, run in a child process with DEVICES CPU devices."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
                JAX_PLATFORMS="cpu")
     child = subprocess.run([sys.executable, __file__, "--sharded-child", str(repeat),
                             str(warmup), str(int(quick))], env=env, stdout=subprocess.PIPE,
-                           text=True, check=True)
-    return json.loads(child.stdout.strip().splitlines()[-1])
+                           text=True)
+    lines = child.stdout.strip().splitlines()
+    if child.returncode or not lines:
+        return {}, {n: f"failed: the {DEVICES}-device child exited with {child.returncode}"
+                    for n in GROUPS["sharded"][1]}
+    found = json.loads(lines[-1])
+    return found["pipelines"], found["failed"]
 
 
 # ---- report ----------------------------------------------------------------------------
@@ -997,12 +1029,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {group}: skipped (not installed: {', '.join(missing)})")
             continue
         if group == "sharded":
-            results = sharded(repeat, args.warmup, args.quick)
+            results, failed = sharded(repeat, args.warmup, args.quick)
             for name, result in results.items():
                 print(text_report(name, result), flush=True)
         else:
-            results = run_group(group, repeat, args.warmup, args.quick)
+            results, failed = run_group(group, repeat, args.warmup, args.quick)
         out["pipelines"].update(results)
+        out["skipped"].update(failed)
     out["seconds"] = time.perf_counter() - start
     print(f"({out['seconds']:.0f} s)")
     if args.json:
@@ -1017,7 +1050,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--sharded-child":
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
-        found = run_group("sharded", int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4])))
-        print(json.dumps(found, default=str))
+        done, failed = run_group("sharded", int(sys.argv[2]), int(sys.argv[3]),
+                                 bool(int(sys.argv[4])))
+        print(json.dumps({"pipelines": done, "failed": failed}, default=str))
         sys.exit(0)
     sys.exit(main())

@@ -99,3 +99,34 @@ def test_ratios_are_paired_by_round(bench, monkeypatch):
     assert fast["ratio"]["runs"] == [0.5, 2.0, 4.0]
     assert fast["ratio"]["median"] == 2.0 and fast["ratio"]["of_medians"] == 0.5
     assert base["ratio"] is None and result["baseline"] == "base"
+
+
+def test_a_failing_pipeline_leaves_the_others(bench, monkeypatch, capsys):
+    """A pipeline that raises is recorded with its reason and the group goes on; a
+    builder that raises marks the group's remaining pipelines failed."""
+    monkeypatch.setattr(bench, "one_epoch", lambda *args: (50.0, 1.0, None))
+    closed = []
+
+    def pipeline(name, epoch):
+        return bench.Pipeline(name, name, (lambda p, b: p, 0), [bench.Method("m", epoch)],
+                              {"batches": lambda: [{"x": aligned_array(np.ones(16))}]}, 0,
+                              close=lambda: closed.append(name))
+
+    def broken_raw():
+        raise RuntimeError("no batches\nsecond line")
+
+    def build(names):
+        yield pipeline("a", lambda: [])
+        bad = pipeline("b", lambda: [])
+        bad.raw = {"batches": broken_raw}
+        yield bad
+        yield pipeline("c", lambda: [])
+        raise OSError("the library cannot start")
+
+    monkeypatch.setitem(bench.GROUPS, "fake", ((), ["a", "b", "c", "d", "e"], build))
+    done, failed = bench.run_group("fake", repeat=1, warmup=0, quick=True)
+    assert list(done) == ["a", "c"] and closed == ["a", "b", "c"]
+    assert failed == {"b": "failed: RuntimeError: no batches",
+                      "d": "failed: OSError: the library cannot start",
+                      "e": "failed: OSError: the library cannot start"}
+    assert "no batches" in capsys.readouterr().err
