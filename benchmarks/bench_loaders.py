@@ -87,17 +87,35 @@ Measured, per pipeline and method:
 - bytes per batch imported zero-copy and copied, by reason: for dlinspect's methods,
   from the loader's own ``report`` over the last epoch (``prefetch_to_jax(...).report``,
   ``dlinspect.grain.device_put(...).report``); for the others, measured on the
-  conversion's output: a leaf's bytes (each shard's, when sharded) count as zero-copy
-  where the output's buffer is at the batch's own address, else as copied, with the
-  reason ``dlinspect.plan`` gives for that leaf, or "viewable" where dlinspect would
-  have imported it without a copy.
+  conversion's output over the pipeline's collected batches: a leaf's bytes (each
+  shard's, when sharded) count as zero-copy where the output's buffer is at the batch's
+  own address, else as copied, with the reasons dlinspect's report gives for that leaf
+  of that batch, or "viewable" where dlinspect imports it without a copy. (The same
+  measurement of dlinspect's own methods, ``bytes_measured``, agrees with their reports
+  on the same batches; where batches are made by ``np.stack`` their alignment, and so
+  their copies, differ from epoch to epoch.)
 - plan(): per leaf of each pipeline's batches, the types, the read-only count, the
   alignments (largest power of two dividing the address, at most 4096) and how many
   batches ``plan()`` routes zero-copy or copy, by default and with readonly="share".
 
+The JSON: ``command`` (the published run's), ``argv``, ``quick``, ``versions``,
+``machine``, ``repeat``, ``warmup``, ``seconds``; ``skipped`` (pipeline: why: a library
+not installed, or the exception it failed with); ``pipelines``, by name: ``what``,
+``baseline`` (the own path's method), ``devices``, ``batches_per_epoch``, ``leaves``
+(dtype and shape), ``seconds`` (per phase), ``plan`` (the census above, per set of
+batches) and ``methods``, by name: ``end_to_end`` (batches/s: ``median``, ``q1``, ``q3``,
+``runs``), ``cpu_ms_per_batch``, ``ratio`` (the paired ratios: ``median``, ``q1``, ``q3``,
+``runs``, and ``of_medians``; None for the baseline), ``conversion`` (``us_per_batch``,
+``runs``, ``ratio`` as ``ratio`` against ``against``, ``as``: the call timed where it
+stands for a library's own), ``bytes`` and ``bytes_measured`` (``from``: "report" or
+"measured", ``zero_copy``, ``copied`` by reason, and the same per leaf in ``leaves``; bytes
+per batch, of the batch's tensors as the pipeline made them).
+
 ``--quick`` (3 rounds, short conversion loops) is a smoke run: its figures are noisy and
-the JSON says ``"quick": true``. Every figure of the Performance page's pipelines table
-is rendered from the JSON by ``python scripts/figures.py``.
+the JSON says ``"quick": true``. A full run took 9 minutes on a shared 2-CPU machine,
+two thirds of it in the conversion-only loops (``--quick``: under 2). Every figure of
+the Performance page's pipelines table is rendered from the JSON by
+``python scripts/figures.py``.
 """
 
 from __future__ import annotations
@@ -622,7 +640,7 @@ def grain_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
 
         def warm_batches() -> list[Any]:
             # Its first batches came several times slower (the workers warming up):
-            # three epochs' worth are drawn first, the last one kept.
+            # two epochs' worth are drawn and dropped, the third kept.
             for _ in range(2 * n):
                 next(live)
             return [next(live) for _ in range(n)]
