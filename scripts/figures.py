@@ -19,6 +19,8 @@ and this script writes what is between the two lines from the block's source:
                                                         producers and loaders)
     gpu                                                 benchmarks/gpu/ (the GPU check's
                                                         files, when a run is committed)
+    pipelines                                           benchmarks/loaders.json (the run of
+                                                        benchmarks/bench_loaders.py)
 
 --check writes nothing and exits 1, naming each block, when a file holds anything else
 (tests/test_packaging.py runs it). ``draw_plots(folder)`` draws the plots of the
@@ -37,6 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
+LOADERS = ROOT / "benchmarks" / "loaders.json"
 GPU_DIR = ROOT / "benchmarks" / "gpu"
 
 BLOCK = re.compile(r"(<!-- generated: ([a-z-]+) \(python scripts/figures\.py\) -->\n)"
@@ -259,10 +262,96 @@ def run(old: str = "") -> str:
     return run_line() + "\n"
 
 
+#: A figure is shown with its quartiles where they spread over more than this share of
+#: its median (a baseline that swings between rounds), and a ratio also where its
+#: quartiles straddle 1.0 (the run cannot tell faster from slower).
+SPREAD = 0.25
+
+
+def with_spread(median: float, q1: float, q3: float, ratio: bool = False) -> str:
+    """A median as the pipelines table shows it: bare, or with its quartiles where the
+    rounds spread too much (``SPREAD``) or, for a ratio, straddle 1.0."""
+    text = f"{median:.2f}" if ratio else _rate(median)
+    wide = (q3 - q1) > SPREAD * median or (ratio and q1 < 1.0 < q3)
+    if not wide:
+        return text
+    low, high = (f"{q1:.2f}", f"{q3:.2f}") if ratio else (_rate(q1), _rate(q3))
+    return f"{text} ({low}–{high})"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B" if nbytes else "0"
+
+
+def loader_command(report: dict[str, Any]) -> str:
+    """The command that wrote benchmarks/loaders.json, as the run recorded it."""
+    return " ".join(["python benchmarks/bench_loaders.py", *report["argv"]])
+
+
+def pipelines(old: str = "", path: Path = LOADERS) -> str:
+    """The real pipelines (benchmarks/loaders.json): per pipeline and method, batches/s
+    end to end, the paired ratio against the ecosystem's own JAX path, conversion time
+    per batch, and the bytes per batch imported zero-copy and copied."""
+    if not path.exists():
+        return "No run of `benchmarks/bench_loaders.py` is recorded in this repository.\n"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v)
+    out = []
+    if report["quick"]:
+        out += [f"**A quick run (`--quick`, {report['repeat']} rounds): it shows that the table "
+                f"renders; its figures are noisy, not for judging.**", ""]
+    out += [f"Run: {report['machine']}; {versions}; {report['repeat']} rounds, the first "
+            f"{report['warmup']} batches of each epoch not timed; {report['seconds'] / 60:.1f} "
+            f"min; written by `{loader_command(report)}`. A figure is shown as median "
+            f"(first–third quartile) where its rounds spread over more than "
+            f"{SPREAD:.0%} of the median, and a ratio also where its quartiles straddle 1.0.",
+            "",
+            "| pipeline | method | batches/s | ratio, paired | conversion, µs per batch "
+            "| zero-copy per batch | copied per batch (why) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, pipe in report["pipelines"].items():
+        first = True
+        for method, row in pipe["methods"].items():
+            e2e, ratio, conv, got = row["end_to_end"], row["ratio"], row["conversion"], row["bytes"]
+            cells = [name if first else "",
+                     f"`{method}`" + (" (own path)" if method == pipe["baseline"] else ""),
+                     with_spread(e2e["median"], e2e["q1"], e2e["q3"]),
+                     "1" if ratio is None else with_spread(ratio["median"], ratio["q1"],
+                                                           ratio["q3"], ratio=True)]
+            if conv is None:
+                cells.append("")
+            else:
+                r, text = conv["ratio"], f"{conv['us_per_batch']:,.0f}"
+                if r is not None:
+                    text += f", ×{with_spread(r['median'], r['q1'], r['q3'], ratio=True)}"
+                    if conv["against"] != pipe["baseline"]:
+                        text += f" against `{conv['against']}`"
+                cells.append(text)
+            if got is None:
+                cells += ["", ""]
+            else:
+                cells.append(_size(got["zero_copy"]))
+                copied = sorted(got["copied"].items(), key=lambda kv: -kv[1])
+                cells.append("; ".join(f"{_size(b)} ({why})" for why, b in copied if b) or "0")
+            out.append("| " + " | ".join(cells) + " |")
+            first = False
+    if report["skipped"]:
+        out += ["", "Not run: " + "; ".join(f"{name} ({why})"
+                                            for name, why in report["skipped"].items()) + "."]
+    return "\n".join(out) + "\n"
+
+
 BLOCKS: dict[str, Callable[[str], str]] = {
     "run": run, "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
     "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
-    "producers": producers, "gpu": gpu,
+    "producers": producers, "gpu": gpu, "pipelines": pipelines,
 }
 
 

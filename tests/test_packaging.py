@@ -137,7 +137,7 @@ def test_figures_check_finds_a_changed_figure():
 
 EXPECTED_BLOCKS = {
     "README.md": {"compare", "speed", "requirements", "stacks"},
-    "docs/performance.md": {"run", "per-call", "copies", "loader", "summary"},
+    "docs/performance.md": {"run", "per-call", "copies", "loader", "pipelines", "summary"},
     "docs/reliability.md": {"stacks", "producers"},
     "docs/getting-started.md": {"requirements"},
     "docs/gpu.md": {"gpu"},
@@ -151,6 +151,46 @@ def test_every_figure_is_in_a_generated_block():
         assert set(figures.blocks((ROOT / page).read_text(encoding="utf-8"))) == names, page
     for path in figures.markdown_files():   # every block has its renderer
         assert set(figures.blocks(path.read_text(encoding="utf-8"))) <= set(figures.BLOCKS)
+
+
+def test_pipelines_table_is_the_loaders_run():
+    """The Performance page's pipelines table shows every pipeline and method of
+    benchmarks/loaders.json, the command that wrote it, and says so when it was a quick
+    run; a pipeline that could not run is named with the reason."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    report = json.loads((ROOT / "benchmarks" / "loaders.json").read_text(encoding="utf-8"))
+    table = _block(ROOT / "docs" / "performance.md", "pipelines")
+    assert f"`{figures.loader_command(report)}`" in table
+    assert ("A quick run (`--quick`" in table) == report["quick"]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    shown = [cells for cells in (row.split(" | ") for row in rows)]
+    expected = [(method, pipe["baseline"] == method) for pipe in report["pipelines"].values()
+                for method in pipe["methods"]]
+    assert [(c[1].split("`")[1], c[1].endswith("(own path)")) for c in shown] == expected
+    assert [c[0].lstrip("| ") for c in shown if c[0].lstrip("| ")] == list(report["pipelines"])
+    for name, why in report["skipped"].items():
+        assert f"{name} ({why})" in table
+
+
+def test_pipelines_spread_rule():
+    """A figure whose rounds spread over more than 25% of its median, and a ratio whose
+    quartiles straddle 1.0, is shown with its quartiles; a steady one bare."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    assert figures.with_spread(1.40, 1.35, 1.45, ratio=True) == "1.40"
+    assert figures.with_spread(1.04, 0.98, 1.10, ratio=True) == "1.04 (0.98–1.10)"
+    assert figures.with_spread(1.60, 1.20, 1.70, ratio=True) == "1.60 (1.20–1.70)"
+    assert figures.with_spread(0.95, 0.90, 0.99, ratio=True) == "0.95"
+    assert figures.with_spread(412.0, 380.0, 450.0) == "412"
+    assert figures.with_spread(412.0, 300.0, 450.0) == "412 (300–450)"
+    assert figures.with_spread(1200.0, 1100.0, 1250.0) == "1,200"
+
+
+def test_pipelines_without_a_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import figures
+    assert "No run of `benchmarks/bench_loaders.py`" in figures.pipelines("", tmp_path / "x.json")
 
 
 def test_gpu_results_are_rendered_when_committed(tmp_path):
