@@ -6,9 +6,11 @@ of scripts/docs.sh find what they are there to find."""
 from __future__ import annotations
 
 import doctest
+import functools
 import inspect
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -186,16 +188,31 @@ def anchors(path: Path) -> set[str]:
     return {github_slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.M)}
 
 
+GENERATED = ROOT / "docs" / "_generated"   # drawn by the site's build, never committed
+
+
+@functools.cache
+def _drawn() -> frozenset[str]:
+    """The names of the plots the site's build draws into docs/_generated."""
+    pytest.importorskip("matplotlib")
+    import figures
+    with tempfile.TemporaryDirectory() as folder:
+        return frozenset(p.name for p in figures.draw_plots(Path(folder)))
+
+
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_relative_links_resolve(page):
-    """Every relative Markdown link names a file of the repository, and its #anchor a
-    heading of that file (the built site's links are checked in a browser by
-    scripts/check_site.py)."""
+    """Every relative Markdown link names a file of the repository (or a plot the site's
+    build draws), and its #anchor a heading of that file (the built site's links are
+    checked in a browser by scripts/check_site.py)."""
     for link in LINK.findall(page.read_text(encoding="utf-8")):
         if re.match(r"[a-z]+:", link):
             continue
         path, _, anchor = link.partition("#")
         target = (page.parent / path).resolve() if path else page
+        if target.parent == GENERATED:
+            assert target.name in _drawn(), f"{rel(page)}: {link} is no plot the build draws"
+            continue
         assert target.is_file(), f"{rel(page)}: {link} names no file"
         if anchor:
             assert anchor in anchors(target), f"{rel(page)}: {link}: no heading {anchor!r}"

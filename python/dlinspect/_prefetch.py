@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import queue
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -306,6 +307,10 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: boo
               report: LoaderReport) -> Iterator[Any]:
     ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
     stop = threading.Event()
+    # Held here: a generator still alive at interpreter exit is finalized after the
+    # modules' globals are gone, when its `finally` below can do nothing (the atexit
+    # hook has stopped and joined the worker already).
+    finalizing = sys.is_finalizing
 
     def put(item: tuple[int, Any]) -> bool:
         while not stop.is_set():
@@ -359,28 +364,37 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: boo
             yield batch
             del batch
     finally:
-        stop.set()
-        _drain(ready)            # frees batches waiting ahead; unblocks a waiting put
-        if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
-            worker.join(_JOIN_S)
-        _drain(ready)
-        if worker.is_alive():
-            warnings.warn(
-                f"prefetch_to_jax stopped, but its source has been inside next() for over "
-                f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
-                f"thread) and the source is not closed.", DLInspectWarning, stacklevel=2)
-        else:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-        if bar is not None:
-            bar.close()
+        if not finalizing():
+            _stop(ready, stop, worker, it, bar)
+
+
+def _stop(ready: queue.Queue[tuple[int, Any]], stop: threading.Event,
+          worker: threading.Thread, it: Iterator[Any], bar: Any) -> None:
+    """End a prefetch: stop and join its worker, free the batches it held, close the
+    source (unless it is stuck inside next()) and the progress bar."""
+    stop.set()
+    _drain(ready)            # frees batches waiting ahead; unblocks a waiting put
+    if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
+        worker.join(_JOIN_S)
+    _drain(ready)
+    if worker.is_alive():
+        warnings.warn(
+            f"prefetch_to_jax stopped, but its source has been inside next() for over "
+            f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
+            f"thread) and the source is not closed.", DLInspectWarning, stacklevel=3)
+    else:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    if bar is not None:
+        bar.close()
 
 
 def _drain(q: queue.Queue[Any], empty: type[Exception] = queue.Empty) -> None:
-    # `empty` bound at definition: at interpreter exit the queue module's globals
-    # may already be gone when a live generator is finalized.
-    while True:
+    # Asked q.empty() first: at interpreter exit, when a live generator is finalized, the
+    # queue module's globals may be gone, and get_nowait's own `raise Empty` then fails
+    # (a TypeError printed as ignored); `empty` is bound here for the same reason.
+    while not q.empty():
         try:
             q.get_nowait()
         except empty:
