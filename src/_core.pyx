@@ -38,6 +38,7 @@ from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS
+from cpython.slice cimport PySlice_AdjustIndices, PySlice_Check, PySlice_Unpack
 from cpython.pycapsule cimport (
     PyCapsule_CheckExact, PyCapsule_GetName, PyCapsule_GetPointer, PyCapsule_IsValid,
     PyCapsule_New, PyCapsule_SetName,

@@ -566,7 +566,7 @@ cdef object _convert_sharded(x, JaxTarget tg, opts, int flags, LoaderReport repo
     capsules = set()   # ids of the bare capsules of every sub-tree: each may come once
 
     def decide_subtree(prefix, s, sub):
-        leaf_opts = opts.with_sharding(s)
+        leaf_opts = opts if s is sharding else opts.with_sharding(s)
         if s is not None and plain_device(check_sharding(s)):
             leaf_opts = opts.with_device(next(iter(s.device_set)))
         flat = _tree.flatten(sub)

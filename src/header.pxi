@@ -379,27 +379,41 @@ cdef class TensorInfo:
         cdef int64_t shape_buf[_MAX_NDIM]
         cdef int64_t strides_buf[_MAX_NDIM]
         cdef int i
-        index = tuple(index)
-        if len(index) > self._ndim:
-            raise ValueError(f"an index of {len(index)} slices for a tensor of {self._ndim} "
-                             f"dimensions")
-        offset = self._byte_offset          # Python ints: exact
-        data = self._data
-        item = self._itemsize()
+        cdef Py_ssize_t n, start, stop, step, count
+        cdef int64_t item = self._itemsize(), move, delta = 0
+        cdef uint64_t offset = self._byte_offset
+        cdef uintptr_t data = self._data
+        if type(index) is not tuple:
+            index = tuple(index)
+        n = PyTuple_GET_SIZE(index)
+        if n > self._ndim:
+            raise ValueError(f"an index of {n} slices for a tensor of {self._ndim} dimensions")
         for i in range(self._ndim):
             shape_buf[i] = self._shape[i]
             strides_buf[i] = self._strides[i]
-        for i, sl in enumerate(index):
-            if not isinstance(sl, slice):
+        for i in range(n):
+            sl = index[i]
+            if not PySlice_Check(sl):
                 raise TypeError(f"TensorInfo.sliced takes slices, not {type(sl).__name__}")
-            start, stop, step = sl.indices(self._shape[i])
-            count = len(range(start, stop, step))
-            if count:
-                offset += start * self._strides[i] * item
+            PySlice_Unpack(sl, &start, &stop, &step)
+            count = PySlice_AdjustIndices(self._shape[i], &start, &stop, step)
+            # Exact: the header's byte span fits int64 (validated), and a slice stays in it.
+            if count and (dl_mul_overflow(start, self._strides[i], &move)
+                          or dl_mul_overflow(move, item, &move)
+                          or dl_add_overflow(delta, move, &delta)):
+                raise MalformedTensorError(f"slice {i} of {index} passes 2**63-1 bytes")
             shape_buf[i] = count
-            strides_buf[i] = self._strides[i] * step
-        if offset < 0:   # a negative stride: the slice starts before `data`; move data instead
-            data, offset = data + offset, 0
+            if dl_mul_overflow(self._strides[i], step, &strides_buf[i]):
+                raise MalformedTensorError(f"slice {i} of {index} strides past 2**63-1")
+        if delta == DLINSPECT_INT64_MIN:
+            raise MalformedTensorError(f"the slices {index} move the data by -2**63 bytes")
+        if delta >= 0:
+            offset += <uint64_t>delta
+        elif offset >= <uint64_t>(-delta):
+            offset -= <uint64_t>(-delta)
+        else:   # a negative stride: the slice starts before `data`; move data instead
+            data -= <uintptr_t>(<uint64_t>(-delta) - offset)
+            offset = 0
         return _made_info(data, self._cap_dev_type, self._cap_dev_id, self._ndim, self._code,
                           self._bits, self._lanes, shape_buf, strides_buf, offset, self._source,
                           self._flags, self._ver_major, self._ver_minor, self._dev_type,

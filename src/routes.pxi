@@ -152,7 +152,12 @@ cdef class Route:
 
     @property
     def warning(self):
-        return _words().warning(self)
+        # The one rule: a route warns where it narrows a 64-bit dtype (x64 off) and the
+        # caller did not pass narrow="ok"; an error route does not warn.
+        narrow = self.facts.get("narrow") if self.problem is None else None
+        if not narrow or not narrow[4]:
+            return None
+        return _words().narrowing_warning(narrow)
 
     cdef object _take_error(self):
         """The error to raise, let go of by the route (no cycle: error -> traceback ->

@@ -412,3 +412,46 @@ class TestTensorInfo:
         d = peek(np.ones((2, 2))).to_dict()
         assert json.loads(json.dumps(d)) == d
         assert d["shape"] == [2, 2] and d["device_type"] == "kDLCPU"
+
+
+class TestSliced:
+    """TensorInfo.sliced(index) is the header of x[index] (basic slices), whatever the
+    steps: what each device's slice of a sharded split is decided from."""
+
+    @staticmethod
+    def _slices(draw, shape):
+        from hypothesis import strategies as st
+        out = []
+        for extent in shape[: draw(st.integers(0, len(shape)))]:
+            bound = st.one_of(st.none(), st.integers(-extent - 2, extent + 2))
+            out.append(slice(draw(bound), draw(bound),
+                             draw(st.one_of(st.none(), st.sampled_from([-3, -2, -1, 1, 2, 3])))))
+        return tuple(out)
+
+    def test_is_the_header_of_the_slice(self):
+        from hypothesis import given, settings
+        from hypothesis import strategies as st
+
+        @settings(max_examples=300, deadline=None)
+        @given(shape=st.lists(st.integers(0, 6), min_size=1, max_size=4), data=st.data(),
+               reverse=st.booleans())
+        def check(shape, data, reverse):
+            x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+            if reverse:
+                x = x[::-1]
+            index = self._slices(data.draw, shape)
+            got, want = dlinspect.peek(x).sliced(index), dlinspect.peek(x[index])
+            assert got.shape == want.shape and got.dtype == want.dtype
+            if want.size:   # (an empty slice's strides and address are not read)
+                assert got.data_ptr == want.data_ptr
+                assert [s for s, n in zip(got.strides, got.shape) if n > 1] == \
+                    [s for s, n in zip(want.strides, want.shape) if n > 1]
+        check()
+
+    def test_refuses_what_is_not_a_basic_slice(self):
+        info = dlinspect.peek(np.ones((2, 3)))
+        with pytest.raises(TypeError, match="takes slices, not int"):
+            info.sliced((0,))
+        with pytest.raises(ValueError, match="3 slices for a tensor of 2"):
+            info.sliced((slice(None),) * 3)
+        assert info.sliced([slice(1, None)]).shape == (1, 3)   # any sequence of slices

@@ -102,10 +102,14 @@ class Options:
 DEFAULT = Options()
 
 
+_made: dict[tuple[Any, ...], Options] = {}   # options checked before, by what was passed
+
+
 def options(device: Any = None, copy: Any = None, sharding: Any = None,
             fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
             narrow: Narrow = "warn") -> Options:
-    """Check the options and make them one object.
+    """Check the options and make them one object (the same object for the same options:
+    a loop passing ``sharding=`` checks it once).
 
     Raises
     ------
@@ -114,6 +118,25 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None,
     TypeError
         ``device`` is neither a ``jax.Device`` nor a single-device sharding.
     """
+    # (type(copy) in the key: copy=1 equals copy=True, and is refused)
+    key: tuple[Any, ...] | None = (device, copy, type(copy), sharding, fallback, readonly,
+                                   leaves, narrow)
+    try:
+        made = _made.get(key)   # type: ignore[arg-type]
+    except TypeError:           # a pytree of shardings: checked each time
+        made = key = None
+    if made is not None:
+        return made
+    made = _check(device, copy, sharding, fallback, readonly, leaves, narrow)
+    if key is not None:
+        if len(_made) >= 64:
+            _made.clear()
+        _made[key] = made
+    return made
+
+
+def _check(device: Any, copy: Any, sharding: Any, fallback: Any, readonly: Any, leaves: Any,
+           narrow: Any) -> Options:
     if copy is not None and copy is not True and copy is not False:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
     given = {"fallback": fallback, "readonly": readonly, "leaves": leaves, "narrow": narrow}

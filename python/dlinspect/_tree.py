@@ -161,15 +161,45 @@ def flatten(x: Any) -> Flat:
         looked for before JAX walks the batch: jaxlib's walk of such a batch fails
         leaving the interpreter unable to go on.
     """
+    if _one_level(x):   # no container among the leaves JAX finds: nothing more to walk
+        outer, treedef = _tree_util().tree_flatten(x)
+        return Flat(x, outer, treedef, None, {})
     unwalkable = _unwalkable(x)
     if unwalkable is not None:
         raise unwalkable
     return _flatten(x)
 
 
+def _one_level(x: Any) -> bool:
+    """``x`` is a dict (with keys that sort), list or tuple of leaves only: no walk of it
+    can fail to end, so it needs no looking for cycles (what a loader's batch mostly is)."""
+    tp = type(x)
+    if tp is dict:
+        try:
+            sorted(x)
+        except TypeError:
+            return False
+        values = x.values()
+    elif tp is list or tp is tuple:
+        values = x
+    else:
+        return False
+    kinds = _kinds
+    for v in values:
+        kind = kinds.get(type(v))
+        if kind is None:
+            kind = _classify(type(v))
+        if kind != _LEAF:
+            return False
+    return True
+
+
 def _flatten(x: Any) -> Flat:
     outer, treedef = _tree_util().tree_flatten(x)
-    if not any(_kind(type(leaf)) for leaf in outer):
+    for leaf in outer:
+        if _kind(type(leaf)):
+            break
+    else:
         return Flat(x, outer, treedef, None, {})
     leaves: list[Any] = []
     parts: list[Any] = []

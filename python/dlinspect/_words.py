@@ -31,7 +31,7 @@ from .errors import (
     UnsupportedDTypeError,
 )
 
-__all__ = ["PROBLEMS", "REASONS", "reason", "error", "warning", "explain", "explain_one",
+__all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain", "explain_one",
            "explain_tree",
            "describe", "narrowing_text", "device_fix", "allocation_error", "name_leaf",
            "INSTALL_JAX"]
@@ -551,11 +551,9 @@ def reason(route: Any) -> str:
     return f"{route.key_path}: {text}" if route.key_path else text
 
 
-def warning(route: Any) -> str | None:
-    """The DLInspectWarning executing ``route`` emits: 64-bit narrowing with x64 off."""
-    narrow = route.facts.get("narrow") if route.problem is None else None
-    if not narrow or not narrow[4]:
-        return None
+def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
+    """The DLInspectWarning a route that narrows emits (``Route.warning`` decides which
+    routes do): ``narrow`` is ``(code, bits, narrowed code, narrowed bits, warn)``."""
     code, bits, ncode, nbits, _ = narrow
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
 
