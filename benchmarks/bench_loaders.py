@@ -41,10 +41,13 @@ baseline of its ratios):
         jax.dlpack.from_dlpack per leaf     jnp.asarray per leaf     prefetch_to_jax(loader)
     hf table                 datasets.Dataset of the table
         with_format("jax").iter(256)        with_format("numpy").iter(256) + jnp.asarray
-        prefetch_to_jax(Batches(ds)): the re-iterable recipe of docs/loaders/huggingface.md
+        prefetch_to_jax(Batches(ds), readonly="share"): the recipe of
+            docs/loaders/huggingface.md (Arrow batches: numeric columns viewed, or written
+            once by dlinspect.stack where only their alignment stops XLA:CPU viewing them)
+        prefetch_to_jax(NumpyBatches(ds)): the same epochs of with_format("numpy") batches
     hf tokenized             the tokenized sentences
         padded Dataset, with_format("jax").iter(64)
-        the same padded Dataset, prefetch_to_jax(Batches(padded))
+        the same padded Dataset, prefetch_to_jax(Batches(padded), readonly="share")
         DataLoader + DataCollatorWithPadding(return_tensors="np") + jnp.asarray
         the same collator + prefetch_to_jax(loader)
         DataCollatorWithPadding(return_tensors="pt") + prefetch_to_jax(loader)
@@ -743,18 +746,52 @@ def table_data() -> dict[str, np.ndarray]:
             "label": rng.integers(0, 10, ROWS)}
 
 
-class Batches:
-    """``ds.iter(batch_size)`` once per ``iter()`` (Dataset.iter is a generator): the
+def arrow_to_numpy(column: Any) -> Any:
+    """One column of an Arrow batch as NumPy, viewing its memory where it can: the
     recipe of docs/loaders/huggingface.md."""
+    import pyarrow as pa
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    arr, shape = getattr(arr, "storage", arr), [len(column)]   # Array2D...: its lists
+    while any(is_list(arr.type) for is_list in lists) and not arr.null_count:
+        flat = arr.flatten()
+        width = len(flat) // max(len(arr), 1)
+        if hasattr(arr, "offsets") and (np.diff(arr.offsets) != width).any():
+            break                                              # rows of several lengths
+        arr, shape = flat, shape + [width]
+    numbers = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+    if arr.null_count or not numbers:
+        return column.to_numpy(zero_copy_only=False)           # strings, ragged, nulls
+    values = arr.to_numpy().reshape(shape)                     # a view of Arrow's memory
+    if dlinspect.plan(values, readonly="share").needs == dlinspect.Need.ALIGN:
+        values = dlinspect.stack([values])[0]                  # written once, aligned
+    return values
+
+
+class Batches:
+    """One epoch of ``ds``'s batches per ``iter()`` (Dataset.iter is a generator), read
+    as Arrow, each column through ``arrow_to_numpy``: the recipe of
+    docs/loaders/huggingface.md."""
+
+    def __init__(self, ds: Any, batch_size: int) -> None:
+        self.ds, self.batch_size = ds.with_format("arrow"), batch_size
+
+    def __iter__(self) -> Any:
+        for table in self.ds.iter(batch_size=self.batch_size, drop_last_batch=True):
+            yield {name: arrow_to_numpy(table[name]) for name in table.column_names}
+
+    def __len__(self) -> int:
+        return len(self.ds) // self.batch_size
+
+
+class NumpyBatches(Batches):
+    """The same epochs as ``with_format("numpy")`` batches (the page's earlier recipe)."""
 
     def __init__(self, ds: Any, batch_size: int) -> None:
         self.ds, self.batch_size = ds.with_format("numpy"), batch_size
 
     def __iter__(self) -> Any:
         return self.ds.iter(batch_size=self.batch_size, drop_last_batch=True)
-
-    def __len__(self) -> int:
-        return len(self.ds) // self.batch_size
 
 
 def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
@@ -764,24 +801,28 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
     import transformers
     datasets.disable_progress_bars()
     ok = {"narrow": "ok"}
+    share = {"narrow": "ok", "readonly": "share"}
     if "hf table" in which:
         ds = datasets.Dataset.from_dict(table_data())
         np_ds, jax_ds = ds.with_format("numpy"), ds.with_format("jax")
-        recipe = Batches(ds, BATCH)
+        recipe, numpy_recipe = Batches(ds, BATCH), NumpyBatches(ds, BATCH)
         yield Pipeline(
             "hf table", 'datasets.Dataset of the table (6144 rows), batches of 256',
             table_step(),
             [Method('with_format("jax").iter',
                     lambda: jax_ds.iter(batch_size=BATCH, drop_last_batch=True),
-                    convert=datasets_columns,
+                    convert=datasets_columns, raw="numpy",
                     convert_as="jnp.array per column, as datasets' JAX formatter calls it"),
              Method("numpy iter + jnp.asarray",
                     lambda: (asarray_columns(b) for b in
                              np_ds.iter(batch_size=BATCH, drop_last_batch=True)),
-                    convert=asarray_columns),
-             Method("prefetch_to_jax(Batches(ds))", _to_jax_epoch(recipe, **ok),
-                    convert=lambda b: dlinspect.to_jax(b, **ok))],
-            {"batches": lambda: list(recipe)}, ROWS // BATCH)
+                    convert=asarray_columns, raw="numpy"),
+             Method('prefetch_to_jax(Batches(ds), readonly="share")',
+                    _to_jax_epoch(recipe, **share), convert=lambda b: dlinspect.to_jax(b, **share),
+                    raw="arrow", options={"readonly": "share"}),
+             Method("prefetch_to_jax(NumpyBatches(ds))", _to_jax_epoch(numpy_recipe, **ok),
+                    convert=lambda b: dlinspect.to_jax(b, **ok), raw="numpy")],
+            {"numpy": lambda: list(numpy_recipe), "arrow": lambda: list(recipe)}, ROWS // BATCH)
     if "hf tokenized" not in which:
         return
     vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
@@ -798,6 +839,7 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                                          padding="max_length"),
                      batched=True, remove_columns=["text"])
     padded_jax, padded_recipe = padded.with_format("jax"), Batches(padded, TEXT_BATCH)
+    padded_numpy = NumpyBatches(padded, TEXT_BATCH)
 
     def loader(tensors: str) -> Any:
         collator = transformers.DataCollatorWithPadding(tokenizer, padding="max_length",
@@ -813,10 +855,12 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
         text_step(),
         [Method('padded with_format("jax").iter',
                 lambda: padded_jax.iter(batch_size=TEXT_BATCH, drop_last_batch=True),
-                convert=datasets_columns, raw="padded",
+                convert=datasets_columns, raw="padded numpy",
                 convert_as="jnp.array per column, as datasets' JAX formatter calls it"),
-         Method("padded prefetch_to_jax(Batches(ds))", _to_jax_epoch(padded_recipe, **ok),
-                convert=to_jax, raw="padded"),
+         Method('padded prefetch_to_jax(Batches(ds), readonly="share")',
+                _to_jax_epoch(padded_recipe, **share),
+                convert=lambda b: dlinspect.to_jax(b, **share), raw="padded",
+                options={"readonly": "share"}),
          Method('collator("np") + jnp.asarray',
                 lambda: ({k: jnp.asarray(v) for k, v in b.items()} for b in np_loader),
                 convert=lambda b: {k: jnp.asarray(v) for k, v in b.items()}, raw="collator np"),
@@ -824,8 +868,9 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                 convert=to_jax, raw="collator np"),
          Method('collator("pt") + prefetch_to_jax', _to_jax_epoch(pt_loader, **ok),
                 convert=to_jax, raw="collator pt")],
-        {"padded": lambda: list(padded_recipe), "collator np": lambda: list(np_loader),
-         "collator pt": lambda: list(pt_loader)}, SENTENCES // TEXT_BATCH)
+        {"padded numpy": lambda: list(padded_numpy), "padded": lambda: list(padded_recipe),
+         "collator np": lambda: list(np_loader), "collator pt": lambda: list(pt_loader)},
+        SENTENCES // TEXT_BATCH)
 
 
 def ray_pipelines(which: list[str]) -> Iterable[Pipeline]:

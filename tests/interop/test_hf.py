@@ -1,20 +1,33 @@
 """Hugging Face ``datasets`` and ``transformers`` batches into JAX through dlinspect.
 
-Everything is built in memory, offline: a ``datasets.Dataset.from_dict`` table and a
-WordLevel tokenizer made with the ``tokenizers`` library, wrapped in transformers'
-``PreTrainedTokenizerFast`` (no hub download).
+Everything is built in memory, offline: ``datasets.Dataset.from_dict`` tables (some over
+pyarrow arrays that wrap NumPy memory at a chosen address, one saved to disk and loaded
+back memory-mapped) and a WordLevel tokenizer made with the ``tokenizers`` library,
+wrapped in transformers' ``PreTrainedTokenizerFast`` (no hub download).
 
 What is checked, per batch leaf: values equal NumPy's (narrowed as JAX narrows with x64
 off), zero-copy exactly when ``plan()`` says so (by data pointer), non-numeric columns
 kept as they are, containers rebuilt as their own type (``BatchEncoding`` stays a
 ``BatchEncoding``), errors starting with the leaf's key path, and one epoch per
-``iter()`` of ``prefetch_to_jax`` over a re-iterable wrapper of ``Dataset.iter``.
+``iter()`` of ``prefetch_to_jax`` over a re-iterable wrapper of ``Dataset.iter``. For the
+page's recipe (``Batches`` over ``with_format("arrow")``): with ``readonly="share"``
+every numeric byte of every batch imported zero-copy, by pointer and in the loader's
+report; with the defaults, every writable byte zero-copy and every read-only byte counted
+under "read-only", with one warning naming ``readonly="share"``.
 
-What was found (datasets 5.2.0, transformers 5.24.0): ``with_format("numpy")`` batches are
-fresh, writable NumPy allocations (whatever ``malloc`` gives: often only 16- or 32-byte
-aligned, so small ones are copied in C, aligned ones imported zero-copy); integer columns
-arrive as int64 (narrowed, so copied, with x64 off); tokenizer and collator outputs are
-int64 too. ``Dataset.iter(batch_size)`` is a generator: one pass only.
+What was found (datasets 5.2.0, pyarrow 26.0.1, transformers 5.24.0):
+``with_format("numpy")`` batches are fresh, writable NumPy allocations, built a row at a
+time (whatever ``malloc`` gives: 16-byte aligned for certain, so most are copied in C,
+aligned ones imported zero-copy); integer columns arrive as int64 (narrowed, so copied,
+with x64 off) whatever their stored type. ``with_format("arrow")`` batches are slices of
+the dataset's Arrow memory, which NumPy views read-only: 64-byte aligned where Arrow's
+allocator made it, the NumPy array's own address where ``from_dict`` wrapped one, 8-byte
+aligned in the memory-mapped files of ``save_to_disk`` / ``map`` (Arrow's file format). A
+shuffled dataset's batch is a table of one chunk per row, which ``combine_chunks`` gathers
+into fresh (aligned) Arrow memory. ``from_dict`` of a 2-D NumPy array stores a
+variable-length list column; ``Array2D`` stores nested variable-length lists.
+``Dataset.iter(batch_size)`` is a generator: one pass only. Tokenizer and collator outputs
+are int64.
 """
 
 from __future__ import annotations
@@ -25,12 +38,14 @@ import warnings
 import numpy as np
 import pytest
 
+from dlinspect.testing import aligned_array
 from interop_helpers import convert_and_check, need
 
 datasets = need("datasets", "datasets")
 transformers = need("transformers", "transformers")
 tokenizers = need("tokenizers", "tokenizers")
 torch = need("torch", "torch")
+pa = need("pyarrow", "pyarrow")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,22 +61,61 @@ BATCH = 16
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue and".split()
 
 
-class Batches:
-    """One epoch of ``ds.iter(batch_size)`` per ``iter()``: ``Dataset.iter`` is a generator
-    (one pass only), this makes it re-iterable for ``prefetch_to_jax``. (The README's
-    recipe.)"""
+LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 
-    def __init__(self, ds, batch_size, drop_last_batch=False):
-        self.ds = ds.with_format("numpy")
-        self.batch_size = batch_size
+
+def to_numpy(column):
+    """One column of an Arrow batch as NumPy, viewing its memory where it can (the page's
+    recipe, docs/loaders/huggingface.md)."""
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    arr, shape = getattr(arr, "storage", arr), [len(column)]   # Array2D...: its lists
+    while any(is_list(arr.type) for is_list in LISTS) and not arr.null_count:
+        flat = arr.flatten()
+        width = len(flat) // max(len(arr), 1)
+        if hasattr(arr, "offsets") and (np.diff(arr.offsets) != width).any():
+            break                                              # rows of several lengths
+        arr, shape = flat, shape + [width]
+    numbers = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+    if arr.null_count or not numbers:
+        return column.to_numpy(zero_copy_only=False)           # strings, ragged, nulls
+    values = arr.to_numpy().reshape(shape)                     # a view of Arrow's memory
+    if dlinspect.plan(values, readonly="share").needs == dlinspect.Need.ALIGN:
+        values = dlinspect.stack([values])[0]                  # written once, aligned
+    return values
+
+
+class Batches:
+    """One epoch of ``ds``'s batches, as dicts of NumPy arrays, per ``iter()``: the page's
+    recipe, with ``drop_last_batch`` to choose (the page drops the last batch)."""
+
+    def __init__(self, ds, batch_size, drop_last_batch=True):
+        self.ds, self.batch_size = ds.with_format("arrow"), batch_size
         self.drop_last_batch = drop_last_batch
 
     def __iter__(self):
-        return self.ds.iter(batch_size=self.batch_size, drop_last_batch=self.drop_last_batch)
+        for table in self.ds.iter(batch_size=self.batch_size,
+                                  drop_last_batch=self.drop_last_batch):
+            yield {name: to_numpy(table[name]) for name in table.column_names}
 
     def __len__(self):
         n, rest = divmod(len(self.ds), self.batch_size)
         return n + (1 if rest and not self.drop_last_batch else 0)
+
+
+class Recorded:
+    """A source handing over ``source``'s batches and keeping each (``seen``), so that a
+    loader's output can be compared with its input by pointer."""
+
+    def __init__(self, source):
+        self.source, self.seen = source, []
+
+    def __iter__(self):
+        for batch in self.source:
+            self.seen.append(batch)
+            yield batch
+
+    def __len__(self):
+        return len(self.source)
 
 
 def numpy_of(leaf):
@@ -143,7 +197,7 @@ def test_plan_says_why_a_numpy_batch_is_copied(ds):
 
 
 def test_epochs_reiterate(ds, table):
-    loader = dlinspect.prefetch_to_jax(Batches(ds, BATCH), narrow="ok")
+    loader = dlinspect.prefetch_to_jax(Batches(ds, BATCH, drop_last_batch=False), narrow="ok")
     assert len(loader) == -(-N // BATCH)
     epochs = []
     for _ in range(2):
@@ -168,7 +222,7 @@ def test_a_bare_generator_is_one_epoch(ds):
 
 
 def test_agrees_with_with_format_jax(ds):
-    ours = Batches(ds, BATCH)
+    ours = Batches(ds, BATCH, drop_last_batch=False)
     theirs = ds.with_format("jax").iter(batch_size=BATCH)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
@@ -197,6 +251,214 @@ def test_shared_arrays_outlive_the_batches(ds, table):
     for _ in ds.with_format("numpy").iter(batch_size=BATCH):   # churn NumPy's allocator
         pass
     assert np.array_equal(np.concatenate([np.asarray(k) for k in kept]), table["x"])
+
+
+# ---- the page's recipe: Arrow batches ----------------------------------------------------
+
+F = 48   # float32 features a row: 192 bytes, so batch i of BATCH rows starts 64-byte aligned
+         # where the column does (int32 labels: BATCH * 4 = 64 bytes a batch)
+
+
+def arrow_table(shift, seed=0):
+    """A Dataset over pyarrow arrays that wrap NumPy memory ``shift`` bytes past a 64-byte
+    boundary (from_dict keeps pyarrow arrays as they are): "x" float32 (N, F) as a
+    fixed-length list column, "label" int32, "id" strings."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(N * F).astype(np.float32)
+    label = rng.integers(0, 10, N).astype(np.int32)
+    pad = shift // 4
+    x_mem = aligned_array(np.concatenate([np.zeros(pad, np.float32), x]))[pad:]
+    label_mem = aligned_array(np.concatenate([np.zeros(pad, np.int32), label]), np.int32)[pad:]
+    assert x_mem.ctypes.data % 64 == label_mem.ctypes.data % 64 == shift
+    return datasets.Dataset.from_dict({
+        "x": pa.FixedSizeListArray.from_arrays(pa.array(x_mem), F),
+        "label": pa.array(label_mem), "id": [f"row{i}" for i in range(N)]})
+
+
+def values_of(column):
+    """The values of a column's first chunk (its lists flattened): a pyarrow array."""
+    arr = column.chunk(0)
+    arr = getattr(arr, "storage", arr)
+    while any(is_list(arr.type) for is_list in LISTS):
+        arr = arr.flatten()
+    return arr
+
+
+def address(table, name):
+    """Where a column's values start in Arrow memory (its first chunk)."""
+    arr = values_of(table.column(name))
+    return arr.buffers()[1].address + arr.offset * arr.type.byte_width
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory, tokenizer):
+    """Datasets whose memory the recipe meets in practice, by name."""
+    aligned = arrow_table(0)
+    saved = str(tmp_path_factory.mktemp("hf") / "ds")
+    aligned.save_to_disk(saved)
+    grids = np.arange(N * 4 * 16, dtype=np.float32).reshape(N, 4, 16)
+    raw = datasets.Dataset.from_dict({"text": sentences(N, seed=3),
+                                      "label": np.arange(N, dtype=np.int32) % 2})
+    return {
+        "aligned": aligned,                                   # views of NumPy's memory
+        "misaligned": arrow_table(16),                        # every batch 16 past 64
+        "from disk": datasets.load_from_disk(saved),           # memory-mapped
+        "shuffled": aligned.shuffle(seed=0),                  # gathered per batch
+        "Array2D": datasets.Dataset.from_dict(
+            {"grid": grids}, features=datasets.Features(
+                {"grid": datasets.Array2D((4, 16), "float32")})),
+        "padded tokens": raw.map(                             # lists of one length
+            lambda b: tokenizer(b["text"], padding="max_length", max_length=16,
+                                truncation=True), batched=True, remove_columns=["text"]),
+    }
+
+
+SOURCES = ["aligned", "misaligned", "from disk", "shuffled", "Array2D", "padded tokens"]
+
+
+def numeric(batch):
+    """The batch's numeric NumPy leaves, by key."""
+    return {k: v for k, v in batch.items()
+            if isinstance(v, np.ndarray) and v.dtype.kind in "iuf"}
+
+
+def run_recipe(ds, **options):
+    """prefetch_to_jax over the recipe: (the recipe's batches, the loader's, the loader)."""
+    source = Recorded(Batches(ds, BATCH))
+    loader = dlinspect.prefetch_to_jax(source, narrow="ok", **options)
+    out = list(loader)
+    assert len(out) == len(source.seen) == N // BATCH
+    return source.seen, out, loader
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_recipe_shares_every_numeric_byte(sources, name):
+    ds = sources[name]
+    seen, out, loader = run_recipe(ds, readonly="share")
+    theirs = list(ds.with_format("numpy").iter(batch_size=BATCH, drop_last_batch=True))
+    total = {}
+    for ours, converted, numpy_batch in zip(seen, out, theirs, strict=True):
+        leaves = numeric(ours)
+        assert set(leaves) == {k for k, v in numpy_batch.items() if v.dtype.kind in "iuf"}
+        for key, leaf in leaves.items():
+            # zero-copy: the JAX array is the recipe's memory, its values the dataset's
+            assert converted[key].unsafe_buffer_pointer() == leaf.ctypes.data, key
+            stored = values_of(ds.data.table.column(key)).type.to_pandas_dtype()
+            assert leaf.dtype == stored, key                   # as stored: no widening
+            assert np.array_equal(np.asarray(converted[key]), numpy_batch[key]), key
+            total[f"['{key}']"] = total.get(f"['{key}']", 0) + leaf.nbytes
+        for key in set(ours) - set(leaves):                 # strings: kept as they are
+            assert list(converted[key]) == list(numpy_batch[key])
+    report = loader.report.as_dict()
+    assert {k: r["copied_bytes"] for k, r in report.items()} == {k: {} for k in total}
+    assert {k: r["zero_copy_bytes"] for k, r in report.items()} == total
+
+
+def test_recipe_views_the_dataset_memory_where_aligned(sources):
+    # No copy anywhere: each batch's leaves are slices of the dataset's own Arrow memory.
+    ds = sources["aligned"]
+    seen, out, _ = run_recipe(ds, readonly="share")
+    for i, (ours, converted) in enumerate(zip(seen, out)):
+        for key, row_bytes in (("x", F * 4), ("label", 4)):
+            start = address(ds.data.table, key) + i * BATCH * row_bytes
+            assert not ours[key].flags.writeable                # Arrow's: read-only
+            assert ours[key].ctypes.data == start == converted[key].unsafe_buffer_pointer()
+
+
+def test_recipe_writes_misaligned_columns_once(sources):
+    # Memory XLA:CPU cannot view: written once (dlinspect.stack), writable, 64-byte
+    # aligned, and imported without a copy with the defaults too.
+    ds = sources["misaligned"]
+    seen, out, loader = run_recipe(ds)
+    arrow = address(ds.data.table, "x")
+    for ours, converted in zip(seen, out):
+        x = ours["x"]
+        assert x.flags.writeable and x.ctypes.data % 64 == 0
+        assert not arrow <= x.ctypes.data < arrow + N * F * 4          # not Arrow's memory
+        assert converted["x"].unsafe_buffer_pointer() == x.ctypes.data
+    assert all(not r["copied_bytes"] for r in loader.report.as_dict().values())
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_recipe_defaults(sources, name):
+    # With the defaults: every writable numeric byte imported zero-copy, every read-only
+    # one copied and counted under "read-only" (what readonly="share" would save).
+    seen, out, loader = run_recipe(sources[name])
+    writable, read_only = {}, {}
+    for ours, converted in zip(seen, out, strict=True):
+        for key, leaf in numeric(ours).items():
+            path = f"['{key}']"
+            shared = converted[key].unsafe_buffer_pointer() == leaf.ctypes.data
+            assert shared == leaf.flags.writeable, (key, leaf.ctypes.data % 64)
+            into = writable if leaf.flags.writeable else read_only
+            into[path] = into.get(path, 0) + leaf.nbytes
+    report = loader.report.as_dict()
+    for path, row in report.items():
+        assert row["zero_copy_bytes"] == writable.get(path, 0), path
+        assert row["copied_bytes"] == ({"read-only": read_only[path]} if path in read_only
+                                       else {}), path
+    if name in ("aligned", "shuffled"):      # Arrow's memory, aligned: all of it read-only
+        assert not writable and read_only
+    if name == "misaligned":                 # all of it written once by the recipe
+        assert writable and not read_only
+
+
+def test_read_only_copies_are_named_once():
+    # A read-only leaf of 64 KiB or more copied in each of the first 8 batches: one
+    # DLInspectWarning naming readonly="share"; with it, no copy and no warning.
+    rows, width = 32 * 8, 1024                              # 128 KiB of "x" a batch
+    x = aligned_array(np.ones(rows * width, np.float32))
+    ds = datasets.Dataset.from_dict({"x": pa.FixedSizeListArray.from_arrays(pa.array(x),
+                                                                            width)})
+    loader = dlinspect.prefetch_to_jax(Batches(ds, 32))
+    with pytest.warns(dlinspect.DLInspectWarning, match=r"^\['x'\]: copied in every one.*"
+                                                        r"read-only.*readonly=\"share\""):
+        list(loader)
+    assert loader.report.as_dict()["['x']"]["copied_bytes"] == {"read-only": rows * width * 4}
+    shared = dlinspect.prefetch_to_jax(Batches(ds, 32), readonly="share")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", dlinspect.DLInspectWarning)
+        list(shared)
+    assert shared.report.as_dict()["['x']"] == {"batches": 8, "zero_copy_bytes": rows * width * 4,
+                                                "copied_bytes": {}}
+
+
+def test_recipe_keeps_what_it_cannot_view():
+    ds = datasets.Dataset.from_dict({
+        "ragged": [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]],
+        "with_null": [1.5, None, 2.5, 3.5],
+        "flag": [True, False, True, True],
+        "wide": np.arange(4, dtype=np.int64),
+        "mask": pa.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], pa.list_(pa.int8())),
+        "id": ["a", "b", "c", "d"]})
+    batch = next(iter(Batches(ds, 4)))
+    assert batch["ragged"].dtype == object and [list(r) for r in batch["ragged"]] == \
+        [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
+    assert batch["with_null"].dtype == np.float64 and np.isnan(batch["with_null"][1])
+    assert batch["flag"].dtype == np.bool_ and batch["id"].dtype == object
+    assert batch["wide"].dtype == np.int64                  # stored int64: kept
+    assert batch["mask"].dtype == np.int8 and batch["mask"].shape == (4, 3)
+    out = dlinspect.to_jax(batch, narrow="ok")
+    assert out["ragged"] is batch["ragged"] and out["id"] is batch["id"]   # kept as leaves
+    assert out["wide"].dtype == jnp.int32 and out["mask"].tolist() == batch["mask"].tolist()
+
+
+def test_numpy_format_copies_arrow_format_views(sources):
+    # The facts the recipe stands on: the NumPy format builds new memory (int32 widened
+    # to int64); the Arrow format hands out slices of the dataset's memory, which Arrow's
+    # file format (a memory-mapped dataset) aligns to 8 bytes.
+    ds = sources["aligned"]
+    arrow = address(ds.data.table, "x")
+    numpy_batch = next(ds.with_format("numpy").iter(batch_size=BATCH))
+    assert numpy_batch["x"].flags.owndata and numpy_batch["x"].flags.writeable
+    assert numpy_batch["x"].ctypes.data != arrow and numpy_batch["label"].dtype == np.int64
+    second = list(ds.with_format("arrow").iter(batch_size=BATCH))[1]
+    assert address(second, "x") == arrow + BATCH * F * 4       # batch 1: a slice, no copy
+    assert not to_numpy(second["label"]).flags.writeable
+    mapped = sources["from disk"].data.table
+    for name in ("x", "label"):
+        assert all(values_of(pa.chunked_array([c])).buffers()[1].address % 8 == 0
+                   for c in mapped.column(name).chunks)
 
 
 # ---- tokenizer and collator outputs: BatchEncoding --------------------------------------
