@@ -207,6 +207,11 @@ class TestCopies:
         shared = to_jax(x, readonly="share")
         assert plan(x, readonly="share").kind == "zero-copy"
         assert buffer_pointer(shared) == x.ctypes.data
+        assert "pass readonly='share' to import it without a copy" in route.reason
+        # Read-only and strided: sharing lifts one reason, and the words say so.
+        both = read_only(aligned(np.arange(8.0)))[::2]
+        assert "readonly='share' lifts this reason, not the others" in plan(both).reason
+        assert plan(both, readonly="share").kind == "copy"
 
     def test_misaligned(self, import_path):  # C7
         align = target().cpu_align

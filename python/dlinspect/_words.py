@@ -142,8 +142,9 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
         + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
         "make it contiguous first (numpy.ascontiguousarray, t.contiguous())")),
     (Need.READ_ONLY, lambda r: (
-        "the producer marked it read-only (pass readonly='share' to import it without a "
-        "copy)", "readonly='share'")),
+        "the producer marked it read-only " + (
+            "(pass readonly='share' to import it without a copy)" if _only_read_only(r) else
+            "(readonly='share' lifts this reason, not the others)"), "readonly='share'")),
     (Need.ALIGN, lambda r: (
         f"its data pointer {r.info.data_ptr:#x} is {r.info.alignment}-byte aligned and "
         f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
@@ -151,6 +152,13 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
         f"torch tensors are)")),
     (Need.NARROW, lambda r: (_narrowed(r.facts), 'jax.config.update("jax_enable_x64", True)')),
 )
+
+
+def _only_read_only(route: Any) -> bool:
+    """Read-only memory is the one reason the route copies: sharing it copies nothing."""
+    f = route.facts
+    return (not route.needs & (Need.LAYOUT | Need.ALIGN | Need.NARROW)
+            and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
