@@ -139,8 +139,10 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -746,52 +748,23 @@ def table_data() -> dict[str, np.ndarray]:
             "label": rng.integers(0, 10, ROWS)}
 
 
-def arrow_to_numpy(column: Any) -> Any:
-    """One column of an Arrow batch as NumPy, viewing its memory where it can: the
-    recipe of docs/loaders/huggingface.md."""
-    import pyarrow as pa
-    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
-    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    arr, shape = getattr(arr, "storage", arr), [len(column)]   # Array2D...: its lists
-    while any(is_list(arr.type) for is_list in lists) and not arr.null_count:
-        flat = arr.flatten()
-        width = len(flat) // max(len(arr), 1)
-        if hasattr(arr, "offsets") and (np.diff(arr.offsets) != width).any():
-            break                                              # rows of several lengths
-        arr, shape = flat, shape + [width]
-    numbers = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-    if arr.null_count or not numbers:
-        return column.to_numpy(zero_copy_only=False)           # strings, ragged, nulls
-    values = arr.to_numpy().reshape(shape)                     # a view of Arrow's memory
-    if dlinspect.plan(values, readonly="share").needs == dlinspect.Need.ALIGN:
-        values = dlinspect.stack([values])[0]                  # written once, aligned
-    return values
+def hf_recipe() -> tuple[type, type]:
+    """The recipe of docs/loaders/huggingface.md: the page's own ``Batches`` (one epoch of
+    a Dataset's Arrow batches per ``iter()``, each column viewed as NumPy where it can),
+    run from the page; and ``NumpyBatches``, the same epochs as ``with_format("numpy")``
+    batches (the page's earlier recipe)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from doctest_docs import recipe
+    batches = recipe(ROOT / "docs" / "loaders" / "huggingface.md", "Batches")["Batches"]
 
+    class NumpyBatches(batches):  # type: ignore[misc, valid-type]
+        def __init__(self, ds: Any, batch_size: int) -> None:
+            self.ds, self.batch_size = ds.with_format("numpy"), batch_size
 
-class Batches:
-    """One epoch of ``ds``'s batches per ``iter()`` (Dataset.iter is a generator), read
-    as Arrow, each column through ``arrow_to_numpy``: the recipe of
-    docs/loaders/huggingface.md."""
+        def __iter__(self) -> Any:
+            return self.ds.iter(batch_size=self.batch_size, drop_last_batch=True)
 
-    def __init__(self, ds: Any, batch_size: int) -> None:
-        self.ds, self.batch_size = ds.with_format("arrow"), batch_size
-
-    def __iter__(self) -> Any:
-        for table in self.ds.iter(batch_size=self.batch_size, drop_last_batch=True):
-            yield {name: arrow_to_numpy(table[name]) for name in table.column_names}
-
-    def __len__(self) -> int:
-        return len(self.ds) // self.batch_size
-
-
-class NumpyBatches(Batches):
-    """The same epochs as ``with_format("numpy")`` batches (the page's earlier recipe)."""
-
-    def __init__(self, ds: Any, batch_size: int) -> None:
-        self.ds, self.batch_size = ds.with_format("numpy"), batch_size
-
-    def __iter__(self) -> Any:
-        return self.ds.iter(batch_size=self.batch_size, drop_last_batch=True)
+    return batches, NumpyBatches
 
 
 def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
@@ -800,6 +773,7 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
     import torch
     import transformers
     datasets.disable_progress_bars()
+    Batches, NumpyBatches = hf_recipe()
     ok = {"narrow": "ok"}
     share = {"narrow": "ok", "readonly": "share"}
     if "hf table" in which:

@@ -95,6 +95,21 @@ def run_page(path: Path) -> dict[str, Any]:
     return result
 
 
+def recipe(path: Path, *names: str) -> dict[str, Any]:
+    """The objects ``names`` as a page defines them: its examples run in order, in one
+    namespace, in this process, until every name is defined (what a test or benchmark
+    of the page's recipe calls, so that it runs the code the page shows)."""
+    namespace: dict[str, Any] = {"__name__": f"page:{path.name}"}
+    for example in doctest.DocTestParser().get_examples(path.read_text(encoding="utf-8")):
+        if all(name in namespace for name in names):
+            break
+        exec(compile(example.source, str(path), "exec"), namespace)
+    lacking = [name for name in names if name not in namespace]
+    if lacking:
+        raise LookupError(f"{path} defines no {', '.join(lacking)} in its examples")
+    return {name: namespace[name] for name in names}
+
+
 def _child(page: str) -> None:
     import warnings
     warnings.simplefilter("default")   # a page shows warnings as a user sees them

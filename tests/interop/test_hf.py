@@ -33,13 +33,19 @@ are int64.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlinspect.testing import aligned_array
 from interop_helpers import convert_and_check, need
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from doctest_docs import recipe  # noqa: E402
 
 datasets = need("datasets", "datasets")
 transformers = need("transformers", "transformers")
@@ -61,45 +67,29 @@ BATCH = 16
 WORDS = "the a cat dog sat on mat ran fast slow big small red blue and".split()
 
 
+PAGE = recipe(ROOT / "docs" / "loaders" / "huggingface.md", "to_numpy", "Batches")
+to_numpy = PAGE["to_numpy"]      # one column of an Arrow batch as NumPy: the page's own
 LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
 
 
-def to_numpy(column):
-    """One column of an Arrow batch as NumPy, viewing its memory where it can (the page's
-    recipe, docs/loaders/huggingface.md)."""
-    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-    arr, shape = getattr(arr, "storage", arr), [len(column)]   # Array2D...: its lists
-    while any(is_list(arr.type) for is_list in LISTS) and not arr.null_count:
-        flat = arr.flatten()
-        width = len(flat) // max(len(arr), 1)
-        if hasattr(arr, "offsets") and (np.diff(arr.offsets) != width).any():
-            break                                              # rows of several lengths
-        arr, shape = flat, shape + [width]
-    numbers = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-    if arr.null_count or not numbers:
-        return column.to_numpy(zero_copy_only=False)           # strings, ragged, nulls
-    values = arr.to_numpy().reshape(shape)                     # a view of Arrow's memory
-    if dlinspect.plan(values, readonly="share").needs == dlinspect.Need.ALIGN:
-        values = dlinspect.stack([values])[0]                  # written once, aligned
-    return values
-
-
-class Batches:
-    """One epoch of ``ds``'s batches, as dicts of NumPy arrays, per ``iter()``: the page's
-    recipe, with ``drop_last_batch`` to choose (the page drops the last batch)."""
+class Batches(PAGE["Batches"]):
+    """The page's recipe (its own ``Batches``), with ``drop_last_batch`` to choose (the
+    page drops the last batch)."""
 
     def __init__(self, ds, batch_size, drop_last_batch=True):
-        self.ds, self.batch_size = ds.with_format("arrow"), batch_size
+        super().__init__(ds, batch_size)
         self.drop_last_batch = drop_last_batch
 
     def __iter__(self):
-        for table in self.ds.iter(batch_size=self.batch_size,
-                                  drop_last_batch=self.drop_last_batch):
-            yield {name: to_numpy(table[name]) for name in table.column_names}
+        if self.drop_last_batch:
+            return super().__iter__()
+        return ({name: to_numpy(table[name]) for name in table.column_names}
+                for table in self.ds.iter(batch_size=self.batch_size))
 
     def __len__(self):
-        n, rest = divmod(len(self.ds), self.batch_size)
-        return n + (1 if rest and not self.drop_last_batch else 0)
+        if self.drop_last_batch:
+            return super().__len__()
+        return -(-len(self.ds) // self.batch_size)
 
 
 class Recorded:
