@@ -414,16 +414,23 @@ def leaves(batch: Any) -> dict[str, Any]:
 
 def report_bytes(report: Any) -> dict[str, Any]:
     """Bytes per batch from a LoaderReport: zero-copy, copied by reason, and per leaf."""
-    table = report.as_dict()
-    n = max(report.batches, 1)
+    rows = {key: {"zero_copy": r["zero_copy_bytes"], "copied": r["copied_bytes"]}
+            for key, r in report.as_dict().items()}
+    return per_batch("report", rows, report.batches)
+
+
+def per_batch(source: str, rows: dict[str, dict[str, Any]], batches: int) -> dict[str, Any]:
+    """Per-leaf byte totals over ``batches`` batches (``{"zero_copy": n, "copied":
+    {reason: n}}`` per key path) as bytes per batch: in all, by reason, and per leaf."""
+    n = max(batches, 1)
     copied: Counter[str] = Counter()
-    for row in table.values():
-        copied.update(row["copied_bytes"])
-    return {"from": "report", "zero_copy": sum(r["zero_copy_bytes"] for r in table.values()) // n,
+    for row in rows.values():
+        copied.update(row["copied"])
+    return {"from": source, "zero_copy": sum(r["zero_copy"] for r in rows.values()) // n,
             "copied": {k: v // n for k, v in copied.items()},
-            "leaves": {key: {"zero_copy": r["zero_copy_bytes"] // n,
-                             "copied": {k: v // n for k, v in r["copied_bytes"].items()}}
-                       for key, r in table.items()}}
+            "leaves": {key: {"zero_copy": r["zero_copy"] // n,
+                             "copied": {k: v // n for k, v in r["copied"].items()}}
+                       for key, r in rows.items()}}
 
 
 def dlinspect_reasons(batch: Any, options: dict[str, Any]) -> dict[str, str | None]:
@@ -465,15 +472,7 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
             row["zero_copy"] += zero
             if info.nbytes > zero:
                 row["copied"][why.get(key) or "viewable"] += info.nbytes - zero
-    n = max(len(batches), 1)
-    copied: Counter[str] = Counter()
-    for row in per_leaf.values():
-        copied.update(row["copied"])
-    return {"from": "measured", "zero_copy": sum(r["zero_copy"] for r in per_leaf.values()) // n,
-            "copied": {k: v // n for k, v in copied.items()},
-            "leaves": {key: {"zero_copy": r["zero_copy"] // n,
-                             "copied": {k: v // n for k, v in r["copied"].items()}}
-                       for key, r in per_leaf.items()}}
+    return per_batch("measured", per_leaf, len(batches))
 
 
 def census(batches: list[Any], options: dict[str, Any]) -> dict[str, Any]:
