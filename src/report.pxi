@@ -56,9 +56,10 @@ cdef class LoaderReport:
     ``str(report)`` is a table; :meth:`as_dict` the same figures.
 
     After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
-    of them for one reason the user can remove (alignment, read-only, strides), of at
+    of them only for reasons the user can remove (alignment, read-only, strides: one, or
+    several together, as memory-mapped read-only batches at a small alignment are), of at
     least ``ADVISE_MIN_BYTES`` (64 KiB) a batch, gets one ``DLInspectWarning`` per loader,
-    naming the fix.
+    naming the fix of each reason.
 
     Attributes
     ----------
@@ -131,15 +132,25 @@ cdef class LoaderReport:
         return 0
 
     cdef object _advice(self):
+        """The one warning: the first leaf copied in every batch counted so far, at least
+        ``ADVISE_MIN_BYTES`` a batch, where every reason it was copied for (one or
+        several, the same in each batch or not) is one the user can remove; each
+        reason's fix named."""
         for key, (n, _, copied) in self._leaves.items():
-            for reason, (nbytes, times) in copied.items():
-                if (times == self.batches and reason in _REMEDIES
-                        and nbytes // times >= ADVISE_MIN_BYTES):
-                    why, fix = _REMEDIES[reason]
-                    return (f"{key or 'the batch'}: copied in every one of the first "
-                            f"{self.batches} batches of the epoch ({nbytes // times} bytes each): {why}. "
-                            f"To fix: {fix}. (One warning per loader; loader.report counts "
-                            f"every leaf.)")
+            times = sum(t for _, t in copied.values())
+            nbytes = sum(b for b, _ in copied.values())
+            if times != self.batches or nbytes // times < ADVISE_MIN_BYTES:
+                continue
+            reasons = list(dict.fromkeys(part for joined in copied
+                                         for part in joined.split(", ")))
+            if not all(reason in _REMEDIES for reason in reasons):
+                continue
+            why = "; ".join(_REMEDIES[reason][0] for reason in reasons)
+            fix = "; and ".join(_REMEDIES[reason][1] for reason in reasons)
+            return (f"{key or 'the batch'}: copied in every one of the first "
+                    f"{self.batches} batches of the epoch ({nbytes // times} bytes each): "
+                    f"{why}. To fix: {fix}. (One warning per loader; loader.report counts "
+                    f"every leaf.)")
         return None
 
     def as_dict(self):

@@ -362,6 +362,39 @@ class TestReport:
             _w.simplefilter("error", dlinspect.DLInspectWarning)
             list(quiet)
 
+    def test_one_warning_for_several_reasons_together(self):
+        """A leaf copied in every batch for reasons that change from batch to batch or
+        come together (memory-mapped read-only batches, some misaligned) is advised on,
+        each reason's fix named; one with a reason the user cannot remove is not."""
+        from dlinspect._core import ADVISE_AFTER
+
+        def frozen(i):
+            x = self.big(i, aligned=i % 2 == 0)
+            x.flags.writeable = False
+            return x
+
+        loader = prefetch_to_jax([{"x": frozen(i)} for i in range(ADVISE_AFTER)],
+                                 thread=False)
+        with pytest.warns(dlinspect.DLInspectWarning, match="copied in every") as seen:
+            list(loader)
+        text = [str(w.message) for w in seen if "copied in every" in str(w.message)]
+        assert len(text) == 1 and 'readonly="share"' in text[0]
+        assert ("dlinspect.stack" in text[0]) == self.alignment_matters()
+        copied = loader.report.as_dict()["['x']"]["copied_bytes"]
+        assert sum(copied.values()) == ADVISE_AFTER * 128 * 128 * 4
+        assert set(copied) == ({"read-only", "read-only, alignment"}
+                               if self.alignment_matters() else {"read-only"})
+        # float64 read-only: its narrowing copy stays whatever the user does (x64 off).
+        wide = [frozen(i).astype(np.float64) for i in range(ADVISE_AFTER)]
+        for x in wide:
+            x.flags.writeable = False
+        kept = prefetch_to_jax([{"x": x} for x in wide], thread=False, narrow="ok")
+        import warnings as _w
+        with _w.catch_warnings():
+            _w.simplefilter("error", dlinspect.DLInspectWarning)
+            list(kept)
+        assert all("narrowing" in r for r in kept.report.as_dict()["['x']"]["copied_bytes"])
+
     def test_single_tensors_and_stacked_batches(self):
         elements = [{"x": self.batch(i, aligned=False)["x"]} for i in range(4)]
         loader = prefetch_to_jax([dlinspect.stack(elements), dlinspect.stack(elements)],
