@@ -103,8 +103,9 @@ def options() -> dict[str, list[dict[str, Any]]]:
 
 def check_all(producer: str, case: str, make: Callable[[], Any], reference: np.ndarray) -> dict:
     """:func:`check` for every target and option on fresh tensors from ``make``, and
-    ``explain`` saying ``plan``'s route; records what ``jax.dlpack.from_dlpack`` does. Returns ``{(target, options): kind}``
-    (options as sorted item tuples; ``()`` for the defaults)."""
+    ``explain`` saying ``plan``'s route; records what ``jax.dlpack.from_dlpack`` does.
+    Returns ``{(target, options): kind}`` (options as sorted item tuples; ``()`` for the
+    defaults)."""
     kinds = {}
     for target, variants in options().items():
         for options_ in variants:
