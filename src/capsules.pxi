@@ -418,6 +418,8 @@ cdef object _import_legacy(object import_fn, object cap, object device, object s
     """
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
+    if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap))
     legacy = _legacy_from_versioned(cap)
     try:
         return import_fn(legacy, device, stream, copy, dl_device_type)
@@ -495,9 +497,11 @@ def take(cap, bint read_only, TensorInfo info=None):
     if name != NULL and strcmp(name, VERSIONED) == 0:
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         PyCapsule_SetName(cap, VERSIONED_USED)
-    else:
+    elif name != NULL and strcmp(name, LEGACY) == 0:
         owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         PyCapsule_SetName(cap, LEGACY_USED)
+    else:   # another thread took it since its header was read
+        _raise_bad_capsule(cap, name)
     return owner
 
 

@@ -30,6 +30,12 @@ def set_target(tg):
     _TARGET = tg
 
 
+def current_target():
+    """The JaxTarget built in this process, or None: builds nothing, imports no JAX
+    (what ``dlinspect.stack`` asks, so that a loader's worker processes start no JAX)."""
+    return _TARGET
+
+
 cdef JaxTarget _jax_target():
     """The process-wide JaxTarget: the one other place the core reaches up, once, to
     dlinspect._jaxcaps, which finds out what the installed JAX takes (imports jax)."""
@@ -318,18 +324,21 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts):
         raise
 
 
-cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
+cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=False):
     """Carry out ``route`` (its narrowing warning first, before anything is consumed:
-    ``-W error`` then leaves a caller's capsule as it was). A tensor's new array is
-    committed exactly where the caller named a device or a sharding, as
-    ``jax.device_put`` commits; otherwise uncommitted, as ``jnp.asarray``'s (put.pxi)."""
+    ``-W error`` then leaves a caller's capsule as it was; ``prepared``: a batch's decide
+    half gave it, see ``_prepare``). A tensor's new array is committed exactly where the
+    caller named a device or a sharding, as ``jax.device_put`` commits, or where it
+    keeps a permuted layout (Need.PERMUTED); otherwise uncommitted, as ``jnp.asarray``'s
+    (put.pxi)."""
     action = route.action
-    if action is not PRODUCER_COPY and action is not RAISE:
+    if not prepared and action is not PRODUCER_COPY and action is not RAISE:
         text = route.warning
         if text is not None:
             warn(text)
     out = EXECUTORS[action](route, cap, x, tg, opts)
-    if action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED:
+    if (action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED
+            and not route.facts.get("keeps_layout")):
         return tg.uncommit(out)
     return out
 
@@ -338,6 +347,25 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts):
 # returned or moved as it is; not a sharded one, always placed).
 cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY,
                                        NUMPY_PUT, NUMPY_COPY])
+
+
+cdef int _prepare(Route route, JaxTarget tg) except -1:
+    """What can fail in executing ``route``, done in a batch's decide half, once every
+    leaf is decided and before any is taken: its narrowing warning given (the user's
+    filters may make it an exception) and a copy's memory allocated (AllocationError).
+    A producer's host copy, which takes nothing of the caller's and runs first, warns
+    once the copy is in hand."""
+    action = route.action
+    if action is PRODUCER_COPY or action is RAISE:
+        return 0
+    text = route.warning
+    if text is not None:
+        warn(text)
+    if action is DEVICE_PUT or action is PROCESS_LOCAL:
+        route = route.facts["whole"]
+    if route.action is HOST_COPY:
+        route._out = _copy_memory(route, tg)
+    return 0
 
 
 cdef int _raise_route(Route route) except -1:
@@ -397,6 +425,32 @@ cdef int _rank(route):
 
 def _leaf_order(item):
     return _rank(item[1])
+
+
+cdef int _prepare_all(list decided, Py_ssize_t start, JaxTarget tg, int flags) except -1:
+    """``_prepare`` every decided leaf from ``start`` on (the fast path's copies by
+    ``_prepare_copy``, their memory kept in the entry), naming the leaf of a failure."""
+    cdef Py_ssize_t k
+    for k in range(start, len(decided)):
+        i, route, cap, info, needs, _ = decided[k]
+        try:
+            if route is not None:
+                _prepare(route, tg)
+            elif needs & ~NEED_PERMUTED:   # the fast path's copy
+                decided[k] = (i, route, cap, info, needs, _prepare_copy(info, needs, tg, flags))
+        except BaseException as exc:
+            _mark_leaf(exc, i)
+            raise
+    return 0
+
+
+cdef Py_ssize_t _first_taking(list routes):
+    """Where the routes (in ``_rank`` order) that take the caller's tensors begin."""
+    cdef Py_ssize_t k
+    for k in range(len(routes)):
+        if _rank(routes[k]) != 0:
+            return k
+    return len(routes)
 
 
 def _first(item):
@@ -500,7 +554,7 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags, LoaderReport report=
                         report._note(i, (<TensorInfo>info)._nbytes, needs)
                     else:
                         report._note_route(i, route, False)
-                decided.append((i, route, cap, info, needs))
+                decided.append((i, route, cap, info, needs, None))
         else:
             out = list(leaves)
             for i, leaf in enumerate(leaves):
@@ -510,12 +564,20 @@ cdef object _convert_tree(x, JaxTarget tg, opts, int flags, LoaderReport report=
                         _raise_route(route)
                     if report is not None:
                         report._note_route(i, route, flags & _OPT_COPY_ALWAYS)
-                    decided.append((i, route, cap, None, 0))
-        for i, route, cap, info, needs in sorted(decided, key=_leaf_order):
-            out[i] = (_import_fast(cap, info, needs, tg, flags, leaves[i])
-                      if route is None else _execute(route, cap, leaves[i], tg, opts))
+                    decided.append((i, route, cap, None, 0, None))
+        # Every leaf decided. The routes that take nothing of the caller's run first (their
+        # failures consume nothing); then what can fail in the others happens, before any
+        # of them is taken; then they run.
+        decided.sort(key=_leaf_order)
+        taking = _first_taking([entry[1] for entry in decided])
+        for k in range(len(decided)):
+            if k == taking:
+                _prepare_all(decided, k, tg, flags)
+            i, route, cap, info, needs, prepared = decided[k]
+            out[i] = (_import_fast(cap, info, needs, tg, flags, leaves[i], prepared)
+                      if route is None else _execute(route, cap, leaves[i], tg, opts, k >= taking))
     except BaseException as exc:
-        got = pending = out = decided = cap = info = None   # the exports let go of (see _convert)
+        got = pending = out = decided = cap = info = prepared = None   # the exports let go of (see _convert)
         if report is not None:
             report._drop()
         index = getattr(exc, "_dlinspect_leaf", i)
@@ -623,17 +685,36 @@ cdef object _convert_subtrees(x, JaxTarget tg, sharding, decide_subtree, list pa
     order = sorted([(_rank(route), k, i, route, cap)
                     for k, (_, _, _, decided) in enumerate(parts) for i, route, cap in decided],
                    key=_first)
-    for _, k, i, route, cap in order:
-        prefix, flat, leaf_opts, _ = parts[k]
+    # (in the order and the halves of _convert_tree)
+    cdef Py_ssize_t m, taking = _first_taking([entry[3] for entry in order])
+    for m in range(len(order)):
+        if m == taking:   # what can fail, before any leaf is taken
+            for _, k, i, route, _ in order[taking:]:
+                try:
+                    _prepare(route, tg)
+                except Exception as exc:
+                    _name_in_subtree(exc, parts[k], i)
+                    raise
+        _, k, i, route, cap = order[m]
+        leaf_opts = parts[k][2]
         try:
-            outs[k][i] = _execute(route, cap, flat.leaves[i], tg, leaf_opts)
+            outs[k][i] = _execute(route, cap, parts[k][1].leaves[i], tg, leaf_opts, m >= taking)
         except Exception as exc:
-            _words().name_leaf(exc, tree_util.keystr(prefix) + flat.keystr(i))
+            _name_in_subtree(exc, parts[k], i)
             raise
     done = [flat.unflatten(out) for (_, flat, _, _), out in zip(parts, outs)]
     if isinstance(sharding, Sharding):
         return done[where]
     return tree_util.tree_map(lambda k: done[k], where)
+
+
+cdef int _name_in_subtree(exc, tuple part, Py_ssize_t i) except -1:
+    """Lead ``exc``'s message with the key path of leaf ``i`` of a sharded batch's
+    sub-tree ``part`` (its prefix first)."""
+    prefix, flat = part[0], part[1]
+    _words().name_leaf(exc, _options_module.jax_module("jax.tree_util").keystr(prefix)
+                       + flat.keystr(i))
+    return 0
 
 
 cdef int _fail_at(Route route, prefix, flat, Py_ssize_t i) except -1:
@@ -656,23 +737,33 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
     """One copy of host memory, in one pass in C without the GIL, into aligned memory
-    (narrowed where JAX narrows; row-major where JAX cannot view the source's layout),
-    imported without a second copy; the source is freed right after. (Vector lanes are
-    copied by NumPy, as a trailing axis.)"""
+    (narrowed where JAX narrows; row-major whatever the source's layout), imported
+    without a second copy; the source is taken before it is read and freed right after.
+    (Vector lanes are copied by NumPy, as a trailing axis.) The memory is the one a
+    batch's decide half allocated (``_prepare``), else allocated here."""
     cdef TensorInfo info = route.info
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
+    out = route._out if route._out is not None else _copy_memory(route, tg)
+    route._out = None
+    if info._lanes != 1 or info._bits % 8:
+        host = _host_copy(cap, info, out)
+        return _finish(tg, _put_host(tg, host, route.import_device, placed), route)
+    return _finish(tg, _copy_taken(cap, info, out, tg, route.import_device, placed), route)
+
+
+cdef object _copy_memory(Route route, JaxTarget tg):
+    """The memory a HOST_COPY route copies into (aligned, row-major, in the dtype JAX
+    narrows to where it does; vector lanes a trailing axis), allocated before anything is
+    taken: AllocationError where it cannot be."""
+    cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
     if info._lanes != 1 or info._bits % 8:
-        host = _host_copy(cap, info, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
-                          tg.copy_align)
-        return _finish(tg, _put_host(tg, host, route.import_device, placed), route)
-    copy = (_copy_of(info, info._code, info._bits, tg.copy_align) if narrow is None else
-            _copy_of(info, narrow[2], narrow[3], tg.copy_align))
-    arr = _put_host(tg, copy, route.import_device, placed)
-    del copy
-    owner = take(cap, True)   # consume the source; its deleter runs right here
-    del owner
-    return _finish(tg, arr, route)
+        lanes = (info._lanes,) if info._lanes != 1 else ()
+        dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
+        return _allocate(info.shape + lanes, dtype, tg.copy_align, info)
+    if narrow is None:
+        return _aligned_array(info, info._code, info._bits, tg.copy_align)
+    return _aligned_array(info, narrow[2], narrow[3], tg.copy_align)
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
@@ -874,13 +965,14 @@ cdef tuple _host_view(cap, TensorInfo info, read_only=None):
     return _np.asarray(owner).view(info.numpy_dtype), owner
 
 
-cdef object _host_copy(cap, TensorInfo info, dtype=None, Py_ssize_t alignment=64):
-    """One copy of host memory into a fresh C-order, ``alignment``-byte aligned array;
-    frees the source. ``dtype``: cast to it on the way (JAX's x64 narrowing). The
-    copy is allocated before ``cap`` is consumed (AllocationError leaves it as it was)."""
-    lanes = (info._lanes,) if info._lanes != 1 else ()
-    out = _allocate(info.shape + lanes, info.numpy_dtype if dtype is None else dtype,
-                    alignment, info)
+cdef object _host_copy(cap, TensorInfo info, out=None):
+    """One copy of host memory by NumPy into ``out`` (C order; vector lanes a trailing
+    axis; its dtype may narrow, as JAX's x64 mode does), or into a fresh 64-byte aligned
+    array; frees the source. The copy is allocated before ``cap`` is consumed
+    (AllocationError leaves it as it was)."""
+    if out is None:
+        lanes = (info._lanes,) if info._lanes != 1 else ()
+        out = _allocate(info.shape + lanes, info.numpy_dtype, 64, info)
     view, owner = _host_view(cap, info)
     _copy_values(out, view)
     del view, owner  # the producer's deleter runs here, right after the copy

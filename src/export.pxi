@@ -46,6 +46,9 @@ _GENERIC_HINTS = (
     ("device", "move it to host memory with its own library first"),
 )
 _TORCH_HINTS = (
+    ("device type meta", "a meta tensor has a shape and a dtype but no data, so there is "
+     "nothing to move or view; make a tensor that has data first, e.g. "
+     "torch.zeros_like(t, device=\"cpu\")"),
     ("device", "move it to host memory first: t.cpu()"),
     ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),

@@ -4,7 +4,8 @@
 # with the same export and the same answer. Options arrive as one flags value (the bits of
 # dlinspect._options.Options.flags).
 
-cdef uint32_t _C_COPY_NEEDS = NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
+cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
+                               | NEED_PERMUTED)
 
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
@@ -93,6 +94,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
     cdef TensorInfo info
     cdef bint all_fast = True
     cdef bint share = flags & _OPT_SHARE_READONLY
+    cdef list prepared = None
     if n > 64:
         needs = <uint32_t*>malloc(n * sizeof(uint32_t))
         if needs == NULL:
@@ -133,11 +135,22 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
             return out, [(i, caps[i], infos[i], needs[i] if caps[i] is not None else 0,
                           caps[i] is not None and _fast_kind(infos[i], needs[i], flags, tg) != 0)
                          for i in range(n) if infos[i] is not None]
+        # Everything that can fail before anything is taken: each copy's warning and memory.
+        prepared = [None] * n
+        for i in range(n):
+            if infos[i] is not None and needs[i] & ~NEED_PERMUTED:
+                try:
+                    prepared[i] = _prepare_copy(infos[i], needs[i], tg, flags)
+                except BaseException as exc:
+                    _mark_leaf(exc, i)
+                    raise
         for i in range(n):
             if infos[i] is None:
                 continue
             try:
-                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags, leaves[i])
+                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags, leaves[i],
+                                      prepared[i])
+                prepared[i] = None
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
@@ -145,7 +158,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
                 report._note(i, (<TensorInfo>infos[i])._nbytes, needs[i])
         return out, []
     except BaseException:
-        caps = infos = None   # the exports let go of with the error handled (see _convert)
+        caps = infos = prepared = None   # the exports let go of with the error handled (see _convert)
         raise
     finally:
         if needs != inline_needs:
@@ -179,41 +192,54 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 # is onto the CPU device, 2 copy in C (host memory only misaligned, narrowed, read-only
 # or strided), 3 import as it is onto the JAX device of its own DLPack
 # device (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route
-# plan gives a tensor that needs nothing, carried out in C.
+# plan gives a tensor that needs nothing (or only its permuted order kept), carried out
+# in C.
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
+    cdef bint as_is = (n & ~NEED_PERMUTED) == 0
     if info._dev_type == kDLCPU and info._dev_id == 0:
-        if n == 0:
+        if as_is:
             return 1
         if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
             return 2
         return 0
-    if n == 0 and (info._dev_type, info._dev_id) in tg.devices:
+    if as_is and (info._dev_type, info._dev_id) in tg.devices:
         return 3
     return 0
 
 
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
-                         object x):
-    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi).
-    if n == 0:
+                         object x, object out=None):
+    # out: the copy's memory, where a batch's decide half allocated it (_prepare_copy).
+    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi),
+    # except a permuted order, which JAX computes right with only committed (Need.PERMUTED).
+    if (n & ~NEED_PERMUTED) == 0:
         if info._dev_type == kDLCPU and info._dev_id == 0:
-            if _viewable_by_put(info, tg):
+            if n == 0 and _viewable_by_put(info, tg):
                 return _put_view(tg, cap, x, info, tg.cpu_device)
-            return tg.uncommit(_import_legacy(tg.import_fn, cap, tg.cpu_device, None, None,
-                                              kDLCPU))
-        # The consumer's stream, as the export asked the producer (array API __dlpack__):
-        # none for a bare capsule, whose producer was never asked.
-        stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info._dev_id)
-        return tg.uncommit(_import_legacy(tg.import_fn, cap,
-                                          tg.devices[(info._dev_type, info._dev_id)],
-                                          stream, None, info._dev_type))
+            arr = _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+        else:
+            # The consumer's stream, as the export asked the producer (array API
+            # __dlpack__): none for a bare capsule, whose producer was never asked.
+            stream = (None if PyCapsule_CheckExact(x)
+                      else tg.stream_for(info._dev_type, info._dev_id))
+            arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info._dev_id)],
+                                 stream, None, info._dev_type)
+        return arr if n & NEED_PERMUTED else tg.uncommit(arr)
+    if out is None:
+        out = _prepare_copy(info, n, tg, flags)
+    return _copy_taken(cap, info, out, tg, tg.cpu_device, False)
+
+
+cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
+    """What can fail in the fast path's copy, done before anything is taken: its
+    narrowing warning given (the user's filters may make it an exception) and its memory
+    allocated (AllocationError). Returns that memory, for ``_copy_taken``."""
+    cdef int dst_key = info._key()
     if n & NEED_NARROW:
-        dst_key, text = tg.narrow[info._key()]
-        if flags & _OPT_QUIET_NARROW:
-            text = None
-    else:
-        dst_key, text = info._key(), None
-    return _copy_and_import(cap, info, tg, dst_key, text)
+        dst_key, text = tg.narrow[dst_key]
+        if not flags & _OPT_QUIET_NARROW:
+            tg.warn(text)
+    return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 
 cdef object _fast_one(object x, JaxTarget tg, int flags):
@@ -230,21 +256,6 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
     if _fast_kind(info, n, flags, tg) == 0:
         return (cap, info, n)
     return _import_fast(cap, info, n, tg, flags, x)
-
-
-cdef object _copy_and_import(object cap, TensorInfo info, JaxTarget tg, int dst_key,
-                             object text):
-    """Copy host memory into aligned row-major memory in one pass (cast to ``dst_key``'s
-    dtype, warning ``text``, where JAX narrows), put the copy into JAX uncommitted, and
-    free the source right away (consuming ``cap``)."""
-    if text is not None:
-        tg.warn(text)   # before consuming: -W error leaves the capsule as it was
-    copy = _copy_of(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
-    arr = _put_host(tg, copy, tg.cpu_device, False)
-    del copy
-    owner = take(cap, True)   # consume the source; its deleter runs right here
-    del owner
-    return arr
 
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
@@ -267,14 +278,14 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     for part, n in parts:
         if n & NEED_NARROW:
             dst_key = tg.narrow[info._key()][0]
-        if n & ~NEED_VIA_CPU == 0 and not _viewable_by_put(part, tg):
+        if n & ~_VIEWED_NEEDS == 0 and not _viewable_by_put(part, tg):
             by_put = False
     owner = take(cap, info.read_only is True, info)
     cdef bint writeable = info.read_only is not True
     try:
         for i in range(len(parts)):
             part, n = parts[i]
-            if n & ~NEED_VIA_CPU == 0:
+            if n & ~_VIEWED_NEEDS == 0:
                 arrays.append(_view_of(owner, part, writeable) if by_put else
                               _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))

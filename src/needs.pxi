@@ -8,7 +8,7 @@ cdef enum:
     NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
     NEED_LANES = 1 << 2      # a vector dtype: lanes become a trailing axis
     NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative; and any
-                             # order but row-major on a jaxlib that reads others wrongly)
+                             # order but row-major on a jaxlib that computes others wrongly)
     NEED_READ_ONLY = 1 << 4  # READ_ONLY flag, and the caller did not opt into sharing
     NEED_ALIGN = 1 << 5      # below XLA:CPU's zero-copy alignment
     NEED_NARROW = 1 << 6     # a 64-bit dtype JAX narrows with x64 off
@@ -19,6 +19,13 @@ cdef enum:
     NEED_NUMPY_PUT = 1 << 10 # a dtype JAX holds whose DLPack import it does not take (sub-byte
                              # int4/float4, padded or packed; others on some jaxlibs):
                              # jax.device_put copies it from a NumPy (ml_dtypes) view
+    NEED_PERMUTED = 1 << 11  # a permuted dense order (a transpose, F order): JAX computes
+                             # right with it only as an array committed to its device that
+                             # carries the layout (jit ignores an uncommitted array's layout)
+
+# The needs JAX meets without a copy: pinned host memory its CPU backend views, and a
+# permuted order imported committed with its layout.
+cdef uint32_t _VIEWED_NEEDS = NEED_VIA_CPU | NEED_PERMUTED
 
 
 class Need(_enum.IntFlag):
@@ -55,6 +62,12 @@ class Need(_enum.IntFlag):
     uint4, int2, float4...; packed, or padded one per byte with
     ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
     ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
+    PERMUTED = NEED_PERMUTED
+    """A permutation of a row-major layout (a transpose, F order, ``permute``): JAX views
+    it without a copy only as an array committed to its device that carries the layout,
+    as ``jax.dlpack.from_dlpack`` gives it (``jax.jit`` reads an uncommitted array's
+    memory as row-major), and a jitted function compiles separately for that layout.
+    Every copy dlinspect makes is row-major."""
 
 
 
@@ -122,8 +135,9 @@ cdef class JaxTarget:
     array_type : type
         ``jax.Array``'s concrete type: such objects are not exported at all.
     permuted_ok : bool
-        JAX views a permutation of a dense layout (a transpose, F order) with the right
-        values (probed; jaxlib < 0.8 reads such memory as row-major, so it needs a copy).
+        JAX computes right with a permutation of a dense layout (a transpose, F order)
+        imported without a copy, committed (probed by computations on it; jaxlib < 0.8
+        reads such memory as row-major, so it needs a copy).
     assemble : callable
         ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
         single-device arrays, listed in the order of ``devices``.
@@ -330,8 +344,9 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             on_cpu = False
     if info._size == 0:
         return n | NEED_EMPTY
-    if not info._is_compact() or (not tg.permuted_ok and not info._is_c_contiguous()):
-        n |= NEED_LAYOUT
+    if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
+        n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
+              else NEED_LAYOUT)
     if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:

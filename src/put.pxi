@@ -79,20 +79,47 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
 
 
 cdef object _copy_of(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
-    """One copy of ``info``'s host memory, in one pass in C without the GIL, into a new
-    row-major ``align``-byte aligned NumPy array: the bytes as they are when (dst_code,
-    dst_bits) is the source's dtype, else each element cast as NumPy's unsafe cast and
-    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). Any layout
-    (a permuted order, gaps, broadcast, negative strides) is gathered into row-major order,
-    the order in which jaxlib views host memory."""
+    """One copy of ``info``'s host memory (taken already: see :func:`_copy_taken`) into a
+    new row-major ``align``-byte aligned NumPy array of dtype ``(dst_code, dst_bits)``."""
     out = _aligned_array(info, dst_code, dst_bits, align)
+    _fill(out, info)
+    return out
+
+
+cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device,
+                        bint committed):
+    """Copy the host memory of ``cap`` (header ``info``) into ``out`` (aligned row-major
+    memory allocated before: an AllocationError took nothing) and put the copy into JAX on
+    ``device``: ``cap`` is taken first, then read (never before: another thread that took
+    it would free it mid-copy), then the copy is put. The producer's deleter runs right
+    after; a failed copy or put gives ``cap`` back unconsumed."""
+    owner = take(cap, True, info)
+    try:
+        _fill(out, info)
+        arr = _put_host(tg, out, device, committed)
+    except BaseException:
+        _untake(owner, cap)
+        raise
+    del owner   # the producer's deleter runs here
+    return arr
+
+
+cdef int _fill(object out, TensorInfo info) except -1:
+    """Copy ``info``'s host memory into ``out`` (a row-major array of its shape), in one
+    pass in C without the GIL: the bytes as they are where ``out`` has the source's
+    element size, else each element narrowed as NumPy's unsafe cast and JAX's x64
+    narrowing do (integers wrap, floats round to nearest, IEEE). Any layout (a permuted
+    order, gaps, broadcast, negative strides) is gathered into row-major order, the order
+    in which jaxlib views host memory. The memory must be the caller's while this runs (a
+    taken capsule's, or a view's)."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef const char* src = <const char*>info._ptr()
-    cdef size_t dst_bytes = <size_t>info._size * (dst_bits // 8)
-    cdef dl_copy_cast cast = DL_COPY_SAME
-    if dst_code != info._code or dst_bits != info._bits:
-        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
+    cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
+    cdef size_t dst_bytes = <size_t>info._size * dst_size
     cdef size_t src_size = info._bits // 8
+    cdef dl_copy_cast cast = DL_COPY_SAME
+    if dst_size != src_size:   # x64 narrowing: 64-bit parts to 32-bit ones
+        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
     cdef bint dense = info._is_c_contiguous()
     with nogil:
         dl_advise_huge(dst, dst_bytes)
@@ -100,7 +127,7 @@ cdef object _copy_of(TensorInfo info, int dst_code, int dst_bits, uintptr_t alig
             dl_copy_run(dst, src, info._size, 1, src_size, cast)
         else:
             dl_gather(dst, src, info._ndim, info._shape, info._strides, src_size, cast)
-    return out
+    return 0
 
 
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:

@@ -105,6 +105,9 @@ cdef class Route:
     cdef object _shards
     cdef public str key_path
     cdef object _error, _reason
+    # The memory a copy route copies into, allocated by a batch's decide half before
+    # anything is taken (execute.pxi, _prepare); let go of once used.
+    cdef object _out
 
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
@@ -282,13 +285,19 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
                       or (needs & NEED_NARROW and host)) or bool(copy)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
-    if not (blocking or dest != src or copy):
-        return Route(ZERO_COPY, HOST_VIEW if needs & NEED_LANES else IMPORT, info, "jax",
-                     needs=needs, jax_device=dest, import_type=import_type, import_device=src,
-                     **facts)
-    return Route(COPY, HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT,
-                 info, "jax", needs=needs, copy_bytes=info._nbytes, jax_device=dest,
-                 import_type=import_type, import_device=src,
+    cdef bint view = not (blocking or dest != src or copy)
+    if view:
+        action = HOST_VIEW if needs & NEED_LANES else IMPORT
+    else:
+        action = HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
+    # JAX's import keeps a permuted order as the array's layout, which JAX computes right
+    # with only where the array is committed: it stays committed to its device.
+    facts["keeps_layout"] = action is IMPORT and bool(needs & NEED_PERMUTED)
+    if view:
+        return Route(ZERO_COPY, action, info, "jax", needs=needs, jax_device=dest,
+                     import_type=import_type, import_device=src, **facts)
+    return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info._nbytes,
+                 jax_device=dest, import_type=import_type, import_device=src,
                  import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
 
 
@@ -449,11 +458,11 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
     for index in lay.indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share)
-        if n & ~NEED_VIA_CPU:
+        if n & ~_VIEWED_NEEDS:
             copy_bytes += part._nbytes
             if n & NEED_NARROW and narrow is None:
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
-            one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
+            one_pass = one_pass and may_copy and _c_copy(part, n & ~_VIEWED_NEEDS)
         parts.append((part, n))
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",

@@ -413,6 +413,28 @@ class TestAllocation:
                 raise AssertionError("no AllocationError")
             assert dlinspect._core.capsule_name(cap) == "dltensor_versioned"
             assert counter.calls == 0
+            # In a batch, on every batch path: a later leaf's copy that cannot be allocated
+            # leaves the earlier leaves (viewed, or copied) unconsumed too.
+            import jax
+            cpu = jax.devices("cpu")[0]
+            one = jax.sharding.SingleDeviceSharding(cpu)
+            for options in ({}, {"device": cpu}, {"copy": True}, {"sharding": one},
+                            {"readonly": "share"}):
+                for kind in (dict, list):
+                    mine = DeleterCounter()
+                    view = make_capsule(np.arange(16, dtype=np.float32), counter=mine)
+                    copied = make_capsule(row, shape=(4, 1024), strides=(0, 1), counter=mine)
+                    leaves = [view, copied, cap]
+                    batch = (dict(zip("abc", leaves)) if kind is dict else leaves)
+                    try:
+                        dlinspect.to_jax(batch, **options)
+                    except dlinspect.AllocationError as exc:
+                        assert "4294967296 bytes" in str(exc), exc
+                    else:
+                        raise AssertionError(("no AllocationError", options))
+                    names = [dlinspect._core.capsule_name(c) for c in leaves]
+                    assert names == ["dltensor_versioned"] * 3, (options, kind, names)
+                    assert counter.calls == 0 and mine.calls == 0, (options, kind)
             small = make_capsule(row, shape=(4, 1024), strides=(0, 1), counter=counter)
             assert dlinspect.to_jax(small)[3].tolist() == row.tolist() and counter.calls == 1
             print("ok")

@@ -253,3 +253,20 @@ def test_threads():
     assert all(made == counter.calls for made, counter, _ in totals), totals
     with pytest.raises(DLInspectError):
         dlinspect.to_jax(make_capsule(shared, name="used_dltensor_versioned"))
+
+
+@pytest.mark.parametrize("threads", [2, 8])
+@pytest.mark.parametrize("route", ["misaligned", "reversed", "narrowed", "copy=True", "device=",
+                                   "to_host copy=True", "batch", "import", "legacy-import"])
+def test_threads_race_for_one_bare_capsule(route, threads):
+    """Threads converting one bare capsule whose memory only it owns: a route that copies
+    takes the capsule before it reads the memory, so exactly one thread wins, every other
+    one gets CapsuleConsumedError, nothing is read after the deleter freed it, and the
+    deleter runs once (tests/race_capsule.py, in a subprocess: a crash fails the test)."""
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "race_capsule.py"), route, str(threads), "10"],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["wins"] == 10 and report["losses"] == 10 * (threads - 1), report
+    assert report["deleter_calls"] == [1] * 10, report

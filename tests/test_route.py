@@ -33,6 +33,7 @@ from dlinspect._core import capsule_name  # noqa: E402
 from dlinspect._options import COPY_NEVER  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
 from _helpers import aligned, buffer_pointer, read_only, target  # noqa: E402
+from _computations import assert_computes_like  # noqa: E402
 from _versions import (  # noqa: E402
     enable_x64, torch_exports_float8)
 
@@ -140,10 +141,14 @@ class TestArraysLikeJaxOwn:
                 warnings.simplefilter("ignore", DLInspectWarning)
                 y = to_jax(src)
             mine = jax.numpy.asarray(np.asarray(y))
-            assert y._committed is False and mine._committed is False, name
             assert y.devices() == mine.devices() and y.aval == mine.aval, name
             if name == "torch transposed" and plan(src).zero_copy:
-                continue   # viewed in its own (column-major) layout: jit compiles for it
+                # viewed in its own (column-major) layout, which JAX computes right with only
+                # on a committed array: committed, and jit compiles for that layout
+                assert y._committed is True and plan(src).facts["keeps_layout"], name
+                assert_computes_like(y, np.asarray(src), name)
+                continue
+            assert y._committed is False and mine._committed is False, name
             step = jax.jit(lambda a: a * 2)
             step(y)
             step(mine)
@@ -161,8 +166,13 @@ class TestArraysLikeJaxOwn:
         if not target().direct:
             pytest.skip("the public API is forced: arrays of from_dlpack stay committed")
         batch = {"x": torch.ones(4, 3), "y": aligned(np.arange(4), np.int32),
-                 "t": torch.ones(3, 4).t()}
-        assert all(a._committed is False for a in to_jax(batch).values())
+                 "t": torch.arange(12.0).reshape(3, 4).t()}
+        out, routes = to_jax(batch), plan(batch)
+        # uncommitted, as jnp.asarray's, except a permuted order viewed in its own layout
+        assert {k: a._committed for k, a in out.items()} == {
+            k: r.facts["keeps_layout"] for k, r in routes.items()}
+        assert routes["t"].facts["keeps_layout"] == bool(routes["t"].needs & Need.PERMUTED)
+        assert_computes_like(out["t"], batch["t"].numpy())
         dev = jax.devices("cpu")[0]
         assert all(a._committed is True for a in to_jax(batch, device=dev).values())
 

@@ -231,3 +231,56 @@ class TestContainersKeepEveryValue:
             assert all(isinstance(v, jax.Array) for v in leaves if not isinstance(v, (int, str)))
         routes = plan(x)
         assert type(routes) is type(x)
+
+
+class TestWarningsBeforeAnythingIsTaken:
+    """A narrowing warning is given once every leaf is decided and before any is taken:
+    a filter that makes it an exception (or a showwarning that raises) leaves every
+    capsule of the batch as it was, on every batch path."""
+
+    OPTIONS = [{}, {"copy": True}, {"readonly": "share"}, {"device": "cpu"},
+               {"sharding": "cpu"}]
+
+    @staticmethod
+    def _batch(counter, kind):
+        viewed = make_capsule(aligned_array(np.arange(8.0)), counter=counter)
+        copied = make_capsule(np.arange(12, dtype=np.float32), shape=(6,), strides=(2,),
+                              counter=counter)
+        wide = make_capsule(np.arange(4, dtype=np.int64), counter=counter)
+        refused_by_jax = FakeProducer(np.ones(2, np.float32), (D.kDLVulkan, 0))  # host copy
+        leaves = [viewed, copied, wide, refused_by_jax][:4 if kind == "general" else 3]
+        if kind == "list":
+            return leaves, leaves[:3]
+        return dict(zip(["a", "b", "c", "d"], leaves)), leaves[:3]
+
+    @pytest.mark.parametrize("kind", ["dict", "list", "general"])
+    @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "default")
+    def test_error_filter(self, kind, options):
+        import warnings
+        cpu = jax.devices("cpu")[0]
+        options = {k: (jax.sharding.SingleDeviceSharding(cpu) if k == "sharding" else cpu)
+                   if v == "cpu" else v for k, v in options.items()}
+        counter = DeleterCounter()
+        batch, caps = self._batch(counter, kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dlinspect.DLInspectWarning)
+            with pytest.raises(dlinspect.DLInspectWarning, match="int64"):
+                to_jax(batch, **options)
+        assert [capsule_name(c) for c in caps] == ["dltensor_versioned"] * 3
+        assert counter.calls == 0
+
+    @pytest.mark.parametrize("kind", ["dict", "general"])
+    def test_showwarning_that_raises(self, kind):
+        import warnings
+
+        def interrupt(*args, **kwargs):
+            raise KeyboardInterrupt
+        counter = DeleterCounter()
+        batch, caps = self._batch(counter, kind)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", dlinspect.DLInspectWarning)
+            warnings.showwarning = interrupt
+            with pytest.raises(KeyboardInterrupt):
+                to_jax(batch)
+        assert [capsule_name(c) for c in caps] == ["dltensor_versioned"] * 3
+        assert counter.calls == 0

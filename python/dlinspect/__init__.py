@@ -15,10 +15,11 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
         "pip install --no-build-isolation -Cbuild-dir=build -e ."
     ) from exc
 
-from ._core import MAX_NDIM, LoaderReport, Need, Route, TensorInfo, peek, plan, stack, to_host, to_jax
+from ._core import MAX_NDIM, LoaderReport, Need, Route, TensorInfo, peek, plan, to_host, to_jax
 from ._core import DLDataType, DLDataTypeCode, DLDeviceType
 from ._words import explain
 from ._prefetch import PrefetchLoader, prefetch_to_jax
+from ._stack import stack
 from . import testing
 from .errors import (
     CapsuleConsumedError,

@@ -260,16 +260,23 @@ class JaxCaps:
         return 4096
 
     def _probe_permuted(self) -> bool:
-        """Whether JAX reads a transposed (F-order) 2x2 capsule with the right values
-        (jaxlib >= 0.8; older ones read every layout as row-major)."""
-        buf = aligned_empty((4,), np.float32, alignment=256)
-        buf[:] = [0, 1, 2, 3]   # column-major [[0, 2], [1, 3]]
-        cap = _core.header_capsule(buf, buf.ctypes.data, (2, 2), (1, 2), 2, 32, 1)
+        """Whether JAX computes right with a permuted order (a 2x3 array stored
+        column-major) imported without a copy and kept committed, as the route leaves it
+        (Need.PERMUTED): elementwise, indexed, reduced along each axis, flattened and
+        under ``jax.jit``. jaxlib < 0.8 reads every layout as row-major."""
+        buf = aligned_empty((6,), np.float32, alignment=256)
+        buf[:] = np.arange(6)
+        want = buf.reshape(3, 2).T    # [[0, 2, 4], [1, 3, 5]]
+        cap = _core.header_capsule(buf, buf.ctypes.data, (2, 3), (1, 2), 2, 32, 1)
         try:
             arr = _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
+            got = [arr, arr + 0, arr[1], arr.sum(axis=0), arr.sum(axis=1), arr.reshape(-1),
+                   self.jax.jit(lambda a: a * 2 - a)(arr)]
+            wants = [want, want, want[1], want.sum(axis=0), want.sum(axis=1), want.reshape(-1),
+                     want]
+            return all(np.array_equal(np.asarray(g), w) for g, w in zip(got, wants))
         except Exception:
             return False
-        return np.asarray(arr).tolist() == [[0.0, 2.0], [1.0, 3.0]]
 
     def _probe_dtype(self, code: int, bits: int) -> str | None:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
@@ -436,7 +443,8 @@ class JaxCaps:
                                        None, int(D.kDLCPU))
             out = uncommit(arr)
             if (out._committed or out.unsafe_buffer_pointer() != arr.unsafe_buffer_pointer()
-                    or np.asarray(out).tolist() != [1, 2, 3, 4]):
+                    or np.asarray(out + 0).tolist() != [1, 2, 3, 4]
+                    or np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() != [4, 3, 2, 1]):
                 raise ValueError("another array than the import's, or still committed")
         except Exception as exc:
             self.symbols[7] = self.symbols[7]._replace(

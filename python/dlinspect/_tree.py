@@ -141,6 +141,28 @@ class Flat:
                 out.extend(path + (key,) + p for p in sub.key_paths())
         return out
 
+    def structure(self) -> tuple[Any, ...]:
+        """What two batches must share to be stacked leaf by leaf: JAX's treedef, and for
+        each container JAX does not walk, its type, its keys and the structure inside."""
+        if self.parts is None:
+            return (self.treedef,)
+        return (self.treedef, tuple(
+            None if part is None else
+            (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
+            for part in self.parts))
+
+    def same_structure(self, other: Flat) -> bool:
+        """``other`` has this batch's structure (see :meth:`structure`)."""
+        return self.structure() == other.structure()
+
+    def describe(self) -> str:
+        """The structure in words: JAX's treedef, and each container it does not walk
+        with its type and keys."""
+        text = str(self.treedef)
+        inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
+                 for part in self.parts or () if part is not None]
+        return text + (f" holding {', '.join(inner)}" if inner else "")
+
     def key_path(self, index: int) -> tuple[Any, ...]:
         """The ``jax.tree_util`` key path of leaf ``index``."""
         return self.key_paths()[index]

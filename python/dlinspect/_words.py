@@ -509,13 +509,23 @@ def _jax_view(route: Any) -> str:
         dt = int(info.device_type)
         return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
                 f"a copy (no {device_row(dt).platform or 'device'} backend here).")
-    return f"JAX views the producer's memory on {route.facts['dest']}."
+    return f"JAX views the producer's memory on {route.facts['dest']}{_kept_layout(route)}."
+
+
+def _kept_layout(route: Any) -> str:
+    """What importing a permuted order means for the array (Need.PERMUTED), or ''."""
+    if not route.facts.get("keeps_layout"):
+        return ""
+    return (f", in its permuted order (strides {route.info.strides}), as an array committed "
+            f"to that device: JAX computes right with such a layout only on a committed "
+            f"array, and a jitted function compiles separately for it (for a row-major, "
+            f"uncommitted array, make it contiguous first)")
 
 
 def _jax_copy(route: Any) -> str:
     reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
                                          if route.needs & Need.LANES else [])
-    return f"A copy is needed: {'; '.join(reasons)}."
+    return f"A copy is needed: {'; '.join(reasons)}{_kept_layout(route)}."
 
 
 def _host_copy(route: Any) -> str:

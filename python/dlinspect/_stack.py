@@ -1,0 +1,270 @@
+"""dlinspect.stack: batches born where JAX can view them.
+
+Each batched leaf is written once into memory aligned as XLA:CPU needs to view it (a
+loader's ``np.stack`` gives ``malloc``'s 16 bytes, and every such batch is then copied a
+second time on its way into JAX), or, for a GPU, into page-locked (pinned) host memory,
+which the GPU copies from directly. The elements are walked by the one walker
+(:mod:`dlinspect._tree`), as ``to_jax`` walks a batch: Mapping subclasses, dataclasses
+and the other containers it knows come back as their own types, and a batch that
+contains itself or nests too deep is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _core, _tree
+from ._core import aligned_empty, is_tensor, physical_memory, to_host
+from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
+
+__all__ = ["stack"]
+
+#: The largest ``alignment`` stack takes, in bytes (1 GiB).
+MAX_ALIGNMENT = 1 << 30
+_CAPSULE = type(_core.capsule_of(np.zeros(1, np.uint8)))
+
+
+def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
+    """Stack same-structured pytrees of arrays into one batch whose leaves JAX views.
+
+    What ``np.stack`` does leaf by leaf (grain's batching, torch's ``collate_fn``),
+    with each batched leaf written once, by NumPy, into memory aligned as XLA:CPU
+    needs to import it without a copy: ``to_jax`` (and ``jax.device_put``) of the
+    batch then copies nothing on CPU where ``np.stack``'s batches are copied again
+    wherever ``malloc`` gave less than 64-byte alignment.
+
+    Parameters
+    ----------
+    elements : iterable of pytrees
+        ``n >= 1`` elements with the same structure, walked as :func:`to_jax` walks a
+        batch (``jax.tree_util``'s pytrees, Mappings such as transformers'
+        ``BatchEncoding``, dataclasses...). The leaves at one position are arrays of
+        one shape: NumPy arrays, tensors of any DLPack producer (read as
+        :func:`to_host` reads them: bfloat16 and float8 through ml_dtypes), or
+        anything ``numpy.asarray`` takes (scalars, strings).
+    alignment : int, keyword-only
+        In bytes, 0 or a power of two up to ``2**30``. 0 (the default): what this JAX's
+        CPU import needs where it was already probed in this process, else 64
+        (XLA:CPU's; nothing is probed, so that a loader's worker processes do not
+        start JAX backends).
+    pinned : bool, keyword-only
+        Write each batched leaf into page-locked ("pinned") host memory, allocated by
+        torch's CUDA host allocator (``torch.empty(..., pin_memory=True)``), for a
+        batch bound for a GPU: the GPU's copy engine reads pinned memory directly,
+        where pageable memory is first copied into a pinned staging buffer. The
+        leaves stay NumPy arrays over that memory, as aligned as ``alignment`` says;
+        each keeps its block alive. Needs torch with a CUDA device.
+
+    Returns
+    -------
+    pytree
+        The structure of the elements (each container its own type again); each leaf
+        a C-contiguous ``numpy.ndarray`` of shape ``(n,) + leaf.shape`` (in elements)
+        and ``np.stack``'s dtype (native byte order) and values,
+        ``alignment``-byte aligned and writable. Leaves of object dtype are
+        ``np.stack``'s own (they hold references, not values JAX could view).
+
+    Raises
+    ------
+    StackError
+        No elements, ``elements`` not an iterable of elements (a dict is one
+        element), elements of different structures (naming the first that differs
+        and both structures), leaves of different shapes or of dtypes with no common
+        dtype (naming the key path, the element and what was found), a leaf that is a
+        DLPack capsule, or one NumPy cannot make an array of. A ``ValueError``, as
+        ``np.stack`` raises.
+    ContainerError
+        An element contains itself, nests deeper than ``dlinspect._tree.MAX_DEPTH``,
+        or holds a dict whose keys do not sort (a ``TypeError``; names the element).
+    AllocationError
+        A batched leaf's memory cannot be allocated (a ``MemoryError``; names the
+        bytes).
+    ProducerError, UnsupportedDeviceError, UnsupportedDTypeError
+        A tensor leaf cannot be read into host memory (see :func:`to_host`); the
+        message names the key path and the element.
+    ValueError, TypeError
+        ``alignment`` is not an int, 0 or a power of two up to ``2**30``.
+    UnsupportedDeviceError
+        ``pinned=True`` where torch has no CUDA device (or is not installed): no
+        pinned memory can be allocated here (a ``BufferError``).
+
+    Notes
+    -----
+    Use it as grain's ``MapDataset.batch(n, batch_fn=dlinspect.stack)``, as
+    ``DataLoader(dataset, batch_size=n, collate_fn=dlinspect.stack)`` for NumPy
+    elements in the loading process (``num_workers=0``: a batch a worker process
+    makes reaches the main process pickled, in memory of the unpickler's choosing;
+    torch's default collate puts worker batches in shared memory, which imports
+    zero-copy), or over the examples of one batch of any Python loop. The pytree
+    structure is ``jax.tree_util``'s (imported, not started: no backend).
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> batch = dlinspect.stack([{"x": np.ones(3, np.float32), "y": 1} for _ in range(4)])
+    >>> batch["x"].shape, batch["y"].tolist(), batch["x"].ctypes.data % 64
+    ((4, 3), [1, 1, 1, 1], 0)
+    """
+    align = _alignment(alignment)
+    allocate = _pinned_allocator() if pinned else aligned_empty
+    flats = [_flatten(k, element) for k, element in enumerate(_elements(elements))]
+    first = flats[0]
+    for k in range(1, len(flats)):
+        if not first.same_structure(flats[k]):
+            raise StackError(
+                f"element {k} of the elements to stack has the structure "
+                f"{flats[k].describe()}, and element 0 {first.describe()}; a batch stacks "
+                f"leaves position by position, so every element needs the same structure. "
+                f"To fix: give every element the same keys and nesting (fill what an element "
+                f"lacks before batching).")
+    out = [_stack_leaf(first, j, [flat.leaves[j] for flat in flats], align, allocate)
+           for j in range(len(first.leaves))]
+    return first.unflatten(out)
+
+
+def _alignment(alignment: Any) -> int:
+    """The alignment in bytes: the caller's, or this JAX's where it was probed, else 64."""
+    align = operator.index(alignment)
+    if align < 0 or align > MAX_ALIGNMENT or align & (align - 1):
+        raise ValueError(f"alignment must be 0 or a power of two (bytes) up to 2**30, not "
+                         f"{alignment}")
+    if align:
+        return align
+    tg = _core.current_target()
+    return tg.copy_align if tg is not None else 64
+
+
+def _elements(elements: Any) -> list[Any]:
+    if isinstance(elements, Mapping) or (is_tensor(elements)
+                                         and not isinstance(elements, np.ndarray)):
+        raise StackError(
+            f"dlinspect.stack takes a sequence of elements to stack (one example each), "
+            f"but was given one {type(elements).__module__}.{type(elements).__qualname__}. "
+            f"To fix: pass a list of elements, e.g. stack([example_0, example_1]).")
+    try:
+        items = list(elements)
+    except TypeError:
+        raise StackError(
+            f"dlinspect.stack takes a sequence of elements to stack, but "
+            f"{type(elements).__module__}.{type(elements).__qualname__} is not iterable. To "
+            f"fix: pass a list of elements, e.g. stack([example_0, example_1]).") from None
+    if not items:
+        raise StackError("dlinspect.stack was given no elements, and a batch needs at least "
+                         "one. To fix: pass a non-empty sequence of elements.")
+    return items
+
+
+def _flatten(k: int, element: Any) -> _tree.Flat:
+    """Element ``k`` walked by the one walker; a container it cannot rebuild is refused."""
+    try:
+        flat = _tree.flatten(element)
+    except DLInspectError as exc:
+        raise _in_element(exc, k, "") from None
+    if flat.errors:
+        index = min(flat.errors)
+        raise _in_element(flat.errors[index], k, flat.keystr(index))
+    return flat
+
+
+def _in_element(exc: Any, k: int, path: str) -> Any:
+    """``exc``, its message led by where it is: the element and the key path."""
+    exc.args = (f"element {k}{' at ' + path if path else ''}: "
+                f"{exc.args[0] if exc.args else ''}",) + exc.args[1:]
+    return exc
+
+
+def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
+                allocate: Callable[..., Any]) -> Any:
+    """Leaf ``j`` of every element, stacked into one aligned array."""
+    arrays = [_as_array(first, j, k, leaf) for k, leaf in enumerate(column)]
+    a0 = arrays[0]
+    for k in range(1, len(arrays)):
+        if arrays[k].shape != a0.shape:
+            raise StackError(
+                f"{_where(first, j)}element {k} has shape {arrays[k].shape} there, and "
+                f"element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
+                f"crop the examples to one shape before batching (or batch them as a list).")
+    try:
+        dtype = np.result_type(*{a.dtype for a in arrays})   # np.stack's dtype: native order
+    except (TypeError, ValueError) as exc:
+        k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
+        raise StackError(
+            f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} there, and element 0 "
+            f"{a0.dtype}, which have no common dtype ({exc}). To fix: give the leaf one dtype "
+            f"in every element (x.astype(...)) before batching.") from None
+    if dtype.hasobject:
+        return np.stack(arrays)
+    shape = (len(arrays),) + a0.shape
+    try:
+        out = allocate(shape, dtype, align)
+    except (MemoryError, ValueError):
+        nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+        total = physical_memory()
+        raise AllocationError(
+            f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, needs "
+            f"{nbytes} bytes, which cannot be allocated"
+            f"{f' (this machine has {total} bytes of physical memory)' if total else ''}. "
+            f"To fix: stack fewer elements at a time (a smaller batch).") from None
+    np.stack(arrays, out=out)
+    return out
+
+
+def _as_array(first: _tree.Flat, j: int, k: int, leaf: Any) -> np.ndarray:
+    """Leaf ``j`` of element ``k`` as a NumPy array: a NumPy array as it is, a tensor as
+    :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
+    if type(leaf) is np.ndarray:
+        return leaf
+    if is_tensor(leaf):
+        if type(leaf) is _CAPSULE:
+            raise StackError(
+                f"{_where(first, j)}element {k} is a DLPack capsule; stacking copies the "
+                f"values of arrays, and reading a capsule's would consume it, which the "
+                f"caller may still need. To fix: pass the producer's array (the object "
+                f"whose __dlpack__() made the capsule), or dlinspect.to_host(capsule).")
+        try:
+            return to_host(leaf)
+        except DLInspectError as exc:
+            raise _in_element(exc, k, first.keystr(j)) from None
+    try:
+        return np.asarray(leaf)
+    except (TypeError, ValueError) as exc:
+        raise StackError(
+            f"{_where(first, j)}element {k} is a {type(leaf).__module__}."
+            f"{type(leaf).__qualname__} that NumPy makes no array of ({exc}). To fix: make "
+            f"that leaf an array (or a number) in every element.") from None
+
+
+def _where(first: _tree.Flat, j: int) -> str:
+    path = first.keystr(j)
+    return f"{path}: " if path else ""
+
+
+def _pinned_allocator() -> Callable[..., Any]:
+    """``allocate(shape, dtype, alignment)``: an uninitialised C-ordered NumPy array in
+    page-locked host memory from torch's CUDA host allocator, ``alignment``-byte
+    aligned; or UnsupportedDeviceError where torch has no CUDA device."""
+    try:
+        import torch
+        ready = torch.cuda.is_available()
+    except ImportError:
+        torch, ready = None, False
+    if not ready:
+        raise UnsupportedDeviceError(
+            "dlinspect.stack(pinned=True) writes the batch into page-locked host memory "
+            "from torch's CUDA host allocator, and " + (
+                "torch is not installed here" if torch is None else
+                "torch has no CUDA device here (torch.cuda.is_available() is False)") +
+            ", so no pinned memory can be allocated. To fix: pinned=False (the default) "
+            "where there is no GPU; pinned memory only speeds up copies to one.")
+
+    def allocate(shape: tuple[int, ...], dtype: Any, alignment: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        nbytes = dt.itemsize * int(np.prod(shape, dtype=object))
+        block = torch.empty(nbytes + alignment, dtype=torch.uint8, pin_memory=True).numpy()
+        start = (-block.ctypes.data) % alignment
+        return block[start:start + nbytes].view(dt).reshape(shape)
+    return allocate

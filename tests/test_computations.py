@@ -1,0 +1,109 @@
+"""Right values by computation: every entry point, every layout, every shared dtype.
+
+The differential property of ``tests/_computations.py``: for NumPy and torch views of
+every kind, what each entry point returns computes exactly as
+``jnp.asarray(np.asarray(x))`` does (elementwise, indexed, reduced along each axis,
+flattened, under ``jax.jit``). ``np.asarray(result)`` alone would pass a buffer whose
+layout JAX lost. The sharded entry point runs in tests/multidevice/.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
+pytest.importorskip("hypothesis", reason="hypothesis is not installed")
+pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+
+import jax  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+import dlinspect  # noqa: E402
+from _computations import assert_computes_like, build, quietly, views  # noqa: E402
+
+#: Drawn views per entry point.
+EXAMPLES = int(150 * float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1")))
+CPU = jax.devices("cpu")[0]
+
+
+def _batch(x, **options):
+    return dlinspect.to_jax({"x": x, "label": "a"}, **options)["x"]
+
+
+def _prefetched(x, **options):
+    (batch,) = list(dlinspect.prefetch_to_jax([{"x": x}], **options))
+    return batch["x"]
+
+
+#: Every single-device entry point: name -> convert(x).
+ENTRY_POINTS = {
+    "to_jax": lambda x: dlinspect.to_jax(x),
+    "device=": lambda x: dlinspect.to_jax(x, device=CPU),
+    "copy=True": lambda x: dlinspect.to_jax(x, copy=True),
+    "readonly=share": lambda x: dlinspect.to_jax(x, readonly="share"),
+    "batch": _batch,
+    "batch device=": lambda x: _batch(x, device=CPU),
+    "prefetch_to_jax": _prefetched,
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_every_view_computes_right(entry):
+    convert = ENTRY_POINTS[entry]
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(h=views())
+    def run(h):
+        make, reference = build(h)
+        result = quietly(convert, make())
+        assert_computes_like(result, reference, f"{entry} {h}")
+    run()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(h=views())
+def test_plan_says_where_the_array_is_committed(h):
+    """A route that keeps a permuted order imports the array committed (JAX computes right
+    with such a layout only then); every other route with no device asked for gives the
+    uncommitted array jnp.asarray gives."""
+    make, _ = build(h)
+    route = dlinspect.plan(make())
+    result = quietly(dlinspect.to_jax, make())
+    assert result._committed == bool(route.facts.get("keeps_layout")), (route, h)
+
+
+class TestIssueCases:
+    """The reported inputs, each standing for its kind (the property above draws the kind)."""
+
+    def test_transpose_of_an_aligned_stack(self):
+        a = dlinspect.stack([np.arange(64 * 48, dtype=np.float32).reshape(64, 48)])[0]
+        j = dlinspect.to_jax(a.T)
+        assert dlinspect.plan(a.T).kind == "zero-copy"
+        assert float(j[1, 0]) == a.T[1, 0] == 1.0
+        assert_computes_like(j, a.T)
+
+    @pytest.mark.parametrize("perm", [(1, 0), (0, 2, 1), (0, 2, 3, 1)])
+    def test_torch_permutes(self, perm):
+        import torch
+        shape = (2, 3, 4, 5)[:len(perm)]
+        t = torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape)
+        v = t.permute(*perm)
+        for entry, convert in ENTRY_POINTS.items():
+            assert_computes_like(convert(v), v.numpy(), entry)
+
+    def test_permuted_with_another_need_is_copied_row_major(self):
+        """Misaligned and permuted: one copy, row-major, uncommitted."""
+        from dlinspect.testing import aligned_empty
+        base = aligned_empty((3, 4), np.float32, 64, offset=16)
+        base[...] = np.arange(12).reshape(3, 4)
+        route = dlinspect.plan(base.T)
+        assert route.kind == "copy" and not route.facts["keeps_layout"]
+        j = dlinspect.to_jax(base.T)
+        assert not j._committed
+        assert_computes_like(j, base.T)
