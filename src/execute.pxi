@@ -106,7 +106,12 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         With no ``device`` or ``sharding``, each array is uncommitted, as
         ``jnp.asarray(x)``'s (on the device of the memory it views), so a jitted
         function fed both compiles once; with one, committed, as
-        ``jax.device_put(x, device)``'s. A ``jax.Array`` in ``x`` is returned as it is.
+        ``jax.device_put(x, device)``'s. One exception: a dense block in another axis
+        order (``x.T``, a ``permute``; ``Need.PERMUTED``) viewed without a copy is
+        committed to its device, as ``jax.dlpack.from_dlpack`` gives it, because JAX
+        computes right with such a layout only on a committed array (``jax.jit``
+        reads an uncommitted array's memory as row-major); a jitted function
+        compiles separately for that layout. A ``jax.Array`` in ``x`` is returned as it is.
 
     Raises
     ------

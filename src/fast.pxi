@@ -278,14 +278,14 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     for part, n in parts:
         if n & NEED_NARROW:
             dst_key = tg.narrow[info._key()][0]
-        if n & ~_VIEWED_NEEDS == 0 and not _viewable_by_put(part, tg):
+        if n & ~NEED_VIA_CPU == 0 and not _viewable_by_put(part, tg):
             by_put = False
     owner = take(cap, info.read_only is True, info)
     cdef bint writeable = info.read_only is not True
     try:
         for i in range(len(parts)):
             part, n = parts[i]
-            if n & ~_VIEWED_NEEDS == 0:
+            if n & ~NEED_VIA_CPU == 0:
                 arrays.append(_view_of(owner, part, writeable) if by_put else
                               _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))

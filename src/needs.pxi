@@ -23,10 +23,6 @@ cdef enum:
                              # right with it only as an array committed to its device that
                              # carries the layout (jit ignores an uncommitted array's layout)
 
-# The needs JAX meets without a copy: pinned host memory its CPU backend views, and a
-# permuted order imported committed with its layout.
-cdef uint32_t _VIEWED_NEEDS = NEED_VIA_CPU | NEED_PERMUTED
-
 
 class Need(_enum.IntFlag):
     """What a tensor needs to reach its target: the bits of ``Route.needs``.

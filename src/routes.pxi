@@ -458,11 +458,15 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
     for index in lay.indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share)
-        if n & ~_VIEWED_NEEDS:
+        if n & NEED_PERMUTED:
+            # JAX assembles a sharded array as if every shard were row-major (no shard's
+            # own layout is kept): a permuted slice is copied into row-major order.
+            n = (n & ~NEED_PERMUTED) | NEED_LAYOUT
+        if n & ~NEED_VIA_CPU:
             copy_bytes += part._nbytes
             if n & NEED_NARROW and narrow is None:
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
-            one_pass = one_pass and may_copy and _c_copy(part, n & ~_VIEWED_NEEDS)
+            one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",

@@ -30,6 +30,7 @@ from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import DLInspectWarning  # noqa: E402
 from dlinspect import _jaxcaps as djax  # noqa: E402
 from dlinspect.testing import FLAG_READ_ONLY, FakeProducer, aligned_empty, make_capsule  # noqa: E402
+from _computations import assert_computes_like  # noqa: E402
 
 #: Generated headers per import path (two paths: twice this many in all).
 EXAMPLES = int(1000 * float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1")))
@@ -167,6 +168,9 @@ def check(make, reference, target, **options):
         same_bits = (np.array(got, order="C").tobytes()
                      == np.array(expected.astype(got.dtype), order="C").tobytes())
         assert same_bits or np.array_equal(got, expected, equal_nan=True), (route, info)
+    if target == "jax" and result.dtype.name != "int4":
+        # and what users compute with it (a lost layout reads back right, computes wrong)
+        assert_computes_like(result, reference, f"{route} {info}")
     return route
 
 

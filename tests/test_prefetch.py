@@ -278,6 +278,12 @@ def test_a_one_shot_source_refuses_a_second_epoch(thread):
         iter(gen)
     again = prefetch_to_jax(batches, thread=thread)
     assert [len(list(again)) for _ in range(2)] == [3, 3]
+    # a generator a first loader finished, given to a second loader: refused at once
+    source = (b for b in batches)
+    assert len(list(prefetch_to_jax(source, thread=thread))) == 3
+    with pytest.raises(dlinspect.SourceExhaustedError, match="generator.*finished"):
+        iter(prefetch_to_jax(source, thread=thread))
+    assert list(prefetch_to_jax((b for b in []), thread=thread)) == []   # empty, not spent
 
 
 class TestReport:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import queue
 import statistics
 import sys
@@ -55,7 +56,7 @@ class PrefetchLoader:
     (``iter(source) is source``: a generator, tf.data's ``as_numpy_iterator()``)
     gives one epoch (the one that exhausts it, or that stops early and closes it):
     a new ``iter()`` then raises ``SourceExhaustedError`` instead of an epoch of no
-    batches.
+    batches, as it does at once for a generator another loop already finished.
 
     Attributes
     ----------
@@ -96,12 +97,16 @@ class PrefetchLoader:
     def __iter__(self) -> Iterator[Any]:
         it: Iterator[Any] = iter(self.source)
         if it is self.source:   # one pass only (an epoch stopped early closes it, too)
-            if self._spent:
+            # (a generator another loop already finished, this loader's or any other's)
+            finished = (inspect.isgenerator(it)
+                        and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED)
+            if self._spent or finished:
                 tp = type(self.source)
                 raise SourceExhaustedError(
                     f"the source of this PrefetchLoader, a {tp.__module__}.{tp.__qualname__}, "
-                    f"is an iterator that has given all its items in an earlier epoch, so a "
-                    f"new epoch over it would have no batches. To fix: pass what starts "
+                    f"is an iterator that has given all its items in an earlier "
+                    f"{'epoch' if self._spent else 'loop (it is finished)'}, so a new "
+                    f"epoch over it would have no batches. To fix: pass what starts "
                     f"again on every iter() (the DataLoader or tf.data.Dataset itself, a "
                     f"list), or call prefetch_to_jax on a new iterator per epoch.")
             self._spent = True

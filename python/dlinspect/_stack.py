@@ -249,17 +249,11 @@ def _pinned_allocator() -> Callable[..., Any]:
     aligned; or UnsupportedDeviceError where torch has no CUDA device."""
     try:
         import torch
-        ready = torch.cuda.is_available()
     except ImportError:
-        torch, ready = None, False
-    if not ready:
-        raise UnsupportedDeviceError(
-            "dlinspect.stack(pinned=True) writes the batch into page-locked host memory "
-            "from torch's CUDA host allocator, and " + (
-                "torch is not installed here" if torch is None else
-                "torch has no CUDA device here (torch.cuda.is_available() is False)") +
-            ", so no pinned memory can be allocated. To fix: pinned=False (the default) "
-            "where there is no GPU; pinned memory only speeds up copies to one.")
+        raise UnsupportedDeviceError(_no_pinned_memory("torch is not installed here")) from None
+    if not torch.cuda.is_available():
+        raise UnsupportedDeviceError(_no_pinned_memory(
+            "torch has no CUDA device here (torch.cuda.is_available() is False)"))
 
     def allocate(shape: tuple[int, ...], dtype: Any, alignment: int) -> np.ndarray:
         dt = np.dtype(dtype)
@@ -268,3 +262,10 @@ def _pinned_allocator() -> Callable[..., Any]:
         start = (-block.ctypes.data) % alignment
         return block[start:start + nbytes].view(dt).reshape(shape)
     return allocate
+
+
+def _no_pinned_memory(why: str) -> str:
+    return (f"dlinspect.stack(pinned=True) writes the batch into page-locked host memory from "
+            f"torch's CUDA host allocator, and {why}, so no pinned memory can be allocated. "
+            f"To fix: pinned=False (the default) where there is no GPU; pinned memory only "
+            f"speeds up copies to one.")

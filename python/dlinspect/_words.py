@@ -114,8 +114,9 @@ def _dtype_text(info: Any) -> str:
 
 
 def _strides_word(info: Any) -> str:
-    if info.is_compact:   # only on a jaxlib that reads every layout as row-major (< 0.8)
-        return "a permuted (transposed) order, which this jaxlib reads as row-major"
+    if info.is_compact:   # a shard of a sharded array, or a jaxlib < 0.8: read as row-major
+        return ("a permuted (transposed) order, which JAX reads as row-major here (in a "
+                "shard of a sharded array; on jaxlib older than 0.8, in any array)")
     return ("broadcast (stride 0)" if info.has_broadcast else
             "negative strides" if info.has_negative_strides else "gaps between elements")
 
