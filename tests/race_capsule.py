@@ -61,6 +61,30 @@ def _cpu():
     return jax.devices("cpu")[0]
 
 
+def _round(convert, cap, threads):
+    """``threads`` threads convert ``cap`` at once: each one's ("won", first value),
+    ("lost", None) or ("raised", what)."""
+    barrier = threading.Barrier(threads)
+    results = []
+
+    def work():
+        barrier.wait()
+        try:
+            out = convert(cap)
+            results.append(("won", float(np.asarray(out)[0])))
+        except dlinspect.CapsuleConsumedError:
+            results.append(("lost", None))
+        except BaseException as exc:   # noqa: BLE001 - reported
+            results.append(("raised", f"{type(exc).__name__}: {exc}"))
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return results
+
+
 def main(route, threads, rounds):
     convert = CONVERT[route]
     wins = losses = 0
@@ -69,24 +93,7 @@ def main(route, threads, rounds):
         counter = DeleterCounter()
         counters.append(counter)
         cap = _capsule(route, counter)
-        barrier = threading.Barrier(threads)
-        results = []
-
-        def work():
-            barrier.wait()
-            try:
-                out = convert(cap)
-                results.append(("won", float(np.asarray(out)[0])))
-            except dlinspect.CapsuleConsumedError:
-                results.append(("lost", None))
-            except BaseException as exc:   # noqa: BLE001 - reported
-                results.append(("raised", f"{type(exc).__name__}: {exc}"))
-
-        ts = [threading.Thread(target=work) for _ in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        results = _round(convert, cap, threads)
         del cap
         won = [r for r in results if r[0] == "won"]
         odd = [r for r in results if r[0] == "raised"]
@@ -95,10 +102,10 @@ def main(route, threads, rounds):
             return 1
         wins += 1
         losses += threads - 1
-        results.clear()
+    import gc
+
     import jax
     jax.device_put(0)   # jaxlib lets go of memory it viewed at its next call
-    import gc
     gc.collect()
     calls = [c.calls for c in counters]
     print(json.dumps({"route": route, "wins": wins, "losses": losses, "deleter_calls": calls}))

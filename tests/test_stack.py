@@ -119,3 +119,103 @@ def test_pinned_needs_a_cuda_device():
                        match=r"page-locked host memory.*is_available\(\) is False.*pinned=False"):
         stack([np.ones(3)] * 2, pinned=True)
     assert stack([np.ones(3)] * 2, pinned=False).shape == (2, 3)
+
+
+class BatchEncoding(collections.UserDict):
+    """What transformers' BatchEncoding is: a UserDict subclass."""
+
+
+@dataclasses.dataclass
+class Pair:
+    image: np.ndarray
+    label: int
+
+
+class TestTheOneWalker:
+    """stack walks the elements as to_jax walks a batch (dlinspect._tree): containers JAX
+    does not register come back as their own types, and what cannot be walked or stacked
+    is a dlinspect error naming the element, the key path, what was found and the fix."""
+
+    def test_mapping_subclasses_and_dataclasses_keep_their_types(self):
+        batch = stack([BatchEncoding(x=np.full(3, i, np.float32)) for i in range(4)])
+        assert type(batch) is BatchEncoding and batch["x"].dtype == np.float32
+        np.testing.assert_array_equal(batch["x"][:, 0], [0, 1, 2, 3])
+        pairs = stack([Pair(np.full((2, 2), i, np.uint8), i) for i in range(3)])
+        assert type(pairs) is Pair and pairs.image.shape == (3, 2, 2)
+        assert pairs.label.tolist() == [0, 1, 2] and pairs.image.dtype == np.uint8
+        assert plan(dict(image=pairs.image))["image"].kind == "zero-copy"
+
+    def test_structures_of_the_walker_must_match(self):
+        with pytest.raises(StackError, match=r"element 1 .*BatchEncoding with keys \['y'\]"):
+            stack([BatchEncoding(x=np.ones(2)), BatchEncoding(y=np.ones(2))])
+
+    def test_a_batch_that_cannot_be_walked(self):
+        loop = {"x": np.ones(2)}
+        loop["self"] = loop
+        with pytest.raises(dlinspect.ContainerError, match=r"^element 0: the batch contains "
+                                                           r"itself: \['self'\]"):
+            stack([loop])
+        deep = np.ones(2)
+        for _ in range(3000):
+            deep = [deep]
+        with pytest.raises(dlinspect.ContainerError, match="^element 0: .*nests more than"):
+            stack([deep])
+        with pytest.raises(dlinspect.ContainerError, match="keys of several types"):
+            stack([{1: np.ones(2), "a": np.ones(2)}])
+        assert stack([np.ones(2)]).shape == (1, 2)   # and the interpreter goes on
+
+    def test_dtypes_with_no_common_dtype(self):
+        record = np.zeros(2, dtype=[("a", "f4"), ("b", "i4")])
+        with pytest.raises(StackError, match=r"^\['x'\]: element 1 has dtype float64 there, and "
+                                             r"element 0 \[\('a'.*no common dtype.*To fix"):
+            stack([{"x": record}, {"x": np.ones(2)}])
+        with pytest.raises(StackError, match="datetime64.*no common dtype"):
+            stack([np.datetime64("2020-01-01"), 1.0])
+
+    def test_byte_order_as_np_stack(self):
+        big = np.arange(3, dtype=">f4")
+        got = stack([big, big])
+        assert got.dtype == np.stack([big, big]).dtype == np.dtype("float32")
+        np.testing.assert_array_equal(got, np.stack([big, big]))
+
+    def test_tensors_read_as_to_host_reads_them(self, torch):
+        bf16 = stack([{"t": torch.arange(3, dtype=torch.bfloat16) + i} for i in range(2)])
+        assert bf16["t"].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(bf16["t"].astype(np.float32), [[0, 1, 2], [1, 2, 3]])
+        with pytest.raises(dlinspect.ProducerError, match=r"^element 0 at \['t'\]: .*detach"):
+            stack([{"t": torch.ones(2, requires_grad=True)}])
+        with pytest.raises(dlinspect.ProducerError,
+                           match=r"no data.*torch.zeros_like\(t, device=\"cpu\"\)"):
+            stack([torch.empty(2, device="meta")])
+
+    def test_capsules_are_refused_unconsumed(self):
+        cap = np.arange(3.0).__dlpack__()
+        with pytest.raises(StackError, match="DLPack capsule.*To fix: pass the producer"):
+            stack([cap])
+        assert dlinspect._core.capsule_name(cap) == "dltensor"
+
+    def test_what_is_not_elements(self):
+        with pytest.raises(StackError, match="builtins.int is not iterable"):
+            stack(5)
+        with pytest.raises(StackError, match="one builtins.dict.*list of elements"):
+            stack({"x": np.ones(2)})   # one element, not a sequence of them
+        for bad in (2**63, 2**31):
+            with pytest.raises(ValueError, match="power of two.*2\\*\\*30"):
+                stack([np.ones(2)], alignment=bad)
+        with pytest.raises(TypeError):
+            stack([np.ones(2)], alignment=64.0)
+
+    def test_a_batch_too_large_to_allocate(self):
+        row = np.ones(1 << 20, np.uint8)
+        with pytest.raises(dlinspect.AllocationError, match=r"2199023255552 bytes.*stack fewer"):
+            stack([row] * (1 << 21))
+        with pytest.raises(MemoryError):
+            stack([row] * (1 << 21))
+
+    def test_a_leaf_numpy_makes_no_array_of(self):
+        class Refuses:
+            def __array__(self, dtype=None, copy=None):
+                raise ValueError("no array here")
+        with pytest.raises(StackError, match=r"^\['x'\]: element 0 is a .*Refuses that NumPy "
+                                             r"makes no array of \(no array here\)"):
+            stack([{"x": Refuses()}])

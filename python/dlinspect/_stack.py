@@ -26,6 +26,7 @@ __all__ = ["stack"]
 #: The largest ``alignment`` stack takes, in bytes (1 GiB).
 MAX_ALIGNMENT = 1 << 30
 _CAPSULE = type(_core.capsule_of(np.zeros(1, np.uint8)))
+_SCALARS = (np.generic, int, float, complex, str, bytes)
 
 
 def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
@@ -111,19 +112,45 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     """
     align = _alignment(alignment)
     allocate = _pinned_allocator() if pinned else aligned_empty
-    flats = [_flatten(k, element) for k, element in enumerate(_elements(elements))]
-    first = flats[0]
-    for k in range(1, len(flats)):
-        if not first.same_structure(flats[k]):
-            raise StackError(
-                f"element {k} of the elements to stack has the structure "
-                f"{flats[k].describe()}, and element 0 {first.describe()}; a batch stacks "
-                f"leaves position by position, so every element needs the same structure. "
-                f"To fix: give every element the same keys and nesting (fill what an element "
-                f"lacks before batching).")
-    out = [_stack_leaf(first, j, [flat.leaves[j] for flat in flats], align, allocate)
-           for j in range(len(first.leaves))]
-    return first.unflatten(out)
+    items = _elements(elements)
+    first = _flatten(0, items[0])
+    columns = _plain_columns(first, items)
+    if columns is None:
+        flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
+        for k in range(1, len(flats)):
+            if not first.same_structure(flats[k]):
+                raise _structures_differ(k, flats[k], first)
+        columns = [[flat.leaves[j] for flat in flats] for j in range(len(first.leaves))]
+    return first.unflatten([_stack_leaf(first, j, columns[j], align, allocate)
+                            for j in range(len(columns))])
+
+
+def _structures_differ(k: int, flat: _tree.Flat, first: _tree.Flat) -> StackError:
+    return StackError(
+        f"element {k} of the elements to stack has the structure {flat.describe()}, and "
+        f"element 0 {first.describe()}; a batch stacks leaves position by position, so "
+        f"every element needs the same structure. To fix: give every element the same keys "
+        f"and nesting (fill what an element lacks before batching).")
+
+
+def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
+    """The leaves at each position, without walking every element, where element 0 is a
+    plain dict, list or tuple whose values are its leaves (what a loader's examples
+    mostly are) and every element is one of the same type and keys; else None (each
+    element is walked). A value of another element that is no leaf is found when its
+    column is stacked (``_as_array``)."""
+    e0 = items[0]
+    tp = type(e0)
+    if first.parts is not None or not (tp is dict or tp is list or tp is tuple):
+        return None
+    keys: Any = sorted(e0) if tp is dict else range(len(e0))
+    if len(first.leaves) != len(e0) or any(
+            leaf is not e0[key] for leaf, key in zip(first.leaves, keys)):
+        return None   # None values, nodes JAX walks: not one leaf per value
+    for e in items:
+        if type(e) is not tp or len(e) != len(e0) or (tp is dict and e.keys() != e0.keys()):
+            return None
+    return [[e[key] for e in items] for key in keys]
 
 
 def _alignment(alignment: Any) -> int:
@@ -180,7 +207,8 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
 def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
     """Leaf ``j`` of every element, stacked into one aligned array."""
-    arrays = [_as_array(first, j, k, leaf) for k, leaf in enumerate(column)]
+    arrays = [leaf if type(leaf) is np.ndarray else _as_array(first, j, k, leaf)
+              for k, leaf in enumerate(column)]
     a0 = arrays[0]
     for k in range(1, len(arrays)):
         if arrays[k].shape != a0.shape:
@@ -188,8 +216,10 @@ def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
                 f"{_where(first, j)}element {k} has shape {arrays[k].shape} there, and "
                 f"element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
-    try:
-        dtype = np.result_type(*{a.dtype for a in arrays})   # np.stack's dtype: native order
+    dtypes = {a.dtype for a in arrays}
+    try:   # np.stack's dtype (native byte order)
+        dtype = dtypes.pop() if len(dtypes) == 1 and a0.dtype.isnative else np.result_type(
+            *dtypes, a0.dtype)
     except (TypeError, ValueError) as exc:
         k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
         raise StackError(
@@ -218,6 +248,14 @@ def _as_array(first: _tree.Flat, j: int, k: int, leaf: Any) -> np.ndarray:
     :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
     if type(leaf) is np.ndarray:
         return leaf
+    if isinstance(leaf, _SCALARS):
+        return np.asarray(leaf)
+    if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
+        raise StackError(
+            f"{_where(first, j)}element {k} has a {type(leaf).__module__}."
+            f"{type(leaf).__qualname__} there, where element 0 has a leaf; a batch stacks "
+            f"leaves position by position, so every element needs the same structure. To "
+            f"fix: give every element the same keys and nesting.")
     if is_tensor(leaf):
         if type(leaf) is _CAPSULE:
             raise StackError(

@@ -35,7 +35,7 @@ from typing import Any
 from ._options import jax_module
 from .errors import ContainerError
 
-__all__ = ["Flat", "flatten", "MAX_DEPTH"]
+__all__ = ["Flat", "flatten", "is_leaf", "MAX_DEPTH"]
 
 #: The deepest a batch may nest (containers inside containers).
 MAX_DEPTH = 200
@@ -190,6 +190,12 @@ def flatten(x: Any) -> Flat:
     if unwalkable is not None:
         raise unwalkable
     return _flatten(x)
+
+
+def is_leaf(v: Any) -> bool:
+    """``v`` is one leaf of a batch as :func:`flatten` finds it: not None (an empty node
+    to JAX), not a container walked here, not a node type registered with JAX."""
+    return v is not None and _kind(type(v)) == _LEAF and _tree_util().all_leaves([v])
 
 
 def _one_level(x: Any) -> bool:
