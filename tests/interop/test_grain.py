@@ -544,3 +544,15 @@ def test_sharded_over_four_devices():
     assert result["device"] == result["sharding"] == 4        # every batch's shards viewed
     assert result["uneven"].startswith("['image']: "), result["uneven"]
     assert "6" in result["uneven"] and "4" in result["uneven"]
+
+
+def test_a_transposing_map_computes_right():
+    """A pipeline that transposes its batches (NCHW -> NHWC, as before a flax convolution):
+    every batch out of the stage computes (a + 0, indexing, reductions, jit) as
+    jnp.asarray(np.asarray(batch)) does, a permuted order viewed or not."""
+    from _computations import assert_computes_like
+    ds = (grain.MapDataset.source(Examples(16)).batch(4, batch_fn=dlinspect.stack)
+          .map(lambda b: {**b, "image": b["image"].transpose(0, 2, 3, 1)}))
+    plain = list(ds)
+    for k, got in enumerate(dlinspect.grain.device_put(ds, **quiet())):
+        assert_computes_like(got["image"], plain[k]["image"], f"batch {k}")
