@@ -87,7 +87,21 @@ def check(x: Any, reference: np.ndarray, target: str = "jax", **options: Any) ->
             f"{'shares' if shares else 'does not share'} the producer's memory", route, info)
     expected = jax_reference(reference) if target == "jax" else np.asarray(reference)
     assert same_values(result, expected), (route, np.asarray(result), expected)
+    if target == "jax":
+        computes_like(result, reference, route)
     return route
+
+
+def computes_like(result: Any, reference: np.ndarray, what: Any) -> None:
+    """What users compute with ``result`` equals the same on ``jnp.asarray(reference)``
+    (tests/_computations.py), for the dtypes jax.numpy computes with everywhere."""
+    from _computations import assert_computes_like
+    if np.dtype(result.dtype).name in COMPUTED:
+        assert_computes_like(result, np.asarray(reference), str(what))
+
+
+COMPUTED = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+            "float16", "float32", "float64", "bfloat16", "complex64", "complex128"}
 
 
 def options() -> dict[str, list[dict[str, Any]]]:
@@ -258,6 +272,7 @@ def convert_and_check(batch: Any, reference: Callable[[Any], np.ndarray] = np.as
             continue
         assert isinstance(out[key], jax.Array), key
         assert same_values(out[key], jax_reference(reference(leaf))), key
+        computes_like(out[key], reference(leaf), key)
         shares = pointer_of(out[key]) == dlinspect.peek(leaf).data_ptr
         assert shares == (route.kind == "zero-copy"), (key, route, dlinspect.peek(leaf))
     return out, routes
