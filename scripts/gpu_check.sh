@@ -5,15 +5,17 @@
 # JAX, plan agreement, prefetch beside a GPU step), the CPU suite's core routes, and
 # scripts/gpu_bench.py (per-call time against jax.dlpack.from_dlpack). Under 8 minutes.
 #
-# Here first, once: bash scripts/gpu_check.sh --fetch    (downloads the one build dependency
-# the machine lacks, cython-cmake, as a wheel into .whl/, which .gitignore keeps out of git)
+# Here first, once: bash scripts/gpu_check.sh --fetch    (downloads what the machine lacks,
+# cython-cmake to build and hypothesis for the property tests, as wheels into .whl/, which
+# .gitignore keeps out of git)
 # Then, with the device tool: run(command="bash scripts/gpu_check.sh", carry=[".whl"],
 # timeout_s=540); the logs and figures come back in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--fetch" ]; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux2014_x86_64 -d .whl "cython-cmake==0.3.0"
+        --implementation cp --platform manylinux2014_x86_64 -d .whl "cython-cmake==0.3.0" \
+        "hypothesis==6.151.9" "sortedcontainers==2.4.0" "attrs==25.4.0"
     ls .whl
     exit 0
 fi
@@ -21,7 +23,7 @@ out=${OUT:-/tmp/dlinspect-gpu}
 mkdir -p "$out"
 start=$SECONDS
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/cython_cmake-*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl
 python3 -m pip install -q --no-build-isolation --no-index --no-deps -Cbuild-dir=build-gpu -e .
 echo "gpu_check.sh: built in $((SECONDS - start)) s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

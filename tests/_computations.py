@@ -17,7 +17,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from hypothesis import strategies as st
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +37,15 @@ def np_dtype(name):
     return np.dtype(name)
 
 
-@st.composite
-def views(draw, producers=PRODUCERS):
-    """A drawn view: ``dict`` of what to build (see :func:`build`)."""
+def views(producers=PRODUCERS):
+    """A hypothesis strategy of views: ``dict`` of what to build (see :func:`build`).
+    (hypothesis is imported here: the oracle alone needs none.)"""
+    from hypothesis import strategies as st
+    return st.composite(_draw_view)(producers)
+
+
+def _draw_view(draw, producers):
+    from hypothesis import strategies as st
     producer = draw(st.sampled_from(producers))
     name = draw(st.sampled_from(DTYPES))
     ndim = draw(st.integers(0, 4))

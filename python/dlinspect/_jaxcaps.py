@@ -33,6 +33,16 @@ _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
                       if row.platform is not None and row.jax_maps}
 
 
+#: The least alignment, in bytes, of host memory dlinspect lets XLA:CPU view in place:
+#: XLA:CPU's compiled code assumes its buffers are at least 16-byte aligned
+#: (xla::cpu_function_runtime::MinAlign). jaxlib 0.4.30's importer views memory of any
+#: alignment, and a computation on memory less aligned than this crashes the process
+#: (measured: float32, int8 and complex64 arrays 1-8 bytes past a 64-byte boundary).
+MIN_ALIGN = 16
+#: The alignments the probes try, in bytes (the first that JAX views in place is used).
+ALIGNMENTS = (MIN_ALIGN, 32, 64, 128, 256)
+
+
 class Symbol(NamedTuple):
     """One private JAX/jaxlib symbol dlinspect may use, and what it does without it."""
 
@@ -243,12 +253,12 @@ class JaxCaps:
         return self._cpu_align
 
     def _probe_alignment(self) -> int:
-        # One-byte elements at 1, 2, 4... bytes past a boundary: the first that JAX views
-        # in place is the alignment XLA:CPU needs (1: any, as jaxlib 0.4.30). Viewed means
-        # the same pointer: jaxlib 0.4.31-0.10.1 copy misaligned memory silently, and some
-        # of them do not take copy=False.
+        # One-byte elements at 16, 32, 64... bytes past a boundary: the first that JAX
+        # views in place is the alignment XLA:CPU needs. Viewed means the same pointer:
+        # jaxlib 0.4.31-0.10.1 copy misaligned memory silently, and some of them do not
+        # take copy=False. Never below XLA:CPU's MIN_ALIGN, whatever the importer takes.
         with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
-            for align in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            for align in ALIGNMENTS:
                 buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
                 try:
                     arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu,
@@ -378,7 +388,7 @@ class JaxCaps:
         dev = self._cpu
         try:
             with _quiet_stderr():
-                align = next((a for a in (1, 2, 4, 8, 16, 32, 64, 128, 256)
+                align = next((a for a in ALIGNMENTS
                               if _put_views(put, make_aval, single(dev), dev, a)), None)
             x = aligned_empty((2, 3), np.float32, alignment=256)
             x[...] = [[1, 2, 3], [4, 5, 6]]

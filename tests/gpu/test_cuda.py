@@ -18,6 +18,7 @@ jax = pytest.importorskip("jax")
 
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
+from _computations import assert_computes_like  # noqa: E402
 
 
 def pointer(arr) -> int:
@@ -110,10 +111,12 @@ class TestPinnedStack:
 
 class TestAgreementOnGPU:
     CASES = {
-        "contiguous": lambda: torch.ones(16, 16, device="cuda"),
-        "transposed": lambda: torch.ones(16, 8, device="cuda").t(),
-        "sliced": lambda: torch.ones(16, 16, device="cuda")[:, ::2],
-        "expanded": lambda: torch.ones(1, 8, device="cuda").expand(4, 8),
+        "contiguous": lambda: torch.arange(256.0, device="cuda").reshape(16, 16),
+        "transposed": lambda: torch.arange(128.0, device="cuda").reshape(16, 8).t(),
+        "permuted": lambda: torch.arange(120.0, device="cuda").reshape(2, 3, 4, 5).permute(
+            0, 2, 3, 1),
+        "sliced": lambda: torch.arange(256.0, device="cuda").reshape(16, 16)[:, ::2],
+        "expanded": lambda: torch.arange(8.0, device="cuda").reshape(1, 8).expand(4, 8),
         "int64": lambda: torch.arange(10, device="cuda"),
         "float64": lambda: torch.ones(4, dtype=torch.float64, device="cuda"),
         "empty": lambda: torch.ones(0, 3, device="cuda"),
@@ -134,6 +137,9 @@ class TestAgreementOnGPU:
         assert route.kind != "error", route
         np.testing.assert_allclose(np.asarray(y, dtype=np.float64),
                                    t.detach().double().cpu().numpy())
+        # what users compute with it, on the GPU (a permuted order is kept committed)
+        assert_computes_like(y, t.detach().cpu().numpy(), case)
+        assert y._committed == bool(route.facts.get("keeps_layout")), route
         if t.numel():
             assert route.zero_copy == (pointer(y) == t.data_ptr()), route
 
