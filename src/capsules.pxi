@@ -269,6 +269,15 @@ def capsule_of(arr, bint read_only=False):
     for i, (extent, stride) in enumerate(zip(arr.shape, arr.strides)):
         shape[i] = extent
         strides[i] = stride // item if stride % item == 0 else 0   # (0: extent <= 1)
+    # An axis of extent 1 may carry any stride (NumPy gives some 0); the header gets the
+    # row-major one, from which JAX infers the row-major layout (jaxlib 0.4.30 takes a
+    # stride-0 axis for the minor one: a layout its own jit then refuses).
+    cdef int64_t row = 1
+    for i in range(ndim - 1, -1, -1):
+        if shape[i] <= 1:
+            strides[i] = row
+        else:
+            row *= shape[i]
     return _view_capsule(arr, <void*><uintptr_t>arr.ctypes.data, ndim, shape, strides, code,
                          bits, lanes, flags, kDLCPU, 0)
 

@@ -89,8 +89,8 @@ class TestIssueCases:
 
     def test_transpose_of_an_aligned_stack(self):
         a = dlinspect.stack([np.arange(64 * 48, dtype=np.float32).reshape(64, 48)])[0]
-        j = dlinspect.to_jax(a.T)
-        assert dlinspect.plan(a.T).kind == "zero-copy"
+        j = dlinspect.to_jax(a.T)   # (copied on a jaxlib that reads it as row-major)
+        assert dlinspect.plan(a.T).kind == ("zero-copy" if target().permuted_ok else "copy")
         assert float(j[1, 0]) == a.T[1, 0] == 1.0
         assert_computes_like(j, a.T)
 

@@ -111,7 +111,9 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     ((4, 3), [1, 1, 1, 1], 0)
     """
     align = _alignment(alignment)
-    allocate = _pinned_allocator() if pinned else aligned_empty
+    allocate: Callable[..., Any] = aligned_empty
+    if pinned:
+        allocate = _pinned_allocator()
     items = _elements(elements)
     first = _flatten(0, items[0])
     columns = _plain_columns(first, items)
