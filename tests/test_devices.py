@@ -194,9 +194,10 @@ class TestForeignDevices:
         assert proc.returncode == 0, proc.stderr[-3000:]
         copies, says_two, align = proc.stdout.split()[-3:]
         assert says_two == str(not copy_into)
-        # (jaxlib 0.4.30 views memory of any alignment: the producer's own copy too)
+        # (jaxlib 0.4.30 views 16-byte aligned memory: the producer's own copy too)
         two = not copy_into and int(align) > 16
-        assert (1.95 if two else 0.95) < float(copies) < (2.1 if two else 1.1), copies
+        # whole copies: the mark moves by what was touched, a few pages either way
+        assert abs(float(copies) - (2 if two else 1)) < 0.25, copies
 
     @pytest.mark.parametrize("shape", [(3,), (32, 32), (1000,), (5, 7)])
     def test_host_fallback_makes_one_copy(self, shape):
