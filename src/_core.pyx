@@ -19,6 +19,7 @@ The flow runs one way, one concern per included file::
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
     report.pxi   LoaderReport: a loader's bytes zero-copy and copied, per key path, and why
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
+    batch.pxi    the one batch engine: a batch decided whole into one plan, then run
 
 Below the core stand only dlinspect.errors, _options and _tree (imported here). The core reaches up twice, each time lazily and off the hot path: to
 dlinspect._words for a route's words, and to dlinspect._jaxcaps to build the JaxTarget.
@@ -135,3 +136,4 @@ include "put.pxi"
 include "fast.pxi"
 include "report.pxi"
 include "execute.pxi"
+include "batch.pxi"

@@ -78,12 +78,9 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
     return _fast_many(leaves, tg, flags)
 
 
-cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=False,
-                      LoaderReport report=None):
-    # only_tensors: the values of a plain container walked in C; one that is neither a
-    # tensor nor a plain scalar (str, bytes, a number, None) may be a container itself, so
-    # None is returned at once (nothing is consumed: the exports made so far are released)
-    # and the batch's walker takes the batch.
+cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, LoaderReport report=None,
+                      Py_ssize_t offset=0):
+    # report: a loader's, which counts each leaf imported here (at offset + its index).
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
     cdef list caps = [None] * n, infos = [None] * n
@@ -106,8 +103,6 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
             if not PyCapsule_CheckExact(leaf):
                 entry = _entry_for(type(leaf))
                 if not entry.has_dlpack and entry.api == NULL:
-                    if only_tensors and not _plain_scalar(leaf):
-                        return None
                     out[i] = leaf
                     continue
                 if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
@@ -155,7 +150,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, bint only_tensors=Fa
                 _mark_leaf(exc, i)
                 raise
             if report is not None:
-                report._note(i, (<TensorInfo>infos[i])._nbytes, needs[i])
+                report._note(offset + i, (<TensorInfo>infos[i])._nbytes, needs[i])
         return out, []
     except BaseException:
         caps = infos = prepared = None   # the exports let go of with the error handled (see _convert)

@@ -231,11 +231,13 @@ def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
     if dtype.hasobject:
         return np.stack(arrays)
     shape = (len(arrays),) + a0.shape
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+    total = physical_memory()
     try:
+        if total and nbytes > total:   # (the one bound on a copy's size, as to_jax's)
+            raise MemoryError
         out = allocate(shape, dtype, align)
     except (MemoryError, ValueError):
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
-        total = physical_memory()
         raise AllocationError(
             f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, needs "
             f"{nbytes} bytes, which cannot be allocated"

@@ -1,0 +1,314 @@
+# batch.pxi: the one batch engine. Any batch (a plain dict, list or tuple of tensors, a
+# pytree JAX registers, the Mappings and dataclasses dlinspect._tree walks, a pytree of
+# shardings over any of these) becomes one plan: its parts (the whole batch, or each
+# sub-tree under its sharding), one leaf order, one key-path namer. _decide_batch decides
+# every leaf and leaves nothing taken; _run_batch first runs what takes nothing of the
+# caller's, then does everything that can still fail (warnings under the user's filters,
+# every copy's memory), then takes and runs the rest. A new kind of batch is a new way
+# to make parts (_parts), not a new engine.
+
+
+@cython.final
+cdef class _Part:
+    """One sub-tree of a batch and the options its leaves go with: the whole batch, or,
+    for a pytree of shardings, the sub-tree under one sharding."""
+    cdef object prefix    # the sub-tree's key path in the batch (jax keys; () for the batch)
+    cdef object flat      # its dlinspect._tree.Flat, or None: a plain container walked here
+    cdef type tp          # (plain container) dict, list or tuple
+    cdef list keys        # (plain dict) its keys in sorted order, as JAX walks them
+    cdef list leaves
+    cdef list out         # what each leaf becomes
+    cdef object opts
+    cdef int flags
+    cdef Py_ssize_t offset   # its first leaf's index among the batch's
+
+    cdef str keystr(self, Py_ssize_t i):
+        """Leaf ``i``'s key path, as ``jax.tree_util.keystr`` writes it (the prefix first)."""
+        if self.flat is not None:
+            local = self.flat.keystr(i)
+        elif self.tp is dict:
+            local = f"[{self.keys[i]!r}]"
+        else:
+            local = f"[{i}]"
+        if not self.prefix:
+            return local
+        return _options_module.jax_module("jax.tree_util").keystr(self.prefix) + local
+
+    cdef object rebuild(self):
+        if self.flat is not None:
+            return self.flat.unflatten(self.out)
+        return _rebuilt(self.tp, self.keys, self.out)
+
+
+cdef _Part _part(x, tuple prefix, opts):
+    """The part of sub-tree ``x``: a plain dict (keys that sort), list or tuple whose values
+    are all tensors or plain scalars is walked here; anything else by dlinspect._tree."""
+    cdef _Part part = _Part.__new__(_Part)
+    part.prefix = prefix
+    part.opts = opts
+    part.flags = opts.flags
+    part.keys = []
+    tp = type(x)
+    if tp is dict or tp is list or tp is tuple:
+        values = _container_values(x, tp, part.keys)
+        if values is not None and all([_tensor_type(v) or _plain_scalar(v) for v in values]):
+            part.tp, part.leaves = tp, values
+            return part
+    part.flat = _tree.flatten(x)
+    part.leaves = part.flat.leaves
+    return part
+
+
+cdef tuple _parts(x, JaxTarget tg, opts, int flags):
+    """``(parts, where)``: the batch's parts, and for a pytree of shardings the tree of
+    part indices in its place (None for one part)."""
+    sharding = opts.sharding
+    Sharding = tg.jax.sharding.Sharding
+    if not (flags & _OPT_PLACED and sharding is not None and not isinstance(sharding, Sharding)):
+        return [_part(x, (), _leaf_options(opts, sharding))], None
+    tree_util = tg.jax.tree_util
+    is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
+    try:
+        tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure "
+            f"is a prefix of the batch's: {str(exc).splitlines()[0]}") from None
+    cdef list parts = []
+
+    def part_of(path, s, sub):
+        leaf_opts = opts if s is sharding else opts.with_sharding(s)
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s)))
+        return len(parts) - 1
+    where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
+    return parts, where
+
+
+cdef object _leaf_options(opts, sharding):
+    """The options of a leaf under ``sharding``: a single-device sharding is its device."""
+    if sharding is not None and plain_device(check_sharding(sharding)):
+        return opts.with_device(next(iter(sharding.device_set)))
+    return opts
+
+
+cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
+    """Every leaf of batch ``x`` decided before any is consumed (a leaf whose route fails
+    leaves the others, bare capsules too, as they were), then the plan run; errors name
+    the leaf's key path; ``report`` counts the batch once it is converted."""
+    if report is not None:
+        report._drop()   # (what a failed batch noted)
+    parts, where = _parts(x, tg, opts, flags)
+    cdef list plan
+    try:
+        plan = _decide_batch(parts, tg, report)
+        _run_batch(plan, parts, tg)
+    except BaseException:
+        plan = None   # the exports let go of, with the error handled (see _convert)
+        if report is not None:
+            report._drop()
+        raise
+    if report is not None:
+        report._end(_batch_keys(parts))
+    if where is None:
+        return (<_Part>parts[0]).rebuild()
+    done = [(<_Part>part).rebuild() for part in parts]
+    return tg.jax.tree_util.tree_map(done.__getitem__, where)
+
+
+cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
+    """The plan: ``[rank, part, leaf, route, capsule, info, needs, copy memory]`` per
+    tensor leaf still to convert (``route`` None: the fast path imports it); nothing is
+    taken. A batch of one unplaced part whose every tensor the fast path takes is
+    converted right here, once all of it is decided (``_fast_many``)."""
+    cdef list plan = []
+    cdef set seen = set()   # the bare capsules met: each may come once in the batch
+    cdef _Part part
+    cdef Py_ssize_t k, i, offset = 0
+    for k in range(len(parts)):
+        part = parts[k]
+        part.offset = offset
+        offset += len(part.leaves)
+        i = -1
+        try:
+            if part.flat is not None and part.flat.errors:   # a container not rebuilt
+                i = min(part.flat.errors)
+                raise part.flat.errors[i]
+            i = repeated_capsule(part.leaves, seen)
+            if i >= 0:
+                raise repeated_capsule_error()
+            if part.flags & _OPT_LEAVES_RAISE:
+                for i in range(len(part.leaves)):
+                    if not is_tensor(part.leaves[i]):
+                        _raise_route(untouched(part.leaves[i], "jax", part.opts))
+            i = -1   # (a leaf's own error says which: _dlinspect_leaf)
+            if not part.flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+                _decide_fast(part, k, tg, plan, report)
+            else:
+                _decide_general(part, k, tg, plan, report)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                i = getattr(exc, "_dlinspect_leaf", i)
+                if i >= 0:
+                    _words().name_leaf(exc, part.keystr(i))
+            raise
+    return plan
+
+
+cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
+                      LoaderReport report) except -1:
+    """Every leaf through the fast path's decision (imported at once where all can be);
+    the general route decided for the others."""
+    part.out, pending = _fast_many(part.leaves, tg, part.flags, report, part.offset)
+    opts = part.opts
+    for i, cap, info, needs, fast in pending:
+        route = None
+        if cap is None:
+            route = route_numpy_copy(info, tg, "jax", opts)
+        elif not fast:
+            route = route_jax(info, needs, tg, opts, part.leaves[i])
+        if route is not None and route.problem is not None:
+            _mark_leaf(route.error, i)
+            _raise_route(route)
+        if report is not None:
+            if route is None:
+                report._note(part.offset + i, (<TensorInfo>info)._nbytes, needs)
+            else:
+                report._note_route(part.offset + i, route, False)
+        plan.append([_rank(route), k, i, route, cap, info, needs, None])
+    return 0
+
+
+cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
+                         LoaderReport report) except -1:
+    """Every tensor leaf's route (a device, a sharding or ``copy=True`` was asked for)."""
+    part.out = list(part.leaves)
+    cdef Py_ssize_t i
+    for i in range(len(part.leaves)):
+        leaf = part.leaves[i]
+        if not is_tensor(leaf):
+            continue
+        try:
+            route, cap = _decide_leaf(leaf, tg, part.opts)
+        except BaseException as exc:
+            _mark_leaf(exc, i)
+            raise
+        if route.problem is not None:
+            cap = None   # let go of before raising (see _convert)
+            _mark_leaf(route.error, i)
+            _raise_route(route)
+        if report is not None:
+            report._note_route(part.offset + i, route, part.flags & _OPT_COPY_ALWAYS)
+        plan.append([_rank(route), k, i, route, cap, None, 0, None])
+    return 0
+
+
+cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
+    """Run the plan: the routes that take nothing of the caller's first (their failures
+    consume nothing); then everything that can fail in the others (``_prepare``,
+    ``_prepare_copy``), before any of them is taken; then they run."""
+    plan.sort(key=_first)
+    cdef Py_ssize_t m, n = len(plan), taking = n
+    for m in range(n):
+        if plan[m][0] != 0:
+            taking = m
+            break
+    cdef list e
+    cdef _Part part
+    for m in range(n):
+        if m == taking:
+            for e in plan[taking:]:
+                _prepare_entry(e, parts, tg)
+        e = plan[m]
+        part = parts[e[1]]
+        i, route = e[2], e[3]
+        try:
+            part.out[i] = (_import_fast(e[4], e[5], e[6], tg, part.flags, part.leaves[i], e[7])
+                           if route is None else
+                           _execute(route, e[4], part.leaves[i], tg, part.opts, m >= taking))
+        except Exception as exc:
+            _words().name_leaf(exc, part.keystr(i))
+            raise
+        e[4] = e[7] = None   # (the capsule and the copy's memory are the array's now)
+    return 0
+
+
+cdef int _prepare_entry(list e, list parts, JaxTarget tg) except -1:
+    cdef _Part part = parts[e[1]]
+    try:
+        if e[3] is not None:
+            _prepare(e[3], tg)
+        elif e[6] & ~NEED_PERMUTED:   # the fast path's copy
+            e[7] = _prepare_copy(e[5], e[6], tg, part.flags)
+    except Exception as exc:
+        _words().name_leaf(exc, part.keystr(e[2]))
+        raise
+    return 0
+
+
+cdef object _batch_keys(list parts):
+    """Leaf index (among the batch's) to key path, for a loader's report."""
+    if len(parts) == 1:
+        return (<_Part>parts[0]).keystr
+
+    def keystr(Py_ssize_t i):
+        cdef _Part part
+        for part in reversed(parts):
+            if i >= part.offset:
+                return part.keystr(i - part.offset)
+    return keystr
+
+
+# Routes whose execution takes nothing of the caller's (a producer's host copy, NumPy's
+# own copy, a jax.Array's device_put): in a batch they run first, so that their
+# failures (a producer's host copy that raises) leave every capsule as it was.
+cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT,
+                                           ARRAY_COPY])
+
+
+cdef int _rank(route):
+    """The order a batch's routes execute in: 0 those that take nothing of the caller's,
+    1 the other general routes (a copy may still fail for memory), 2 the fast imports."""
+    if route is None:
+        return 2
+    action = (<Route>route).action
+    if action is DEVICE_PUT or action is PROCESS_LOCAL:
+        action = (<Route>route).facts["whole"].action
+    return 0 if action in _TAKES_NOTHING else 1
+
+
+def _first(item):
+    return item[0]
+
+
+cdef inline bint _tensor_type(v):
+    """``v`` is a tensor by its type alone (a capsule, or a type with ``__dlpack__``, the
+    C exchange API or a row of the producer table): a leaf, never a container."""
+    if PyCapsule_CheckExact(v):
+        return True
+    cdef _TypeEntry entry = _entry_for(type(v))
+    return entry.has_dlpack or entry.api != NULL
+
+
+cdef list _container_values(x, type tp, list keys):
+    """The values of a plain dict, list or tuple in ``jax.tree_util``'s order (a dict's
+    sorted keys, put in ``keys``); None where a dict's keys do not sort (the batch's
+    walker takes it)."""
+    if tp is dict:
+        keys.extend(<dict>x)
+        try:
+            keys.sort()
+        except TypeError:
+            return None
+        return [(<dict>x)[k] for k in keys]
+    return list(x)
+
+
+cdef object _rebuilt(type tp, list keys, list out):
+    cdef dict d
+    cdef Py_ssize_t i
+    if tp is dict:
+        d = {}
+        for i in range(len(keys)):
+            d[keys[i]] = out[i]
+        return d
+    return out if tp is list else tuple(out)
