@@ -509,15 +509,40 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
     """Every method of ``p``: end to end over rounds (methods taking turns, ratios
     paired by round), conversion only, bytes per batch, and plan() of its batches."""
     progress(f"{p.name}: collecting its batches")
-    seconds = {"batches": -time.perf_counter()}
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def phase(name: str) -> None:   # the seconds since the last phase ended
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name], clock = now - clock, now
+
     raw = {name: make() for name, make in p.raw.items()}
-    seconds["rounds"] = -time.perf_counter()
-    seconds["batches"] -= seconds["rounds"]
+    phase("batches")
+    runs, cpu, reports = _rounds(p, repeat, warmup, stage_only)
+    phase("rounds")
+    methods = {m.name: _method_row(p, m, runs, cpu, reports, raw) for m in p.methods}
+    phase("bytes")
+    for name, batches in raw.items():          # conversion only, per set of batches
+        _conversion(p, name, batches, methods, repeat, quick)
+    phase("conversion")
+    first = next(iter(raw.values()))[0]
+    return {"what": p.what, "baseline": p.methods[0].name, "devices": p.devices,
+            "batches_per_epoch": p.batches, "warmup": warmup,
+            "leaves": {k: f"{getattr(v, 'dtype', '?')} {tuple(getattr(v, 'shape', ()))}"
+                       for k, v in leaves(first).items()},
+            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()},
+            "seconds": seconds}
+
+
+def _rounds(p: Pipeline, repeat: int, warmup: int, stage_only: bool) -> tuple[Any, Any, Any]:
+    """Epochs of every method, taking turns round by round (round 0 warms up): batches
+    per second and CPU ms per batch per method, and each loader's report."""
     names = [m.name for m in p.methods]
     runs: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     reports: dict[str, Any] = {}
-    for rnd in range(repeat + 1):                      # round 0: warm-up, not recorded
+    for rnd in range(repeat + 1):
         progress(f"{p.name}: round {rnd}/{repeat}")
         order = p.methods[rnd % len(names):] + p.methods[:rnd % len(names)]
         for method in order:
@@ -527,59 +552,58 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
                 cpu[method.name].append(cpu_ms)
             if report is not None:
                 reports[method.name] = report
-    seconds["bytes"] = -time.perf_counter()
-    seconds["rounds"] -= seconds["bytes"]
-    base = names[0]
-    methods: dict[str, dict[str, Any]] = {}
-    for m in p.methods:
-        row: dict[str, Any] = {"end_to_end": spread(runs[m.name]),
-                               "cpu_ms_per_batch": statistics.median(cpu[m.name]),
-                               "ratio": None, "conversion": None, "bytes": None}
-        if m.name != base:
-            paired = [a / b for a, b in zip(runs[m.name], runs[base])]
-            row["ratio"] = {**spread(paired), "of_medians": statistics.median(runs[m.name])
-                            / statistics.median(runs[base])}
-        if m.convert is not None:      # on the pipeline's own batches, for every method
-            row["bytes_measured"] = measured_bytes(raw[m.raw], m.convert, m.options)
-        if m.name in reports:          # dlinspect's loaders count what they imported
-            row["bytes"] = report_bytes(reports[m.name])
-        elif m.convert is not None:
-            row["bytes"] = row["bytes_measured"]
-        if m.convert_as:
-            row["bytes_as"] = m.convert_as
-        methods[m.name] = row
-    seconds["conversion"] = -time.perf_counter()
-    seconds["bytes"] -= seconds["conversion"]
-    for name, batches in raw.items():          # conversion only, per set of batches
-        chosen = [m for m in p.methods if m.convert is not None and m.raw == name]
-        if not chosen:
-            continue
+    return runs, cpu, reports
 
-        def convert_all(convert: Callable[[Any], Any], batches: list[Any] = batches) -> None:
-            for b in batches:
-                jax.block_until_ready(convert(b))
 
-        namespace = {"convert_all": convert_all, **{f"c{i}": m.convert for i, m in enumerate(chosen)}}
-        cases = [(m.name, f"convert_all(c{i})", False) for i, m in enumerate(chosen)]
-        rows, _ = time_cases(f"{p.name} conversion ({name})", cases, namespace, repeat, quick,
-                             progress, [])
-        # µs per batch, each round of time_cases ran every case once: paired by round
-        us = {r["name"]: [v / len(batches) for v in r["runs"]] for r in rows}
-        ref = base if base in us else chosen[0].name
-        for m in chosen:
-            paired = [a / b for a, b in zip(us[m.name], us[ref])]
-            methods[m.name]["conversion"] = {
-                "us_per_batch": statistics.median(us[m.name]), "runs": us[m.name],
-                "batches": name, "against": ref, "as": m.convert_as,
-                "ratio": None if m.name == ref else spread(paired)}
-    seconds["conversion"] += time.perf_counter()
-    first = next(iter(raw.values()))[0]
-    return {"what": p.what, "baseline": base, "devices": p.devices,
-            "batches_per_epoch": p.batches, "warmup": warmup,
-            "leaves": {k: f"{getattr(v, 'dtype', '?')} {tuple(getattr(v, 'shape', ()))}"
-                       for k, v in leaves(first).items()},
-            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()},
-            "seconds": seconds}
+def _method_row(p: Pipeline, m: Any, runs: dict[str, list[float]], cpu: dict[str, list[float]],
+                reports: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """One method's end-to-end figures, its ratio to the baseline (paired by round) and
+    its bytes per batch (the loader's report where it has one, else measured)."""
+    base = p.methods[0].name
+    row: dict[str, Any] = {"end_to_end": spread(runs[m.name]),
+                           "cpu_ms_per_batch": statistics.median(cpu[m.name]),
+                           "ratio": None, "conversion": None, "bytes": None}
+    if m.name != base:
+        paired = [a / b for a, b in zip(runs[m.name], runs[base])]
+        row["ratio"] = {**spread(paired), "of_medians": statistics.median(runs[m.name])
+                        / statistics.median(runs[base])}
+    if m.convert is not None:      # on the pipeline's own batches, for every method
+        row["bytes_measured"] = measured_bytes(raw[m.raw], m.convert, m.options)
+    if m.name in reports:          # dlinspect's loaders count what they imported
+        row["bytes"] = report_bytes(reports[m.name])
+    elif m.convert is not None:
+        row["bytes"] = row["bytes_measured"]
+    if m.convert_as:
+        row["bytes_as"] = m.convert_as
+    return row
+
+
+def _conversion(p: Pipeline, name: str, batches: list[Any], methods: dict[str, Any],
+                repeat: int, quick: bool) -> None:
+    """Conversion alone of one set of batches, by every method that converts it: µs per
+    batch, paired by round against the baseline (or the first such method)."""
+    chosen = [m for m in p.methods if m.convert is not None and m.raw == name]
+    if not chosen:
+        return
+
+    def convert_all(convert: Callable[[Any], Any]) -> None:
+        for b in batches:
+            jax.block_until_ready(convert(b))
+
+    namespace = {"convert_all": convert_all, **{f"c{i}": m.convert for i, m in enumerate(chosen)}}
+    cases = [(m.name, f"convert_all(c{i})", False) for i, m in enumerate(chosen)]
+    rows, _ = time_cases(f"{p.name} conversion ({name})", cases, namespace, repeat, quick,
+                         progress, [])
+    # µs per batch, each round of time_cases ran every case once: paired by round
+    us = {r["name"]: [v / len(batches) for v in r["runs"]] for r in rows}
+    base = p.methods[0].name
+    ref = base if base in us else chosen[0].name
+    for m in chosen:
+        paired = [a / b for a, b in zip(us[m.name], us[ref])]
+        methods[m.name]["conversion"] = {
+            "us_per_batch": statistics.median(us[m.name]), "runs": us[m.name],
+            "batches": name, "against": ref, "as": m.convert_as,
+            "ratio": None if m.name == ref else spread(paired)}
 
 
 # ---- the pipelines ---------------------------------------------------------------------

@@ -117,9 +117,7 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
 
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
     """The plan: ``[rank, part, leaf, route, capsule, info, needs, copy memory]`` per
-    tensor leaf still to convert (``route`` None: the fast path imports it); nothing is
-    taken. A batch of one unplaced part whose every tensor the fast path takes is
-    converted right here, once all of it is decided (``_fast_many``)."""
+    tensor leaf (``route`` None: the fast path imports it); nothing is taken."""
     cdef list plan = []
     cdef set seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
@@ -146,6 +144,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
             else:
                 _decide_general(part, k, tg, plan, report)
         except BaseException as exc:
+            plan = None   # the exports let go of, with the error handled (see _convert)
             if isinstance(exc, Exception):
                 i = getattr(exc, "_dlinspect_leaf", i)
                 if i >= 0:
@@ -156,25 +155,31 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
 
 cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
-    """Every leaf through the fast path's decision (imported at once where all can be);
-    the general route decided for the others."""
-    part.out, pending = _fast_many(part.leaves, tg, part.flags, report, part.offset)
+    """Every leaf through the fast path's decision; the general route decided for the
+    leaves the fast path cannot take."""
+    part.out, decided = _fast_many(part.leaves, tg, part.flags)
     opts = part.opts
-    for i, cap, info, needs, fast in pending:
-        route = None
-        if cap is None:
-            route = route_numpy_copy(info, tg, "jax", opts)
-        elif not fast:
-            route = route_jax(info, needs, tg, opts, part.leaves[i])
-        if route is not None and route.problem is not None:
-            _mark_leaf(route.error, i)
-            _raise_route(route)
-        if report is not None:
-            if route is None:
-                report._note(part.offset + i, (<TensorInfo>info)._nbytes, needs)
-            else:
-                report._note_route(part.offset + i, route, False)
-        plan.append([_rank(route), k, i, route, cap, info, needs, None])
+    try:
+        for i, cap, info, needs, fast in decided:
+            route = None
+            if cap is None:
+                route = route_numpy_copy(info, tg, "jax", opts)
+            elif not fast:
+                route = route_jax(info, needs, tg, opts, part.leaves[i])
+            if route is not None and route.problem is not None:
+                _mark_leaf(route.error, i)
+                _raise_route(route)
+            if report is not None:
+                if route is None:
+                    report._note(part.offset + i, (<TensorInfo>info)._nbytes, needs)
+                else:
+                    report._note_route(part.offset + i, route, False)
+            plan.append([_rank(route), k, i, route, cap, info, needs, None])
+    except BaseException:
+        # The exports let go of with the error handled, not pending: a producer's capsule
+        # destructor may run Python code (see _convert).
+        decided = cap = info = route = None
+        raise
     return 0
 
 

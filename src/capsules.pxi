@@ -93,54 +93,15 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
-    cdef DLTensor* t
-    cdef DLManagedTensor* dlm = NULL
-    cdef DLManagedTensorVersioned* dlm_ver = NULL
-    cdef Py_ssize_t n_alloc
-    cdef int32_t nd
+    cdef DLTensor* t = NULL
+    cdef void* managed = NULL
     if ctx == NULL:
         raise MemoryError()
     memset(ctx, 0, sizeof(_FactoryCtx))
     try:
-        nd = len(shape) if ndim is None else ndim
-        n_alloc = max(min(nd, _FORGE_NDIM_BACKED), len(shape) if shape is not None else 0,
-                      len(strides) if strides is not None else 0)
-        if shape is not None:
-            ctx.shape = _int64_array(shape, n_alloc)
-        if strides is not None:
-            ctx.strides = _int64_array(strides, n_alloc)
-        if data is not None:
-            if address is None:
-                PyObject_GetBuffer(data, &ctx.view, PyBUF_ANY_CONTIGUOUS)
-                ctx.has_view = True
-            Py_INCREF(data)
-            ctx.owner = <PyObject*>data
-        if counter is not None:
-            if not isinstance(counter, DeleterCounter):
-                raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
-            Py_INCREF(counter)
-            ctx.counter = <PyObject*>counter
-        if versioned:
-            dlm_ver = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
-            if dlm_ver == NULL:
-                raise MemoryError()
-            memset(dlm_ver, 0, sizeof(DLManagedTensorVersioned))
-            dlm_ver.version.major = version_major
-            dlm_ver.version.minor = version_minor
-            dlm_ver.flags = flags
-            dlm_ver.manager_ctx = ctx
-            if not null_deleter:
-                dlm_ver.deleter = _factory_deleter_ver
-            t = &dlm_ver.dl_tensor
-        else:
-            dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
-            if dlm == NULL:
-                raise MemoryError()
-            memset(dlm, 0, sizeof(DLManagedTensor))
-            dlm.manager_ctx = ctx
-            if not null_deleter:
-                dlm.deleter = _factory_deleter
-            t = &dlm.dl_tensor
+        nd = _fill_factory_ctx(ctx, data, address, shape, ndim, strides, counter)
+        managed = _factory_managed(ctx, versioned, version_major, version_minor, flags,
+                                   null_deleter, &t)
         if address is not None:
             t.data = <void*><uintptr_t>address
         elif ctx.has_view:
@@ -154,20 +115,72 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         t.shape = ctx.shape
         t.strides = ctx.strides
         t.byte_offset = byte_offset
-        if name is None:
-            cname = VERSIONED if versioned else LEGACY
-        else:
-            cname = _static_name(name)
-        cap = PyCapsule_New(<void*>dlm_ver if versioned else <void*>dlm, cname,
-                            _owned_capsule_destructor)
+        cname = (VERSIONED if versioned else LEGACY) if name is None else _static_name(name)
+        cap = PyCapsule_New(managed, cname, _owned_capsule_destructor)
     except BaseException:
         _factory_release(ctx)
-        free(dlm)
-        free(dlm_ver)
+        free(managed)
         raise
     # With null_deleter the context is never released (a deliberate, small leak):
     # the header must keep pointing at live memory for as long as anyone reads it.
     return cap
+
+
+cdef int32_t _fill_factory_ctx(_FactoryCtx* ctx, data, address, shape, ndim, strides,
+                               counter) except? -1:
+    """The factory's context: shape and strides arrays (backing a forged ``ndim``), the
+    buffer viewed and the objects kept alive. Returns the header's ``ndim``."""
+    cdef int32_t nd = len(shape) if ndim is None else ndim
+    cdef Py_ssize_t n_alloc = max(min(nd, _FORGE_NDIM_BACKED),
+                                  len(shape) if shape is not None else 0,
+                                  len(strides) if strides is not None else 0)
+    if shape is not None:
+        ctx.shape = _int64_array(shape, n_alloc)
+    if strides is not None:
+        ctx.strides = _int64_array(strides, n_alloc)
+    if data is not None:
+        if address is None:
+            PyObject_GetBuffer(data, &ctx.view, PyBUF_ANY_CONTIGUOUS)
+            ctx.has_view = True
+        Py_INCREF(data)
+        ctx.owner = <PyObject*>data
+    if counter is not None:
+        if not isinstance(counter, DeleterCounter):
+            raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
+        Py_INCREF(counter)
+        ctx.counter = <PyObject*>counter
+    return nd
+
+
+cdef void* _factory_managed(_FactoryCtx* ctx, bint versioned, int version_major,
+                            int version_minor, uint64_t flags, bint null_deleter,
+                            DLTensor** t) except NULL:
+    """A new zeroed ``DLManagedTensorVersioned`` (or legacy ``DLManagedTensor``) owned by
+    ``ctx``; ``*t`` points at its DLTensor."""
+    cdef DLManagedTensorVersioned* dlm_ver
+    cdef DLManagedTensor* dlm
+    if versioned:
+        dlm_ver = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
+        if dlm_ver == NULL:
+            raise MemoryError()
+        memset(dlm_ver, 0, sizeof(DLManagedTensorVersioned))
+        dlm_ver.version.major = version_major
+        dlm_ver.version.minor = version_minor
+        dlm_ver.flags = flags
+        dlm_ver.manager_ctx = ctx
+        if not null_deleter:
+            dlm_ver.deleter = _factory_deleter_ver
+        t[0] = &dlm_ver.dl_tensor
+        return dlm_ver
+    dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
+    if dlm == NULL:
+        raise MemoryError()
+    memset(dlm, 0, sizeof(DLManagedTensor))
+    dlm.manager_ctx = ctx
+    if not null_deleter:
+        dlm.deleter = _factory_deleter
+    t[0] = &dlm.dl_tensor
+    return dlm
 
 
 #: make_capsule backs a forged ndim with at most this many shape/stride entries.

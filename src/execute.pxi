@@ -21,6 +21,7 @@ cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
 cdef object _TARGET = None
+cdef object _TARGET_BUILDER = None
 
 
 def set_target(tg):
@@ -30,6 +31,14 @@ def set_target(tg):
     _TARGET = tg
 
 
+def set_target_builder(build):
+    """Hand the core ``build()``, which finds out what the installed JAX takes and returns
+    its JaxTarget (dlinspect._jaxcaps calls it when it is imported, as the package is):
+    the core never imports upward."""
+    global _TARGET_BUILDER
+    _TARGET_BUILDER = build
+
+
 def current_target():
     """The JaxTarget built in this process, or None: builds nothing, imports no JAX
     (what ``dlinspect.stack`` asks, so that a loader's worker processes start no JAX)."""
@@ -37,12 +46,13 @@ def current_target():
 
 
 cdef JaxTarget _jax_target():
-    """The process-wide JaxTarget: the one other place the core reaches up, once, to
-    dlinspect._jaxcaps, which finds out what the installed JAX takes (imports jax)."""
+    """The process-wide JaxTarget, built once by what set_target_builder handed over
+    (dlinspect._jaxcaps: it imports jax)."""
     global _TARGET
     if _TARGET is None:
-        from dlinspect._jaxcaps import target
-        _TARGET = target()
+        if _TARGET_BUILDER is None:
+            import dlinspect   # noqa: F401  (the package's import hands the builder over)
+        _TARGET = _TARGET_BUILDER()
     return _TARGET
 
 

@@ -588,17 +588,22 @@ cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out)
     return info
 
 
+ctypedef struct _Asked:
+    # The device a producer reported (__dlpack_device__, or the exchange API's header).
+    int32_t dev_type
+    int32_t dev_id
+    bint asked       # a device was reported: the header is reconciled with it
+    bint id_known    # False where the producer said None for the id (paddle)
+
+
 # contract: returns the TensorInfo and sets *cap_out to a new reference to the
-# capsule (``entry``: x's type entry where the caller looked it up already) (left NULL only in MODE_PEEK through the exchange API: no capsule was
-# made). A bare capsule is read, never consumed. Raises NotDLPackError,
-# ProducerError, or what reading the header raises; *cap_out is then untouched.
-# (An out-parameter, not a tuple: peek is on the hot path.)
+# capsule (``entry``: x's type entry where the caller looked it up already); *cap_out
+# is left NULL only in MODE_PEEK through the exchange API (no capsule was made). A bare
+# capsule is read, never consumed. Raises NotDLPackError, ProducerError, or what reading
+# the header raises; *cap_out is then untouched. (An out-parameter, not a tuple: peek is
+# on the hot path.)
 cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
                         _TypeEntry entry=None):
-    cdef DLTensor t
-    cdef TensorInfo info
-    cdef int32_t dev_type = 0, dev_id = 0
-    cdef bint asked = False, id_known = True
     if PyCapsule_CheckExact(x):
         return _handing(_peek_capsule(x), x, cap_out)
     if entry is None:
@@ -610,6 +615,9 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
             f"CuPy...) or the capsule its __dlpack__() returns.")
     if entry.guard > GUARD_NUMPY:
         _guard(x, entry, mode)
+    cdef _Asked dev
+    dev.dev_type = dev.dev_id = 0
+    dev.asked, dev.id_known = False, True
     if entry.api != NULL and mode == MODE_TAKE and entry.is_torch:
         # Taking through the API skips every refusal of the producer's __dlpack__: only
         # for types whose refusals dlinspect checks itself (torch); others (paddle,
@@ -618,25 +626,48 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
         if cap is not None:
             return _handing(_peek_capsule(cap), cap, cap_out)
     elif entry.api != NULL and mode != MODE_HOST_COPY:
-        memset(&t, 0, sizeof(DLTensor))
-        if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
-            PyErr_Clear()   # __dlpack__ below gives the producer's own reason
-        else:
-            dev_type, dev_id = t.device.device_type, t.device.device_id
-            asked = True
-            if dev_type == kDLCPU and entry.ask_device_on_cpu:
-                _ask_device(x, &dev_type, &dev_id, &id_known)   # pinned memory says kDLCPU here
-            if mode == MODE_PEEK:
-                info = _new_info(&t, SRC_EXCHANGE, 0)
-                _reconcile(info, x, dev_type, dev_id, id_known)
-                return info
-    if not asked and entry.has_device and mode != MODE_HOST_COPY:
-        _ask_device(x, &dev_type, &dev_id, &id_known)
-        asked = True
+        info = _exchange_header(x, entry, mode, &dev)
+        if info is not None:
+            return info
+    if not dev.asked and entry.has_device and mode != MODE_HOST_COPY:
+        _ask_device(x, &dev.dev_type, &dev.dev_id, &dev.id_known)
+        dev.asked = True
+    cap = _dlpack_capsule(x, entry, mode, stream_for, &dev)
+    info = _peek_capsule(cap)
+    if dev.asked and mode != MODE_HOST_COPY:
+        _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known)
+    return _handing(info, cap, cap_out)
+
+
+cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev):
+    """The DLPack C exchange API's header of ``x`` (no capsule made): in MODE_PEEK the
+    TensorInfo itself; otherwise None, with the device it reports in ``dev``. None with
+    ``dev`` untouched where the API refuses (``__dlpack__`` then gives the reason)."""
+    cdef DLTensor t
+    memset(&t, 0, sizeof(DLTensor))
+    if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
+        PyErr_Clear()
+        return None
+    dev.dev_type, dev.dev_id = t.device.device_type, t.device.device_id
+    dev.asked = True
+    if dev.dev_type == kDLCPU and entry.ask_device_on_cpu:
+        _ask_device(x, &dev.dev_type, &dev.dev_id, &dev.id_known)   # pinned memory says kDLCPU here
+    if mode != MODE_PEEK:
+        return None
+    info = _new_info(&t, SRC_EXCHANGE, 0)
+    _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known)
+    return info
+
+
+cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for,
+                            _Asked* dev):
+    """The producer's capsule of ``x``: ``__dlpack__`` with the consumer's stream where
+    the memory takes one (a host copy where ``mode`` asks for it), NumPy's refusals
+    described by dlinspect where DLPack can say exactly what the memory is."""
     stream = None
-    if (mode == MODE_TAKE and asked and stream_for is not None
-            and _takes_stream(dev_type)):
-        stream = stream_for(dev_type, dev_id)
+    if (mode == MODE_TAKE and dev.asked and stream_for is not None
+            and _takes_stream(dev.dev_type)):
+        stream = stream_for(dev.dev_type, dev.dev_id)
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
     except ProducerError as exc:
@@ -648,10 +679,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
             f"{_type_name(x)}.__dlpack__() returned {type(cap).__name__}, not a PyCapsule. "
             f"The producer is at fault: convert the tensor with its own library (e.g. to "
             f"NumPy) first.")
-    info = _peek_capsule(cap)
-    if asked and mode != MODE_HOST_COPY:
-        _reconcile(info, x, dev_type, dev_id, id_known)
-    return _handing(info, cap, cap_out)
+    return cap
 
 
 cdef inline object _take_ref(PyObject* p):

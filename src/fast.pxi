@@ -50,114 +50,75 @@ def to_jax_fast(x, JaxTarget tg, int flags=0):
 
 
 def to_jax_many(list leaves, JaxTarget tg, int flags=0):
-    """:func:`to_jax_fast` over the leaves of a pytree, in one call, deciding first.
-
-    Every leaf is exported and its needs computed first; the leaves are imported
-    (a second pass) only when every tensor leaf can be imported as it is (or
-    copied in C). Otherwise nothing is imported and ``pending`` lists every
-    tensor leaf, so a leaf whose route fails consumes no other leaf's capsule.
+    """The fast path's decision for every leaf of a batch, in one call: each tensor leaf
+    exported once and its needs computed; nothing is imported or taken (the batch
+    engine, src/batch.pxi, runs the decision).
 
     Returns
     -------
     (list, list)
-        ``out``: per leaf, the jax.Array, or the leaf itself where it is not a
-        tensor (or is a jax.Array), or None where the general route must finish
-        it; ``pending``: empty when everything was imported, else
-        ``(index, capsule, TensorInfo, needs, fast)`` for every tensor leaf, ``fast``
-        telling the fast import can take it; for NumPy memory DLPack cannot
-        describe, ``(index, None, NotDescribableError, 0, False)``. Arrays of
-        non-numeric dtypes (NotNumericError) are kept as they are.
+        ``out``: per leaf, the leaf itself where it is not a tensor to convert (not a
+        tensor, a jax.Array, an array of a non-numeric dtype), else None;
+        ``decided``: ``(index, capsule, TensorInfo, needs, fast)`` for every tensor
+        leaf, ``fast`` telling the fast import can take it; for NumPy memory DLPack
+        cannot describe, ``(index, None, NotDescribableError, 0, False)``.
 
     Raises
     ------
     Exception
         What exporting a leaf raised, with the leaf's index in its
-        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path);
-        nothing is imported then.
+        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path).
     """
     return _fast_many(leaves, tg, flags)
 
 
-cdef tuple _fast_many(list leaves, JaxTarget tg, int flags, LoaderReport report=None,
-                      Py_ssize_t offset=0):
-    # report: a loader's, which counts each leaf imported here (at offset + its index).
+cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
-    cdef list caps = [None] * n, infos = [None] * n
-    cdef uint32_t inline_needs[64]
-    cdef uint32_t* needs = inline_needs
-    cdef _TypeEntry entry
+    cdef list decided = []
+    cdef bint share = flags & _OPT_SHARE_READONLY
+    cdef uint32_t needs
     cdef PyObject* p
     cdef TensorInfo info
-    cdef bint all_fast = True
-    cdef bint share = flags & _OPT_SHARE_READONLY
-    cdef list prepared = None
-    if n > 64:
-        needs = <uint32_t*>malloc(n * sizeof(uint32_t))
-        if needs == NULL:
-            raise MemoryError()
     try:
         for i in range(n):
             leaf = leaves[i]
-            entry = None
-            if not PyCapsule_CheckExact(leaf):
-                entry = _entry_for(type(leaf))
-                if not entry.has_dlpack and entry.api == NULL:
-                    out[i] = leaf
-                    continue
-                if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
-                    _refuse_dead_array_at(leaf, i)
-                    out[i] = leaf    # already a jax.Array, and no device or copy was asked for
-                    continue
+            if not _exported_leaf(leaf, tg, i):
+                out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
+                continue
             p = NULL
             try:
-                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry)
-                caps[i] = _take_ref(p)
-                needs[i] = _needs_jax(info, tg, share)
+                info = _export(leaf, MODE_TAKE, tg.stream_for, &p)
+                cap = _take_ref(p)
+                needs = _needs_jax(info, tg, share)
             except NotNumericError:
                 out[i] = leaf            # not a numeric tensor: a leaf kept as it is
                 continue
             except NotDescribableError as exc:
-                infos[i] = exc           # the general route copies it with NumPy
-                all_fast = False
+                decided.append((i, None, exc, 0, False))   # the general route: NumPy's copy
                 continue
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
-            infos[i] = info
-            all_fast = all_fast and _fast_kind(info, needs[i], flags, tg) != 0
-        if not all_fast:
-            return out, [(i, caps[i], infos[i], needs[i] if caps[i] is not None else 0,
-                          caps[i] is not None and _fast_kind(infos[i], needs[i], flags, tg) != 0)
-                         for i in range(n) if infos[i] is not None]
-        # Everything that can fail before anything is taken: each copy's warning and memory.
-        prepared = [None] * n
-        for i in range(n):
-            if infos[i] is not None and needs[i] & ~NEED_PERMUTED:
-                try:
-                    prepared[i] = _prepare_copy(infos[i], needs[i], tg, flags)
-                except BaseException as exc:
-                    _mark_leaf(exc, i)
-                    raise
-        for i in range(n):
-            if infos[i] is None:
-                continue
-            try:
-                out[i] = _import_fast(caps[i], infos[i], needs[i], tg, flags, leaves[i],
-                                      prepared[i])
-                prepared[i] = None
-            except BaseException as exc:
-                _mark_leaf(exc, i)
-                raise
-            if report is not None:
-                report._note(offset + i, (<TensorInfo>infos[i])._nbytes, needs[i])
-        return out, []
+            decided.append((i, cap, info, needs, _fast_kind(info, needs, flags, tg) != 0))
+        return out, decided
     except BaseException:
-        caps = infos = prepared = None   # the exports let go of with the error handled (see _convert)
+        decided = cap = None   # the exports let go of with the error handled (see _convert)
         raise
-    finally:
-        if needs != inline_needs:
-            free(needs)
+
+
+cdef bint _exported_leaf(leaf, JaxTarget tg, Py_ssize_t i) except -1:
+    """``leaf`` is a tensor the batch exports: not a non-tensor, not a jax.Array (a
+    deleted one refused, naming leaf ``i``)."""
+    if PyCapsule_CheckExact(leaf):
+        return True
+    cdef _TypeEntry entry = _entry_for(type(leaf))
+    if not entry.has_dlpack and entry.api == NULL:
+        return False
+    if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
+        _refuse_dead_array_at(leaf, i)
+        return False
+    return True
 
 
 cdef inline bint _plain_scalar(v):

@@ -533,13 +533,36 @@ cdef str _ints_text(const int64_t* values, int32_t n):
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
 cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
-    """Copy and validate one DLTensor header into a new TensorInfo."""
+    """Copy and validate one DLTensor header into a new TensorInfo: the fixed fields, the
+    shape, the strides, then the bytes they reach (every field untrusted)."""
+    _check_fields(t)
     cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
     cdef int32_t ndim = t.ndim
-    cdef int i
-    cdef int64_t extent, stride, size = 1, span = 0, bits_total, nbytes
-    cdef bint zero = False
+    info._alloc(ndim)
+    info._ndim = ndim
+    info._source = source
+    info._flags = flags
+    info._dev_type = info._cap_dev_type = t.device.device_type
+    info._dev_id = info._cap_dev_id = t.device.device_id
+    info._code = t.dtype.code
+    info._bits = t.dtype.bits
+    info._lanes = t.dtype.lanes
+    info._byte_offset = t.byte_offset
+    info._data = <uintptr_t>t.data
+    info._strides_null = t.strides == NULL and ndim > 0
+    info._size = _read_shape(info, t)
+    _read_strides(info, t)
+    cdef int64_t bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
+    info._nbytes = _count_bytes(info._size, bits_total, flags, t)
+    if info._size > 0:
+        _check_span(info, (bits_total + 7) // 8)
+    return info
 
+
+cdef int _check_fields(const DLTensor* t) except -1:
+    """The fields read before the shape: ndim's range, a NULL shape, the data pointer
+    plus byte_offset within the address space, at least one lane."""
+    cdef int32_t ndim = t.ndim
     if ndim < 0 or ndim > _MAX_NDIM:
         raise MalformedTensorError(
             f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
@@ -556,82 +579,87 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
         raise MalformedTensorError(
             f"DLDataType.lanes is 0 (code={t.dtype.code}, bits={t.dtype.bits}); every element "
             f"has at least one lane. The producer wrote a corrupt header.")
-    info._alloc(ndim)
-    info._ndim = ndim
-    info._source = source
-    info._flags = flags
-    info._dev_type = info._cap_dev_type = t.device.device_type
-    info._dev_id = info._cap_dev_id = t.device.device_id
-    info._code = t.dtype.code
-    info._bits = t.dtype.bits
-    info._lanes = t.dtype.lanes
-    info._byte_offset = t.byte_offset
-    info._data = <uintptr_t>t.data
-    info._strides_null = t.strides == NULL and ndim > 0
+    return 0
 
+
+cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
+    """Copy the extents into ``info``; return how many elements they hold (0 for any
+    zero extent, whatever the others), checked against int64 and a NULL data pointer."""
+    cdef int32_t i, ndim = t.ndim
+    cdef int64_t size = 1
+    cdef bint zero = False
     for i in range(ndim):
-        extent = t.shape[i]
-        if extent < 0:
+        if t.shape[i] < 0:
             raise MalformedTensorError(
-                f"DLTensor.shape[{i}] is {extent}; extents must be >= 0. "
+                f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0. "
                 f"The producer wrote a corrupt header.")
-        info._shape[i] = extent
-        if extent == 0:
-            zero = True
+        info._shape[i] = t.shape[i]
+        zero = zero or t.shape[i] == 0
     if zero:
-        size = 0   # whatever the other extents: an empty tensor
-    else:
-        for i in range(ndim):
-            if dl_mul_overflow(size, info._shape[i], &size):
-                raise MalformedTensorError(
-                    f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than 2**63-1 "
-                    f"elements. The producer wrote a corrupt header.")
-    if t.data == NULL and size > 0:
+        return 0
+    for i in range(ndim):
+        if dl_mul_overflow(size, info._shape[i], &size):
+            raise MalformedTensorError(
+                f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than 2**63-1 "
+                f"elements. The producer wrote a corrupt header.")
+    if t.data == NULL:
         raise MalformedTensorError(
             f"DLTensor.data is NULL but the shape {_ints_text(t.shape, ndim)} holds {size} "
             f"element(s); only zero-size tensors may have NULL data. The producer wrote a "
             f"corrupt header.")
-    if t.strides == NULL:
-        stride = 1
-        for i in range(ndim - 1, -1, -1):
-            info._strides[i] = stride
-            # Bounded by size when size > 0; an empty tensor's nonzero extents may
-            # multiply past int64 (e.g. (2**62, 0, 2**62)): its outer strides are
-            # then never used to address anything and are written as 0.
-            if info._shape[i] > 0 and dl_mul_overflow(stride, info._shape[i], &stride):
-                stride = 0
-    else:
-        memcpy(info._strides, t.strides, ndim * sizeof(int64_t))
-    info._size = size
+    return size
 
-    bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
+
+cdef void _read_strides(TensorInfo info, const DLTensor* t) noexcept:
+    """Copy the strides into ``info``; NULL strides (row-major before DLPack 1.2) are
+    written out. An empty tensor's nonzero extents may multiply past int64 (e.g.
+    ``(2**62, 0, 2**62)``): its outer strides, which address nothing, are then 0."""
+    cdef int32_t i
+    cdef int64_t stride = 1
+    if t.strides != NULL:
+        memcpy(info._strides, t.strides, t.ndim * sizeof(int64_t))
+        return
+    for i in range(t.ndim - 1, -1, -1):
+        info._strides[i] = stride
+        if info._shape[i] > 0 and dl_mul_overflow(stride, info._shape[i], &stride):
+            stride = 0
+
+
+cdef int64_t _count_bytes(int64_t size, int64_t bits_total, uint64_t flags,
+                          const DLTensor* t) except -1:
+    """The bytes ``size`` elements of ``bits_total`` bits take (packed sub-byte elements
+    several to a byte, unless flagged padded), checked against int64."""
+    cdef int64_t nbytes
     if bits_total < 8 and not (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
         if dl_mul_overflow(size, bits_total, &nbytes):
             raise MalformedTensorError(
                 f"{size} elements of {bits_total} bits overflow int64. "
                 f"The producer wrote a corrupt header.")
-        nbytes = (nbytes + 7) // 8
-    elif dl_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
+        return (nbytes + 7) // 8
+    if dl_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
         raise MalformedTensorError(
-            f"DLTensor.shape {_ints_text(t.shape, ndim)} times {(bits_total + 7) // 8} "
+            f"DLTensor.shape {_ints_text(t.shape, t.ndim)} times {(bits_total + 7) // 8} "
             f"bytes per element overflows int64. The producer wrote a corrupt header.")
-    info._nbytes = nbytes
+    return nbytes
 
-    if size > 0:
-        # The byte span the strides reach must fit in int64 as well.
-        for i in range(ndim):
-            if (info._strides[i] == DLINSPECT_INT64_MIN
-                    or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &stride)
-                    or dl_add_overflow(span, stride, &span)):
-                raise MalformedTensorError(
-                    f"DLTensor.strides {_ints_text(info._strides, ndim)} with shape "
-                    f"{_ints_text(info._shape, ndim)} reach past 2**63-1 elements. "
-                    f"The producer wrote a corrupt header.")
-        if dl_mul_overflow(span, (bits_total + 7) // 8, &span):
+
+cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
+    """The byte span the strides reach fits in int64 (a non-empty tensor)."""
+    cdef int32_t i
+    cdef int64_t reach, span = 0
+    for i in range(info._ndim):
+        if (info._strides[i] == DLINSPECT_INT64_MIN
+                or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &reach)
+                or dl_add_overflow(span, reach, &span)):
             raise MalformedTensorError(
-                f"DLTensor.strides {_ints_text(info._strides, ndim)} span more than "
-                f"2**63-1 bytes. The producer wrote a corrupt header.")
-    return info
+                f"DLTensor.strides {_ints_text(info._strides, info._ndim)} with shape "
+                f"{_ints_text(info._shape, info._ndim)} reach past 2**63-1 elements. "
+                f"The producer wrote a corrupt header.")
+    if dl_mul_overflow(span, item_bytes, &span):
+        raise MalformedTensorError(
+            f"DLTensor.strides {_ints_text(info._strides, info._ndim)} span more than "
+            f"2**63-1 bytes. The producer wrote a corrupt header.")
+    return 0
 
 
 # contract: returns a new TensorInfo or raises; never renames the capsule, never calls a deleter.

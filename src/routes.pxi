@@ -39,13 +39,17 @@ HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_V
 cdef object _words_module = None
 
 
-cdef object _words():
-    """dlinspect._words, which words every route: imported at the first word asked for
-    (the one place the core reaches up to the Python layer for text)."""
+def set_words(module):
+    """Hand the core the module that words every route (dlinspect._words calls it when it
+    is imported, as the package is): the core never imports upward."""
     global _words_module
+    _words_module = module
+
+
+cdef object _words():
+    """dlinspect._words, which words every route (handed over by set_words)."""
     if _words_module is None:
-        from dlinspect import _words as module
-        _words_module = module
+        import dlinspect   # noqa: F401  (the package's import loads the words)
     return _words_module
 
 
@@ -265,14 +269,8 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
                          bint host):
     """Memory JAX has a device for: imported as it is, or copied first (by dlinspect for
     host memory, by JAX's importer for device memory), or the copy=False error."""
-    device, copy = opts.device, opts.copy
-    via_cpu = needs & NEED_VIA_CPU
-    src = tg.cpu_device if via_cpu else tg.device_for(info._dev_type, info._dev_id)
-    if (device is not None and device != src and host and src.platform == "cpu"
-            and getattr(device, "platform", None) == "cpu"):
-        src = device   # host memory: every CPU device views it as it is
-    dest = src if device is None else device
-    import_type = kDLCPU if via_cpu else info._dev_type
+    copy = opts.copy
+    src, dest = _import_devices(info, needs, tg, opts.device, host)
     blocking = needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._is_compact())
@@ -281,24 +279,41 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
     # and device moves happen after import, except that host memory is narrowed by the
     # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
-    bytes_copy = bool(needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN)
-                      or (needs & NEED_NARROW and host)) or bool(copy)
+    cdef bint bytes_copy = bool(needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN)
+                                or (needs & NEED_NARROW and host)) or bool(copy)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
-    if view:
-        action = HOST_VIEW if needs & NEED_LANES else IMPORT
-    else:
-        action = HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
+    action = _import_action(needs, view, bytes_copy, host)
     # JAX's import keeps a permuted order as the array's layout, which JAX computes right
     # with only where the array is committed: it stays committed to its device.
     facts["keeps_layout"] = action is IMPORT and bool(needs & NEED_PERMUTED)
+    import_type = kDLCPU if needs & NEED_VIA_CPU else info._dev_type
     if view:
         return Route(ZERO_COPY, action, info, "jax", needs=needs, jax_device=dest,
                      import_type=import_type, import_device=src, **facts)
     return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info._nbytes,
                  jax_device=dest, import_type=import_type, import_device=src,
                  import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
+
+
+cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
+    """``(src, dest)``: the JAX device that imports the memory, and the one the array
+    ends on (``device`` where asked for). Host memory bound for another CPU device is
+    imported there: every CPU device views it as it is."""
+    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info._dev_id)
+    if (device is not None and device != src and host and src.platform == "cpu"
+            and getattr(device, "platform", None) == "cpu"):
+        src = device
+    return src, src if device is None else device
+
+
+cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host):
+    """How memory JAX has a device for gets there: viewed (vector lanes through NumPy),
+    copied by dlinspect (host memory), or imported (a device copy by JAX's importer)."""
+    if view:
+        return HOST_VIEW if needs & NEED_LANES else IMPORT
+    return HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
 
 
 cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):

@@ -41,8 +41,29 @@ def _imports(name: str, path: Path) -> set[str]:
     return {m for m in out if m in known and m != name}
 
 
+CORE_IMPORT = re.compile(r"^\s*(?:from\s+(dlinspect[\w.]*)\s+import\s+([\w, ()]+)|"
+                         r"import\s+(dlinspect[\w.]*))", re.M)
+
+
+def _core_imports() -> set[str]:
+    """The dlinspect modules the compiled core (src/*.pyx, *.pxi) imports, at the top or
+    inside a function, as a module graph sees them."""
+    known = {n for n, _ in _modules()}
+    out = set()
+    for path in sorted((ROOT / "src").glob("*.p*")):
+        for frm, names, imp in CORE_IMPORT.findall(path.read_text(encoding="utf-8")):
+            mod = frm or imp
+            out.add(mod)
+            out.update(f"{mod}.{n.strip()}" for n in re.split(r"[,()\s]+", names) if n.strip())
+    return {m for m in out if m in known}
+
+
 def test_no_import_cycles():
+    """No cycle among the package's modules, the compiled core's imports included (the
+    core never reaches up: what it needs of the words and the JAX probes is handed to it)."""
     graph = {name: _imports(name, path) for name, path in _modules()}
+    graph["dlinspect._core"] = _core_imports()
+    assert graph["dlinspect._core"], "no import of the core found"
     graph = {n: {m for m in deps if m != "dlinspect"} for n, deps in graph.items()}
     state: dict[str, int] = {}
 
@@ -128,14 +149,64 @@ def test_lint_clean():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+PYTHON_CODE = [PACKAGE, ROOT / "benchmarks", ROOT / "scripts"]
+
+
 def test_no_function_graded_d_or_worse():
-    """No function of the Python layer (python/dlinspect/*.py) has a cyclomatic
-    complexity of 21 or more (radon's grade D): decisions are tables and small steps."""
+    """No function of the package (its benchmark suites included), the benchmarks or the
+    scripts has a cyclomatic complexity of 21 or more (radon's grade D): decisions are
+    tables and small steps. The compiled core is held to the same limit below."""
     import pytest
     complexity = pytest.importorskip("radon.complexity", reason="radon is not installed")
     graded = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(p for folder in PYTHON_CODE for p in folder.rglob("*.py")):
         for block in complexity.cc_visit(path.read_text(encoding="utf-8")):
             if block.complexity > 20:
-                graded.append(f"{path.name}:{block.lineno} {block.name} ({block.complexity})")
+                graded.append(f"{path.relative_to(ROOT)}:{block.lineno} {block.name} "
+                              f"({block.complexity})")
     assert not graded, graded
+
+
+DEF_LINE = re.compile(r"^(\s*)(?:cdef|cpdef|def)\s+(?!class\b|enum\b|struct\b|extern\b)"
+                      r"[^=(]*?(\w+)\s*\(")
+DECISIONS = {"if", "elif", "for", "while", "except", "and", "or"}
+
+
+def _functions(text: str):
+    """``(name, line, source)`` of every def/cdef/cpdef function of a Cython file."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = DEF_LINE.match(line)
+        if not m or line.lstrip().startswith("cdef class"):
+            continue
+        indent, j = len(m.group(1)), i + 1
+        while j < len(lines) and (not lines[j].strip() or lines[j].lstrip().startswith(")")
+                                  or len(lines[j]) - len(lines[j].lstrip()) > indent):
+            j += 1
+        yield m.group(2), i + 1, "\n".join(lines[i:j])
+
+
+def cython_complexity(source: str) -> int:
+    """radon's count, for Cython: 1 + each if, elif, for, while, except, and, or
+    (conditional expressions and comprehensions included), strings and comments left out."""
+    import io
+    import tokenize
+    n = 1
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            n += tok.type == tokenize.NAME and tok.string in DECISIONS
+    except (tokenize.TokenError, IndentationError):   # a C declaration tokenize trips on
+        pass
+    return n
+
+
+def test_no_core_function_graded_d_or_worse():
+    """The compiled core's functions (src/*.pyx, *.pxi) under radon's grade D too: moving
+    code into the core is not a way around the limit."""
+    graded = []
+    for path in sorted((ROOT / "src").glob("*.p*x*")):
+        for name, line, source in _functions(path.read_text(encoding="utf-8")):
+            if cython_complexity(source) > 20:
+                graded.append(f"{path.name}:{line} {name} ({cython_complexity(source)})")
+    assert not graded, graded
+    assert cython_complexity("if a and b or c:\n    pass") == 4   # the count itself

@@ -594,3 +594,6 @@ def force_public_api(on: bool = True) -> None:
     For testing the fallback path; ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up.
     """
     caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
+
+
+_core.set_target_builder(target)   # the core builds its JaxTarget with this

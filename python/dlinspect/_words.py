@@ -13,6 +13,7 @@ first sentence and the rest, after the whole tensor.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -683,3 +684,6 @@ def explain(x: Any, target: Target = "jax", **options: Any) -> str:
     if isinstance(routes, C.Route):
         return explain_one(routes, x)
     return explain_tree(flatten(routes))
+
+
+C.set_words(sys.modules[__name__])   # the core words its routes with this module

@@ -216,6 +216,22 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     warnings.simplefilter("ignore", dlinspect.DLInspectWarning)  # int64 labels, x64 off
     loader = make_loader(8 if quick else 32)
     batches = list(loader)
+    tables = _in_process(loader, batches, repeat, tick)
+    if tick:
+        tick("loader: sharded (subprocess, 4 devices)")
+    sharded = _sharded(quick, repeat)
+    rows = [{"name": f"{method} [{where}]", "median": row["median"], "runs": row["runs"]}
+            for where, table in tables.items() for method, row in table.items()]
+    rows += [{"name": f"{name} [sharded, conversion]", **row}
+             for name, row in sharded["rows"].items()]
+    return {"title": "loader", "unit": "batches/s", "rows": rows, "repeat": repeat,
+            "tables": tables, "sharded": sharded, "targets": _targets(tables, sharded),
+            "notes": _notes(tables, sharded), "batches": len(batches)}
+
+
+def _in_process(loader: Any, batches: list[Any], repeat: int,
+                tick: Tick | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Batches per second of every method: conversion alone, and end to end beside a step."""
     step = make_step()
     e2e = max(3, repeat // 3)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
@@ -227,58 +243,61 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
         if tick:
             tick(f"loader: {where}")
         tables[where] = _rates(METHODS, make_batches, times, **kwargs)
-    if tick:
-        tick("loader: sharded (subprocess, 4 devices)")
+    return tables
+
+
+def _sharded(quick: bool, repeat: int) -> dict[str, Any]:
+    """The sharded measurements, in a child process with 4 forced CPU devices."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
                JAX_PLATFORMS="cpu")
     child = subprocess.run([sys.executable, "-m", "dlinspect.bench.loader", "--sharded-child",
                             str(int(quick)), str(repeat)], env=env, capture_output=True,
                            text=True, check=True)
-    sharded = json.loads(child.stdout.strip().splitlines()[-1])
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
-    rows = [{"name": f"{method} [{where}]", "median": row["median"], "runs": row["runs"]}
-            for where, table in tables.items() for method, row in table.items()]
-    rows += [{"name": f"{name} [sharded, conversion]", **row}
-             for name, row in sharded["rows"].items()]
+
+def _target(target: str, value: float, limit: float, ok: bool, **names: str) -> dict[str, Any]:
+    return {"target": target, "status": "PASS" if ok else "FAIL", "value": value,
+            "limit": limit, **names}
+
+
+def _targets(tables: dict[str, Any], sharded: dict[str, Any]) -> list[dict[str, Any]]:
     targets = []
-
-    def ratio_target(where: str, measured: str, baseline: str, limit: float) -> None:
+    for where, measured, baseline, limit in (
+            ("conversion", "to_jax loop", "from_dlpack loop", 2.0),
+            ("conversion", "to_jax loop", "asarray loop", 3.0),
+            ("end_to_end", "prefetch_to_jax", "to_jax loop", 0.95),
+            ("end_to_end_synced", "prefetch_to_jax", "to_jax loop", 0.95)):
         ratio = tables[where][measured]["median"] / tables[where][baseline]["median"]
-        targets.append({"target": f"{measured} >= {limit:g}x {baseline} ({where})",
-                        "status": "PASS" if ratio >= limit else "FAIL", "value": ratio,
-                        "limit": limit, "measured": f"{measured} [{where}]",
-                        "baseline": f"{baseline} [{where}]"})
-
-    for baseline, limit in (("from_dlpack loop", 2.0), ("asarray loop", 3.0)):
-        ratio_target("conversion", "to_jax loop", baseline, limit)
-    for where in ("end_to_end", "end_to_end_synced"):
-        ratio_target(where, "prefetch_to_jax", "to_jax loop", 0.95)
+        targets.append(_target(f"{measured} >= {limit:g}x {baseline} ({where})", ratio, limit,
+                               ratio >= limit, measured=f"{measured} [{where}]",
+                               baseline=f"{baseline} [{where}]"))
     image_bytes = sharded["copies"]["images"]["copy_bytes"]
-    targets.append({"target": f"sharded over {sharded['devices']} devices: the float32 image "
-                              f"leaf copies 0 bytes", "status": "PASS" if image_bytes == 0 else "FAIL",
-                    "value": image_bytes, "limit": 0})
+    targets.append(_target(f"sharded over {sharded['devices']} devices: the float32 image "
+                           f"leaf copies 0 bytes", image_bytes, 0, image_bytes == 0))
     measured, baseline = (f"{name} [sharded, conversion]" for name in PLACED)
-    ratio = sharded["rows"]["to_jax(b, sharding)"]["median"] / \
-        sharded["rows"]["jax.device_put(b, sharding)"]["median"]
-    targets.append({"target": "to_jax(b, sharding) >= 1.0x jax.device_put(b, sharding) "
-                              "(sharded, conversion)", "status": "PASS" if ratio >= 1.0 else "FAIL",
-                    "value": ratio, "limit": 1.0, "measured": measured, "baseline": baseline})
-    conv, step_rate = (sharded["rows"][f"{n} [step share]"]["median"]
+    rows = sharded["rows"]
+    ratio = rows["to_jax(b, sharding)"]["median"] / rows["jax.device_put(b, sharding)"]["median"]
+    targets.append(_target("to_jax(b, sharding) >= 1.0x jax.device_put(b, sharding) "
+                           "(sharded, conversion)", ratio, 1.0, ratio >= 1.0,
+                           measured=measured, baseline=baseline))
+    conv, step_rate = (rows[f"{n} [step share]"]["median"]
                        for n in ("to_jax(b, sharding)", "data-parallel step"))
-    targets.append({"target": f"converting a batch (to_jax(b, sharding)) <= 5% of a "
-                              f"{sharded['devices']}-device step (time per batch)",
-                    "status": "PASS" if step_rate / conv <= 0.05 else "FAIL",
-                    "value": step_rate / conv, "limit": 0.05,
-                    "measured": "to_jax(b, sharding) [step share] [sharded, conversion]",
-                    "baseline": "data-parallel step [step share] [sharded, conversion]"})
+    targets.append(_target(f"converting a batch (to_jax(b, sharding)) <= 5% of a "
+                           f"{sharded['devices']}-device step (time per batch)",
+                           step_rate / conv, 0.05, step_rate / conv <= 0.05,
+                           measured="to_jax(b, sharding) [step share] [sharded, conversion]",
+                           baseline="data-parallel step [step share] [sharded, conversion]"))
+    return targets
+
+
+def _notes(tables: dict[str, Any], sharded: dict[str, Any]) -> list[str]:
     fastest = {where: max(table, key=lambda m: table[m]["median"]) for where, table in tables.items()}
     notes = [f"fastest: {', '.join(f'{where}: {m}' for where, m in fastest.items())}"]
     notes += [f"sharded: {name} leaf planned {c['kind']}, {c['copy_bytes']} B copied"
               + (" (x64 narrowing)" if c["narrowing"] else "")
               for name, c in sharded["copies"].items()]
-    return {"title": "loader", "unit": "batches/s", "rows": rows, "repeat": repeat,
-            "tables": tables, "sharded": sharded, "targets": targets, "notes": notes,
-            "batches": len(batches)}
+    return notes
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--sharded-child":
