@@ -63,8 +63,10 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags):
     """``(parts, where)``: the batch's parts, and for a pytree of shardings the tree of
     part indices in its place (None for one part)."""
     sharding = opts.sharding
+    if not flags & _OPT_PLACED or sharding is None:
+        return [_part(x, (), opts)], None
     Sharding = tg.jax.sharding.Sharding
-    if not (flags & _OPT_PLACED and sharding is not None and not isinstance(sharding, Sharding)):
+    if isinstance(sharding, Sharding):
         return [_part(x, (), _leaf_options(opts, sharding))], None
     tree_util = tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
@@ -116,8 +118,8 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
 
 
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
-    """The plan: ``[rank, part, leaf, route, capsule, info, needs, copy memory]`` per
-    tensor leaf (``route`` None: the fast path imports it); nothing is taken."""
+    """The plan: a ``_Leaf`` per tensor leaf (its route None where the fast path imports
+    it); nothing is taken."""
     cdef list plan = []
     cdef set seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
@@ -159,27 +161,35 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     leaves the fast path cannot take."""
     part.out, decided = _fast_many(part.leaves, tg, part.flags)
     opts = part.opts
+    cdef _Leaf leaf
     try:
-        for i, cap, info, needs, fast in decided:
-            route = None
-            if cap is None:
-                route = route_numpy_copy(info, tg, "jax", opts)
-            elif not fast:
-                route = route_jax(info, needs, tg, opts, part.leaves[i])
-            if route is not None and route.problem is not None:
-                _mark_leaf(route.error, i)
-                _raise_route(route)
+        for leaf in decided:
+            leaf.part = k
+            if leaf.cap is None:
+                leaf.route = route_numpy_copy(leaf.info, tg, "jax", opts)
+            elif not leaf.fast:
+                leaf.route = route_jax(leaf.info, leaf.needs, tg, opts, part.leaves[leaf.index])
+            if leaf.route is not None:
+                if (<Route>leaf.route).problem is not None:
+                    _mark_leaf(leaf.route.error, leaf.index)
+                    _raise_route(leaf.route)
+                leaf.rank = _rank(leaf.route)
             if report is not None:
-                if route is None:
-                    report._note(part.offset + i, (<TensorInfo>info)._nbytes, needs)
-                else:
-                    report._note_route(part.offset + i, route, False)
-            plan.append([_rank(route), k, i, route, cap, info, needs, None])
+                _note(report, part.offset + leaf.index, leaf)
+            plan.append(leaf)
     except BaseException:
         # The exports let go of with the error handled, not pending: a producer's capsule
         # destructor may run Python code (see _convert).
-        decided = cap = info = route = None
+        decided = leaf = None
         raise
+    return 0
+
+
+cdef int _note(LoaderReport report, Py_ssize_t i, _Leaf leaf) except -1:
+    if leaf.route is None:
+        report._note(i, (<TensorInfo>leaf.info)._nbytes, leaf.needs)
+    else:
+        report._note_route(i, leaf.route, False)
     return 0
 
 
@@ -188,12 +198,12 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     """Every tensor leaf's route (a device, a sharding or ``copy=True`` was asked for)."""
     part.out = list(part.leaves)
     cdef Py_ssize_t i
+    cdef _Leaf leaf
     for i in range(len(part.leaves)):
-        leaf = part.leaves[i]
-        if not is_tensor(leaf):
+        if not is_tensor(part.leaves[i]):
             continue
         try:
-            route, cap = _decide_leaf(leaf, tg, part.opts)
+            route, cap = _decide_leaf(part.leaves[i], tg, part.opts)
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
@@ -203,7 +213,9 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
             _raise_route(route)
         if report is not None:
             report._note_route(part.offset + i, route, part.flags & _OPT_COPY_ALWAYS)
-        plan.append([_rank(route), k, i, route, cap, None, 0, None])
+        leaf = _new_leaf(i, cap, None, 0, False)
+        leaf.part, leaf.route, leaf.rank = k, route, _rank(route)
+        plan.append(leaf)
     return 0
 
 
@@ -211,41 +223,50 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: the routes that take nothing of the caller's first (their failures
     consume nothing); then everything that can fail in the others (``_prepare``,
     ``_prepare_copy``), before any of them is taken; then they run."""
-    plan.sort(key=_first)
-    cdef Py_ssize_t m, n = len(plan), taking = n
+    cdef Py_ssize_t i, m, n = len(plan), taking = n
+    cdef _Leaf leaf
+    cdef _Part part
+    for m in range(1, n):
+        if (<_Leaf>plan[m]).rank < (<_Leaf>plan[m - 1]).rank:   # out of order: sorted (stable)
+            plan.sort(key=_leaf_rank)
+            break
     for m in range(n):
-        if plan[m][0] != 0:
+        if (<_Leaf>plan[m]).rank != 0:
             taking = m
             break
-    cdef list e
-    cdef _Part part
     for m in range(n):
         if m == taking:
-            for e in plan[taking:]:
-                _prepare_entry(e, parts, tg)
-        e = plan[m]
-        part = parts[e[1]]
-        i, route = e[2], e[3]
+            for leaf in plan[taking:]:
+                if leaf.route is not None or leaf.needs & ~NEED_PERMUTED:
+                    _prepare_leaf(leaf, parts, tg)
+        leaf = plan[m]
+        part = parts[leaf.part]
+        i = leaf.index
         try:
-            part.out[i] = (_import_fast(e[4], e[5], e[6], tg, part.flags, part.leaves[i], e[7])
-                           if route is None else
-                           _execute(route, e[4], part.leaves[i], tg, part.opts, m >= taking))
+            part.out[i] = (
+                _import_fast(leaf.cap, leaf.info, leaf.needs, tg, part.flags, part.leaves[i],
+                             leaf.prepared) if leaf.route is None else
+                _execute(leaf.route, leaf.cap, part.leaves[i], tg, part.opts, m >= taking))
         except Exception as exc:
             _words().name_leaf(exc, part.keystr(i))
             raise
-        e[4] = e[7] = None   # (the capsule and the copy's memory are the array's now)
+        leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
     return 0
 
 
-cdef int _prepare_entry(list e, list parts, JaxTarget tg) except -1:
-    cdef _Part part = parts[e[1]]
+def _leaf_rank(_Leaf leaf):
+    return leaf.rank
+
+
+cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
+    cdef _Part part = parts[leaf.part]
     try:
-        if e[3] is not None:
-            _prepare(e[3], tg)
-        elif e[6] & ~NEED_PERMUTED:   # the fast path's copy
-            e[7] = _prepare_copy(e[5], e[6], tg, part.flags)
+        if leaf.route is not None:
+            _prepare(leaf.route, tg)
+        else:   # the fast path's copy
+            leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.flags)
     except Exception as exc:
-        _words().name_leaf(exc, part.keystr(e[2]))
+        _words().name_leaf(exc, part.keystr(leaf.index))
         raise
     return 0
 
@@ -281,8 +302,6 @@ cdef int _rank(route):
     return 0 if action in _TAKES_NOTHING else 1
 
 
-def _first(item):
-    return item[0]
 
 
 cdef inline bint _tensor_type(v):

@@ -69,7 +69,31 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
         What exporting a leaf raised, with the leaf's index in its
         ``_dlinspect_leaf`` attribute (the caller names the leaf's key path).
     """
-    return _fast_many(leaves, tg, flags)
+    out, decided = _fast_many(leaves, tg, flags)
+    cdef _Leaf leaf
+    return out, [(leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast) for leaf in decided]
+
+
+@cython.final
+cdef class _Leaf:
+    """One tensor leaf of a batch's plan (src/batch.pxi): what the decision found, and,
+    once the batch is prepared, the memory its copy goes into."""
+    cdef int rank            # the order it runs in (batch.pxi, _rank)
+    cdef Py_ssize_t part     # its part of the batch
+    cdef Py_ssize_t index    # its index among the part's leaves
+    cdef object route        # its Route; None where the fast path imports it
+    cdef object cap          # its export (None: NumPy memory DLPack cannot describe)
+    cdef object info         # its TensorInfo (or the NotDescribableError)
+    cdef uint32_t needs
+    cdef bint fast           # the fast path's import takes it
+    cdef object prepared     # the copy's memory (_prepare_copy), before anything is taken
+
+
+cdef _Leaf _new_leaf(Py_ssize_t i, cap, info, uint32_t needs, bint fast):
+    cdef _Leaf leaf = _Leaf.__new__(_Leaf)
+    leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast = i, cap, info, needs, fast
+    leaf.rank = 2
+    return leaf
 
 
 cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
@@ -80,39 +104,40 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
     cdef uint32_t needs
     cdef PyObject* p
     cdef TensorInfo info
+    cdef _TypeEntry entry
     try:
         for i in range(n):
             leaf = leaves[i]
-            if not _exported_leaf(leaf, tg, i):
-                out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
-                continue
+            entry = None
+            if not PyCapsule_CheckExact(leaf):
+                entry = _entry_for(type(leaf))
+                if not _exported_type(entry, leaf, tg, i):
+                    out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
+                    continue
             p = NULL
             try:
-                info = _export(leaf, MODE_TAKE, tg.stream_for, &p)
+                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry)
                 cap = _take_ref(p)
                 needs = _needs_jax(info, tg, share)
             except NotNumericError:
                 out[i] = leaf            # not a numeric tensor: a leaf kept as it is
                 continue
             except NotDescribableError as exc:
-                decided.append((i, None, exc, 0, False))   # the general route: NumPy's copy
+                decided.append(_new_leaf(i, None, exc, 0, False))   # the general route: NumPy's copy
                 continue
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
-            decided.append((i, cap, info, needs, _fast_kind(info, needs, flags, tg) != 0))
+            decided.append(_new_leaf(i, cap, info, needs, _fast_kind(info, needs, flags, tg) != 0))
         return out, decided
     except BaseException:
         decided = cap = None   # the exports let go of with the error handled (see _convert)
         raise
 
 
-cdef bint _exported_leaf(leaf, JaxTarget tg, Py_ssize_t i) except -1:
-    """``leaf`` is a tensor the batch exports: not a non-tensor, not a jax.Array (a
-    deleted one refused, naming leaf ``i``)."""
-    if PyCapsule_CheckExact(leaf):
-        return True
-    cdef _TypeEntry entry = _entry_for(type(leaf))
+cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) except -1:
+    """``leaf`` (not a capsule; ``entry``: its type's) is a tensor the batch exports: not a
+    non-tensor, not a jax.Array (a deleted one refused, naming leaf ``i``)."""
     if not entry.has_dlpack and entry.api == NULL:
         return False
     if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
