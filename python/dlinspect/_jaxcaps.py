@@ -51,39 +51,47 @@ class Symbol(NamedTuple):
     fallback: str                             # what is used when none is found
 
 
-#: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback.
-SYMBOLS = (
-    Symbol("DLPack import (the fast path)",
-           (("jax._src.lib._jax", "dlpack_managed_tensor_to_buffer"),
-            ("jax._src.lib.xla_client._xla", "dlpack_managed_tensor_to_buffer")),
-           "jax.dlpack.from_dlpack through a wrapper object (about 40 µs more per call)"),
-    Symbol("DLDeviceType -> platform map",
-           (("jax._src.dlpack", "_DL_DEVICE_TO_PLATFORM"),),
-           "dlinspect's copy of the map jax 0.4-0.12 uses"),
-    Symbol("jax_enable_x64 as this thread sees it, and a context setting it for a thread",
-           (("jax._src.config", "enable_x64"),),
-           "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads; "
-           "prefetch_to_jax's worker thread then converts under the global mode)"),
-    Symbol("assemble a sharded array from its shards, already in the sharding's device "
-           "order (Sharding._addressable_device_assignment) with no re-check",
-           (("jax._src.array", "ArrayImpl"),),
-           "jax.make_array_from_single_device_arrays (its checks, about 12 µs more per leaf)"),
-    Symbol("the abstract value ArrayImpl takes",
-           (("jax._src.core", "ShapedArray"),),
-           "jax.make_array_from_single_device_arrays"),
-    Symbol("the sharding an abstract value carries (jax >= 0.5)",
-           (("jax._src.core", "update_aval_with_sharding"),),
-           "an abstract value without a sharding, as jax < 0.5 has"),
-    Symbol("jaxlib's batched put (what jax.device_put calls): host memory into JAX in one "
-           "call per tensor, sharded or not, uncommitted where no device is asked for",
-           (("jax._src.lib._jax", "batched_device_put"),
-            ("jax._src.lib.xla_client._xla", "batched_device_put")),
-           "the DLPack import, each shard imported and the array assembled"),
-    Symbol("a result handler: the array the DLPack import gives (committed), uncommitted",
-           (("jax._src.lib._jax", "array_result_handler"),
-            ("jax._src.lib.xla_client._xla", "array_result_handler")),
-           "arrays of the DLPack import stay committed to their device"),
-)
+#: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback, by name.
+SYMBOLS: dict[str, Symbol] = {
+    "import": Symbol(
+        "DLPack import (the fast path)",
+        (("jax._src.lib._jax", "dlpack_managed_tensor_to_buffer"),
+         ("jax._src.lib.xla_client._xla", "dlpack_managed_tensor_to_buffer")),
+        "jax.dlpack.from_dlpack through a wrapper object (about 40 µs more per call)"),
+    "platforms": Symbol(
+        "DLDeviceType -> platform map",
+        (("jax._src.dlpack", "_DL_DEVICE_TO_PLATFORM"),),
+        "dlinspect's copy of the map jax 0.4-0.12 uses"),
+    "x64": Symbol(
+        "jax_enable_x64 as this thread sees it, and a context setting it for a thread",
+        (("jax._src.config", "enable_x64"),),
+        "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads; "
+        "prefetch_to_jax's worker thread then converts under the global mode)"),
+    "array_impl": Symbol(
+        "assemble a sharded array from its shards, already in the sharding's device "
+        "order (Sharding._addressable_device_assignment) with no re-check",
+        (("jax._src.array", "ArrayImpl"),),
+        "jax.make_array_from_single_device_arrays (its checks, about 12 µs more per leaf)"),
+    "shaped_array": Symbol(
+        "the abstract value ArrayImpl takes",
+        (("jax._src.core", "ShapedArray"),),
+        "jax.make_array_from_single_device_arrays"),
+    "aval_sharding": Symbol(
+        "the sharding an abstract value carries (jax >= 0.5)",
+        (("jax._src.core", "update_aval_with_sharding"),),
+        "an abstract value without a sharding, as jax < 0.5 has"),
+    "batched_put": Symbol(
+        "jaxlib's batched put (what jax.device_put calls): host memory into JAX in one "
+        "call per tensor, sharded or not, uncommitted where no device is asked for",
+        (("jax._src.lib._jax", "batched_device_put"),
+         ("jax._src.lib.xla_client._xla", "batched_device_put")),
+        "the DLPack import, each shard imported and the array assembled"),
+    "result_handler": Symbol(
+        "a result handler: the array the DLPack import gives (committed), uncommitted",
+        (("jax._src.lib._jax", "array_result_handler"),
+         ("jax._src.lib.xla_client._xla", "array_result_handler")),
+        "arrays of the DLPack import stay committed to their device"),
+}
 
 
 class SymbolStatus(NamedTuple):
@@ -170,8 +178,8 @@ class JaxCaps:
         jaxlib's own import function is used (False: the public API).
     direct_reason : str
         Which function, or why the public ``jax.dlpack.from_dlpack`` is used.
-    symbols : list of SymbolStatus
-        What each entry of :data:`SYMBOLS` resolved to.
+    symbols : dict of str to SymbolStatus
+        What each entry of :data:`SYMBOLS` resolved to, by its name.
     target : dlinspect._core.JaxTarget
         What the decision (``needs``) and the fast path read.
     """
@@ -181,10 +189,10 @@ class JaxCaps:
 
         self.jax = jax
         self.jnp = jax.numpy
-        resolved = [_resolve(s) for s in SYMBOLS]
-        self.symbols = [status for _, status in resolved]
+        resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
+        self.symbols = {name: status for name, (_, status) in resolved.items()}
         import_fn, mapping, x64_state, array_impl, shaped_array, aval_of, put, handler = (
-            value for value, _ in resolved)
+            resolved[name][0] for name in SYMBOLS)
         self._assembly = (array_impl, shaped_array, aval_of)
         self._put_fn, self._handler_fn = put, handler
         self.mapping = ({int(k): v for k, v in mapping.items()} if mapping is not None
@@ -195,10 +203,10 @@ class JaxCaps:
         self._direct_fn: Callable[..., Any] | None = None
         if import_fn is not None:
             self._direct_fn, how = _import_adapter(import_fn)
-            where = self.symbols[0].found
-            self.symbols[0] = self.symbols[0]._replace(
+            where = self.symbols["import"].found
+            self.symbols["import"] = self.symbols["import"]._replace(
                 reason=f"signature {how}" if self._direct_fn else
-                f"found at {where} with {how}; using {SYMBOLS[0].fallback}",
+                f"found at {where} with {how}; using {SYMBOLS['import'].fallback}",
                 found=where if self._direct_fn else None)
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
@@ -210,7 +218,7 @@ class JaxCaps:
 
     def _set_direct(self, force_public: bool, why: str) -> None:
         _core.set_target(None)   # rebuilt with the import function chosen here
-        status = self.symbols[0]
+        status = self.symbols["import"]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
                               else why if force_public else status.reason)
@@ -375,7 +383,7 @@ class JaxCaps:
         put, (_, shaped_array, aval_of) = self._put_fn, self._assembly
         if put is None or shaped_array is None or not self.direct:
             self._put_status(None, "the public API is forced: jax.device_put puts dlinspect's "
-                                   "copies" if not self.direct else SYMBOLS[6].fallback)
+                                   "copies" if not self.direct else SYMBOLS["batched_put"].fallback)
             return {"put": None}
         jax = self.jax
         single = jax.sharding.SingleDeviceSharding
@@ -401,19 +409,19 @@ class JaxCaps:
         except Exception as exc:   # another signature, another array: not used
             self._put_status(None, f"its probe failed ({type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0] if str(exc) else ''}); using "
-                                   f"{SYMBOLS[6].fallback}")
+                                   f"{SYMBOLS['batched_put'].fallback}")
             return {"put": None}
         if not same:
             self._put_status(None, f"its probe: it does not view aligned memory in place, or "
                                    f"gives another array than jax.device_put; using "
-                                   f"{SYMBOLS[6].fallback}")
+                                   f"{SYMBOLS['batched_put'].fallback}")
             return {"put": None}
-        self._put_status(self.symbols[6].found, f"views host memory aligned to {align} bytes")
+        self._put_status(self.symbols["batched_put"].found, f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": make_aval, "make_single": single}
 
     def _put_status(self, found: str | None, reason: str) -> None:
         """What ``dlinspect doctor`` says of the batched put (its row of ``symbols``)."""
-        self.symbols[6] = self.symbols[6]._replace(found=found, reason=reason)
+        self.symbols["batched_put"] = self.symbols["batched_put"]._replace(found=found, reason=reason)
 
     def _uncommitter(self) -> Callable[[Any], Any]:
         """``uncommit(array)``: a committed single-device array of the DLPack import as the
@@ -426,8 +434,8 @@ class JaxCaps:
 
         if handler_fn is None or shaped_array is None or not self.direct:
             if not self.direct:
-                self.symbols[7] = self.symbols[7]._replace(
-                    found=None, reason=f"the public API is forced; {SYMBOLS[7].fallback}")
+                self.symbols["result_handler"] = self.symbols["result_handler"]._replace(
+                    found=None, reason=f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
             return as_is
         handlers: dict[Any, Any] = {}
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
@@ -457,9 +465,9 @@ class JaxCaps:
                     or np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() != [4, 3, 2, 1]):
                 raise ValueError("another array than the import's, or still committed")
         except Exception as exc:
-            self.symbols[7] = self.symbols[7]._replace(
+            self.symbols["result_handler"] = self.symbols["result_handler"]._replace(
                 found=None, reason=f"its probe failed ({type(exc).__name__}); "
-                                   f"{SYMBOLS[7].fallback}")
+                                   f"{SYMBOLS['result_handler'].fallback}")
             return as_is
         return uncommit
 

@@ -83,7 +83,7 @@ def doctor_report() -> dict[str, Any]:
                                  dlinspect.DLDeviceType._value2member_map_ else str(k): v
                                  for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
-                                for s in c.symbols],
+                                for s in c.symbols.values()],
         }
     rows = []
     x = aligned_empty((4, 4), np.float32, 64)
