@@ -14,6 +14,16 @@ rm -rf dist wheelhouse
 .venv-wheel/bin/python -m build --sdist --wheel --outdir dist .
 PATH="$root/.venv-wheel/bin:$PATH" auditwheel repair --wheel-dir wheelhouse dist/*.whl
 ls -l dist wheelhouse
+# The license the project declares travels in both.
+for f in wheelhouse/*.whl dist/*.tar.gz; do
+    .venv-wheel/bin/python - "$f" <<'PY'
+import sys, tarfile, zipfile
+f = sys.argv[1]
+names = (zipfile.ZipFile(f).namelist() if f.endswith(".whl")
+         else tarfile.open(f).getnames())
+assert any(n.endswith("LICENSE") for n in names), f"{f} has no LICENSE"
+PY
+done
 
 # The wheel, with no compiler reachable: PATH holds the environment's bin and nothing else.
 rm -rf .venv-wheel-test && "$py" -m venv .venv-wheel-test

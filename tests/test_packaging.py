@@ -223,3 +223,13 @@ def test_version_is_written_once():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
     assert importlib.metadata.version("dlinspect") == dlinspect.__version__
+
+
+def test_the_declared_license_is_the_license_file():
+    """pyproject.toml declares Apache-2.0, and LICENSE is its text (the wheel and the sdist
+    carry it: scripts/wheel.sh checks both)."""
+    import tomllib
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert declared["project"]["license"] == "Apache-2.0"
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
