@@ -6,16 +6,9 @@
 # or exports the caller's tensor again. A failed route leaves a caller's capsule
 # unconsumed; in a batch, every leaf is decided before any is consumed.
 
-from dlinspect import _options as _options_module
 from dlinspect import _tree
 from dlinspect._options import DEFAULT as _DEFAULT, check_sharding, options as _check_options
 
-cdef int _OPT_COPY_ALWAYS = _options_module.COPY_ALWAYS
-cdef int _OPT_COPY_NEVER = _options_module.COPY_NEVER
-cdef int _OPT_PLACED = _options_module.PLACED
-cdef int _OPT_SHARE_READONLY = _options_module.SHARE_READONLY
-cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
-cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 # The defaults of to_jax's string options, compared by identity on the hot path (an
 # equal string that is another object takes the checked way, with the same result).
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
@@ -94,7 +87,8 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         For memory on a device this JAX has no backend for (OpenCL, Vulkan,
         Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
         host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
-        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``.
+        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``, judged
+        from the producer's ``__dlpack_device__`` before it is asked to export.
     leaves : {"keep", "raise"}
         A leaf that is not a numeric tensor is kept as it is, or (``"raise"``)
         raises ``NotDLPackError`` naming its key path.
@@ -327,7 +321,7 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts):
         return route_jax_array(x, opts), None
     cdef PyObject* p = NULL
     try:
-        info = _export(x, MODE_TAKE, tg.stream_for, &p)
+        info = _export(x, MODE_TAKE, tg.stream_for, &p, None, _refuser(tg, (<int>opts.flags)))
     except NotDescribableError as exc:
         return route_numpy_copy(exc, tg, "jax", opts), None
     cap = _take_ref(p)

@@ -601,9 +601,10 @@ ctypedef struct _Asked:
 # is left NULL only in MODE_PEEK through the exchange API (no capsule was made). A bare
 # capsule is read, never consumed. Raises NotDLPackError, ProducerError, or what reading
 # the header raises; *cap_out is then untouched. (An out-parameter, not a tuple: peek is
-# on the hot path.)
+# on the hot path.) ``refuse_device(x, device_type, device_id)``, where given, judges
+# the device a producer reports before it is asked to export (fallback="raise").
 cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
-                        _TypeEntry entry=None):
+                        _TypeEntry entry=None, object refuse_device=None):
     if PyCapsule_CheckExact(x):
         return _handing(_peek_capsule(x), x, cap_out)
     if entry is None:
@@ -632,6 +633,8 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     if not dev.asked and entry.has_device and mode != MODE_HOST_COPY:
         _ask_device(x, &dev.dev_type, &dev.dev_id, &dev.id_known)
         dev.asked = True
+    if refuse_device is not None and dev.asked:   # fallback="raise": judged before the export
+        refuse_device(x, dev.dev_type, dev.dev_id)
     cap = _dlpack_capsule(x, entry, mode, stream_for, &dev)
     info = _peek_capsule(cap)
     if dev.asked and mode != MODE_HOST_COPY:

@@ -116,7 +116,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
                     continue
             p = NULL
             try:
-                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry)
+                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
                 cap = _take_ref(p)
                 needs = _needs_jax(info, tg, share)
             except NotNumericError:
@@ -231,7 +231,7 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
         if entry.guard == GUARD_JAX:
             _refuse_dead_array(x)
             return x   # already a jax.Array, and no device or copy was asked for
-    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry)
+    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
     if _fast_kind(info, n, flags, tg) == 0:

@@ -3,6 +3,17 @@
 # fast path imports when it is empty; the general route carries it out. Nothing
 # else decides.
 
+from dlinspect import _options as _options_module
+
+# The bits of Options.flags the core reads (what the caller asked for; 0: every default).
+cdef int _OPT_COPY_ALWAYS = _options_module.COPY_ALWAYS
+cdef int _OPT_COPY_NEVER = _options_module.COPY_NEVER
+cdef int _OPT_PLACED = _options_module.PLACED
+cdef int _OPT_SHARE_READONLY = _options_module.SHARE_READONLY
+cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
+cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
+cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
+
 cdef enum:
     NEED_DEVICE = 1 << 0     # no JAX device (or no NumPy view) for this memory: a host copy
     NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
@@ -292,6 +303,16 @@ cdef class JaxTarget:
     def device_for(self, int device_type, int device_id):
         """The ``jax.Device`` JAX imports this DLPack device's memory onto, or None."""
         return self.devices.get((device_type, device_id))
+
+    def refuse_device(self, x, int device_type, int device_id):
+        """``fallback="raise"``'s judgement of a producer's device before it is asked to
+        export (``__dlpack_device__``'s answer): an UnsupportedDeviceError naming the
+        device where JAX has no device for it and the memory is not host memory."""
+        if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
+                or _host_accessible(device_type)):
+            return
+        raise UnsupportedDeviceError(_words().not_asked(x, device_type, device_id,
+                                                        self.platforms))
 
     def narrowing(self, int code, int bits):
         """``(code, bits, warning)`` JAX narrows this 64-bit dtype to with x64 off, or None."""

@@ -565,6 +565,11 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
     return route_jax(info, needs, tg, opts, source)
 
 
+cdef inline object _refuser(tg, int flags):
+    """What judges a producer's device before its export: JAX's, with fallback="raise"."""
+    return (<JaxTarget>tg).refuse_device if tg is not None and flags & _OPT_FALLBACK_RAISE else None
+
+
 def plan_one(x, tg, str target, opts):
     """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
     exported exactly as :func:`to_jax` would export it and released unconsumed."""
@@ -574,7 +579,8 @@ def plan_one(x, tg, str target, opts):
         return decide(x, tg, target, opts)
     cdef PyObject* p = NULL
     try:
-        info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p)
+        info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p, None,
+                       _refuser(tg, (<int>opts.flags)))
     except NotDescribableError as exc:
         return route_numpy_copy(exc.with_traceback(None), tg, target, opts)
     except DLInspectError as exc:

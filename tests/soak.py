@@ -3,7 +3,7 @@
 Routes (every tensor a make_capsule capsule or a FakeProducer, so deleter calls
 are counted): zero-copy (aligned float32), copy (strided: one copy into C order),
 host-fallback (a Vulkan FakeProducer: host copy asked of the producer) and
-error (the same with fallback="raise"). Each route first runs N/10 warm-up
+error (the same with copy=False: exported, then refused). Each route first runs N/10 warm-up
 conversions, then N measured ones; RSS (VmRSS) is read before and after the
 measured ones, after a garbage collection.
 
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     def error(counter):
         p = FakeProducer(src, (D.kDLVulkan, 0), counter=counter)
         try:
-            dlinspect.to_jax(p, fallback="raise")
-        except dlinspect.UnsupportedDeviceError:
+            dlinspect.to_jax(p, copy=False)
+        except dlinspect.CopyRequiredError:
             return None, 1
         raise AssertionError("no error")
 

@@ -71,13 +71,34 @@ class TestForeignDevices:
         gc.collect()
         assert p.counter.calls == len(p.calls)  # every capsule served was freed once
 
+        served = len(p.calls)
         with pytest.raises(UnsupportedDeviceError) as err:
             to_jax(p, fallback="raise")
         msg = str(err.value)
-        for part in (f"{device.name}:0", "(2, 3)", "float32", "platforms here: cpu",
+        for part in (f"{device.name}:0", "FakeProducer", "platforms here: cpu",
+                     "the producer was not asked to export",
                      "move it to host memory with its own library first", 'fallback="host"'):
             assert part in msg, (part, msg)
         assert isinstance(err.value, BufferError)
+        assert len(p.calls) == served   # judged from __dlpack_device__ alone
+
+    @pytest.mark.parametrize("batch", [False, True], ids=["one", "dict"])
+    def test_refusing_producer_with_fallback_raise(self, batch):
+        """A producer on a device JAX has no device for that refuses to export (its
+        ``__dlpack__`` raises): with fallback="raise", in to_jax and in plan, the error is
+        the device's, judged from ``__dlpack_device__`` before any export is asked for."""
+        p = FakeProducer(np.ones(3, np.float32), device=(D.kDLVulkan, 0),
+                         refuse="no DLPack export of Vulkan memory")
+        x = {"a": aligned([1.0, 2.0]), "v": p} if batch else p
+        with pytest.raises(UnsupportedDeviceError, match=r"kDLVulkan:0 cannot go to JAX") as err:
+            to_jax(x, fallback="raise")
+        assert str(err.value).startswith("['v']: ") == batch
+        route = plan(x, fallback="raise")
+        route = route["v"] if batch else route
+        assert route.kind == "error" and isinstance(route.error, UnsupportedDeviceError)
+        assert p.calls == []
+        with pytest.raises(ProducerError, match="no DLPack export of Vulkan memory"):
+            to_jax(x)   # fallback="host": the producer is asked, and its refusal is the error
 
     def test_producer_without_host_copy_falls_back_to_asarray(self):
         class ArrayLike(FakeProducer):

@@ -318,7 +318,10 @@ class TestLifetimes:  # C12
         gc.disable()
         try:
             with pytest.raises(UnsupportedDeviceError):
-                to_jax(p, fallback="raise")
+                to_jax(p, fallback="raise")   # judged before any export: nothing to free
+            assert p.calls == [] and p.counter.calls == 0
+            with pytest.raises(CopyRequiredError):
+                to_jax(p, copy=False)          # exported, then refused: freed at once
             assert p.counter.calls == 1
             with pytest.raises(CopyRequiredError):
                 to_jax(FakeProducer(np.ones((3, 3), np.float32)[:, ::2], counter=p.counter),

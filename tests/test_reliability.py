@@ -29,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
-from dlinspect import DLInspectError, UnsupportedDeviceError  # noqa: E402
+from dlinspect import CopyRequiredError, DLInspectError  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
 
 from _helpers import jax_lets_go  # noqa: E402
@@ -102,14 +102,16 @@ def convert(route, x):
         return dlinspect.to_jax(x, copy=True)
     if route == "host-fallback":
         return dlinspect.to_jax(Elsewhere(x))
-    with pytest.raises(UnsupportedDeviceError):
-        dlinspect.to_jax(Elsewhere(x), fallback="raise")
+    with pytest.raises(CopyRequiredError):
+        dlinspect.to_jax(Elsewhere(x), copy=False)
     return None
 
 
 def expected_route(route, x):
     target = Elsewhere(x) if route in ("host-fallback", "error") else x
-    kw = {"copy": True} if route == "copy" else {"fallback": "raise"} if route == "error" else {}
+    # (the error: a host fallback with copy=False, refused after the export was taken;
+    # fallback="raise" refuses from __dlpack_device__ alone, before any export)
+    kw = {"copy": True} if route == "copy" else {"copy": False} if route == "error" else {}
     return dlinspect.plan(target, **kw).kind
 
 
@@ -137,10 +139,10 @@ def test_deleter_runs_once_capsules(route):
         # A bare capsule has no producer to ask for a host copy: a FakeProducer serves them.
         counter = DeleterCounter()
         p = FakeProducer(values(), (D.kDLVulkan, 0), counter=counter)
-        assert dlinspect.plan(p, fallback="raise" if route == "error" else "host").kind == route
+        assert dlinspect.plan(p, copy=False if route == "error" else None).kind == route
         if route == "error":
-            with pytest.raises(UnsupportedDeviceError):
-                dlinspect.to_jax(p, fallback="raise")
+            with pytest.raises(CopyRequiredError):
+                dlinspect.to_jax(p, copy=False)
             y = None
         else:
             y = dlinspect.to_jax(p)

@@ -201,6 +201,18 @@ def _no_device_head(route: Any) -> str:
             f"{device_name(int(info.device_type), info.device_id)} (platforms here: {platforms}).")
 
 
+def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
+    """The error of ``fallback="raise"`` for a producer on a device JAX has no device
+    for, judged from its ``__dlpack_device__`` before it was asked to export."""
+    tp = type(x)
+    where = device_name(device_type, device_id)
+    return (f"a {tp.__module__}.{tp.__qualname__} on {where} cannot go to JAX: this JAX has "
+            f"no device for {where} (platforms here: {', '.join(sorted(platforms)) or 'none'}"
+            f"). Tried: nothing (fallback='raise'; the producer was not asked to export). "
+            f"To fix: {device_fix(device_type, 'jax', False)}, or pass fallback=\"host\" so "
+            f"dlinspect goes through host memory.")
+
+
 def _numpy_head(f: dict[str, Any]) -> str:
     arr = f["array"]
     return f"a {arr.dtype.name} NumPy array of shape {arr.shape} ({arr.dtype.str})"
@@ -622,6 +634,8 @@ def _head(route: Any, x: Any) -> str:
         return "<not a tensor>"
     if route.action == C.NUMPY_COPY or route.facts.get("numpy_copy"):
         return "<no DLPack header: DLPack cannot describe this NumPy memory>"
+    if isinstance(route.error, UnsupportedDeviceError):
+        return "<no header: not exported (fallback='raise' judged the device first)>"
     return "<no header: the export failed>"
 
 
