@@ -5,6 +5,7 @@
 
 import functools as _functools
 import os as _os
+import pickle as _pickle
 
 # What a route is, in the public word (Route.kind).
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
@@ -99,6 +100,14 @@ cdef class Route:
     key_path : str
         The pytree key path of the leaf this route is for, in a batch's plan
         (``['inputs']['pixels']``); empty for a single tensor.
+
+    Notes
+    -----
+    A Route pickles (to log a plan from a loader's worker process): kind, action,
+    header, needs, bytes, key path, reason, warning and error travel as they are;
+    ``jax_device`` and each shard's device are found again by platform and id in
+    the process that unpickles it (None where it has no such device); of ``facts``
+    only numbers, text and containers of them travel.
     """
 
     cdef readonly str kind, action, target
@@ -176,6 +185,75 @@ cdef class Route:
 
     def __repr__(self):
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
+
+    def __reduce__(self):
+        # A plan travels (a loader's worker logs it in another process): its words go
+        # as text; devices as (platform, id), found again where it is unpickled.
+        state = dict(kind=self.kind, action=self.action, info=self.info, target=self.target,
+                     needs=self._needs, copy_bytes=self.copy_bytes,
+                     import_type=self.import_type, key_path=self.key_path,
+                     reason=self.reason, error=_picklable_error(self.error),
+                     jax_device=_device_ref(self.jax_device),
+                     import_device=_device_ref(self.import_device),
+                     shards=tuple((_device_ref(d), idx, r) for d, idx, r in self.shards),
+                     facts={k: v for k, v in self.facts.items() if _plain(v)})
+        return (_restored_route, (state,))
+
+
+def _plain(value):
+    """A fact that travels: numbers, text and containers of them (not the memory, the
+    producer or the devices a fact may hold)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items())
+
+
+def _pickles(value):
+    try:
+        _pickle.dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+def _picklable_error(error):
+    """``error`` itself where it pickles; else a DLInspectError with its words."""
+    return error if error is None or _pickles(error) else DLInspectError(str(error))
+
+
+def _device_ref(device):
+    return None if device is None else (device.platform, device.id)
+
+
+def _found_device(ref):
+    """The device of this process with ``ref``'s platform and id (None if none)."""
+    if ref is None:
+        return None
+    jax = _sys.modules.get("jax")
+    try:
+        return next(d for d in jax.devices(ref[0]) if d.id == ref[1])
+    except Exception:   # no jax imported here, no such platform or device
+        return None
+
+
+def _restored_route(dict state):
+    """Unpickle a Route: the same kind, action, header, needs, bytes and words; devices
+    found again by platform and id (None where this process has no such device)."""
+    facts = state["facts"]
+    cdef Route route = Route(state["kind"], state["action"], state["info"], state["target"],
+                  needs=state["needs"], copy_bytes=state["copy_bytes"],
+                  jax_device=_found_device(state["jax_device"]),
+                  import_device=_found_device(state["import_device"]),
+                  import_type=state["import_type"],
+                  shards=tuple((_found_device(d), idx, r) for d, idx, r in state["shards"]),
+                  **facts)
+    route.key_path = state["key_path"]
+    route._reason = state["reason"]
+    route._error = state["error"]
+    route.problem = None if state["error"] is None else "raised"
+    return route
 
 
 def fail(str problem, info, str target, needs=0, **facts):

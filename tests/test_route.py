@@ -547,3 +547,47 @@ class TestDerivedIntegers:
         cap = make_capsule(address=2**64 - 8, shape=(1,), byte_offset=16, null_deleter=True)
         with pytest.raises(MalformedTensorError, match="address space"):
             dlinspect.peek(cap)
+
+
+class TestPickling:
+    """Every public result type pickles: a plan travels to another process (a loader's
+    worker logs it) with its words, header, needs and bytes; devices are found again by
+    platform and id."""
+
+    def routes(self):
+        x = aligned(np.arange(16, dtype=np.float32).reshape(4, 4))
+        batch = plan({"x": x, "id": "a"})
+        return {
+            "zero-copy": plan(x), "copy": plan(x[:, ::2]), "narrow": plan(np.arange(3)),
+            "host-fallback": plan(FakeProducer(np.ones(3), (D.kDLVulkan, 0))),
+            "error": plan(FakeProducer(np.ones(3), (D.kDLVulkan, 0)), fallback="raise"),
+            "numpy-copy": plan(np.ones(3, ">f4")), "untouched": batch["id"],
+            "host": plan(x, "host"),
+        }
+
+    @pytest.mark.parametrize("kind", ["zero-copy", "copy", "narrow", "host-fallback", "error",
+                                      "numpy-copy", "untouched", "host"])
+    def test_route_pickles(self, kind):
+        import pickle
+        route = self.routes()[kind]
+        back = pickle.loads(pickle.dumps(route))
+        for name in ("kind", "action", "target", "needs", "copy_bytes", "info", "reason",
+                     "warning", "key_path", "jax_device", "zero_copy", "import_type"):
+            assert getattr(back, name) == getattr(route, name), name
+        assert type(back.error) is type(route.error)
+        assert str(back.error) == str(route.error)
+        assert repr(back) == repr(route)
+
+    def test_other_results_pickle(self):
+        import pickle
+        x = aligned(np.ones((2, 3), np.float32))
+        info = dlinspect.peek(x)
+        loader = dlinspect.prefetch_to_jax([{"x": x}] * 3)
+        assert len(list(loader)) == 3
+        for obj in (info, info.dtype, Need.LAYOUT | Need.ALIGN, D.kDLCUDAHost, loader.report):
+            back = pickle.loads(pickle.dumps(obj))
+            assert type(back) is type(obj) and str(back) == str(obj)
+        errors = [getattr(dlinspect, n) for n in dlinspect.__all__ if n.endswith("Error")]
+        for error in errors:
+            back = pickle.loads(pickle.dumps(error("what was found")))
+            assert type(back) is error and str(back) == "what was found"

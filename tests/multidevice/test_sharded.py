@@ -315,3 +315,16 @@ class TestLeafShapesAndPlacements:
         with pytest.warns(DLInspectWarning) as record:
             to_jax(np.arange(8, dtype=np.int64), sharding=DATA)
         assert len(record) == 1 and record[0].filename == __file__
+
+
+def test_sharded_plan_pickles():
+    """A sharded plan travels with its slices' routes; each device is found again."""
+    import pickle
+    sharding = DATA
+    x = dlinspect.testing.aligned_array(np.arange(32, dtype=np.float32).reshape(8, 4))
+    route = plan(x, sharding=sharding)
+    back = pickle.loads(pickle.dumps(route))
+    assert back.reason == route.reason and back.jax_device == route.jax_device
+    assert [(d, idx, r.kind, r.reason) for d, idx, r in back.shards] == \
+        [(d, idx, r.kind, r.reason) for d, idx, r in route.shards]
+    assert len(back.shards) == 4
