@@ -52,8 +52,12 @@ cdef class LoaderReport:
     as ``Route.copy_bytes`` counts them): imported zero-copy, or copied for its reasons
     (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"foreign
     device"``, ``"dtype"``, ``"copy=True"``; several joined with ", " where one copy
-    serves them all). A batch counts once it is converted (a failed one not at all).
-    ``str(report)`` is a table; :meth:`as_dict` the same figures.
+    serves them all). ``prefetch_to_jax`` counts a batch once it is handed to the user
+    (batches converted ahead and never asked for do not count), each epoch in a report
+    of its own; ``dlinspect.grain.device_put`` counts an element once it is converted.
+    A failed batch counts not at all. ``str(report)`` is a table; :meth:`as_dict` the
+    same figures. What a recipe copied before dlinspect saw the batch (``stack`` of
+    Arrow data, say) is the recipe's, and not in the report.
 
     After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
     of them only for reasons the user can remove (alignment, read-only, strides: one, or
@@ -65,24 +69,46 @@ cdef class LoaderReport:
     ----------
     batches : int
         Batches counted this epoch.
+
+    Parameters
+    ----------
+    at_delivery : bool
+        Count a converted batch only when the loader says it was handed over
+        (``prefetch_to_jax``); else as soon as it is converted.
     """
 
     cdef public Py_ssize_t batches
     cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
     cdef list _pending    # (leaf index, bytes, reason or None) of the batch being converted
-    cdef bint _warned
+    cdef list _staged     # converted batches' rows (key, bytes, reason), not yet handed over
+    cdef bint _warned, _at_delivery
 
-    def __init__(self):
+    def __init__(self, *, bint at_delivery=False):
         self.batches = 0
         self._leaves = {}
         self._pending = []
+        self._staged = []
         self._warned = False
+        self._at_delivery = at_delivery
 
     def new_epoch(self):
         """Start the counts again (a new epoch); the one warning stays given."""
         self.batches = 0
         self._leaves = {}
         self._pending = []
+        self._staged = []
+
+    def _next_epoch(self):
+        """A report for a new epoch of the same loader (the one warning stays given):
+        an epoch still running keeps counting into its own."""
+        cdef LoaderReport nxt = LoaderReport(at_delivery=self._at_delivery)
+        nxt._warned = self._warned
+        return nxt
+
+    def _delivered(self):
+        """The oldest converted batch was handed to the user: count it."""
+        if self._staged:
+            self._count(self._staged.pop(0))
 
     cdef int _note(self, Py_ssize_t i, int64_t nbytes, uint32_t needs) except -1:
         """A leaf the fast path decided: copied where it needs anything but a view."""
@@ -108,10 +134,19 @@ cdef class LoaderReport:
         return 0
 
     cdef int _end(self, keys) except -1:
-        """The batch converted: its leaves counted under ``keys(index)``."""
+        """The batch converted: its leaves under ``keys(index)``, counted now or (at
+        delivery) when the loader hands it over."""
+        cdef list rows = [(keys(i), nbytes, reason) for i, nbytes, reason in self._pending]
+        self._pending = []
+        if self._at_delivery:
+            self._staged.append(rows)
+        else:
+            self._count(rows)
+        return 0
+
+    cdef int _count(self, list rows) except -1:
         cdef list entry
-        for i, nbytes, reason in self._pending:
-            key = keys(i)
+        for key, nbytes, reason in rows:
             entry = self._leaves.get(key)
             if entry is None:
                 entry = self._leaves[key] = [0, 0, {}]
@@ -122,7 +157,6 @@ cdef class LoaderReport:
                 got = entry[2].setdefault(reason, [0, 0])
                 got[0] += nbytes
                 got[1] += 1
-        self._pending = []
         self.batches += 1
         if not self._warned and self.batches == ADVISE_AFTER:
             text = self._advice()

@@ -13,6 +13,7 @@ jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)"
 
 import dlinspect  # noqa: E402
 from _versions import enable_x64  # noqa: E402
+from _helpers import aligned  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import UnsupportedDeviceError, plan, prefetch_to_jax  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
@@ -337,6 +338,34 @@ class TestReport:
         with pytest.raises(dlinspect.ProducerError):
             list(bad)
         assert bad.report.batches == 1 and set(bad.report.as_dict()) == set(got)
+
+    @pytest.mark.parametrize("size", [2, 4])
+    @pytest.mark.parametrize("thread", [None, True, False])
+    def test_counts_batches_handed_over(self, thread, size):
+        """A batch counts once the user has it: converted ahead and never asked for, it
+        does not (a break at the 5th batch counts 5, whatever the queue's depth)."""
+        source = [{"x": aligned(np.full(4, i, np.float32))} for i in range(12)]
+        loader = prefetch_to_jax(source, size, thread=thread)
+        for i, _ in enumerate(loader):
+            assert loader.report.batches == i + 1
+            if i == 4:
+                break
+        assert loader.report.batches == 5
+        assert loader.report.as_dict()["['x']"]["batches"] == 5
+
+    def test_simultaneous_epochs_count_apart(self):
+        """Two epochs of one loader running at once each count their own batches;
+        loader.report is the latest begun."""
+        source = [{"x": aligned(np.full(4, i, np.float32))} for i in range(6)]
+        loader = prefetch_to_jax(source, thread=False)
+        first = iter(loader)
+        next(first), next(first)
+        one = loader.report
+        second = iter(loader)
+        assert [float(b["x"][0]) for b in second] == [0, 1, 2, 3, 4, 5]
+        assert loader.report is not one and loader.report.batches == 6
+        rest = list(first)
+        assert len(rest) == 4 and one.batches == 6 and loader.report.batches == 6
 
     @classmethod
     def big(cls, i, aligned):

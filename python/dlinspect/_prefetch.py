@@ -71,8 +71,9 @@ class PrefetchLoader:
     options : Options
         The :func:`to_jax` options for every batch, checked once.
     report : LoaderReport
-        Per key path, the bytes the current epoch imported zero-copy and copied, and
-        why (``print(loader.report)``, ``loader.report.as_dict()``); one
+        Per key path, the bytes the batches handed over in the latest epoch begun
+        imported zero-copy and copied, and why (``print(loader.report)``,
+        ``loader.report.as_dict()``; an epoch still running alongside keeps its own); one
         ``DLInspectWarning`` per loader where a leaf is copied in every batch for a
         reason the user can remove.
     """
@@ -84,7 +85,7 @@ class PrefetchLoader:
         self.thread = thread
         self.options = options
         self._progress = progress
-        self.report = LoaderReport()
+        self.report = LoaderReport(at_delivery=True)
         self._spent = False   # an epoch over a one-shot source (an iterator) has begun
 
     def __len__(self) -> int:
@@ -111,15 +112,15 @@ class PrefetchLoader:
                     f"list), or call prefetch_to_jax on a new iterator per epoch.")
             self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
-        self.report.new_epoch()
+        self.report = report = self.report._next_epoch()
         if self.thread is False:
-            return _inline(it, bar, self.options, self.report)
+            return _inline(it, bar, self.options, report)
         from ._jaxcaps import target
         # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
         x64 = bool(target().x64.value)
         if self.thread is None:
-            return _auto(it, self.size, bar, self.options, x64, self.report)
-        return _prefetch(it, self.size, bar, self.options, x64, self.report)
+            return _auto(it, self.size, bar, self.options, x64, report)
+        return _prefetch(it, self.size, bar, self.options, x64, report)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
@@ -259,6 +260,7 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
             if bar is not None:
                 bar.update(1)
             handed = time.perf_counter()
+            report._delivered()
             yield out
             consume.append(time.perf_counter() - handed)   # the consumer's work meanwhile
             del out
@@ -302,6 +304,7 @@ def _inline(it: Iterator[Any], bar: Any, options: Options,
             del batch
             if bar is not None:
                 bar.update(1)
+            report._delivered()
             yield out
             del out
     finally:
@@ -366,6 +369,7 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: boo
             if bar is not None:
                 bar.update(1)
             del value
+            report._delivered()
             yield batch
             del batch
     finally:
