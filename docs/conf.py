@@ -24,7 +24,13 @@ extensions = [
     "myst_parser",
     "numpydoc",
     "sphinx.ext.autodoc",
+    "sphinx_copybutton",
 ]
+# The copy button copies what a reader types: the code after ">>> " and "... " (not the
+# output), and shell commands without their comments' prompts.
+copybutton_prompt_text = r">>> |\.\.\. "
+copybutton_prompt_is_regexp = True
+copybutton_only_copy_prompt_lines = True
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"

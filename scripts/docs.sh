@@ -12,8 +12,10 @@
 #      missing): each must render its main text, and every relative link and anchor must
 #      resolve to a built file and id (scripts/check_site.py).
 #
-# Runs in the active Python environment, which needs dlinspect with its docs extra:
-#   pip install --no-build-isolation -Cbuild-dir=build -e ".[test,jax,examples,docs]"
+# Runs in the active Python environment, which needs dlinspect installed (any way: the
+# README's first command, or the editable build); the site's tools (the docs extra of
+# pyproject.toml, pinned) are installed into it when missing. Pages whose examples need
+# torch and jax run where they are installed (the examples extra has both).
 # The site: docs/_build/html/index.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +23,15 @@ export JAX_PLATFORMS=cpu
 start=$SECONDS
 lap() { echo "docs.sh: $1 ($((SECONDS - start)) s)"; }
 
-if ! python -c "import sphinx, myst_parser, numpydoc, pydata_sphinx_theme" 2>/dev/null; then
-    echo "docs.sh: the docs tools are not installed in $(command -v python); install them with:" >&2
-    echo "  pip install --no-build-isolation -Cbuild-dir=build -e \".[docs]\"" >&2
+if ! python -c "import dlinspect" 2>/dev/null; then
+    echo "docs.sh: dlinspect is not installed in $(command -v python); install it first:" >&2
+    echo "  pip install \".[jax,examples]\"     (in the clone's top folder)" >&2
     exit 1
+fi
+if ! python -c "import sphinx, myst_parser, numpydoc, pydata_sphinx_theme, sphinx_copybutton, matplotlib" 2>/dev/null; then
+    tools=$(python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+    echo "docs.sh: installing the site's tools into $(command -v python): $tools"
+    python -m pip install -q $tools
 fi
 browser=$(command -v chromium || true)
 if [ -z "$browser" ]; then

@@ -21,6 +21,8 @@ and this script writes what is between the two lines from the block's source:
                                                         files, when a run is committed)
     pipelines                                           benchmarks/loaders.json (the run of
                                                         benchmarks/bench_loaders.py)
+    pip-NAME                                            scripts/interop.sh (a loader page's
+                                                        install line: NAME's pins)
 
 --check writes nothing and exits 1, naming each block, when a file holds anything else
 (tests/test_packaging.py runs it). ``draw_plots(folder)`` draws the plots of the
@@ -355,10 +357,20 @@ BLOCKS: dict[str, Callable[[str], str]] = {
 }
 
 
+def pip_line(name: str) -> str:
+    """A loader page's install line: what scripts/interop.sh installs for ``name``
+    (block ``pip-NAME``), beside dlinspect itself from a clone."""
+    spec = " ".join(f'"{p}"' if "[" in p else p for p in interop_pins()[name].split())
+    return ("```bash\n# the versions the interop suite tests, then dlinspect from a clone of its repository\n"
+            f'pip install {spec}\npip install ".[jax]"\n```\n')
+
+
 def rendered(text: str, where: str = "") -> str:
     """``text`` with every generated block written anew from its source."""
     def one(m: re.Match[str]) -> str:
         name = m.group(2)
+        if name.startswith("pip-") and name[4:] in interop_pins():
+            return m.group(1) + pip_line(name[4:]) + m.group(4)
         if name not in BLOCKS:
             raise SystemExit(f"{where}: no renderer for the generated block {name!r}")
         return m.group(1) + BLOCKS[name](m.group(3)) + m.group(4)
