@@ -155,6 +155,48 @@ def test_bench_quick_json_has_every_suite(quick_bench):
     assert {"to_jax", "jax.dlpack.from_dlpack", "numpy.from_dlpack"} <= set(methods)
 
 
+def test_bench_ends_with_one_verdict_line(quick_bench):
+    proc, out = quick_bench
+    report = json.loads((out / "b.json").read_text())
+    from dlinspect.bench import verdict
+    last = proc.stdout.rstrip().splitlines()[-len([1 for line in proc.stdout.splitlines()
+                                                   if line.startswith("wrote ")]) - 1]
+    assert last == verdict(report) and last.startswith("targets: ")
+    assert verdict(report) in (out / "B.md").read_text()
+
+
+def test_verdict_and_noisy_judgement():
+    """A missed target on figures that spread over NOISY_SPREAD is NOISY, quick or not;
+    the verdict line counts each status and says MET, MISSED or NOISY."""
+    from dlinspect.bench import NOISY_SPREAD, _mark_noisy, verdict
+
+    def suite(runs_a, runs_b):
+        rows = [{"name": "a", "median": sorted(runs_a)[1], "runs": runs_a},
+                {"name": "b", "median": sorted(runs_b)[1], "runs": runs_b}]
+        return {"rows": rows, "targets": [{"target": "a <= b", "status": "FAIL", "value": 1.2,
+                                           "measured": "a", "baseline": "b"}]}
+    steady, busy = suite([1.2, 1.2, 1.21], [1.0, 1.0, 1.01]), suite([1.2, 3.0, 1.0], [1.0, 1.0, 1.0])
+    for quick in (True, False):
+        for result, want in ((steady, "FAIL"), (busy, "NOISY")):
+            result["targets"][0]["status"] = "FAIL"
+            _mark_noisy(result, quick)
+            assert result["targets"][0]["status"] == want
+    assert f"{(3.0 - 1.0) / 1.2:.0%}" in busy["targets"][0]["why"] and NOISY_SPREAD < 1.5
+    passed = {"targets": [{"status": "PASS"}, {"status": "SKIP"}]}
+    assert verdict({"suites": {"x": passed}}).endswith("1 met, 0 missed, 0 noisy (spread too "
+                                                       "wide to judge), 1 skipped: MET")
+    assert verdict({"suites": {"x": passed, "y": busy}}).endswith(": NOISY")
+    assert verdict({"suites": {"x": busy, "y": steady}}).endswith(": MISSED")
+
+
+def test_loader_names_no_fastest_within_the_spread():
+    from dlinspect.bench.loader import _fastest
+    assert _fastest({"a": {"median": 10, "runs": [9, 10, 11]},
+                     "b": {"median": 5, "runs": [4, 5, 6]}}) == "a"
+    assert _fastest({"a": {"median": 10, "runs": [6, 10, 11]},
+                     "b": {"median": 9, "runs": [8, 9, 9.5]}}).startswith("none")
+
+
 def test_bench_plot_and_markdown(quick_bench):
     proc, out = quick_bench
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")

@@ -21,7 +21,7 @@ from typing import Any
 
 from ._common import format_suite, machine, versions
 
-__all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "plot_sweep",
+__all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "verdict", "plot_sweep",
            "write_markdown", "summary_markdown"]
 
 #: Every suite; :data:`DEFAULT_SUITES` run when none is named.
@@ -85,9 +85,8 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
             bar.update(1)
     if bar is not None:
         bar.close()
-    if quick:
-        for result in suites.values():
-            _mark_noisy(result)
+    for result in suites.values():
+        _mark_noisy(result, quick)
     return {"versions": versions(), "machine": machine(), "quick": quick,
             "jax_platform": _jax_platform(), "seconds": time.perf_counter() - start,
             "suites": suites}
@@ -98,9 +97,10 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
 NOISY_SPREAD = 0.25
 
 
-def _mark_noisy(result: dict[str, Any]) -> None:
-    """In a quick run, a target missed on figures that spread more than
-    :data:`NOISY_SPREAD` across their repetitions is NOISY (not FAIL), saying why."""
+def _mark_noisy(result: dict[str, Any], quick: bool) -> None:
+    """A target missed on figures that spread more than :data:`NOISY_SPREAD` across
+    their repetitions is NOISY (not FAIL), saying why: the machine was too busy for the
+    figure to judge the target."""
     rows = {r["name"]: r for r in result.get("rows", [])}
     for t in result["targets"]:
         if t["status"] != "FAIL":
@@ -114,7 +114,9 @@ def _mark_noisy(result: dict[str, Any]) -> None:
         if spreads and max(spreads) > NOISY_SPREAD:
             t["status"] = "NOISY"
             t["why"] = (f"the figures spread {max(spreads):.0%} across the repetitions of "
-                        f"this quick run: run without --quick to judge the target")
+                        f"this run: " + ("run without --quick" if quick else
+                                         "run again on a quieter machine")
+                        + " to judge the target")
 
 
 def _jax_platform() -> str | None:
@@ -123,6 +125,26 @@ def _jax_platform() -> str | None:
         return jax.default_backend()
     except ImportError:
         return None
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """The run's one closing line: how many targets were met, missed, too noisy to judge
+    and skipped, and what that makes the run (``MET``, ``MISSED`` or ``NOISY``).
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_suites` returned.
+
+    Returns
+    -------
+    str
+    """
+    statuses = [t["status"] for s in report["suites"].values() for t in s["targets"]]
+    counts = {k: statuses.count(k) for k in ("PASS", "FAIL", "NOISY", "SKIP")}
+    word = "MISSED" if counts["FAIL"] else "NOISY" if counts["NOISY"] else "MET"
+    return (f"targets: {counts['PASS']} met, {counts['FAIL']} missed, {counts['NOISY']} "
+            f"noisy (spread too wide to judge), {counts['SKIP']} skipped: {word}")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -142,6 +164,7 @@ def format_report(report: dict[str, Any]) -> str:
              + (" (quick)" if report["quick"] else ""), ""]
     for result in report["suites"].values():
         lines += [format_suite(result), ""]
+    lines.append(verdict(report))
     return "\n".join(lines)
 
 
@@ -247,6 +270,7 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
         out += [f"- **{t['status']}** {t['target']}"
                 + ("" if t["value"] is None else f": {t['value']:.4g}") for t in result["targets"]]
         out.append("")
+    out += [verdict(report), ""]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out))
 
