@@ -51,10 +51,10 @@ cdef _Part _part(x, tuple prefix, opts):
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
         values = _container_values(x, tp, part.keys)
-        if values is not None and all([_tensor_type(v) or _plain_scalar(v) for v in values]):
+        if values is not None and _plain_values(values, not part.flags & _OPT_LEAVES_RAISE):
             part.tp, part.leaves = tp, values
             return part
-    part.flat = _tree.flatten(x)
+    part.flat = _tree.flatten(x, not part.flags & _OPT_LEAVES_RAISE)
     part.leaves = part.flat.leaves
     return part
 
@@ -311,6 +311,26 @@ cdef inline bint _tensor_type(v):
         return True
     cdef _TypeEntry entry = _entry_for(type(v))
     return entry.has_dlpack or entry.api != NULL
+
+
+cdef bint _plain_values(list values, bint text_lists) except -1:
+    """Every value is a tensor, a plain scalar or (``text_lists``) a list or tuple of
+    plain scalars (a batch's string ids): each is then one leaf, kept as it is (a list as
+    a new list, as JAX's walk gives), without a walk into the sequence."""
+    cdef Py_ssize_t i
+    for i in range(len(values)):
+        v = values[i]
+        if _tensor_type(v) or _plain_scalar(v):
+            continue
+        tp = type(v)
+        if not text_lists or not (tp is list or tp is tuple):
+            return False
+        for item in v:
+            if not _plain_scalar(item):
+                return False
+        if tp is list:
+            values[i] = list(<list>v)
+    return True
 
 
 cdef list _container_values(x, type tp, list keys):

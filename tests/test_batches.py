@@ -72,6 +72,30 @@ class TestMixedLeaves:
             else:
                 assert got is want
 
+    @pytest.mark.parametrize("where", ["top", "nested", "dataclass"])
+    def test_lists_of_text_come_back_as_jax_walks_them(self, torch, where):
+        """A list or tuple of str/bytes/numbers/None (a batch's string ids) is kept whole,
+        without a walk into it: the same values, a list as a new list (as JAX's walk
+        gives), a tuple as it is; plan still routes each item, and leaves="raise" names
+        the first item's key path."""
+        ids, pair = [f"id{i}" for i in range(256)], ("a", 1, None, 2.5, b"b")
+        inner = {"ids": ids, "pair": pair, "x": torch.ones(3)}
+        x = {"top": inner, "nested": {"meta": inner, "n": 1},
+             "dataclass": Sample(torch.ones(2), inner)}[where]
+        out = to_jax(x)
+        got = {"top": lambda: out, "nested": lambda: out["meta"],
+               "dataclass": lambda: out.label}[where]()
+        assert got["ids"] == ids and got["ids"] is not ids and type(got["ids"]) is list
+        assert got["pair"] == pair and isinstance(got["x"], jax.Array)
+        ids.append("later")   # the result does not share the caller's list
+        assert len(got["ids"]) == 256
+        del ids[-1]
+        routes = dlinspect._tree.flatten(plan(x)).leaves   # (the walker that knows Sample)
+        extra = {"top": 0, "nested": 1, "dataclass": 1}[where]   # "n", Sample.name
+        assert sum(r.kind == "untouched" for r in routes) == 256 + 4 + extra
+        with pytest.raises(NotDLPackError, match=r"\['ids'\]\[0\]: "):
+            to_jax(x, leaves="raise")
+
     def test_leaves_raise(self, torch):
         with pytest.raises(NotDLPackError, match=r"^\['caption'\]: .*bytes.*leaves='keep'"):
             to_jax(self.batch(torch), leaves="raise")

@@ -35,7 +35,7 @@ from typing import Any
 from ._options import jax_module
 from .errors import ContainerError
 
-__all__ = ["Flat", "flatten", "is_leaf", "MAX_DEPTH"]
+__all__ = ["Flat", "flatten", "is_leaf", "text_leaf", "MAX_DEPTH"]
 
 #: The deepest a batch may nest (containers inside containers).
 MAX_DEPTH = 200
@@ -88,11 +88,12 @@ class Flat:
         normally); their messages do not yet name the key path (see :meth:`keystr`).
     """
 
-    __slots__ = ("x", "leaves", "treedef", "parts", "errors")
+    __slots__ = ("x", "leaves", "treedef", "parts", "errors", "is_leaf")
 
     def __init__(self, x: Any, leaves: list[Any], treedef: Any, parts: list[Any] | None,
-                 errors: dict[int, ContainerError]):
+                 errors: dict[int, ContainerError], is_leaf: Any = None):
         self.x = x
+        self.is_leaf = is_leaf   # text_leaf where lists of plain scalars are one leaf each
         self.leaves = leaves
         self.treedef = treedef
         # None: no leaf of jax's flattening is a container. Else one entry per jax
@@ -129,7 +130,7 @@ class Flat:
     def key_paths(self) -> list[tuple[Any, ...]]:
         """The ``jax.tree_util`` key path of every leaf, in leaf order."""
         paths = [tuple(path) for path, _ in
-                 _tree_util().tree_flatten_with_path(self.x)[0]]
+                 _tree_util().tree_flatten_with_path(self.x, is_leaf=self.is_leaf)[0]]
         if self.parts is None:
             return paths
         out: list[tuple[Any, ...]] = []
@@ -172,8 +173,13 @@ class Flat:
         return _tree_util().keystr(self.key_path(index))
 
 
-def flatten(x: Any) -> Flat:
+def flatten(x: Any, text_lists: bool = False) -> Flat:
     """Flatten batch ``x`` once (see this module's doc for what is walked).
+
+    ``text_lists``: a list or tuple of plain scalars (str, bytes, numbers, None: a
+    batch's string ids) is one leaf, not walked into (see :func:`text_leaf`; a list
+    comes back as a new list); what the conversions take, where nothing in such a list
+    can change. :func:`~dlinspect.plan` walks into it, one route per scalar.
 
     Raises
     ------
@@ -183,13 +189,28 @@ def flatten(x: Any) -> Flat:
         looked for before JAX walks the batch: jaxlib's walk of such a batch fails
         leaving the interpreter unable to go on.
     """
-    if _one_level(x):   # no container among the leaves JAX finds: nothing more to walk
-        outer, treedef = _tree_util().tree_flatten(x)
-        return Flat(x, outer, treedef, None, {})
+    is_leaf = text_leaf if text_lists else None
+    level = _one_level(x, text_lists)
+    if level:   # no container among the leaves JAX finds: nothing more to walk
+        outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
+        if level == _WITH_TEXT:
+            outer = [list(v) if type(v) is list else v for v in outer]
+        return Flat(x, outer, treedef, None, {}, is_leaf)
     unwalkable = _unwalkable(x)
     if unwalkable is not None:
         raise unwalkable
-    return _flatten(x)
+    return _flatten(x, is_leaf)
+
+
+#: The types of plain scalars: no walker descends into them.
+_PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+def text_leaf(v: Any) -> bool:
+    """``v`` is a list or tuple of plain scalars only (a batch's string ids): nothing in
+    it is a tensor or a container, so a conversion keeps it whole."""
+    tp = type(v)
+    return (tp is list or tp is tuple) and set(map(type, v)) <= _PLAIN_TYPES
 
 
 def is_leaf(v: Any) -> bool:
@@ -198,43 +219,53 @@ def is_leaf(v: Any) -> bool:
     return v is not None and _kind(type(v)) == _LEAF and _tree_util().all_leaves([v])
 
 
-def _one_level(x: Any) -> bool:
-    """``x`` is a dict (with keys that sort), list or tuple of leaves only: no walk of it
-    can fail to end, so it needs no looking for cycles (what a loader's batch mostly is)."""
+_WITH_TEXT = 2
+
+
+def _one_level(x: Any, text_lists: bool = False) -> int:
+    """``x`` is a dict (with keys that sort), list or tuple of leaves only (with
+    ``text_lists``, lists of plain scalars count as leaves: 2 where there is one): no
+    walk of it can fail to end, so it needs no looking for cycles (what a loader's batch
+    mostly is). 0 where it is not."""
     tp = type(x)
     if tp is dict:
         try:
             sorted(x)
         except TypeError:
-            return False
+            return 0
         values = x.values()
     elif tp is list or tp is tuple:
         values = x
     else:
-        return False
+        return 0
     kinds = _kinds
+    level = 1
     for v in values:
         kind = kinds.get(type(v))
         if kind is None:
             kind = _classify(type(v))
         if kind != _LEAF:
-            return False
-    return True
+            if not (text_lists and text_leaf(v)):
+                return 0
+            level = _WITH_TEXT
+    return level
 
 
-def _flatten(x: Any) -> Flat:
-    outer, treedef = _tree_util().tree_flatten(x)
-    for leaf in outer:
-        if _kind(type(leaf)):
-            break
-    else:
-        return Flat(x, outer, treedef, None, {})
+def _flatten(x: Any, is_leaf: Any = None) -> Flat:
+    outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
+    if is_leaf is not None:   # (a list JAX gives as a leaf is one is_leaf kept whole)
+        outer = [list(v) if type(v) is list else v for v in outer]
+    if all(_kind(tp) == _LEAF or (is_leaf is not None and (tp is list or tp is tuple))
+           for tp in set(map(type, outer))):
+        return Flat(x, outer, treedef, None, {}, is_leaf)
     leaves: list[Any] = []
     parts: list[Any] = []
     errors: dict[int, ContainerError] = {}
     for leaf in outer:
         kind = _kind(type(leaf))
-        part = None if kind == _LEAF else _container(kind, leaf)
+        if is_leaf is not None and (type(leaf) is list or type(leaf) is tuple):
+            kind = _LEAF
+        part = None if kind == _LEAF else _container(kind, leaf, is_leaf)
         if part is None or isinstance(part, ContainerError):
             if part is not None:
                 errors[len(leaves)] = part
@@ -245,10 +276,10 @@ def _flatten(x: Any) -> Flat:
             errors.update((len(leaves) + i, e) for i, e in sub.errors.items())
             leaves.extend(sub.leaves)
         parts.append(part)
-    return Flat(x, leaves, treedef, parts, errors)
+    return Flat(x, leaves, treedef, parts, errors, is_leaf)
 
 
-def _container(kind: int, obj: Any) -> Any:
+def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
     """``(kind, obj, keys, names, subs)`` of a container JAX does not walk, or the
     ContainerError that says it cannot be rebuilt (tried with its own values)."""
     tree_util = _tree_util()
@@ -273,7 +304,7 @@ def _container(kind: int, obj: Any) -> Any:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
-    return (kind, obj, keys, names, [_flatten(v) for v in values])
+    return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
 
 
 def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
@@ -371,6 +402,8 @@ def _children(node: Any, path: tuple[Any, ...]) -> Any:
                 f"converted. To fix: give its keys one type (e.g. str(key)).")
         return [((_DICT_KEY, k), node[k]) for k in names]
     if isinstance(node, (list, tuple)):
+        if set(map(type, node)) <= _PLAIN_TYPES:   # (a batch's string ids: nothing inside)
+            return []
         return [((_SEQUENCE_KEY, i), v) for i, v in enumerate(node)]
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         return [((_ATTR_KEY, f.name), getattr(node, f.name)) for f in dataclasses.fields(node)]

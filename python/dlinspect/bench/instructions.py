@@ -25,10 +25,14 @@ Rows, instructions per call (every result waited for with ``block_until_ready``)
                          row views (NumPy slices) with its abstract value, sharding and
                          devices made beforehand, one call per leaf
     to_jax(x16)          a 16-byte aligned 32x32 float32 array (one copy, in C)
+    to_jax(b)            the images and int32 labels alone
+    to_jax(b + text)     the same with what a loader's batch carries beside them: 256 str
+                         ids (a list, as torch's default_collate gives), a str, an int and
+                         None
 
 Targets: to_jax(x) and to_jax(t) <= 1.10x their floor; to_jax(d) <= 1.10x 16 floors;
 to_jax(b64) <= 1.0x device_put(b64); to_jax(b, sharding) <= 1.0x device_put(b, sharding)
-and <= 1.5x floor(b, sharding).
+and <= 1.5x floor(b, sharding); to_jax(b + text) <= 2.0x to_jax(b).
 Needs valgrind (``apt-get install valgrind``); without it the suite is skipped, saying so.
 """
 
@@ -46,7 +50,8 @@ __all__ = ["run"]
 
 CASES = ["to_jax(x)", "floor(x)", "to_jax(t)", "floor(t)", "to_jax(d)", "16 x floor(d)",
          "to_jax(b64)", 'to_jax(b64, narrow="ok")', "device_put(b64)", "to_jax(b, sharding)",
-         "device_put(b, sharding)", "floor(b, sharding)", "to_jax(x16)"]
+         "device_put(b, sharding)", "floor(b, sharding)", "to_jax(x16)", "to_jax(b)",
+         "to_jax(b + text)"]
 TARGETS = [
     ("to_jax(numpy 32x32) <= 1.10x floor (instructions)", "to_jax(x)", "floor(x)", 1.10),
     ("to_jax(torch 32x32) <= 1.10x floor (instructions)", "to_jax(t)", "floor(t)", 1.10),
@@ -58,6 +63,8 @@ TARGETS = [
      "to_jax(b, sharding)", "device_put(b, sharding)", 1.0),
     ("to_jax(batch, sharding over 4 CPUs) <= 1.5x the batched put of its row views "
      "(instructions)", "to_jax(b, sharding)", "floor(b, sharding)", 1.5),
+    ("to_jax(batch + 256 str ids and scalars) <= 2.0x the batch without them (instructions)",
+     "to_jax(b + text)", "to_jax(b)", 2.0),
 ]
 
 
@@ -84,6 +91,10 @@ def _statements(quick: bool) -> dict[str, Any]:
     b64 = {"image": images, "label": np.arange(n, dtype=np.int64)}
     b = {"image": images, "label": aligned_empty((n,), np.int32, 64)}
     b["label"][...] = 1
+    text = dict(b, ids=[f"id{i:05d}" for i in range(256)], source="train", epoch=3, weight=None)
+
+    def arrays(out: dict[str, Any]) -> tuple[Any, Any]:
+        return out["image"], out["label"]
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     out: dict[str, Any] = {
@@ -95,6 +106,10 @@ def _statements(quick: bool) -> dict[str, Any]:
         "to_jax(b, sharding)": lambda: ready(to_jax(b, sharding=sharding)),
         "device_put(b, sharding)": lambda: ready(jax.device_put(b, sharding)),
         "to_jax(x16)": lambda: to_jax(x16).block_until_ready(),
+        # (waited for by the arrays alone: jax.block_until_ready of the whole batch would
+        # walk the 256 ids itself)
+        "to_jax(b)": lambda: ready(arrays(to_jax(b))),
+        "to_jax(b + text)": lambda: ready(arrays(to_jax(text))),
     }
     floor_b = _split_floor(b, sharding)
     if floor_b is not None:
