@@ -583,5 +583,51 @@ def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=
     for extent in shape:
         nbytes *= extent
     raw = _np_empty(nbytes + alignment + offset, "uint8")
-    start = (-raw.ctypes.data) % alignment + offset
-    return raw[start:start + nbytes].view(dt).reshape(shape)
+    start = (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset
+    return _np_ndarray(shape, dt, raw, start)
+
+
+cdef size_t _buffer_address(obj) except? 0:
+    """The address of a contiguous buffer's first byte (without NumPy's ``.ctypes``)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(obj, &view, PyBUF_ANY_CONTIGUOUS)
+    cdef size_t address = <size_t>view.buf
+    PyBuffer_Release(&view)
+    return address
+
+
+def stack_rows(out, list arrays):
+    """Copy ``arrays[k]`` into ``out[k]`` for every k, without the GIL where both are
+    C-contiguous with ``out``'s dtype (a ``memcpy`` each); NumPy's assignment
+    (``out[k] = a``, which casts) for any other.
+
+    Parameters
+    ----------
+    out : numpy.ndarray
+        C-contiguous, of shape ``(len(arrays),) + arrays[0].shape``.
+    arrays : list of numpy.ndarray
+        One shape each, that of a row of ``out`` (checked by the caller).
+    """
+    cdef Py_ssize_t k, n = len(arrays)
+    cdef Py_buffer dst, src
+    if n == 0:
+        return
+    dtype = out.dtype
+    PyObject_GetBuffer(out, &dst, PyBUF_ANY_CONTIGUOUS)
+    cdef size_t row = <size_t>(dst.len // n)
+    try:
+        for k in range(n):
+            a = arrays[k]
+            if a.dtype != dtype or not a.flags.c_contiguous:
+                out[k] = a
+                continue
+            PyObject_GetBuffer(a, &src, PyBUF_ANY_CONTIGUOUS)
+            try:
+                if <size_t>src.len != row:
+                    raise ValueError(f"row {k} has {src.len} bytes, not {row}")
+                with nogil:
+                    memcpy(<char*>dst.buf + k * row, src.buf, row)
+            finally:
+                PyBuffer_Release(&src)
+    finally:
+        PyBuffer_Release(&dst)

@@ -69,6 +69,40 @@ def test_values_and_dtypes_are_np_stacks():
     assert batch["obj"].dtype == object and batch["obj"][3, 0] == {"k": 3}
 
 
+@pytest.mark.parametrize("kind", ["contiguous", "strided", "reversed", "fortran", "big-endian",
+                                  "mixed", "0-d"])
+def test_arrays_as_elements_are_np_stacks(kind):
+    """Elements that are arrays themselves (one column, copied row by row in C where the
+    dtypes agree and each row is contiguous, by NumPy where not) give np.stack's values."""
+    base = [np.arange(24, dtype=np.float32).reshape(4, 6) * (i + 1) for i in range(5)]
+    make = {"contiguous": lambda a: a, "strided": lambda a: a[:, ::2],
+            "reversed": lambda a: a[::-1], "fortran": np.asfortranarray,
+            "big-endian": lambda a: a.astype(">f4"), "0-d": lambda a: a[1, 1],
+            "mixed": lambda a: a.astype(np.float16) if a[0, 1] % 2 else a}[kind]
+    elements = [np.asarray(make(a)) for a in base]
+    got, want = stack(elements), np.stack(elements)
+    assert got.dtype == want.dtype and got.shape == want.shape and got.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("column", [[True, False], [np.float16(1.5), np.float16(2)], [b"a", b"bcd"],
+                                    [1 + 2j, 3j], [np.int8(3), np.int8(-1)], [1, 2.5], ["a", "bc"]],
+                         ids=repr)
+def test_scalar_columns_are_np_stacks(column):
+    """A leaf that is a scalar in every element (labels) has np.stack's dtype and values."""
+    got = stack([{"s": v} for v in column])["s"]
+    want = np.stack([np.asarray(v) for v in column])
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+def test_stack_rows_checks_each_row():
+    out = aligned_empty((2, 3), np.float32, 64)
+    with pytest.raises(ValueError, match="row 1 has 8 bytes, not 12"):
+        dlinspect._core.stack_rows(out, [np.ones(3, np.float32), np.ones(2, np.float32)])
+    dlinspect._core.stack_rows(out, [np.ones(3, np.float64), np.arange(3, dtype=np.float32)])
+    assert out.tolist() == [[1, 1, 1], [0, 1, 2]]
+
+
 def test_torch_and_jax_elements(torch):
     elements = [{"t": torch.arange(6, dtype=torch.float32).reshape(2, 3) + i,
                  "j": jax.numpy.ones(4) * i} for i in range(3)]

@@ -11,6 +11,7 @@ contains itself or nests too deep is refused before anything is read.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,7 +34,8 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     """Stack same-structured pytrees of arrays into one batch whose leaves JAX views.
 
     What ``np.stack`` does leaf by leaf (grain's batching, torch's ``collate_fn``),
-    with each batched leaf written once, by NumPy, into memory aligned as XLA:CPU
+    with each batched leaf written once (a ``memcpy`` per element where the dtypes agree,
+    NumPy's assignment where one casts) into memory aligned as XLA:CPU
     needs to import it without a copy: ``to_jax`` (and ``jax.device_put``) of the
     batch then copies nothing on CPU where ``np.stack``'s batches are copied again
     wherever ``malloc`` gave less than 64-byte alignment.
@@ -115,6 +117,8 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     if pinned:
         allocate = _pinned_allocator()
     items = _elements(elements)
+    if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
+        return _stack_leaf(None, 0, items, align, allocate)
     first = _flatten(0, items[0])
     columns = _plain_columns(first, items)
     if columns is None:
@@ -137,22 +141,27 @@ def _structures_differ(k: int, flat: _tree.Flat, first: _tree.Flat) -> StackErro
 
 def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
     """The leaves at each position, without walking every element, where element 0 is a
-    plain dict, list or tuple whose values are its leaves (what a loader's examples
-    mostly are) and every element is one of the same type and keys; else None (each
-    element is walked). A value of another element that is no leaf is found when its
-    column is stacked (``_as_array``)."""
+    leaf (the column is the elements), or a plain dict, list or tuple whose values are
+    its leaves (what a loader's examples mostly are) and every element is one of the same
+    type and keys; else None (each element is walked). A value of another element that
+    is no leaf is found when its column is stacked (``_as_array``)."""
     e0 = items[0]
     tp = type(e0)
+    if first.parts is None and len(first.leaves) == 1 and first.leaves[0] is e0:
+        return [items]   # each element one leaf (an array, a tensor): one column
     if first.parts is not None or not (tp is dict or tp is list or tp is tuple):
         return None
     keys: Any = sorted(e0) if tp is dict else range(len(e0))
     if len(first.leaves) != len(e0) or any(
             leaf is not e0[key] for leaf, key in zip(first.leaves, keys)):
         return None   # None values, nodes JAX walks: not one leaf per value
-    for e in items:
-        if type(e) is not tp or len(e) != len(e0) or (tp is dict and e.keys() != e0.keys()):
-            return None
-    return [[e[key] for e in items] for key in keys]
+    n = len(e0)
+    if any(type(e) is not tp or len(e) != n for e in items):
+        return None
+    try:   # (as many keys as element 0, each of its keys: the same keys)
+        return [[e[key] for e in items] for key in keys]
+    except KeyError:
+        return None
 
 
 def _alignment(alignment: Any) -> int:
@@ -168,6 +177,8 @@ def _alignment(alignment: Any) -> int:
 
 
 def _elements(elements: Any) -> list[Any]:
+    if type(elements) is list and elements:
+        return elements
     if isinstance(elements, Mapping) or (is_tensor(elements)
                                          and not isinstance(elements, np.ndarray)):
         raise StackError(
@@ -206,9 +217,19 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
     return exc
 
 
-def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
+def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
     """Leaf ``j`` of every element, stacked into one aligned array."""
+    t0 = type(column[0])
+    if t0 is not np.ndarray and (t0 in _SCALARS or issubclass(t0, np.generic)) and all(
+            type(leaf) is t0 for leaf in column):
+        # Scalars of one type (labels): NumPy reads them in one call, with np.stack's dtype.
+        values = np.array(column)
+        if values.dtype.hasobject:
+            return values
+        out = _allocated(first, j, values.shape, values.dtype, align, allocate)
+        out[...] = values
+        return out
     arrays = [leaf if type(leaf) is np.ndarray else _as_array(first, j, k, leaf)
               for k, leaf in enumerate(column)]
     a0 = arrays[0]
@@ -230,8 +251,15 @@ def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
             f"in every element (x.astype(...)) before batching.") from None
     if dtype.hasobject:
         return np.stack(arrays)
-    shape = (len(arrays),) + a0.shape
-    nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+    out = _allocated(first, j, (len(arrays),) + a0.shape, dtype, align, allocate)
+    _core.stack_rows(out, arrays)
+    return out
+
+
+def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+               align: int, allocate: Callable[..., Any]) -> Any:
+    """Aligned memory for stacked leaf ``j``, or the AllocationError that says why not."""
+    nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     try:
         if total and nbytes > total:   # (the one bound on a copy's size, as to_jax's)
@@ -243,11 +271,10 @@ def _stack_leaf(first: _tree.Flat, j: int, column: list[Any], align: int,
             f"{nbytes} bytes, which cannot be allocated"
             f"{f' (this machine has {total} bytes of physical memory)' if total else ''}. "
             f"To fix: stack fewer elements at a time (a smaller batch).") from None
-    np.stack(arrays, out=out)
     return out
 
 
-def _as_array(first: _tree.Flat, j: int, k: int, leaf: Any) -> np.ndarray:
+def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray:
     """Leaf ``j`` of element ``k`` as a NumPy array: a NumPy array as it is, a tensor as
     :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
     if type(leaf) is np.ndarray:
@@ -270,7 +297,7 @@ def _as_array(first: _tree.Flat, j: int, k: int, leaf: Any) -> np.ndarray:
         try:
             return to_host(leaf)
         except DLInspectError as exc:
-            raise _in_element(exc, k, first.keystr(j)) from None
+            raise _in_element(exc, k, first.keystr(j) if first is not None else "") from None
     try:
         return np.asarray(leaf)
     except (TypeError, ValueError) as exc:
@@ -280,8 +307,8 @@ def _as_array(first: _tree.Flat, j: int, k: int, leaf: Any) -> np.ndarray:
             f"that leaf an array (or a number) in every element.") from None
 
 
-def _where(first: _tree.Flat, j: int) -> str:
-    path = first.keystr(j)
+def _where(first: _tree.Flat | None, j: int) -> str:
+    path = first.keystr(j) if first is not None else ""
     return f"{path}: " if path else ""
 
 

@@ -196,6 +196,8 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
         if level == _WITH_TEXT:
             outer = [list(v) if type(v) is list else v for v in outer]
         return Flat(x, outer, treedef, None, {}, is_leaf)
+    if _kind(type(x)) == _LEAF:   # a tensor, a scalar, a node JAX walks: nothing of
+        return _flatten(x, is_leaf)   # it is a container this walker would look into
     unwalkable = _unwalkable(x)
     if unwalkable is not None:
         raise unwalkable

@@ -29,10 +29,14 @@ Rows, instructions per call (every result waited for with ``block_until_ready``)
     to_jax(b + text)     the same with what a loader's batch carries beside them: 256 str
                          ids (a list, as torch's default_collate gives), a str, an int and
                          None
+    stack(eN)            dlinspect.stack of N examples {"image": 3x32x32 float32, "label":
+                         an int32 NumPy scalar} (N = 8, 64), as a loader's collate makes a
+                         batch; np.stack(eN) the same by np.stack of each key's column
 
 Targets: to_jax(x) and to_jax(t) <= 1.10x their floor; to_jax(d) <= 1.10x 16 floors;
 to_jax(b64) <= 1.0x device_put(b64); to_jax(b, sharding) <= 1.0x device_put(b, sharding)
-and <= 1.5x floor(b, sharding); to_jax(b + text) <= 2.0x to_jax(b).
+and <= 1.5x floor(b, sharding); to_jax(b + text) <= 2.0x to_jax(b);
+stack(eN) <= 1.10x np.stack(eN).
 Needs valgrind (``apt-get install valgrind``); without it the suite is skipped, saying so.
 """
 
@@ -51,7 +55,7 @@ __all__ = ["run"]
 CASES = ["to_jax(x)", "floor(x)", "to_jax(t)", "floor(t)", "to_jax(d)", "16 x floor(d)",
          "to_jax(b64)", 'to_jax(b64, narrow="ok")', "device_put(b64)", "to_jax(b, sharding)",
          "device_put(b, sharding)", "floor(b, sharding)", "to_jax(x16)", "to_jax(b)",
-         "to_jax(b + text)"]
+         "to_jax(b + text)", "stack(e8)", "np.stack(e8)", "stack(e64)", "np.stack(e64)"]
 TARGETS = [
     ("to_jax(numpy 32x32) <= 1.10x floor (instructions)", "to_jax(x)", "floor(x)", 1.10),
     ("to_jax(torch 32x32) <= 1.10x floor (instructions)", "to_jax(t)", "floor(t)", 1.10),
@@ -65,6 +69,10 @@ TARGETS = [
      "(instructions)", "to_jax(b, sharding)", "floor(b, sharding)", 1.5),
     ("to_jax(batch + 256 str ids and scalars) <= 2.0x the batch without them (instructions)",
      "to_jax(b + text)", "to_jax(b)", 2.0),
+    ("stack(8 examples) <= 1.10x np.stack of each key (instructions)", "stack(e8)",
+     "np.stack(e8)", 1.10),
+    ("stack(64 examples) <= 1.10x np.stack of each key (instructions)", "stack(e64)",
+     "np.stack(e64)", 1.10),
 ]
 
 
@@ -111,6 +119,11 @@ def _statements(quick: bool) -> dict[str, Any]:
         "to_jax(b)": lambda: ready(arrays(to_jax(b))),
         "to_jax(b + text)": lambda: ready(arrays(to_jax(text))),
     }
+    for size in (8, 64):
+        examples = [{"image": images[i], "label": np.int32(i)} for i in range(size)]
+        out[f"stack(e{size})"] = lambda e=examples: dlinspect.stack(e)
+        out[f"np.stack(e{size})"] = lambda e=examples: {
+            key: np.stack([x[key] for x in e]) for key in ("image", "label")}
     floor_b = _split_floor(b, sharding)
     if floor_b is not None:
         out["floor(b, sharding)"] = lambda: ready(floor_b())
