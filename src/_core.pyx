@@ -9,6 +9,7 @@ The flow runs one way, one concern per included file::
     export.pxi   the only code that calls a producer (__dlpack__, __dlpack_device__,
                  the DLPack C exchange API) and applies every producer guard
     header.pxi   TensorInfo: a header copied out and validated (every field untrusted)
+    target.pxi   JaxTarget: the installed JAX as the core reads it (built by _jaxcaps)
     needs.pxi    what a TensorInfo needs to reach JAX or NumPy (one bit set)
     capsules.pxi capsules dlinspect owns: host views, the test factory, the
                  versioned->legacy adapter, consumed owners, aligned copies
@@ -21,8 +22,9 @@ The flow runs one way, one concern per included file::
     execute.pxi  the front doors (to_jax, to_host) and one executor per action
     batch.pxi    the one batch engine: a batch decided whole into one plan, then run
 
-Below the core stand only dlinspect.errors, _options and _tree (imported here). The core reaches up twice, each time lazily and off the hot path: to
-dlinspect._words for a route's words, and to dlinspect._jaxcaps to build the JaxTarget.
+Below the core stand only dlinspect.errors, _options and _tree (imported here). The core
+never reaches up: dlinspect._words hands itself over at its import (set_words: a route's
+words) and dlinspect._jaxcaps its builder of the JaxTarget (set_target_builder).
 
 Pointer names follow one scheme throughout: ``dlm`` is a ``DLManagedTensor*``,
 ``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
@@ -129,6 +131,7 @@ include "warn.pxi"
 include "header.pxi"
 include "capsules.pxi"
 include "export.pxi"
+include "target.pxi"
 include "needs.pxi"
 include "shard.pxi"
 include "routes.pxi"

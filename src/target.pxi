@@ -1,0 +1,250 @@
+# target.pxi: the installed JAX as the core reads it, one object (JaxTarget): its
+# devices, what its DLPack import takes (probed once by dlinspect._jaxcaps, which
+# builds it and hands it over), its narrowing with x64 off, its zero-copy alignment,
+# and the caches of its abstract values and shardings. The decision (needs.pxi) and
+# every route read it; nothing here decides.
+
+cdef enum:
+    _RECENT_AVALS = 8
+
+
+ctypedef struct _AvalSlot:
+    PyObject* aval      # a reference owned by the JaxTarget, or NULL
+    PyObject* descr     # the NumPy dtype (a reference owned too)
+    int32_t ndim
+    int64_t shape[_INLINE_NDIM]
+
+
+@cython.final
+cdef class JaxTarget:
+    """The installed JAX, as the decision and every route read it: the one object.
+
+    Built once per process by ``dlinspect._jaxcaps`` (which also keeps, for
+    ``dlinspect doctor``, how each private symbol was resolved); everything is
+    given as keywords.
+
+    Attributes
+    ----------
+    jax, jnp : module
+        ``jax`` and ``jax.numpy``.
+    import_fn : callable
+        ``import_fn(capsule, device, stream, copy, dl_device_type)`` imports a
+        "dltensor" capsule (jaxlib's own function, or a wrapper over the public API).
+    direct : bool
+        ``import_fn`` is jaxlib's own (False: the public ``jax.dlpack.from_dlpack``).
+    cpu_device : jax.Device
+        Where kDLCPU:0 memory is imported.
+    cpu_align : int
+        The smallest alignment, in bytes (a power of two), at which XLA:CPU views
+        memory without a copy (probed); dlinspect's copies are aligned to it, and
+        to at least 64 bytes (``copy_align``).
+    x64 : object
+        ``.value`` is ``jax_enable_x64`` as the calling thread sees it.
+    x64_context : callable or None
+        ``x64_context(on)``: a context manager setting it for the calling thread
+        (a worker thread converts under its caller's mode); None where jax has none.
+    devices : dict
+        ``(device_type, device_id)`` to ``jax.Device`` for every DLPack device this
+        JAX has a device for (as jax maps DLDeviceType to platforms).
+    platforms : frozenset of str
+        The platforms with devices this process can address.
+    cpu_keys : set
+        The keys of ``devices`` whose device is a CPU device.
+    probe : callable
+        ``probe(code, bits)``: None if JAX's DLPack import takes one lane of that
+        dtype, else JAX's reason; called once per dtype.
+    hold : callable
+        ``hold(code, bits)``: None if JAX holds a NumPy (ml_dtypes) array of that
+        dtype (``jax.device_put``), else the reason; called once per dtype, only for
+        dtypes the DLPack import refuses.
+    narrow : dict
+        ``code | bits << 8`` of a 64-bit dtype to ``(code | bits << 8 of the dtype
+        JAX narrows it to with x64 off, the DLInspectWarning text)``.
+    warn : callable
+        ``warn(text)`` emits a DLInspectWarning at the caller's line.
+    stream_for : callable
+        ``stream_for(device_type, device_id)``: the ``stream`` for ``__dlpack__``
+        of CUDA/ROCm memory (array API ``__dlpack__``, *stream*).
+    array_type : type
+        ``jax.Array``'s concrete type: such objects are not exported at all.
+    permuted_ok : bool
+        JAX computes right with a permutation of a dense layout (a transpose, F order)
+        imported without a copy, committed (probed by computations on it; jaxlib < 0.8
+        reads such memory as row-major, so it needs a copy).
+    assemble : callable
+        ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
+        single-device arrays, listed in the order of ``devices``.
+    put : callable or None
+        jaxlib's batched put, ``put(aval, sharding, arrays, devices, committed)``: one
+        array from host NumPy arrays, one per device (what ``jax.device_put`` calls);
+        None where it does not view aligned row-major memory in place, or gives another
+        array than ``jax.device_put`` (probed), or the public API is forced.
+    put_align : int
+        The smallest alignment, in bytes, at which ``put`` views memory in place.
+    make_aval : callable
+        ``make_aval(shape, dtype, sharding=None)``: the abstract value ``jax.device_put``
+        gives a NumPy array of that shape and dtype, put on one device or over
+        ``sharding`` (cached here).
+    make_single : callable
+        ``make_single(device)``: the device's ``SingleDeviceSharding`` (cached here).
+    uncommit : callable
+        ``uncommit(array)``: the same array, uncommitted (a single-device array from the
+        DLPack import, which commits it); the array itself where this JAX cannot.
+    """
+    cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
+    cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit
+    cdef readonly bint permuted_ok, direct
+    cdef readonly uintptr_t cpu_align, copy_align, put_align
+    cdef object probe, hold, make_aval, make_single
+    cdef dict devices, narrow, bad, _avals, _singles
+    # The last few abstract values asked for, by shape and dtype, in C (a loader sends the
+    # same shapes every step): asked before the dict, which holds the rest.
+    cdef _AvalSlot _recent[_RECENT_AVALS]
+    cdef int _next_slot
+    cdef set cpu_keys
+    # What each dtype probe found, by ``code | bits << 8 | held << 16``: 0 not asked
+    # yet, 1 taken, 2 refused (reason in ``bad``). A table, not a set: the hot path
+    # asks it for every tensor.
+    cdef uint8_t _known[1 << 17]
+
+    def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
+                 x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
+                 dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
+                 put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
+                 uncommit=None):
+        for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
+            if align == 0 or (align & (align - 1)) != 0:
+                raise ValueError(f"{name} must be a power of two, not {align}")
+        self.jax = jax
+        self.jnp = jnp
+        self.import_fn = import_fn
+        self.direct = direct
+        self.cpu_device = cpu_device
+        self.cpu_align = cpu_align
+        self.copy_align = cpu_align if cpu_align > 64 else 64
+        self.x64 = x64
+        self.x64_context = x64_context
+        self.devices = devices
+        self.platforms = frozenset(platforms)
+        self.cpu_keys = cpu_keys
+        self.probe = probe
+        self.hold = hold
+        self.narrow = narrow
+        self.warn = warn
+        self.stream_for = stream_for
+        self.array_type = array_type
+        self.permuted_ok = permuted_ok
+        self.assemble = assemble
+        self.put = put if make_aval is not None and make_single is not None else None
+        self.put_align = put_align
+        self.make_aval = make_aval
+        self.make_single = make_single
+        self.uncommit = uncommit if uncommit is not None else _same
+        if self.put is not None and put_align > self.copy_align:
+            self.copy_align = put_align
+        memset(self._known, 0, sizeof(self._known))
+        self.bad = {}
+        self._avals = {}
+        self._singles = {}
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(_RECENT_AVALS):
+            Py_XDECREF(self._recent[i].aval)
+            Py_XDECREF(self._recent[i].descr)
+
+    cdef object aval(self, int32_t ndim, const int64_t* shape, object descr):
+        """The abstract value of a host array of ``shape`` (``ndim`` extents) and NumPy
+        dtype ``descr`` (cached: the last few in C, the rest in a dict)."""
+        cdef int i
+        cdef _AvalSlot* slot
+        if ndim <= _INLINE_NDIM:
+            for i in range(_RECENT_AVALS):
+                slot = &self._recent[i]
+                if (slot.aval != NULL and slot.ndim == ndim and slot.descr == <PyObject*>descr
+                        and memcmp(slot.shape, shape, ndim * sizeof(int64_t)) == 0):
+                    return <object>slot.aval
+        dims = tuple([shape[i] for i in range(ndim)])
+        key = (dims, descr)
+        got = self._avals.get(key)
+        if got is None:
+            if len(self._avals) >= 1024:
+                self._avals.clear()
+            got = self._avals[key] = self.make_aval(dims, descr)
+        cdef PyObject* old_aval
+        cdef PyObject* old_descr
+        if ndim <= _INLINE_NDIM:
+            slot = &self._recent[self._next_slot]
+            self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
+            old_aval, old_descr = slot.aval, slot.descr
+            Py_INCREF(got)
+            Py_INCREF(descr)
+            slot.aval = <PyObject*>got
+            slot.descr = <PyObject*>descr
+            slot.ndim = ndim
+            memcpy(slot.shape, shape, ndim * sizeof(int64_t))
+            # The slot is whole before anything is let go of (another thread may read it).
+            Py_XDECREF(old_aval)
+            Py_XDECREF(old_descr)
+        return got
+
+    cdef object sharded_aval(self, tuple shape, object descr, sharding):
+        """The abstract value ``jax.device_put`` gives an array of ``shape`` and ``descr``
+        put over a multi-device ``sharding`` (its mesh included; cached)."""
+        key = (shape, descr, sharding)
+        got = self._avals.get(key)
+        if got is None:
+            if len(self._avals) >= 1024:
+                self._avals.clear()
+            got = self._avals[key] = self.make_aval(shape, descr, sharding)
+        return got
+
+    cdef object single(self, device):
+        """``device``'s SingleDeviceSharding (cached)."""
+        got = self._singles.get(device)
+        if got is None:
+            got = self._singles[device] = self.make_single(device)
+        return got
+
+    cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
+        # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
+        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | ((held != 0) << 16)
+        if self._known[key]:
+            return self._known[key] == 1
+        reason = (self.hold if held else self.probe)(code, bits)
+        if reason is None:
+            self._known[key] = 1
+            return True
+        self.bad[key] = reason
+        self._known[key] = 2
+        return False
+
+    def dtype_problem(self, int code, int bits, bint held=False):
+        """None if JAX's DLPack import takes one lane of ``(code, bits)`` (``held``:
+        if JAX holds that dtype from NumPy); else the reason."""
+        if self._dtype_ok(code, bits, held):
+            return None
+        return self.bad[code | (bits << 8) | (held << 16)]
+
+    def device_for(self, int device_type, int device_id):
+        """The ``jax.Device`` JAX imports this DLPack device's memory onto, or None."""
+        return self.devices.get((device_type, device_id))
+
+    def refuse_device(self, x, int device_type, int device_id):
+        """``fallback="raise"``'s judgement of a producer's device before it is asked to
+        export (``__dlpack_device__``'s answer): an UnsupportedDeviceError naming the
+        device where JAX has no device for it and the memory is not host memory."""
+        if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
+                or _host_accessible(device_type)):
+            return
+        raise UnsupportedDeviceError(_words().not_asked(x, device_type, device_id,
+                                                        self.platforms))
+
+    def narrowing(self, int code, int bits):
+        """``(code, bits, warning)`` JAX narrows this 64-bit dtype to with x64 off, or None."""
+        got = self.narrow.get(code | (bits << 8))
+        return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
+
+
+def _same(arr):
+    return arr
