@@ -21,6 +21,8 @@ and this script writes what is between the two lines from the block's source:
                                                         files, when a run is committed)
     pipelines                                           benchmarks/loaders.json (the run of
                                                         benchmarks/bench_loaders.py)
+    setup                                               benchmarks/setup.json (what the
+                                                        README's two commands took)
     pip-NAME                                            scripts/interop.sh (a loader page's
                                                         install line: NAME's pins)
 
@@ -350,10 +352,39 @@ def pipelines(old: str = "", path: Path = LOADERS) -> str:
     return "\n".join(out) + "\n"
 
 
+SETUP = ROOT / "benchmarks" / "setup.json"
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def setup(old: str = "", path: Path = SETUP) -> str:
+    """What the README's two commands took, from benchmarks/setup.json (written by
+    ``python scripts/measure_setup.py [--ci-log FILE]``)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    first = report["first"]
+    where = f"a machine with {report['machine']} (Python {report['python']}, {report['date']})"
+    text = (f"Measured on {where} by `python scripts/measure_setup.py`: the first command "
+            f"took {first['seconds'] / 60:.1f} min on a fresh clone, its virtual environment "
+            f"takes {_gb(first['venv_bytes'])}, and the example reached a test accuracy of "
+            f"{first['accuracy']:.3f} (it varies a little from run to run).")
+    ci = report.get("ci")
+    if ci:
+        sizes = [s["clone"] for s in ci["steps"]]
+        largest = max(sizes, key=lambda v: float(v[:-1]) * {"M": 1e-3, "G": 1, "T": 1e3}[v[-1]])
+        slowest = max(ci["steps"], key=lambda s: s["seconds"])
+        text += (f" The second took {ci['minutes']} min, every step passing; the clone grew "
+                 f"to {largest}B (virtual environments, build folders, the CUDA builds of "
+                 f"torch that older stacks pull), and the longest step was "
+                 f"{slowest['step']} ({slowest['seconds'] / 60:.0f} min).")
+    return text + "\n"
+
+
 BLOCKS: dict[str, Callable[[str], str]] = {
     "run": run, "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
     "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
-    "producers": producers, "gpu": gpu, "pipelines": pipelines,
+    "producers": producers, "gpu": gpu, "pipelines": pipelines, "setup": setup,
 }
 
 

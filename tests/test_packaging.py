@@ -136,11 +136,15 @@ def test_figures_check_finds_a_changed_figure():
 
 
 EXPECTED_BLOCKS = {
-    "README.md": {"compare", "speed", "requirements", "stacks"},
+    "README.md": {"compare", "speed", "requirements", "stacks", "setup"},
     "docs/performance.md": {"run", "per-call", "copies", "loader", "pipelines", "summary"},
     "docs/reliability.md": {"stacks", "producers"},
-    "docs/getting-started.md": {"requirements"},
+    "docs/getting-started.md": {"requirements", "setup"},
     "docs/gpu.md": {"gpu"},
+    "docs/loaders/grain.md": {"pip-grain"},
+    "docs/loaders/huggingface.md": {"pip-hf"},
+    "docs/loaders/ray.md": {"pip-ray"},
+    "docs/loaders/tfdata.md": {"pip-tensorflow"},
 }
 
 
@@ -149,8 +153,9 @@ def test_every_figure_is_in_a_generated_block():
     import figures
     for page, names in EXPECTED_BLOCKS.items():
         assert set(figures.blocks((ROOT / page).read_text(encoding="utf-8"))) == names, page
+    pips = {f"pip-{name}" for name in figures.interop_pins()}   # a loader page's install line
     for path in figures.markdown_files():   # every block has its renderer
-        assert set(figures.blocks(path.read_text(encoding="utf-8"))) <= set(figures.BLOCKS)
+        assert set(figures.blocks(path.read_text(encoding="utf-8"))) <= set(figures.BLOCKS) | pips
 
 
 def test_pipelines_table_is_the_loaders_run():
