@@ -25,9 +25,9 @@ tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
     tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_devices.py
            tests/test_producers.py tests/test_agreement.py tests/test_copies.py
-           tests/test_stack.py tests/test_batches.py tests/test_whole_batches.py
+           tests/test_stack.py tests/test_batches.py
            tests/test_prefetch.py
-           tests/test_multidevice.py tests/test_fuzz.py tests/test_reliability.py)
+           tests/test_subprocess_suites.py tests/test_reliability.py)
 fi
 # detect_leaks=0: CPython itself leaks by design at exit; leaks are measured by the soak test.
 # alloc_dealloc_mismatch / odr: false reports from uninstrumented C++ in jaxlib and torch.

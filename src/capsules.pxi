@@ -599,22 +599,39 @@ cdef size_t _buffer_address(obj) except? 0:
 def stack_rows(out, list arrays):
     """Copy ``arrays[k]`` into ``out[k]`` for every k, without the GIL where both are
     C-contiguous with ``out``'s dtype (a ``memcpy`` each); NumPy's assignment
-    (``out[k] = a``, which casts) for any other.
+    (``out[k] = a``, which casts) for any other, and for object arrays (references).
 
     Parameters
     ----------
     out : numpy.ndarray
-        C-contiguous, of shape ``(len(arrays),) + arrays[0].shape``.
+        Writable, C-contiguous, of shape ``(len(arrays),) + arrays[0].shape``.
     arrays : list of numpy.ndarray
-        One shape each, that of a row of ``out`` (checked by the caller).
+        One shape each, that of a row of ``out``.
+
+    Raises
+    ------
+    ValueError
+        ``out`` is read-only, not C-contiguous, or has another number of rows; or an
+        array has another shape than a row. Nothing is written then.
     """
     cdef Py_ssize_t k, n = len(arrays)
     cdef Py_buffer dst, src
-    if n == 0:
-        return
+    shape = out.shape
+    if not shape or shape[0] != n:
+        raise ValueError(f"out has shape {shape}, not {n} rows, one per array")
+    if not out.flags.writeable or not out.flags.c_contiguous:
+        raise ValueError("out must be writable and C-contiguous")
+    row_shape = shape[1:]
+    for k in range(n):
+        if arrays[k].shape != row_shape:
+            raise ValueError(f"array {k} has shape {arrays[k].shape}, and a row {row_shape}")
     dtype = out.dtype
-    PyObject_GetBuffer(out, &dst, PyBUF_ANY_CONTIGUOUS)
-    cdef size_t row = <size_t>(dst.len // n)
+    if dtype.hasobject:
+        for k in range(n):
+            out[k] = arrays[k]
+        return
+    PyObject_GetBuffer(out, &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    cdef size_t row = <size_t>(dst.len // n) if n else 0
     try:
         for k in range(n):
             a = arrays[k]
@@ -624,7 +641,7 @@ def stack_rows(out, list arrays):
             PyObject_GetBuffer(a, &src, PyBUF_ANY_CONTIGUOUS)
             try:
                 if <size_t>src.len != row:
-                    raise ValueError(f"row {k} has {src.len} bytes, not {row}")
+                    raise ValueError(f"array {k} has {src.len} bytes, and a row {row}")
                 with nogil:
                     memcpy(<char*>dst.buf + k * row, src.buf, row)
             finally:

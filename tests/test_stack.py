@@ -95,12 +95,32 @@ def test_scalar_columns_are_np_stacks(column):
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
 
 
-def test_stack_rows_checks_each_row():
+def test_stack_rows_refuses_what_it_cannot_fill():
+    """Rows of another count or shape, read-only or non-C-contiguous memory are refused
+    (nothing written); casts and object arrays go through NumPy's assignment."""
+    import sys
+    rows = dlinspect._core.stack_rows
     out = aligned_empty((2, 3), np.float32, 64)
-    with pytest.raises(ValueError, match="row 1 has 8 bytes, not 12"):
-        dlinspect._core.stack_rows(out, [np.ones(3, np.float32), np.ones(2, np.float32)])
-    dlinspect._core.stack_rows(out, [np.ones(3, np.float64), np.arange(3, dtype=np.float32)])
+    one = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"array 1 has shape \(2,\), and a row \(3,\)"):
+        rows(out, [one, np.ones(2, np.float32)])
+    with pytest.raises(ValueError, match="not 3 rows"):
+        rows(out, [one, one, one])
+    with pytest.raises(ValueError, match="not 1 rows"):
+        rows(out, [one])
+    frozen = np.frombuffer(bytes(24), np.float32).reshape(2, 3)
+    with pytest.raises(ValueError, match="writable and C-contiguous"):
+        rows(frozen, [one, one])
+    assert not frozen.any()
+    with pytest.raises(ValueError, match="writable and C-contiguous"):
+        rows(np.zeros((2, 3), np.float32, order="F"), [one, one])
+    rows(out, [np.ones(3, np.float64), np.arange(3, dtype=np.float32)])
     assert out.tolist() == [[1, 1, 1], [0, 1, 2]]
+    held = object()
+    before = sys.getrefcount(held)
+    boxes = np.empty((1, 1), object)
+    rows(boxes, [np.array([held], object)])
+    assert boxes[0, 0] is held and sys.getrefcount(held) == before + 2   # (the source too)
 
 
 def test_torch_and_jax_elements(torch):

@@ -1,5 +1,5 @@
 """Hypothesis fuzzing of every header field: collected only inside the subprocess that
-tests/test_fuzz.py starts (DLINSPECT_FUZZ=1), so a crash fails that test, not the run."""
+tests/test_subprocess_suites.py starts (DLINSPECT_FUZZ=1), so a crash fails that test, not the run."""
 
 import os
 import sys

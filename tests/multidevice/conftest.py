@@ -1,5 +1,5 @@
 """Tests that need 4 CPU devices: collected only inside the subprocess that
-tests/test_multidevice.py starts with XLA_FLAGS=--xla_force_host_platform_device_count=4,
+tests/test_subprocess_suites.py starts with XLA_FLAGS=--xla_force_host_platform_device_count=4,
 so the device count never leaks into the rest of the suite."""
 
 import os
