@@ -70,11 +70,11 @@ cdef class LoaderReport:
     batches : int
         Batches counted this epoch.
 
-    Parameters
-    ----------
-    at_delivery : bool
-        Count a converted batch only when the loader says it was handed over
-        (``prefetch_to_jax``); else as soon as it is converted.
+    Notes
+    -----
+    A loader makes its own (``LoaderReport(at_delivery=True)`` counts a converted batch
+    only when the loader says it was handed over; the default, as soon as it is
+    converted).
     """
 
     cdef public Py_ssize_t batches
