@@ -352,9 +352,10 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=Fals
 
 
 # The actions that make a new array of a tensor's values (not a jax.Array's, which is
-# returned or moved as it is; not a sharded one, always placed).
-cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY,
-                                       NUMPY_PUT, NUMPY_COPY])
+# returned or moved as it is; not a sharded one, always placed; not a producer's host
+# copy, whose own route decides).
+cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT,
+                                       NUMPY_COPY])
 
 
 cdef int _prepare(Route route, JaxTarget tg) except -1:
@@ -471,14 +472,17 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
     """No JAX device for the memory: one copy by the producer into aligned host memory
     dlinspect allocates, which JAX views (where the producer table says how); else
     the producer's host copy (one copy where it is memory JAX can view, two where it
-    is not), routed with its own header, which is in hand."""
+    is not), routed with its own header, which is in hand. That route decides whether
+    the array stays committed: a host copy in a permuted order that JAX views keeps it
+    (Need.PERMUTED), which an uncommitted array would lose."""
     del cap   # the device capsule is not needed: its producer frees it now
+    cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out, tried = _copy_into_host(route, x, tg.copy_align)
     if out is not None:
         dest = route.jax_device
         src = dest if dest.platform == "cpu" else tg.cpu_device
-        arr = _put_host(tg, out, src, (<int>opts.flags) & _OPT_PLACED)
-        return arr if src == dest else tg.jax.device_put(arr, dest)
+        arr = _put_host(tg, out, src, placed)
+        return arr if src == dest or placed else tg.uncommit(tg.jax.device_put(arr, dest))
     host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
     # The narrowing warning is for the caller's tensor, given once the host copy is in
     # hand (a failed host copy raises its own error, not the warning).
@@ -486,10 +490,13 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
         warn(route.warning)
     quiet = opts.quiet(route.jax_device)
     if host_cap is None:   # a NumPy array from the producer's own method
-        return _numpy_array(host, tg, quiet)
-    inner = route_jax(host_info, _needs_jax(host_info, tg, opts.readonly == "share"), tg,
-                      quiet, host_cap)
-    return _execute(inner, host_cap, host_cap, tg, quiet)
+        inner, host_cap = _numpy_route(host, tg, quiet)
+    else:
+        inner = route_jax(host_info, _needs_jax(host_info, tg, opts.readonly == "share"), tg,
+                          quiet, host_cap)
+        host = host_cap
+    arr = _execute(inner, host_cap, host, tg, quiet)
+    return arr if placed or inner.facts.get("keeps_layout") else tg.uncommit(arr)
 
 
 def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
@@ -579,15 +586,15 @@ cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
     return arr
 
 
-cdef object _numpy_array(arr, JaxTarget tg, opts):
-    """A NumPy array dlinspect holds (a producer's host copy) into JAX: its own route."""
+cdef tuple _numpy_route(arr, JaxTarget tg, opts):
+    """A NumPy array dlinspect holds (a producer's host copy) into JAX: its own route and
+    capsule (None where DLPack cannot describe it: NumPy copies it)."""
     try:
         cap = numpy_capsule(arr)
-    except NotDescribableError as exc:   # DLPack cannot describe it: NumPy copies it
-        return _execute(route_numpy_copy(exc, tg, "jax", opts), None, arr, tg, opts)
+    except NotDescribableError as exc:
+        return route_numpy_copy(exc, tg, "jax", opts), None
     cdef TensorInfo info = _peek_capsule(cap)
-    route = route_jax(info, _needs_jax(info, tg, opts.readonly == "share"), tg, opts, cap)
-    return _execute(route, cap, cap, tg, opts)
+    return route_jax(info, _needs_jax(info, tg, opts.readonly == "share"), tg, opts, cap), cap
 
 
 cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):

@@ -5,7 +5,8 @@ layout JAX lost reads back in its own order and computes in another), so results
 checked the way users use them: elementwise, indexed, reduced along each axis, flattened
 and under ``jax.jit``, each against the same computation on ``jnp.asarray(np.asarray(x))``.
 
-``views()`` draws a tensor the way users make them: a producer's array (NumPy or torch),
+``views()`` draws a tensor the way users make them: a producer's array (NumPy, torch, or
+a producer on a device JAX lacks, whose host copy keeps the view's memory order),
 then a view of it (a transpose or permutation, F order, a slice with gaps, a reversed
 axis, a broadcast, an added axis of extent 1), misaligned, read-only, 0-d or empty, of any
 dtype the producers share with JAX. It gives the tensor and its NumPy reference, made by
@@ -27,7 +28,9 @@ from dlinspect.testing import aligned_empty
 DTYPES = ["float32", "float64", "int64", "int32", "int8", "uint8", "bool", "float16",
           "complex64", "bfloat16"]
 LAYOUTS = ["C", "transpose", "permute", "F", "gaps", "reversed", "broadcast", "new-axis"]
-PRODUCERS = ["numpy", "torch"]
+#: "device": a producer on a device JAX has no backend for (a FakeProducer on kDLVulkan)
+#: over the NumPy view: a host fallback, whose host copy keeps the view's memory order.
+PRODUCERS = ["numpy", "torch", "device"]
 
 
 def np_dtype(name):
@@ -58,6 +61,7 @@ def _draw_view(draw, producers):
                 perm=draw(st.permutations(range(ndim))),
                 misalign=draw(st.sampled_from([0, 0, 0, 4, 16, 32])),
                 read_only=producer == "numpy" and draw(st.booleans()),
+                copy_into=producer == "device" and draw(st.booleans()),
                 seed=draw(st.integers(0, 2**16)))
 
 
@@ -118,11 +122,15 @@ def build(h):
         reference = np.broadcast_to(ref_base, shape)
     else:
         reference = _view(ref_base, h, "numpy")
-    if h["producer"] == "numpy":
+    if h["producer"] in ("numpy", "device"):
         if h["read_only"]:
             base.flags.writeable = False
         arr = base.T if layout == "F" else base
         out = np.broadcast_to(arr, shape) if layout == "broadcast" else _view(arr, h, "numpy")
+        if h["producer"] == "device":
+            from dlinspect.testing import DLDeviceType, FakeProducer
+            return (lambda: FakeProducer(out, (DLDeviceType.kDLVulkan, 0),
+                                         copy_into=h.get("copy_into", False))), np.array(reference)
         return (lambda: out), np.array(reference)
     t = _torch_of(base)
     if layout == "F":

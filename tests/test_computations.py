@@ -70,11 +70,13 @@ def test_every_view_computes_right(entry):
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(h=views())
+@given(h=views(producers=["numpy", "torch"]))
 def test_plan_says_where_the_array_is_committed(h):
     """A route that keeps a permuted order imports the array committed (JAX computes right
     with such a layout only then); every other route with no device asked for gives the
-    uncommitted array jnp.asarray gives."""
+    uncommitted array jnp.asarray gives. (A host fallback's array is committed where the
+    producer's host copy keeps a permuted order: its plan cannot see that copy; see
+    TestIssueCases.test_host_copy_in_a_permuted_order.)"""
     make, _ = build(h)
     route = dlinspect.plan(make())
     result = quietly(dlinspect.to_jax, make())
@@ -102,6 +104,25 @@ class TestIssueCases:
         v = t.permute(*perm)
         for entry, convert in ENTRY_POINTS.items():
             assert_computes_like(convert(v), v.numpy(), entry)
+
+    @pytest.mark.parametrize("copy_into", [False, True])
+    def test_host_copy_in_a_permuted_order(self, copy_into):
+        """dpnp's transposed tensor: the host copy its producer makes keeps the transposed
+        order, 64-byte aligned. JAX views it only committed (the outer host fallback once
+        made it uncommitted, and every computation read it row-major)."""
+        from dlinspect.testing import DLDeviceType, FakeProducer
+        values = np.arange(24, dtype=np.float32).reshape(4, 6) - 5
+        x = FakeProducer(values.T, (DLDeviceType.kDLVulkan, 0), copy_into=copy_into)
+        assert dlinspect.plan(x).kind == "host-fallback"
+        j = quietly(dlinspect.to_jax, x)
+        assert_computes_like(j, values.T)
+        if not copy_into:   # the copy is the producer's, transposed as the tensor
+            assert x.served[-1].strides == values.T.strides
+        if UNCOMMITS:   # committed exactly where JAX keeps the host copy's permuted order
+            assert j._committed == (not copy_into and target().permuted_ok)
+        for entry, convert in ENTRY_POINTS.items():
+            x = FakeProducer(values.T, (DLDeviceType.kDLVulkan, 0), copy_into=copy_into)
+            assert_computes_like(quietly(convert, x), values.T, entry)
 
     def test_permuted_with_another_need_is_copied_row_major(self):
         """Misaligned and permuted: one copy, row-major, uncommitted."""

@@ -187,7 +187,7 @@ class TestForeignDevices:
         the process's resident high-water mark (reset right before), is what plan says:
         one copy where the producer copies into aligned memory dlinspect allocates, which
         JAX views; two where the producer's own host copy is memory JAX cannot view
-        (malloc's, 16 bytes past a page here, where XLA:CPU views 64-byte aligned memory)
+        (16-byte aligned, as malloc's is, where XLA:CPU views 64-byte aligned memory)
         and is copied once more. In a child
         process, so that nothing else moves the mark; the checks come after it is read."""
         code = textwrap.dedent(f"""
@@ -199,8 +199,9 @@ class TestForeignDevices:
                     return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
             src = np.ones(16 << 20, np.float32)          # 64 MiB of "device memory"
-            p = FakeProducer(src, (7, 0), copy_into={copy_into})
-            dlinspect.to_jax(FakeProducer(np.ones(8, np.float32), (7, 0), copy_into={copy_into}))
+            p = FakeProducer(src, (7, 0), copy_into={copy_into}, host_align=16)
+            dlinspect.to_jax(FakeProducer(np.ones(8, np.float32), (7, 0), copy_into={copy_into},
+                                          host_align=16))
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")                             # the high-water mark := now
             before = status("VmRSS:")

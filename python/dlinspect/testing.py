@@ -153,7 +153,8 @@ class FakeProducer:
         Versioned capsules carry the READ_ONLY flag.
     host_copy : bool
         Honour ``dl_device=(kDLCPU, 0), copy=True`` with a host copy whose header
-        has IS_COPIED set (as the array API asks a producer to), and
+        has IS_COPIED set (as the array API asks a producer to), in the memory order
+        of ``array`` (a transposed tensor's copy is transposed), and
         ``copy_into(out)``; False refuses both with ``BufferError``, as a producer
         without that feature does.
     copy_into : bool
@@ -167,6 +168,10 @@ class FakeProducer:
         ``TypeError`` for an array with nulls).
     counter : DeleterCounter or None
         Shared by every capsule it serves; a new one by default.
+    host_align : int
+        The alignment of its host copies' memory, in bytes (a power of two up to 64):
+        64 by default, as torch's and dpnp's are; 16 is malloc's, memory XLA:CPU does
+        not view.
     host_values : numpy.ndarray or None
         What its host copies hold (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` and
         ``numpy()``), where it differs from ``array``: a faulty producer whose host copy
@@ -193,7 +198,7 @@ class FakeProducer:
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
                  legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
                  copy_into: bool = False, refuse: str | BaseException | None = None,
-                 counter: DeleterCounter | None = None,
+                 counter: DeleterCounter | None = None, host_align: int = 64,
                  host_values: np.ndarray | None = None) -> None:
         self.array = np.asarray(array)
         self.device = (int(device[0]), None if device[1] is None else int(device[1]))
@@ -206,6 +211,7 @@ class FakeProducer:
         self.refuse = refuse
         self.counter = DeleterCounter() if counter is None else counter
         self.host_values = self.array if host_values is None else np.asarray(host_values)
+        self.host_align = host_align
         self.calls: list[dict[str, Any]] = []
         self.served: list[np.ndarray] = []
 
@@ -235,7 +241,8 @@ class FakeProducer:
                 raise BufferError(f"unsupported device requested: {tuple(dl_device)}")
             if copy is False:
                 raise BufferError("a copy to the host is needed but copy=False")
-            arr, device = np.array(self.host_values, copy=True), (DLDeviceType.kDLCPU, 0)
+            arr, device = (_copy_in_its_order(self.host_values, self.host_align),
+                           (DLDeviceType.kDLCPU, 0))
             flags = FLAG_IS_COPIED if versioned else 0
             self.served.append(arr)
         elif copy:
@@ -244,6 +251,19 @@ class FakeProducer:
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
                             flags=flags, counter=self.counter,
                             strides=tuple(s // arr.itemsize for s in arr.strides))
+
+
+def _copy_in_its_order(values: np.ndarray, align: int) -> np.ndarray:
+    """A copy of ``values`` in fresh memory aligned to ``align`` bytes (and no more, up to
+    64), its axes in the order of the source's memory (as NumPy's ``order="K"`` and
+    torch's ``.cpu()`` keep them): a device producer's host copy of a transposed tensor
+    is transposed too."""
+    order = sorted(range(values.ndim), key=lambda axis: -abs(values.strides[axis]))
+    memory = aligned_empty(tuple(values.shape[axis] for axis in order), values.dtype, 64,
+                           offset=align % 64)
+    out = memory.transpose(np.argsort(order).tolist())
+    out[...] = values
+    return out
 
 
 class CopyIntoFakeProducer(FakeProducer):
