@@ -55,17 +55,19 @@ def run_first(command: str) -> dict[str, object]:
 
 
 def read_ci_log(path: Path) -> dict[str, object]:
-    """The closing report of a ``.ci/run`` log: each step's seconds and the clone's size."""
+    """The closing report of a ``.ci/run`` log: each step's lane, seconds and the clone's
+    size."""
     text = path.read_text(encoding="utf-8", errors="replace")
     head = re.search(r"== \.ci/run report: (\d+) min in all\n", text)
     if head is None:
         sys.exit(f"{path}: no '.ci/run report' in it")
     steps = []
     for line in text[head.end():].splitlines()[1:]:
-        m = re.match(r"(.+?)\s{2,}(\d+) s\s+(\S+)\s+(.+)$", line)
+        m = re.match(r"(\d+)\s+(.+?)\s{2,}(\d+) s\s+(\S+)\s+(.+)$", line)
         if m:
-            steps.append({"step": m.group(1).strip(), "seconds": int(m.group(2)),
-                          "clone": m.group(3), "result": m.group(4).strip()})
+            steps.append({"lane": int(m.group(1)), "step": m.group(2).strip(),
+                          "seconds": int(m.group(3)), "clone": m.group(4),
+                          "result": m.group(5).strip()})
     if not steps or any(s["result"] != "ok" for s in steps):
         sys.exit(f"{path}: not a run whose every step passed")
     return {"minutes": int(head.group(1)), "steps": steps}
