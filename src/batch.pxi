@@ -199,14 +199,22 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     part.out = list(part.leaves)
     cdef Py_ssize_t i
     cdef _Leaf leaf
+    cdef bint reuse = part.opts.sharding is not None
     for i in range(len(part.leaves)):
         if not is_tensor(part.leaves[i]):
             continue
         try:
-            route, cap = _decide_leaf(part.leaves[i], tg, part.opts)
+            route, cap, info = _decide_leaf(part.leaves[i], tg, part.opts, reuse)
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
+        if type(route) is _SplitViews:   # viewed as the same split was before
+            leaf = _new_leaf(i, cap, info, 0, False)
+            leaf.part, leaf.split = k, route
+            if report is not None:
+                report._note(part.offset + i, (<TensorInfo>info)._nbytes, 0)
+            plan.append(leaf)
+            continue
         if route.problem is not None:
             cap = None   # let go of before raising (see _convert)
             _mark_leaf(route.error, i)
@@ -244,6 +252,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
         i = leaf.index
         try:
             part.out[i] = (
+                _split_again(leaf.cap, leaf.info, leaf.split, tg) if leaf.split is not None else
                 _import_fast(leaf.cap, leaf.info, leaf.needs, tg, part.flags, part.leaves[i],
                              leaf.prepared) if leaf.route is None else
                 _execute(leaf.route, leaf.cap, part.leaves[i], tg, part.opts, m >= taking))

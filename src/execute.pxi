@@ -294,7 +294,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-            route, cap = _decide_leaf(x, tg, opts)
+            route, cap, _ = _decide_leaf(x, tg, opts)
             return _execute(route, cap, x, tg, opts)
         try:
             got = _fast_one(x, tg, flags)
@@ -315,18 +315,28 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
         raise
 
 
-cdef tuple _decide_leaf(x, JaxTarget tg, opts):
-    """One tensor's route into JAX and its (unconsumed) export."""
+cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
+    """One tensor's route into JAX, its (unconsumed) export and its header. ``reuse``
+    (a batch bound for a sharding): a split decided before for the same header and
+    sharding is given instead of a route (``_SplitViews``), and a new one is kept."""
     if isinstance(x, tg.jax.Array):
-        return route_jax_array(x, opts), None
+        return route_jax_array(x, opts), None, None
     cdef PyObject* p = NULL
+    cdef int flags = opts.flags
     try:
-        info = _export(x, MODE_TAKE, tg.stream_for, &p, None, _refuser(tg, (<int>opts.flags)))
+        info = _export(x, MODE_TAKE, tg.stream_for, &p, None, _refuser(tg, flags))
     except NotDescribableError as exc:
-        return route_numpy_copy(exc, tg, "jax", opts), None
+        return route_numpy_copy(exc, tg, "jax", opts), None, None
     cap = _take_ref(p)
     try:
-        return decide(info, tg, "jax", opts, x), cap
+        if reuse:
+            seen = _split_seen(info, opts.sharding, flags, tg)
+            if seen is not None:
+                return seen, cap, info
+        route = decide(info, tg, "jax", opts, x)
+        if reuse:
+            _remember_split(route, info, flags, tg)
+        return route, cap, info
     except BaseException:
         cap = None   # (see _convert)
         raise
@@ -516,7 +526,7 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
     host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
                         tg.copy_align)
     if "spread" in route.facts:
-        inner, inner_cap = _decide_leaf(host, tg, opts)
+        inner, inner_cap, _ = _decide_leaf(host, tg, opts)
         return _execute(inner, inner_cap, host, tg, opts)
     return _finish(tg, _put_host(tg, host, route.import_device,
                                  (<int>opts.flags) & _OPT_PLACED), route)

@@ -82,6 +82,7 @@ cdef class _Leaf:
     cdef Py_ssize_t part     # its part of the batch
     cdef Py_ssize_t index    # its index among the part's leaves
     cdef object route        # its Route; None where the fast path imports it
+    cdef object split        # a split decided before, viewed again (_SplitViews), or None
     cdef object cap          # its export (None: NumPy memory DLPack cannot describe)
     cdef object info         # its TensorInfo (or the NotDescribableError)
     cdef uint32_t needs
@@ -281,4 +282,124 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     except BaseException:
         arrays = None
         _untake(owner, cap)   # a failed split consumes nothing
+        raise
+
+
+# ---- a split decided before, viewed again ----------------------------------------------
+
+@cython.final
+cdef class _SplitViews:
+    """A one-pass split whose every slice jaxlib's batched put views in place (a
+    zero-copy SPLIT route), kept for the next tensor of the same header and sharding:
+    a loader sends batches of one shape every step, and deciding each again costs more
+    than the put. Its slices' headers are the first tensor's; the next tensor's slices
+    are at its own address plus the same offsets. It holds no reference to any tensor."""
+    cdef TensorInfo whole     # the first tensor's header
+    cdef list parts           # each slice's header, at the first tensor's address
+    cdef list devices
+    cdef object sharding
+    cdef cnp.dtype descr
+    cdef int flags            # the options' bits it was decided under (_split_flags)
+    cdef uintptr_t mask       # the put's alignment - 1: the address modulo it is the same
+
+
+_split_views = {}   # _split_hash(...) -> _SplitViews; a module global (tests start it afresh)
+
+
+cdef inline uint64_t _mix(uint64_t h, uint64_t v) noexcept:
+    return (h ^ v) * <uint64_t>1099511628211ULL   # FNV-1a's step, a word at a time
+
+
+cdef Py_hash_t _split_hash(TensorInfo info, object sharding, int flags,
+                           uintptr_t mask) noexcept:
+    """What decides a split's views: the sharding (the object), the options' bits, the
+    header's dtype, flags, device, shape and strides, its address modulo the put's
+    alignment. (A match is checked field by field: ``_same_split``.)"""
+    cdef uint64_t h = <uint64_t>14695981039346656037ULL
+    cdef int i
+    h = _mix(h, <uint64_t><uintptr_t><PyObject*>sharding)
+    h = _mix(h, <uint64_t>flags | (<uint64_t>info._key() << 32))
+    h = _mix(h, info._flags)
+    h = _mix(h, <uint64_t>info._dev_type | (<uint64_t><uint32_t>info._dev_id << 32))
+    h = _mix(h, info._ptr() & mask)
+    for i in range(info._ndim):
+        h = _mix(_mix(h, <uint64_t>info._shape[i]), <uint64_t>info._strides[i])
+    return <Py_hash_t>(h >> 1)
+
+
+cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags) noexcept:
+    cdef TensorInfo w = s.whole
+    cdef int i
+    if (s.sharding is not sharding or s.flags != flags or w._ndim != info._ndim
+            or w._key() != info._key() or w._lanes != info._lanes or w._flags != info._flags
+            or w._dev_type != info._dev_type or w._dev_id != info._dev_id
+            or (w._ptr() & s.mask) != (info._ptr() & s.mask)):
+        return False
+    for i in range(info._ndim):
+        if w._shape[i] != info._shape[i] or w._strides[i] != info._strides[i]:
+            return False
+    return True
+
+
+cdef int _split_flags(TensorInfo info, int flags, JaxTarget tg) except? -1:
+    """The options' bits, and for a 64-bit dtype whether x64 is on (the calling thread's
+    setting, read now: it decides whether JAX narrows)."""
+    if (info._bits == 64 or info._bits == 128) and tg.x64.value:
+        return flags | (1 << 30)
+    return flags
+
+
+cdef _SplitViews _split_seen(TensorInfo info, object sharding, int flags, JaxTarget tg):
+    """The split of a tensor with this header and sharding decided before, or None."""
+    if tg.put is None:
+        return None
+    flags = _split_flags(info, flags, tg)
+    s = _split_views.get(_split_hash(info, sharding, flags, tg.put_align - 1))
+    if s is not None and _same_split(<_SplitViews>s, info, sharding, flags):
+        return s
+    return None
+
+
+cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) except -1:
+    """Keep ``route`` for the next tensor of ``info``'s header where it is a one-pass
+    split whose every slice the batched put views (nothing to warn, copy or allocate)."""
+    if route.action is not SPLIT or route.copy_bytes or route.warning is not None or tg.put is None:
+        return 0
+    cdef dict f = route.facts
+    parts = f.get("parts")
+    if parts is None:
+        return 0
+    cdef TensorInfo part
+    cdef uint32_t n
+    for part, n in parts:
+        if n & ~NEED_VIA_CPU or not _viewable_by_put(part, tg):
+            return 0
+    flags = _split_flags(info, flags, tg)
+    cdef _SplitViews s = _SplitViews.__new__(_SplitViews)
+    s.whole, s.devices, s.sharding, s.flags = info, f["devices"], f["sharding"], flags
+    s.parts = [part for part, _ in parts]
+    s.descr = _numpy_dtype(info._code, info._bits)
+    s.mask = tg.put_align - 1
+    if len(_split_views) >= 256:
+        _split_views.clear()
+    _split_views[_split_hash(info, s.sharding, flags, s.mask)] = s
+    return 0
+
+
+cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget tg):
+    """Consume ``cap`` and put each slice of split ``s``, viewed in place at ``info``'s
+    address, in one batched put (as ``_split_import`` puts a split whose every slice is
+    viewed); a failed put consumes nothing."""
+    cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
+    cdef bint writeable = info.read_only is not True
+    cdef TensorInfo part
+    owner = take(cap, not writeable, info)
+    try:
+        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part._ndim, part._shape,
+                           part._strides, part._bits // 8, s.descr, writeable)
+                  for part in s.parts]
+        return _put(tg, arrays, info, s.descr, s.sharding, s.devices, True)
+    except BaseException:
+        arrays = None
+        _untake(owner, cap)
         raise

@@ -240,12 +240,104 @@ def test_process_local_data_path(monkeypatch):
     from dlinspect import _core
     monkeypatch.setattr(_core, "spans_processes", lambda sharding: True)
     monkeypatch.setattr(_core, "_layouts", {})   # layouts cached by earlier tests
+    monkeypatch.setattr(_core, "_split_views", {})   # and splits
     x = aligned(np.arange(8 * 3).reshape(8, 3))
     route = plan(x, sharding=DATA)
     assert route.kind == "copy" and "make_array_from_process_local_data" in route.reason
     y = to_jax(x, sharding=DATA)
     assert y.sharding == DATA
     np.testing.assert_array_equal(np.asarray(y), x)
+
+
+class TestSplitSeenBefore:
+    """A batch of a header and sharding split before (the same shape, strides, dtype,
+    flags and device, at an address as aligned) is viewed as that split was, at its own
+    address, without deciding it again; anything else is decided afresh."""
+
+    @pytest.fixture(autouse=True)
+    def fresh(self, monkeypatch):
+        monkeypatch.setattr(dlinspect._core, "_split_views", {})
+
+    @staticmethod
+    def batch(k, offset=0):
+        image = aligned_empty((8, 3, 32, 32), np.float32, 64, offset=offset)
+        image[...] = np.arange(image.size, dtype=np.float32).reshape(image.shape) + k
+        label = aligned_empty((64,), np.int32, 64, offset=offset)
+        label[...] = np.arange(64) * (k + 1)
+        return {"image": image, "label": label}
+
+    def check(self, out, batch, views):
+        from _computations import assert_computes_like
+        for key, x in batch.items():
+            assert out[key].sharding == DATA
+            assert_computes_like(out[key], x, key)
+            rows = x.shape[0] // 4
+            at = {d: x.ctypes.data + k * rows * x[0].nbytes for k, d in enumerate(jax.devices())}
+            assert (shard_pointers(out[key]) == at) == views, key
+
+    def test_the_same_header_again_is_viewed_at_its_own_address(self):
+        first = self.batch(0)
+        self.check(to_jax(first, sharding=DATA), first, views=True)
+        assert len(dlinspect._core._split_views) == 2   # one per leaf
+        for k in range(1, 4):
+            b = self.batch(k)
+            assert plan(b, sharding=DATA)["image"].kind == "zero-copy"
+            self.check(to_jax(b, sharding=DATA), b, views=True)
+        assert len(dlinspect._core._split_views) == 2
+
+    def test_another_alignment_is_decided_again(self):
+        if _xla_alignment() <= 16:
+            pytest.skip(f"XLA:CPU here views {_xla_alignment()}-byte aligned memory")
+        first = self.batch(0)
+        self.check(to_jax(first, sharding=DATA), first, views=True)
+        b = self.batch(1, offset=16)
+        assert plan(b, sharding=DATA)["image"].kind == "copy"
+        self.check(to_jax(b, sharding=DATA), b, views=False)
+
+    def test_another_layout_dtype_or_flag_is_decided_again(self):
+        b = self.batch(0)
+        to_jax(b, sharding=DATA)
+        image = b["image"]
+        other = {"F order": np.asfortranarray(image),
+                 "float64 view": image.view(np.float64)}
+        for what, x in other.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DLInspectWarning)
+                y = to_jax(x, sharding=DATA)
+            np.testing.assert_array_equal(np.asarray(y), x.astype(y.dtype), err_msg=what)
+        image.flags.writeable = False   # the header's READ_ONLY flag: copied unless shared
+        y = to_jax(image, sharding=DATA)
+        assert set(shard_pointers(y).values()).isdisjoint(
+            image.ctypes.data + k * 2 * image[0].nbytes for k in range(4))
+        assert not y.addressable_shards[0].data.unsafe_buffer_pointer() == image.ctypes.data
+        shared = to_jax(image, sharding=DATA, readonly="share")
+        assert shard_pointers(shared)[jax.devices()[0]] == image.ctypes.data
+        np.testing.assert_array_equal(np.asarray(y), image)
+
+    def test_x64_turned_off_narrows_again(self):
+        x = aligned(np.arange(32).reshape(8, 4), np.float64)
+        jax.config.update("jax_enable_x64", True)
+        try:
+            y = to_jax(x, sharding=DATA)
+            assert y.dtype == np.float64 and shard_pointers(y)[jax.devices()[0]] == x.ctypes.data
+        finally:
+            jax.config.update("jax_enable_x64", False)
+        with pytest.warns(DLInspectWarning, match="narrowed"):
+            y = to_jax(x, sharding=DATA)
+        assert y.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(y), x.astype(np.float32))
+
+    def test_deleter_runs_once_and_the_report_counts_views(self):
+        counter = DeleterCounter()
+        loader = dlinspect.prefetch_to_jax(
+            ({"x": make_capsule(aligned(np.arange(64 * k, 64 * (k + 1)).reshape(8, 8)),
+                                counter=counter)} for k in range(4)),
+            sharding=DATA, size=1)
+        got = [np.asarray(b["x"]) for b in loader]
+        assert [g[0, 0] for g in got] == [0, 64, 128, 192]
+        assert loader.report.as_dict()["['x']"]["zero_copy_bytes"] == 4 * 256
+        gc.collect()
+        assert counter.calls == 4
 
 
 class TestLeafShapesAndPlacements:

@@ -35,7 +35,7 @@ Rows, instructions per call (every result waited for with ``block_until_ready``)
 
 Targets: to_jax(x) and to_jax(t) <= 1.10x their floor; to_jax(d) <= 1.10x 16 floors;
 to_jax(b64) <= 1.0x device_put(b64); to_jax(b, sharding) <= 1.0x device_put(b, sharding)
-and <= 1.5x floor(b, sharding); to_jax(b + text) <= 2.0x to_jax(b);
+and <= 1.15x floor(b, sharding); to_jax(b + text) <= 2.0x to_jax(b);
 stack(eN) <= 1.10x np.stack(eN).
 Needs valgrind (``apt-get install valgrind``); without it the suite is skipped, saying so.
 """
@@ -65,8 +65,8 @@ TARGETS = [
      "device_put(b64)", 1.0),
     ("to_jax(batch, sharding over 4 CPUs) <= 1.0x jax.device_put (instructions)",
      "to_jax(b, sharding)", "device_put(b, sharding)", 1.0),
-    ("to_jax(batch, sharding over 4 CPUs) <= 1.5x the batched put of its row views "
-     "(instructions)", "to_jax(b, sharding)", "floor(b, sharding)", 1.5),
+    ("to_jax(batch, sharding over 4 CPUs) <= 1.15x the batched put of its row views "
+     "(instructions)", "to_jax(b, sharding)", "floor(b, sharding)", 1.15),
     ("to_jax(batch + 256 str ids and scalars) <= 2.0x the batch without them (instructions)",
      "to_jax(b + text)", "to_jax(b)", 2.0),
     ("stack(8 examples) <= 1.10x np.stack of each key (instructions)", "stack(e8)",
