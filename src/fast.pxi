@@ -301,6 +301,7 @@ cdef class _SplitViews:
     cdef cnp.dtype descr
     cdef int flags            # the options' bits it was decided under (_split_flags)
     cdef uintptr_t mask       # the put's alignment - 1: the address modulo it is the same
+    cdef JaxTarget tg         # the JAX it was decided for (a new target decides afresh)
 
 
 _split_views = {}   # _split_hash(...) -> _SplitViews; a module global (tests start it afresh)
@@ -327,10 +328,11 @@ cdef Py_hash_t _split_hash(TensorInfo info, object sharding, int flags,
     return <Py_hash_t>(h >> 1)
 
 
-cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags) noexcept:
+cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags,
+                      JaxTarget tg) noexcept:
     cdef TensorInfo w = s.whole
     cdef int i
-    if (s.sharding is not sharding or s.flags != flags or w._ndim != info._ndim
+    if (s.sharding is not sharding or s.tg is not tg or s.flags != flags or w._ndim != info._ndim
             or w._key() != info._key() or w._lanes != info._lanes or w._flags != info._flags
             or w._dev_type != info._dev_type or w._dev_id != info._dev_id
             or (w._ptr() & s.mask) != (info._ptr() & s.mask)):
@@ -355,7 +357,7 @@ cdef _SplitViews _split_seen(TensorInfo info, object sharding, int flags, JaxTar
         return None
     flags = _split_flags(info, flags, tg)
     s = _split_views.get(_split_hash(info, sharding, flags, tg.put_align - 1))
-    if s is not None and _same_split(<_SplitViews>s, info, sharding, flags):
+    if s is not None and _same_split(<_SplitViews>s, info, sharding, flags, tg):
         return s
     return None
 
@@ -379,7 +381,7 @@ cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) 
     s.whole, s.devices, s.sharding, s.flags = info, f["devices"], f["sharding"], flags
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
-    s.mask = tg.put_align - 1
+    s.mask, s.tg = tg.put_align - 1, tg
     if len(_split_views) >= 256:
         _split_views.clear()
     _split_views[_split_hash(info, s.sharding, flags, s.mask)] = s
