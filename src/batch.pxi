@@ -88,7 +88,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags):
 
 cdef object _leaf_options(opts, sharding):
     """The options of a leaf under ``sharding``: a single-device sharding is its device."""
-    if sharding is not None and plain_device(check_sharding(sharding)):
+    if sharding is not None and _is_plain_device(sharding):
         return opts.with_device(next(iter(sharding.device_set)))
     return opts
 

@@ -319,12 +319,16 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
     """One tensor's route into JAX, its (unconsumed) export and its header. ``reuse``
     (a batch bound for a sharding): a split decided before for the same header and
     sharding is given instead of a route (``_SplitViews``), and a new one is kept."""
-    if isinstance(x, tg.jax.Array):
-        return route_jax_array(x, opts), None, None
+    cdef _TypeEntry entry = None
+    if not PyCapsule_CheckExact(x):
+        entry = _entry_for(type(x))
+        # (NumPy and torch arrays are never jax.Arrays: no isinstance asked of them)
+        if entry.guard != GUARD_NUMPY and not entry.is_torch and isinstance(x, tg.jax.Array):
+            return route_jax_array(x, opts), None, None
     cdef PyObject* p = NULL
     cdef int flags = opts.flags
     try:
-        info = _export(x, MODE_TAKE, tg.stream_for, &p, None, _refuser(tg, flags))
+        info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
     except NotDescribableError as exc:
         return route_numpy_copy(exc, tg, "jax", opts), None, None
     cap = _take_ref(p)

@@ -297,7 +297,7 @@ cdef class _SplitViews:
     cdef TensorInfo whole     # the first tensor's header
     cdef list parts           # each slice's header, at the first tensor's address
     cdef list devices
-    cdef object sharding
+    cdef object sharding, aval   # (aval: the put's abstract value, made once)
     cdef cnp.dtype descr
     cdef int flags            # the options' bits it was decided under (_split_flags)
     cdef uintptr_t mask       # the put's alignment - 1: the address modulo it is the same
@@ -382,6 +382,7 @@ cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) 
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
     s.mask, s.tg = tg.put_align - 1, tg
+    s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
     if len(_split_views) >= 256:
         _split_views.clear()
     _split_views[_split_hash(info, s.sharding, flags, s.mask)] = s
@@ -400,7 +401,7 @@ cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget t
         arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part._ndim, part._shape,
                            part._strides, part._bits // 8, s.descr, writeable)
                   for part in s.parts]
-        return _put(tg, arrays, info, s.descr, s.sharding, s.devices, True)
+        return tg.put(s.aval, s.sharding, arrays, s.devices, True)
     except BaseException:
         arrays = None
         _untake(owner, cap)

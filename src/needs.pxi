@@ -19,7 +19,8 @@ cdef enum:
     NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
     NEED_LANES = 1 << 2      # a vector dtype: lanes become a trailing axis
     NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative; and any
-                             # order but row-major on a jaxlib that computes others wrongly)
+                             # order but row-major on a jaxlib that computes others wrongly,
+                             # extent-1 axes' strides included)
     NEED_READ_ONLY = 1 << 4  # READ_ONLY flag, and the caller did not opt into sharing
     NEED_ALIGN = 1 << 5      # below XLA:CPU's zero-copy alignment
     NEED_NARROW = 1 << 6     # a 64-bit dtype JAX narrows with x64 off
@@ -118,6 +119,8 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
     if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
+    elif not tg.unit_strides_ok and _odd_unit_strides(info):
+        n |= NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
     if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
@@ -125,6 +128,18 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
     if _packed(info):
         n |= NEED_PACKED
     return n
+
+
+cdef bint _odd_unit_strides(TensorInfo info) noexcept:
+    """An axis of extent 1 carries a stride other than the row-major one (DLPack allows
+    any; see JaxTarget.unit_strides_ok)."""
+    cdef int64_t expected = 1
+    cdef int i
+    for i in range(info._ndim - 1, -1, -1):
+        if info._shape[i] == 1 and info._strides[i] != expected:
+            return True
+        expected *= info._shape[i]
+    return False
 
 
 cdef inline bint _packed(TensorInfo info) noexcept:

@@ -436,7 +436,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, opts):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
     sharding = opts.sharding
-    if sharding is not None and not plain_device(check_sharding(sharding)):
+    if sharding is not None and not _is_plain_device(sharding):
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
             return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven,
@@ -636,7 +636,7 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
         return route_host(info, _needs_host(info), opts.copy, source)
     cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share")
     sharding = opts.sharding
-    if sharding is not None and not plain_device(check_sharding(sharding)):
+    if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
     if sharding is not None:
         opts = opts.with_device(next(iter(sharding.device_set)))

@@ -56,6 +56,22 @@ def uneven(shape, sharding):
     return None
 
 
+_plain_devices = {}   # id(sharding) -> (sharding, plain_device of it); a module global
+
+
+cdef bint _is_plain_device(sharding) except -1:
+    """``plain_device(check_sharding(sharding))``, remembered per sharding object (a
+    loader passes the same one every step)."""
+    got = _plain_devices.get(id(sharding))
+    if got is not None and (<tuple>got)[0] is sharding:
+        return (<tuple>got)[1]
+    plain = plain_device(check_sharding(sharding))
+    if len(_plain_devices) >= 256:
+        _plain_devices.clear()
+    _plain_devices[id(sharding)] = (sharding, plain)
+    return plain
+
+
 def plain_device(sharding):
     """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
     single = _options_module.jax_module("jax.sharding").SingleDeviceSharding

@@ -71,6 +71,10 @@ cdef class JaxTarget:
         JAX computes right with a permutation of a dense layout (a transpose, F order)
         imported without a copy, committed (probed by computations on it; jaxlib < 0.8
         reads such memory as row-major, so it needs a copy).
+    unit_strides_ok : bool
+        JAX computes right with row-major memory whose extent-1 axes carry other strides
+        (DLPack allows any), imported without a copy (probed: jaxlib 0.4.30 infers a
+        layout from them that its own jit refuses, so such memory needs a copy).
     assemble : callable
         ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
         single-device arrays, listed in the order of ``devices``.
@@ -93,7 +97,7 @@ cdef class JaxTarget:
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit
-    cdef readonly bint permuted_ok, direct
+    cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
     cdef object probe, hold, make_aval, make_single
     cdef dict devices, narrow, bad, _avals, _singles
@@ -111,7 +115,7 @@ cdef class JaxTarget:
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
                  dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
                  put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
-                 uncommit=None):
+                 uncommit=None, bint unit_strides_ok=True):
         for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
             if align == 0 or (align & (align - 1)) != 0:
                 raise ValueError(f"{name} must be a power of two, not {align}")
@@ -134,6 +138,7 @@ cdef class JaxTarget:
         self.stream_for = stream_for
         self.array_type = array_type
         self.permuted_ok = permuted_ok
+        self.unit_strides_ok = unit_strides_ok
         self.assemble = assemble
         self.put = put if make_aval is not None and make_single is not None else None
         self.put_align = put_align

@@ -241,6 +241,7 @@ class JaxTarget:
     stream_for: Callable[[int, int], int | None]
     array_type: type
     permuted_ok: bool
+    unit_strides_ok: bool
     assemble: Callable[..., Any]
     put: Callable[..., Any] | None
     put_align: int
@@ -256,7 +257,8 @@ class JaxTarget:
                  put: Callable[..., Any] | None = ..., put_align: int = ...,
                  make_aval: Callable[..., Any] | None = ...,
                  make_single: Callable[[Any], Any] | None = ...,
-                 uncommit: Callable[[Any], Any] | None = ...) -> None: ...
+                 uncommit: Callable[[Any], Any] | None = ...,
+                 unit_strides_ok: bool = ...) -> None: ...
     def dtype_problem(self, code: int, bits: int, held: bool = ...) -> str | None: ...
     def device_for(self, device_type: int, device_id: int) -> Any: ...
     def narrowing(self, code: int, bits: int) -> tuple[int, int, str] | None: ...

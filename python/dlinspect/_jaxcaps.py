@@ -282,10 +282,22 @@ class JaxCaps:
         column-major) imported without a copy and kept committed, as the route leaves it
         (Need.PERMUTED): elementwise, indexed, reduced along each axis, flattened and
         under ``jax.jit``. jaxlib < 0.8 reads every layout as row-major."""
+        return self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T)
+
+    def _probe_unit_strides(self) -> bool:
+        """Whether JAX computes right with row-major memory whose extent-1 axis carries
+        another stride (a 2x1 array with strides (1, 2)), imported without a copy.
+        jaxlib 0.4.30 infers a layout from it that its own jit refuses."""
+        return self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1))
+
+    def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...],
+                  want: Any) -> bool:
+        """JAX's import of float32 memory 0, 1, 2... with this header computes as
+        ``want``: elementwise, indexed, reduced along each axis, flattened, jitted."""
         buf = aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
-        want = buf.reshape(3, 2).T    # [[0, 2, 4], [1, 3, 5]]
-        cap = _core.header_capsule(buf, buf.ctypes.data, (2, 3), (1, 2), 2, 32, 1)
+        want = np.asarray(want, np.float32)
+        cap = _core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1)
         try:
             arr = _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
             got = [arr, arr + 0, arr[1], arr.sum(axis=0), arr.sum(axis=1), arr.reshape(-1),
@@ -371,6 +383,7 @@ class JaxCaps:
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
                 array_type=self.array_type, permuted_ok=self._probe_permuted(),
+                unit_strides_ok=self._probe_unit_strides(),
                 assemble=self._assembler(), uncommit=self._uncommitter(), **self._put())
             _core.set_target(self._target)
         return self._target
