@@ -124,6 +124,19 @@ class TestIssueCases:
             x = FakeProducer(values.T, (DLDeviceType.kDLVulkan, 0), copy_into=copy_into)
             assert_computes_like(quietly(convert, x), values.T, entry)
 
+    @pytest.mark.parametrize("shape, strides", [((2, 1), (1, 2)), ((1, 3), (0, 1)),
+                                                ((2, 1, 3), (3, 7, 1))])
+    def test_extent_one_axes_with_any_stride(self, shape, strides):
+        """DLPack allows any stride on an axis of extent 1; a jaxlib that infers a layout
+        from it (0.4.30: its jit then refuses the array) gets a row-major copy."""
+        from dlinspect.testing import aligned_empty, make_capsule
+        values = aligned_empty(shape, np.float32, 64)
+        values[...] = np.arange(values.size).reshape(shape)
+        route = dlinspect.plan(make_capsule(values, strides=strides))
+        assert route.kind == ("zero-copy" if target().unit_strides_ok else "copy"), route
+        for entry, convert in ENTRY_POINTS.items():
+            assert_computes_like(convert(make_capsule(values, strides=strides)), values, entry)
+
     def test_permuted_with_another_need_is_copied_row_major(self):
         """Misaligned and permuted: one copy, row-major, uncommitted."""
         from dlinspect.testing import aligned_empty

@@ -115,6 +115,9 @@ def _dtype_text(info: Any) -> str:
 
 
 def _strides_word(info: Any) -> str:
+    if info.is_c_contiguous:   # row-major but for an extent-1 axis (unit_strides_ok)
+        return ("a stride on an axis of extent 1 other than the row-major one, from which "
+                "this jaxlib (0.4) infers a layout its own jit refuses")
     if info.is_compact:   # a shard of a sharded array, or a jaxlib < 0.8: read as row-major
         return ("a permuted (transposed) order, which JAX reads as row-major here (in a "
                 "shard of a sharded array; on jaxlib older than 0.8, in any array)")
