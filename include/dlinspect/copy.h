@@ -57,8 +57,15 @@ static inline char* dl_copy_run(char* restrict dst, const char* restrict src, in
     switch (src_size) { /* one fixed-size load and store per element */
 #define DL_RUN(N)                                                \
   case N:                                                        \
-    for (i = 0; i < count; i++) {                                \
-      memcpy(dst + (size_t)i * N, src + i * step_bytes, N);      \
+    if (step == 2) { /* every other element: a constant stride, which compilers  \
+                        vectorise with shuffles */               \
+      for (i = 0; i < count; i++) {                              \
+        memcpy(dst + (size_t)i * N, src + i * 2 * N, N);         \
+      }                                                          \
+    } else {                                                     \
+      for (i = 0; i < count; i++) {                              \
+        memcpy(dst + (size_t)i * N, src + i * step_bytes, N);    \
+      }                                                          \
     }                                                            \
     break;
       DL_RUN(1) DL_RUN(2) DL_RUN(4) DL_RUN(8) DL_RUN(16)
