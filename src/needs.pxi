@@ -131,14 +131,13 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
 
 
 cdef bint _odd_unit_strides(TensorInfo info) noexcept:
-    """An axis of extent 1 carries a stride other than the row-major one (DLPack allows
-    any; see JaxTarget.unit_strides_ok)."""
-    cdef int64_t expected = 1
+    """A row-major header whose strides, its extent-1 axes' included (DLPack allows any
+    stride there), do not decrease from the first axis to the last: jaxlib 0.4.30 infers
+    its layout from that order (see JaxTarget.unit_strides_ok)."""
     cdef int i
-    for i in range(info._ndim - 1, -1, -1):
-        if info._shape[i] == 1 and info._strides[i] != expected:
+    for i in range(1, info._ndim):
+        if info._strides[i - 1] < info._strides[i]:
             return True
-        expected *= info._shape[i]
     return False
 
 
