@@ -374,7 +374,9 @@ def setup(old: str = "", path: Path = SETUP) -> str:
         sizes = [s["clone"] for s in ci["steps"]]
         largest = max(sizes, key=lambda v: float(v[:-1]) * {"M": 1e-3, "G": 1, "T": 1e3}[v[-1]])
         slowest = max(ci["steps"], key=lambda s: s["seconds"])
-        text += (f" The second took {ci['minutes']} min, every step passing; the clone grew "
+        lanes = len({s.get("lane", 1) for s in ci["steps"]})
+        text += (f" The second took {ci['minutes']} min"
+                 f"{f' ({lanes} lanes at once)' if lanes > 1 else ''}, every step passing; the clone grew "
                  f"to {largest}B (virtual environments, build folders, the CUDA builds of "
                  f"torch that older stacks pull), and the longest step was "
                  f"{slowest['step']} ({slowest['seconds'] / 60:.0f} min).")
