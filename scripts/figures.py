@@ -23,6 +23,8 @@ and this script writes what is between the two lines from the block's source:
                                                         benchmarks/bench_loaders.py)
     setup                                               benchmarks/setup.json (what the
                                                         README's two commands took)
+    layout                                              the code (scripts/layout.py: each
+                                                        file's lines and what it reads)
     pip-NAME                                            scripts/interop.sh (a loader page's
                                                         install line: NAME's pins)
 
@@ -383,9 +385,17 @@ def setup(old: str = "", path: Path = SETUP) -> str:
     return text + "\n"
 
 
+def layout(old: str = "") -> str:
+    """The package's and the core's files, their lines and the files each reads
+    (scripts/layout.py, from the code itself)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from layout import drawing, layout as rooms
+    return f"```text\n{drawing(rooms())}\n```\n"
+
+
 BLOCKS: dict[str, Callable[[str], str]] = {
-    "run": run, "compare": compare, "speed": speed, "summary": summary, "per-call": per_call,
-    "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
+    "layout": layout, "run": run, "compare": compare, "speed": speed, "summary": summary,
+    "per-call": per_call, "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
     "producers": producers, "gpu": gpu, "pipelines": pipelines, "setup": setup,
 }
 

@@ -19,8 +19,9 @@ The flow runs one way, one concern per included file::
                  NumPy views and aligned copies, committed only where asked
     fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
     report.pxi   LoaderReport: a loader's bytes zero-copy and copied, per key path, and why
-    execute.pxi  the front doors (to_jax, to_host) and one executor per action
+    execute.pxi  one executor per action
     batch.pxi    the one batch engine: a batch decided whole into one plan, then run
+    front.pxi    the front doors (to_jax, plan, to_host) and the JaxTarget they read
 
 Below the core stand only dlinspect.errors, _options and _tree (imported here). The core
 never reaches up: dlinspect._words hands itself over at its import (set_words: a route's
@@ -141,3 +142,4 @@ include "fast.pxi"
 include "report.pxi"
 include "execute.pxi"
 include "batch.pxi"
+include "front.pxi"

@@ -7,6 +7,8 @@
 # every copy's memory), then takes and runs the rest. A new kind of batch is a new way
 # to make parts (_parts), not a new engine.
 
+from dlinspect import _tree
+
 
 @cython.final
 cdef class _Part:

@@ -297,11 +297,6 @@ cdef object _producer_error(object obj, BaseException exc, str what):
         f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 
-cdef str _type_name(object obj):
-    tp = type(obj)
-    return f"{tp.__module__}.{tp.__qualname__}"
-
-
 cdef bint _about_keywords(BaseException exc):
     """A TypeError that says the producer does not take the array API's newer
     keywords (an older producer), not one about the tensor (pyarrow's nulls)."""
@@ -435,31 +430,6 @@ cdef object _numpy_fallback(object x, object refusal):
     if form == NP_EXACT:
         return capsule_of(x, read_only=not x.flags.writeable)
     raise _numpy_error(x, form, why) from (refusal if form == NP_NO_CODE else None)
-
-
-cdef object _numpy_error(object x, int form, str why):
-    """The error for NumPy array ``x`` that DLPack cannot describe exactly."""
-    if form == NP_NOT_NUMERIC:
-        return NotNumericError(
-            f"{_describe_ndarray(x)} is not a numeric tensor: {why}. Inside a batch it is a "
-            f"leaf kept as it is (leaves='keep').")
-    if form == NP_COPY:
-        exc = NotDescribableError(
-            f"{_describe_ndarray(x)} cannot be described by DLPack: {why}, so NumPy refused "
-            f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
-            f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
-            f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
-        exc.array = x
-        exc.why = why
-        return exc
-    return UnsupportedDTypeError(
-        f"{_describe_ndarray(x)} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
-        f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
-        f"x.astype(numpy.float32).")
-
-
-cdef str _describe_ndarray(object x):
-    return f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
 
 
 # tf.DType names TensorFlow's __dlpack__ aborts the process on (never called for them).

@@ -4,18 +4,6 @@
 # with the same export and the same answer. Options arrive as one flags value (the bits of
 # dlinspect._options.Options.flags).
 
-cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
-                               | NEED_PERMUTED)
-
-
-cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
-    """The one rule of the fast path's copy: host memory of any layout, whole bytes per
-    element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
-    fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
-    return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
-            and _fits_in_memory(info._nbytes))
-
-
 def to_jax_fast(x, JaxTarget tg, int flags=0):
     """Export ``x`` once and import it into JAX when nothing is needed.
 

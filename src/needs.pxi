@@ -3,6 +3,8 @@
 # fast path imports when it is empty; the general route carries it out. Nothing
 # else decides.
 
+import functools as _functools
+
 from dlinspect import _options as _options_module
 
 # The bits of Options.flags the core reads (what the caller asked for; 0: every default).
@@ -159,6 +161,37 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     if _packed(info):
         n |= NEED_PACKED
     return n
+
+
+@_functools.lru_cache(maxsize=1)
+def physical_memory():
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+# Physical memory in bytes (the most a copy may take; no bound where the OS does not say).
+cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
+
+
+cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
+    """The one bound on a copy's size: what every route (_fits) and the fast path's copy
+    (_c_copy) check."""
+    return nbytes <= _PHYSICAL_BYTES
+
+
+cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
+                               | NEED_PERMUTED)
+
+
+cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
+    """The one rule of the fast path's copy: host memory of any layout, whole bytes per
+    element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
+    fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
+    return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
+            and _fits_in_memory(info._nbytes))
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):

@@ -3,9 +3,9 @@
 # the problem and the facts it rests on. Pure: nothing here imports or copies. No words
 # are written here: dlinspect._words turns a route into its reason, error and warning.
 
-import functools as _functools
-import os as _os
 import pickle as _pickle
+
+from dlinspect._options import check_sharding
 
 # What a route is, in the public word (Route.kind).
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
@@ -36,23 +36,6 @@ JAX_ACTIONS = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY, NUM
                          PROCESS_LOCAL])
 HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_VIEW,
                           NUMPY_COPY])
-
-cdef object _words_module = None
-
-
-def set_words(module):
-    """Hand the core the module that words every route (dlinspect._words calls it when it
-    is imported, as the package is): the core never imports upward."""
-    global _words_module
-    _words_module = module
-
-
-cdef object _words():
-    """dlinspect._words, which words every route (handed over by set_words)."""
-    if _words_module is None:
-        import dlinspect   # noqa: F401  (the package's import loads the words)
-    return _words_module
-
 
 cdef class Route:
     """Where a tensor goes and why: the result of :func:`dlinspect.plan`.
@@ -266,25 +249,6 @@ def failed(BaseException exc, str target, info=None):
     fault: raised by the export, worded there), without its traceback (it would hold
     the caller's frame, and so the capsule, in a cycle until the next collection)."""
     return fail("raised", info, target, cause=exc.with_traceback(None))
-
-
-@_functools.lru_cache(maxsize=1)
-def physical_memory():
-    """This machine's physical memory in bytes (None where the OS does not say)."""
-    try:
-        return _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-# Physical memory in bytes (the most a copy may take; no bound where the OS does not say).
-cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
-
-
-cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
-    """The one bound on a copy's size: what every route (_fits) and the fast path's copy
-    (_c_copy) check."""
-    return nbytes <= _PHYSICAL_BYTES
 
 
 cdef Route _fits(Route route):

@@ -75,3 +75,21 @@ def _internal(filename):
             return False
         _jax_here = _os.path.dirname(jax_file) + _os.sep
     return filename.startswith(_jax_here)
+
+
+# The words (dlinspect._words) are handed to the core at the package's import.
+cdef object _words_module = None
+
+
+def set_words(module):
+    """Hand the core the module that words every route (dlinspect._words calls it when it
+    is imported, as the package is): the core never imports upward."""
+    global _words_module
+    _words_module = module
+
+
+cdef object _words():
+    """dlinspect._words, which words every route (handed over by set_words)."""
+    if _words_module is None:
+        import dlinspect   # noqa: F401  (the package's import loads the words)
+    return _words_module

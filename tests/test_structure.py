@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -10,52 +9,37 @@ ROOT = Path(__file__).parents[1]
 PACKAGE = ROOT / "python" / "dlinspect"
 
 
+def _load_layout():
+    """scripts/layout.py, the one reader of the package's and the core's arrows."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("layout", ROOT / "scripts" / "layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+layout = _load_layout()
+
+
 def _modules():
     for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        name = ".".join(rel.parts)
-        if name.endswith(".__init__"):
-            name = name[: -len(".__init__")]
-        yield name, path
+        rel = path.relative_to(ROOT).as_posix()
+        yield layout.module_name(rel), path
 
 
 def _imports(name: str, path: Path) -> set[str]:
     """The dlinspect modules ``name`` imports, anywhere in the file."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("dlinspect"))
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            if not mod.startswith("dlinspect"):
-                continue
-            out.add(mod)
-            out.update(f"{mod}.{a.name}" for a in node.names)   # `from . import _core`
     known = {n for n, _ in _modules()} | {"dlinspect._core"}
-    return {m for m in out if m in known and m != name}
-
-
-CORE_IMPORT = re.compile(r"^\s*(?:from\s+(dlinspect[\w.]*)\s+import\s+([\w, ()]+)|"
-                         r"import\s+(dlinspect[\w.]*))", re.M)
+    return layout.python_imports(path.relative_to(ROOT).as_posix(),
+                                 path.read_text(encoding="utf-8"), known)
 
 
 def _core_imports() -> set[str]:
     """The dlinspect modules the compiled core (src/*.pyx, *.pxi) imports, at the top or
     inside a function, as a module graph sees them."""
-    known = {n for n, _ in _modules()}
-    out = set()
-    for path in sorted((ROOT / "src").glob("*.p*")):
-        for frm, names, imp in CORE_IMPORT.findall(path.read_text(encoding="utf-8")):
-            mod = frm or imp
-            out.add(mod)
-            out.update(f"{mod}.{n.strip()}" for n in re.split(r"[,()\s]+", names) if n.strip())
-    return {m for m in out if m in known}
+    return layout.core_imports([p.read_text(encoding="utf-8")
+                                for p in sorted((ROOT / "src").glob("*.p*"))],
+                               {n for n, _ in _modules()})
 
 
 def test_no_import_cycles():
@@ -80,6 +64,13 @@ def test_no_import_cycles():
     for name in graph:
         if name not in state:
             visit(name, [name])
+
+
+def test_the_core_never_reaches_up():
+    """Inside the core too the flow runs one way: each file of src/_core.pyx's includes
+    reads only module-level names of the files included before it."""
+    up = {r.path: r.up for r in layout.layout() if r.up}
+    assert not up, up
 
 
 def test_production_never_imports_testing():

@@ -1,0 +1,369 @@
+# front.pxi: the front doors, to_jax, plan and to_host, and the JaxTarget they read. A
+# call with no option enters the fast path at once; a batch goes to the one batch engine
+# (batch.pxi); a tensor is decided and executed (execute.pxi). A failed route leaves a
+# caller's capsule unconsumed; in a batch, every leaf is decided before any is consumed.
+
+from dlinspect import _tree
+from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
+
+# The defaults of to_jax's string options, compared by identity on the hot path (an
+# equal string that is another object takes the checked way, with the same result).
+cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
+
+cdef object _TARGET = None
+cdef object _TARGET_BUILDER = None
+
+
+def set_target(tg):
+    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use);
+    called by :mod:`dlinspect._jaxcaps`, which builds it."""
+    global _TARGET
+    _TARGET = tg
+
+
+def set_target_builder(build):
+    """Hand the core ``build()``, which finds out what the installed JAX takes and returns
+    its JaxTarget (dlinspect._jaxcaps calls it when it is imported, as the package is):
+    the core never imports upward."""
+    global _TARGET_BUILDER
+    _TARGET_BUILDER = build
+
+
+def current_target():
+    """The JaxTarget built in this process, or None: builds nothing, imports no JAX
+    (what ``dlinspect.stack`` asks, so that a loader's worker processes start no JAX)."""
+    return _TARGET
+
+
+cdef JaxTarget _jax_target():
+    """The process-wide JaxTarget, built once by what set_target_builder handed over
+    (dlinspect._jaxcaps: it imports jax)."""
+    global _TARGET
+    if _TARGET is None:
+        if _TARGET_BUILDER is None:
+            import dlinspect   # noqa: F401  (the package's import hands the builder over)
+        _TARGET = _TARGET_BUILDER()
+    return _TARGET
+
+
+# ---- the front door -------------------------------------------------------------
+
+@cython.binding(True)
+def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonly="copy",
+           leaves="keep", narrow="warn"):
+    """Move a DLPack tensor, or a pytree of them, into JAX: zero-copy where possible.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, or pytree of them
+        A tensor from any producer (NumPy, PyTorch, CuPy, JAX...), a bare capsule
+        (``"dltensor"`` or ``"dltensor_versioned"``), or a batch of them: any JAX
+        pytree, and the Mappings (transformers' ``BatchEncoding``...) and
+        dataclasses JAX does not register, rebuilt as their own type. Leaves that
+        are not tensors (str, numbers, non-numeric arrays...) are kept, the whole
+        of ``x`` too when it is one (see ``leaves``).
+    device : jax.Device or single-device Sharding, optional
+        Destination; a device other than the source's means import, then ``device_put``.
+    copy : bool or None
+        Array API ``copy`` (``from_dlpack``): True always copies; False never does
+        and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
+        strides, read-only, device transfer, dtype narrowing); None copies only
+        where needed.
+    sharding : jax.sharding.Sharding or pytree of them, optional
+        Spread each leaf over several devices (instead of ``device``), e.g.
+        ``NamedSharding(mesh, PartitionSpec("data"))`` splits the leading (batch)
+        axis, ``PartitionSpec()`` replicates. A pytree of shardings is a prefix
+        of ``x``'s structure, as in ``jax.device_put``. Host memory bound for
+        CPU devices is split in place: each device imports its slice, zero-copy
+        where the slice's memory allows (see ``plan(x, sharding=...).shards``),
+        and JAX assembles the array (``jax.make_array_from_single_device_arrays``).
+        Other memory goes to JAX whole, then ``jax.device_put(array, sharding)``;
+        a sharding spanning several processes takes ``x`` as this process's part
+        (``jax.make_array_from_process_local_data``).
+    fallback : {"host", "raise"}
+        For memory on a device this JAX has no backend for (OpenCL, Vulkan,
+        Metal, ROCm on a CPU/CUDA JAX...): ``"host"`` asks the producer for a
+        host copy (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``), then tries
+        ``numpy.asarray``; ``"raise"`` raises ``UnsupportedDeviceError``, judged
+        from the producer's ``__dlpack_device__`` before it is asked to export.
+    leaves : {"keep", "raise"}
+        A leaf that is not a numeric tensor is kept as it is, or (``"raise"``)
+        raises ``NotDLPackError`` naming its key path.
+    narrow : {"warn", "ok"}
+        A 64-bit dtype JAX narrows with x64 off (int64 labels, say) comes with a
+        ``DLInspectWarning`` (Python's filters decide where it shows: by default
+        once per call site and dtype), or (``"ok"``) quietly.
+    readonly : {"copy", "share"}
+        Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
+        array) is copied by default. ``"share"`` imports it without a copy: JAX
+        never writes an array it did not allocate, except through buffer
+        donation, so do not donate such arrays (``jax.jit(donate_argnums=...)``).
+
+    Returns
+    -------
+    jax.Array or pytree of jax.Array
+        The same structure as ``x``. A vector dtype (``lanes > 1``, e.g. float32x4
+        of shape ``(N,)``) arrives as a trailing axis: float32 of shape ``(N, 4)``.
+        With no ``device`` or ``sharding``, each array is uncommitted, as
+        ``jnp.asarray(x)``'s (on the device of the memory it views), so a jitted
+        function fed both compiles once; with one, committed, as
+        ``jax.device_put(x, device)``'s. One exception: a dense block in another axis
+        order (``x.T``, a ``permute``; ``Need.PERMUTED``) viewed without a copy is
+        committed to its device, as ``jax.dlpack.from_dlpack`` gives it, because JAX
+        computes right with such a layout only on a committed array (``jax.jit``
+        reads an uncommitted array's memory as row-major); a jitted function
+        compiles separately for that layout. A ``jax.Array`` in ``x`` is returned as it is.
+
+    Raises
+    ------
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    UnsupportedDeviceError
+        The memory cannot reach JAX (a ``BufferError``); the message names the
+        device, shape, dtype, JAX platforms, what was tried and the fix.
+    UnsupportedDTypeError
+        JAX cannot hold the dtype (a ``BufferError``); names code, bits, lanes.
+    ShardingError
+        An axis does not divide evenly into the shards ``sharding`` cuts it
+        into (a ``ValueError``); names the size, the shard count and the fix.
+    AllocationError
+        A copy the route needs cannot be allocated (a ``MemoryError``); nothing
+        is consumed.
+    ContainerError
+        A Mapping or dataclass of the batch cannot be rebuilt around its
+        converted values (a ``TypeError``).
+    ProducerError
+        The producer raised (requires_grad, conjugate bit, nulls in a pyarrow
+        array...; any exception type, kept as ``__cause__``), or its
+        ``__dlpack_device__`` and its header disagree.
+    CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From reading the header (see :func:`peek`).
+
+    Warns
+    -----
+    DLInspectWarning
+        A 64-bit dtype is narrowed to 32 bits because JAX's x64 mode is off
+        (the same values ``jax.dlpack.from_dlpack`` gives).
+
+    Notes
+    -----
+    Follows the array API ``__dlpack__`` protocol: ``stream`` is None for CPU
+    and pinned memory and JAX's consumer stream on CUDA/ROCm (never 0 on
+    CUDA); ``max_version=(1, 3)`` is asked for, and a versioned capsule is
+    handed to JAX through a zero-copy legacy adapter. Host memory goes into
+    JAX as ``jax.device_put`` puts it (jaxlib's batched put: one call per
+    tensor, a sharded one included), viewed in place where the route is
+    zero-copy. On every route the producer's deleter runs exactly once: right
+    after the copy for a copy; for zero-copy, once JAX lets go of the memory,
+    which jaxlib does at its next call (or Python's next garbage collection)
+    after the last array over it dies, as for ``jax.device_put``'s arrays. A
+    route that fails leaves a caller's capsule unconsumed. ``plan(x)`` with the
+    same options says what this does.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
+    6.0
+    """
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
+    if (device is None and copy is None and sharding is None and fallback is _S_HOST
+            and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
+        return _convert(x, tg, _DEFAULT, 0)
+    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    return _convert(x, tg, opts, opts.flags)
+
+
+@cython.binding(True)
+def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="host",
+         readonly="copy", leaves="keep", narrow="warn"):
+    """Decide where a tensor would go, without importing or copying anything.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
+        The tensor (a capsule is only read, never consumed). The producer is
+        asked to export it exactly as :func:`to_jax` would (the export is then
+        released unconsumed), so its refusals show in the plan. A ``jax.Array``
+        is not exported at all (see :func:`to_jax`).
+    target : {"jax", "host"}
+        Where it should go.
+    device : jax.Device or single-device Sharding, optional
+        Destination device for ``target="jax"``; default: the source's own.
+    copy : bool or None
+        Array API ``copy``: True always copies, False never (a needed copy becomes a
+        ``CopyRequiredError`` route), None copies only where needed.
+    sharding : jax.sharding.Sharding, optional
+        Plan the split over several devices (see :func:`to_jax`); the route's
+        ``shards`` then give each device's index and route, and an uneven split
+        is a ``ShardingError`` route.
+    fallback : {"host", "raise"}
+        What to do with memory on a device JAX has no backend for: go through host
+        memory, or an ``UnsupportedDeviceError`` route.
+    readonly : {"copy", "share"}
+        Read-only memory (versioned READ_ONLY flag) is copied by default;
+        ``"share"`` imports it without a copy (see :func:`to_jax`).
+    leaves : {"keep", "raise"}
+        A leaf that is not a tensor (a str, a number, a NumPy array of strings...;
+        the whole of ``x`` too, when it is one) gets an ``"untouched"`` route, or
+        (``"raise"``) a ``NotDLPackError`` route. The batch is walked as
+        :func:`to_jax` walks it (Mappings and dataclasses included).
+    narrow : {"warn", "ok"}
+        Whether a 64-bit dtype JAX narrows (x64 off) gets a ``warning``.
+
+    Returns
+    -------
+    Route or pytree of Route
+        ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``;
+        for a pytree, one Route per leaf in the same structure, each error's
+        message led by its leaf's key path (``['inputs']['pixels']: ...``).
+        ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
+        when the kind is ``"error"``, and shares memory exactly when it is
+        ``"zero-copy"``. A ``"host-fallback"`` route rests on the producer's answer
+        to a host-copy request, which plan does not make: executing it raises
+        ``UnsupportedDeviceError`` (listing what was tried) when no host copy can
+        be had.
+
+    Raises
+    ------
+    ValueError, TypeError
+        An option outside its documented values.
+    ContainerError
+        The batch cannot be walked: it contains itself, nests too deep, or holds a
+        dict whose keys do not sort (a container that cannot be rebuilt is an error
+        route in its place).
+
+    Notes
+    -----
+    A producer's refusal (any exception its ``__dlpack__`` or ``__dlpack_device__``
+    raises), a corrupt or consumed header and every routing problem are returned
+    as a route of kind ``"error"``, with the exception in ``error`` and ``info``
+    None where no header could be read.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.plan(np.arange(6.0).reshape(2, 3)[:, :2]).kind
+    'copy'
+    >>> routes = dlinspect.plan({"x": np.ones(6, np.float32)[::2], "id": "a"})
+    >>> routes["x"].kind, routes["id"].kind
+    ('copy', 'untouched')
+    """
+    if target != "jax" and target != "host":
+        raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
+    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    tg = _jax_target() if target == "jax" else None
+    if isinstance(x, TensorInfo) or is_tensor(x):
+        return plan_one(x, tg, target, opts)
+    flat = _tree.flatten(x)
+    cdef list routes = []
+    cdef Py_ssize_t i, repeated = repeated_capsule(flat.leaves)
+    for i, leaf in enumerate(flat.leaves):
+        if i in flat.errors:   # a container that cannot be rebuilt: its error, in its place
+            route = failed(flat.errors[i], target)
+        elif i == repeated:    # the same capsule twice: the second is the error
+            route = failed(repeated_capsule_error(), target)
+        else:
+            route = (plan_one(leaf, tg, target, opts) if is_tensor(leaf)
+                     else untouched(leaf, target, opts))
+        if route.problem is not None:
+            route.key_path = flat.keystr(i)
+        routes.append(route)
+    return flat.unflatten(routes)
+
+
+def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
+    """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
+    (what the loaders hold and hand over for every batch); ``report``: a loader's
+    :class:`LoaderReport`, which counts the batch once it is converted."""
+    if tg is None:
+        tg = _TARGET if _TARGET is not None else _jax_target()
+    return _convert(x, tg, opts, opts.flags, report)
+
+
+cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
+    tp = type(x)
+    if (tp is dict or tp is list or tp is tuple or report is not None
+            or flags & _OPT_PLACED and opts.sharding is not None):
+        return _convert_batch(x, tg, opts, flags, report)
+    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED) and not is_tensor(x):
+        return _convert_batch(x, tg, opts, flags)
+    cap = got = None
+    try:
+        if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+            route, cap, _ = _decide_leaf(x, tg, opts)
+            return _execute(route, cap, x, tg, opts)
+        try:
+            got = _fast_one(x, tg, flags)
+        except NotDescribableError as exc:
+            return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
+        except NotDLPackError:
+            if is_tensor(x):
+                raise
+            return _convert_batch(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
+        if type(got) is not tuple:
+            return got
+        cap, info, needs = got
+        return _execute(route_jax(info, needs, tg, opts, x), cap, x, tg, opts)
+    except BaseException:
+        # The export is let go of here, with the error handled rather than pending: a
+        # producer's capsule destructor may run Python code (warp's is a ctypes callback).
+        cap = got = None
+        raise
+
+
+
+@cython.binding(True)
+def to_host(x, copy=None):
+    """A NumPy array of a DLPack tensor's values, zero-copy for host memory.
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__`` or DLPack capsule
+        The tensor.
+    copy : bool or None
+        True always copies; False never does (``CopyRequiredError`` where the
+        memory is not host-accessible or packed sub-byte data must be
+        unpacked); None copies only where needed.
+
+    Returns
+    -------
+    numpy.ndarray
+        Views the producer's memory for kDLCPU, kDLCUDAHost, kDLROCMHost and
+        kDLCUDAManaged, including bfloat16, float8 and int4 (through
+        ml_dtypes), which ``numpy.from_dlpack`` refuses. A vector dtype
+        (``lanes > 1``) is a trailing axis: float32x4 of shape ``(N,)`` gives
+        float32 of shape ``(N, 4)``. Not writeable when the source is read-only
+        (a legacy capsule cannot say, so it is read-only, as NumPy does). Device
+        memory goes through the producer's host copy (``dl_device=(kDLCPU, 0),
+        copy=True``), else ``numpy.asarray(x)``.
+
+    Raises
+    ------
+    UnsupportedDeviceError
+        No host copy could be had (a ``BufferError``).
+    UnsupportedDTypeError
+        No NumPy dtype exists for the tensor's dtype here (a ``BufferError``).
+    CopyRequiredError
+        ``copy=False`` but a copy is needed (a ``ValueError``).
+    ProducerError, CapsuleConsumedError, MalformedTensorError, UnsupportedVersionError
+        From the export and the header (see :func:`peek`).
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> dlinspect.to_host(np.arange(3.0)).tolist()
+    [0.0, 1.0, 2.0]
+    """
+    opts = _check_options(copy=copy)
+    cdef PyObject* p = NULL
+    try:
+        info = _export(x, MODE_TAKE, None, &p)
+    except NotDescribableError as exc:
+        return _host_execute(route_numpy_copy(exc, None, "host", opts), None, x)
+    cap = _take_ref(p)
+    try:
+        return _host_execute(route_host(info, _needs_host(info), copy, x), cap, x)
+    except BaseException:
+        cap = None   # (see _convert)
+        raise
