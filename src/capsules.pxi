@@ -325,14 +325,16 @@ def capsule_of(arr, bint read_only=False):
                          bits, lanes, flags, kDLCPU, 0)
 
 
-def numpy_capsule(arr):
+def numpy_capsule(arr, refusal=None):
     """A capsule over NumPy array ``arr`` where DLPack describes it exactly (read-only
-    arrays flagged); else the error the export raises for such an array
-    (NotDescribableError, NotNumericError, UnsupportedDTypeError)."""
+    arrays flagged: what stands in for NumPy's refused export, ml_dtypes dtypes and
+    read-only arrays on NumPy < 2.1); else the error the export raises for such an array
+    (NotDescribableError, NotNumericError, UnsupportedDTypeError), chained to NumPy's
+    ``refusal`` where DLPack has no code for the dtype."""
     form, why = _numpy_form(arr)
     if form == NP_EXACT:
         return capsule_of(arr, not arr.flags.writeable)
-    raise _numpy_error(arr, form, why)
+    raise _numpy_error(arr, form, why) from (refusal if form == NP_NO_CODE else None)
 
 
 def view_capsule(owner, TensorInfo info):

@@ -421,17 +421,6 @@ cdef object _torch_take(object x, _TypeEntry entry):
     return None
 
 
-cdef object _numpy_fallback(object x, object refusal):
-    """What stands in for NumPy's refused export of ``x`` (``refusal``, a ProducerError):
-    a capsule dlinspect makes over the same memory where DLPack can say exactly what
-    it is (ml_dtypes dtypes, sub-byte ones padded; read-only arrays on NumPy < 2.1);
-    else the error that says why not (see :func:`numpy_form`)."""
-    form, why = _numpy_form(x)
-    if form == NP_EXACT:
-        return capsule_of(x, read_only=not x.flags.writeable)
-    raise _numpy_error(x, form, why) from (refusal if form == NP_NO_CODE else None)
-
-
 # tf.DType names TensorFlow's __dlpack__ aborts the process on (never called for them).
 cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 
@@ -646,7 +635,7 @@ cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream
     except ProducerError as exc:
         if not entry.numpy_export or mode == MODE_HOST_COPY:
             raise
-        cap = _numpy_fallback(x, exc)
+        cap = numpy_capsule(x, exc)
     if not PyCapsule_CheckExact(cap):
         raise ProducerError(
             f"{_type_name(x)}.__dlpack__() returned {type(cap).__name__}, not a PyCapsule. "
