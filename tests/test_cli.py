@@ -217,3 +217,17 @@ def test_benchmark_scripts_are_entry_points():
                           capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0 and "peek(cap)" in proc.stdout
+
+
+def test_bench_stack_times_each_size_and_the_collate(tmp_path):
+    """The stack suite pairs dlinspect.stack with np.stack for every size (and, with
+    torch, as a DataLoader's collate_fn), each pair judged against its baseline."""
+    proc = cli("bench", "stack", "--quick", "--no-progress", "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    suite = json.loads((tmp_path / "s.json").read_text())["suites"]["stack"]
+    from dlinspect.bench.stack import SIZES
+    names = {r["name"] for r in suite["rows"]}
+    assert {f"stack(e{n})" for n in SIZES} | {f"np.stack(e{n})" for n in SIZES} <= names
+    judged = [t for t in suite["targets"] if t["status"] != "SKIP"]
+    assert len(judged) == len(SIZES) + ("collate stack" in names)
+    assert all(t["value"] > 0 for t in judged)

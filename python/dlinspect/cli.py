@@ -342,7 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help="suites to run (default: peek, to_jax, sweep, loader); also "
-                        "instructions, copies")
+                        "instructions, copies, stack")
     p.add_argument("--instructions", action="store_true",
                    help="also count instructions per call under valgrind's callgrind "
                         "(a minute or two; stable on a noisy machine)")

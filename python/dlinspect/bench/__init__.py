@@ -6,7 +6,8 @@ Suites: ``peek``, ``to_jax``, ``sweep`` (per-call cost against tensor size, for
 every consumer installed), ``loader`` (a torch DataLoader into JAX) and, when named
 (``dlinspect bench --instructions``), ``instructions`` (instructions per call under
 valgrind's callgrind: targets that hold on a noisy machine) and ``copies`` (the copies
-to_jax makes, 1 KiB to 256 MiB, against NumPy's own copy). Every
+to_jax makes, 1 KiB to 256 MiB, against NumPy's own copy) and ``stack``
+(``dlinspect.stack`` against ``np.stack``, also as a torch ``collate_fn``). Every
 figure is a median measured in the run that reports it; targets are ratios
 against baselines measured in the same run.
 """
@@ -25,7 +26,7 @@ __all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "verdict",
            "write_markdown", "summary_markdown"]
 
 #: Every suite; :data:`DEFAULT_SUITES` run when none is named.
-SUITES = ("peek", "to_jax", "sweep", "loader", "instructions", "copies")
+SUITES = ("peek", "to_jax", "sweep", "loader", "instructions", "copies", "stack")
 DEFAULT_SUITES = ("peek", "to_jax", "sweep", "loader")
 
 
@@ -37,7 +38,7 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     ----------
     names : sequence of str
         Suites to run, from :data:`SUITES` (``peek``, ``to_jax``, ``sweep``, ``loader``,
-        ``instructions``, ``copies``).
+        ``instructions``, ``copies``, ``stack``).
     quick : bool
         Fewer repeats, shorter timings, smaller sizes (noisier figures).
     repeat : int or None
