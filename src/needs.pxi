@@ -182,6 +182,50 @@ cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
     return nbytes <= _PHYSICAL_BYTES
 
 
+def stack_column(list column, Py_ssize_t alignment):
+    """``np.stack(column)`` into new ``alignment``-byte aligned memory, a ``memcpy`` per
+    array, where every array is a C-contiguous NumPy array of ``column[0]``'s shape and
+    (native, not object) dtype and the batch fits in physical memory; else None, having
+    allocated nothing (the caller stacks such a column another way).
+
+    Parameters
+    ----------
+    column : list of numpy.ndarray
+        The leaves of one position, one per element (``n >= 1``).
+    alignment : int
+        In bytes, a power of two.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        Shape ``(n,) + column[0].shape`` (in elements), C-contiguous, writable.
+    """
+    cdef Py_buffer src
+    cdef Py_ssize_t k, n = len(column)
+    if n == 0 or type(column[0]) is not _np_ndarray:
+        return None
+    shape, dtype = column[0].shape, column[0].dtype
+    if dtype.hasobject or not dtype.isnative:
+        return None
+    for a in column:
+        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
+            return None
+    cdef size_t row = column[0].nbytes
+    if not _fits_in_memory(row * n):
+        return None
+    out = aligned_empty((n,) + shape, dtype, alignment)
+    cdef char* dst = <char*>_buffer_address(out)
+    for k in range(n):
+        try:
+            PyObject_GetBuffer(column[k], &src, PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):   # (not C-contiguous: out is not handed back)
+            return None
+        with nogil:
+            memcpy(dst + k * row, src.buf, row)
+        PyBuffer_Release(&src)
+    return out
+
+
 cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
                                | NEED_PERMUTED)
 

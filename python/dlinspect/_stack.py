@@ -152,12 +152,15 @@ def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | Non
     if first.parts is not None or not (tp is dict or tp is list or tp is tuple):
         return None
     keys: Any = sorted(e0) if tp is dict else range(len(e0))
-    if len(first.leaves) != len(e0) or any(
-            leaf is not e0[key] for leaf, key in zip(first.leaves, keys)):
-        return None   # None values, nodes JAX walks: not one leaf per value
     n = len(e0)
-    if any(type(e) is not tp or len(e) != n for e in items):
+    if len(first.leaves) != n:
         return None
+    for leaf, key in zip(first.leaves, keys):   # (loops: generators cost more here)
+        if leaf is not e0[key]:
+            return None   # None values, nodes JAX walks: not one leaf per value
+    for e in items:
+        if type(e) is not tp or len(e) != n:
+            return None
     try:   # (as many keys as element 0, each of its keys: the same keys)
         return [[e[key] for e in items] for key in keys]
     except KeyError:
@@ -220,6 +223,10 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
 def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
     """Leaf ``j`` of every element, stacked into one aligned array."""
+    if allocate is aligned_empty:   # (arrays of one shape and dtype: a memcpy each, in C)
+        stacked = _core.stack_column(column, align)
+        if stacked is not None:
+            return stacked
     t0 = type(column[0])
     if t0 is not np.ndarray and (t0 in _SCALARS or issubclass(t0, np.generic)) and all(
             type(leaf) is t0 for leaf in column):
@@ -252,8 +259,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
     if dtype.hasobject:
         return np.stack(arrays)
     out = _allocated(first, j, (len(arrays),) + a0.shape, dtype, align, allocate)
-    _core.stack_rows(out, arrays)
-    return out
+    return np.stack(arrays, out=out)
 
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],

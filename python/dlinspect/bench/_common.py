@@ -29,6 +29,7 @@ def _calibrated(stmt: str, namespace: dict[str, Any], min_run_s: float) -> tuple
     """A timer for ``stmt`` and a loop count giving >= ``min_run_s`` per run
     (``timeit``'s autorange when 0.2 s)."""
     timer = timeit.Timer(stmt, globals=namespace)
+    timer.timeit(1)   # (a first call's one-time work, e.g. a lazy import, is no loop count)
     number = 1
     while timer.timeit(number) < min_run_s:
         number *= 2 if min_run_s < 0.2 else 10
