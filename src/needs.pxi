@@ -205,14 +205,15 @@ def stack_column(list column, Py_ssize_t alignment):
     if n == 0 or type(column[0]) is not _np_ndarray:
         return None
     shape, dtype = column[0].shape, column[0].dtype
-    if dtype.hasobject or not dtype.isnative:
-        return None
+    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
+        return None   # (np.stack packs a structured dtype: the caller's path)
     for a in column:
         if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
             return None
-    cdef size_t row = column[0].nbytes
-    if not _fits_in_memory(row * n):
+    total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
+    if total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
         return None
+    cdef size_t row = column[0].nbytes
     out = aligned_empty((n,) + shape, dtype, alignment)
     cdef char* dst = <char*>_buffer_address(out)
     for k in range(n):

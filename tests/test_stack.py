@@ -95,6 +95,16 @@ def test_scalar_columns_are_np_stacks(column):
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
 
 
+def test_structured_dtypes_are_packed_as_np_stack_packs_them():
+    padded = np.dtype({"names": ["a", "b"], "formats": ["<i4", "<f8"], "offsets": [12, 0],
+                       "itemsize": 24})
+    x = np.zeros(3, padded)
+    x["a"], x["b"] = [1, 2, 3], [0.5, 1.5, 2.5]
+    got, want = stack([x, x[::-1]]), np.stack([x, x[::-1]])
+    assert got.dtype == want.dtype and got.dtype.itemsize == want.dtype.itemsize
+    assert got.tolist() == want.tolist() and got.ctypes.data % 64 == 0
+
+
 def test_stack_column_copies_only_uniform_contiguous_arrays():
     """A column of C-contiguous arrays of one shape and native dtype is stacked into
     aligned memory, values as np.stack's; any other column is None (the caller's slower
@@ -115,12 +125,18 @@ def test_stack_column_copies_only_uniform_contiguous_arrays():
         "another dtype": arrays[:2] + [np.ones((3, 4), np.float64)],
         "non-native": [a.astype(">f4") for a in arrays],
         "object": [np.array([object()], object)] * 2,
+        "structured": [np.zeros(3, [("a", "<i4")])] * 2,
         "not an ndarray": arrays[:1] + [[[0.0] * 4] * 3],
         "a later strided view": arrays[:1] + [np.ones((4, 3), np.float32).T],
         "empty": [],
     }
     for why, col in refused.items():
         assert column(col, 64) is None, why
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (2**62,))   # (a view: costs nothing)
+    for n in (2, 4):   # 2**63 and 2**64 bytes: no wrap lets them past the memory bound
+        assert column([huge] * n, 64) is None
+        with pytest.raises(dlinspect.AllocationError, match=f"needs {n * 2**62} bytes"):
+            stack([{"x": huge}] * n)
 
 
 def test_torch_and_jax_elements(torch):

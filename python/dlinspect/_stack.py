@@ -113,9 +113,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     ((4, 3), [1, 1, 1, 1], 0)
     """
     align = _alignment(alignment)
-    allocate: Callable[..., Any] = aligned_empty
-    if pinned:
-        allocate = _pinned_allocator()
+    allocate: Callable[..., Any] = _pinned_allocator() if pinned else aligned_empty
     items = _elements(elements)
     if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
         return _stack_leaf(None, 0, items, align, allocate)
@@ -247,9 +245,8 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 f"element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
     dtypes = {a.dtype for a in arrays}
-    try:   # np.stack's dtype (native byte order)
-        dtype = dtypes.pop() if len(dtypes) == 1 and a0.dtype.isnative else np.result_type(
-            *dtypes, a0.dtype)
+    try:   # np.stack's dtype (native byte order; a structured one packed)
+        dtype = np.result_type(*dtypes, a0.dtype)
     except (TypeError, ValueError) as exc:
         k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
         raise StackError(
