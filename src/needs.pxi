@@ -183,10 +183,9 @@ cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
 
 
 def stack_column(list column, Py_ssize_t alignment):
-    """``np.stack(column)`` into new ``alignment``-byte aligned memory, a ``memcpy`` per
-    array, where every array is a C-contiguous NumPy array of ``column[0]``'s shape and
-    (native, not object) dtype and the batch fits in physical memory; else None, having
-    allocated nothing (the caller stacks such a column another way).
+    """``np.stack(column)`` in new ``alignment``-byte aligned memory, a ``memcpy`` per array,
+    where all are C-contiguous NumPy arrays of ``column[0]``'s shape and native, unstructured,
+    non-object dtype, within physical memory; else None (the caller's path stacks it).
 
     Parameters
     ----------
@@ -213,7 +212,6 @@ def stack_column(list column, Py_ssize_t alignment):
     total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
     if total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
         return None
-    cdef size_t row = column[0].nbytes
     out = aligned_empty((n,) + shape, dtype, alignment)
     cdef char* dst = <char*>_buffer_address(out)
     for k in range(n):
@@ -222,7 +220,7 @@ def stack_column(list column, Py_ssize_t alignment):
         except (BufferError, ValueError):   # (not C-contiguous: out is not handed back)
             return None
         with nogil:
-            memcpy(dst + k * row, src.buf, row)
+            memcpy(dst + k * src.len, src.buf, src.len)   # (one shape, one dtype: one len)
         PyBuffer_Release(&src)
     return out
 

@@ -113,7 +113,9 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     ((4, 3), [1, 1, 1, 1], 0)
     """
     align = _alignment(alignment)
-    allocate: Callable[..., Any] = _pinned_allocator() if pinned else aligned_empty
+    allocate: Callable[..., Any] = aligned_empty
+    if pinned:
+        allocate = _pinned_allocator()
     items = _elements(elements)
     if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
         return _stack_leaf(None, 0, items, align, allocate)
