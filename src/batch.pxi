@@ -189,7 +189,7 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
 
 cdef int _note(LoaderReport report, Py_ssize_t i, _Leaf leaf) except -1:
     if leaf.route is None:
-        report._note(i, (<TensorInfo>leaf.info)._nbytes, leaf.needs)
+        report._note(i, (<TensorInfo>leaf.info).nbytes, leaf.needs)
     else:
         report._note_route(i, leaf.route, False)
     return 0
@@ -214,7 +214,7 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
             leaf = _new_leaf(i, cap, info, 0, False)
             leaf.part, leaf.split = k, route
             if report is not None:
-                report._note(part.offset + i, (<TensorInfo>info)._nbytes, 0)
+                report._note(part.offset + i, (<TensorInfo>info).nbytes, 0)
             plan.append(leaf)
             continue
         if route.problem is not None:

@@ -344,9 +344,9 @@ def view_capsule(owner, TensorInfo info):
     The production capsule constructor (the test factory is ``_make_capsule``): one
     allocation for header, shape and strides; the deleter drops ``owner``.
     """
-    return _view_capsule(owner, <void*>info._ptr(), info._ndim, info._shape, info._strides,
+    return _view_capsule(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                          info._code, info._bits, info._lanes,
-                         info._flags & (DLPACK_FLAG_BITMASK_READ_ONLY
+                         info.flags & (DLPACK_FLAG_BITMASK_READ_ONLY
                                         | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED),
                          info._cap_dev_type, info._cap_dev_id)
 
@@ -525,7 +525,7 @@ cdef class HostOwner:
         # An extent-1 dimension may carry any stride (DLPack allows it); NumPy
         # never steps along it, so 0 keeps the interface within its int64 range.
         strides = [0 if info._shape[i] <= 1 else info._strides[i] * info._itemsize()
-                   for i in range(info._ndim)]
+                   for i in range(info.ndim)]
         shape = list(info.shape)
         if info._lanes > 1:
             shape.append(info._lanes)

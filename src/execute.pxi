@@ -144,9 +144,8 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
     if info._lanes != 1 or info._bits % 8:
-        lanes = (info._lanes,) if info._lanes != 1 else ()
         dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
-        return _allocate(info.shape + lanes, dtype, tg.copy_align, info)
+        return _allocate(info._host_shape(), dtype, tg.copy_align, info)
     if narrow is None:
         return _aligned_array(info, info._code, info._bits, tg.copy_align)
     return _aligned_array(info, narrow[2], narrow[3], tg.copy_align)
@@ -166,9 +165,8 @@ def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
     0.12.0.1), a dtype ``jax.device_put`` takes."""
     cdef TensorInfo info = route.info
     take(cap, True, info)
-    shape = info.shape + ((info._lanes,) if info._lanes != 1 else ())
     dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
-    return _put_host(tg, _np_empty(shape, dtype), route.jax_device,
+    return _put_host(tg, _np_empty(info._host_shape(), dtype), route.jax_device,
                      (<int>opts.flags) & _OPT_PLACED, False)
 
 
@@ -323,9 +321,8 @@ cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
             raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
         return got, host_info, None
     if got is not None:
-        lanes = (info._lanes,) if info._lanes != 1 else ()
         want = info.numpy_dtype
-        if got.shape != info.shape + lanes or (want is not None and got.dtype != want):
+        if got.shape != info._host_shape() or (want is not None and got.dtype != want):
             raise _copy_mismatch(x, info, got.shape, got.dtype.name)
         return None, None, got
     words = _words()
@@ -363,8 +360,7 @@ cdef object _host_copy(cap, TensorInfo info, out=None):
     array; frees the source. The copy is allocated before ``cap`` is consumed
     (AllocationError leaves it as it was)."""
     if out is None:
-        lanes = (info._lanes,) if info._lanes != 1 else ()
-        out = _allocate(info.shape + lanes, info.numpy_dtype, 64, info)
+        out = _allocate(info._host_shape(), info.numpy_dtype, 64, info)
     view, owner = _host_view(cap, info)
     _copy_values(out, view)
     del view, owner  # the producer's deleter runs here, right after the copy
@@ -411,10 +407,10 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
     owner = take(cap, True, info)
     cdef int bits = info._bits
-    raw = _np.asarray(ByteView(owner, info._nbytes))
+    raw = _np.asarray(ByteView(owner, info.nbytes))
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
-    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info._size]
+    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
     shape = info.shape
     if info._code == kDLInt:   # sign-extend, then convert by value
         half = 1 << (bits - 1)
@@ -450,8 +446,7 @@ def _host_producer_copy(Route route, cap, x):
 def _host_empty(Route route, cap, x):
     cdef TensorInfo info = route.info
     take(cap, True, info)
-    lanes = (info._lanes,) if info._lanes != 1 else ()
-    return _np_empty(info.shape + lanes, info.numpy_dtype)
+    return _np_empty(info._host_shape(), info.numpy_dtype)
 
 
 def _host_unpack(Route route, cap, x):

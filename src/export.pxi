@@ -523,7 +523,7 @@ cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
             dev_id = hdr_id
         if dev_id == hdr_id or dev_type != hdr_type:
             info._dev_type = dev_type
-            info._dev_id = dev_id
+            info.device_id = dev_id
             return 0
     said = device_name(dev_type, dev_id if id_known else None)
     raise ProducerError(

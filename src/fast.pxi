@@ -166,13 +166,13 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 # in C.
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     cdef bint as_is = (n & ~NEED_PERMUTED) == 0
-    if info._dev_type == kDLCPU and info._dev_id == 0:
+    if info._dev_type == kDLCPU and info.device_id == 0:
         if as_is:
             return 1
         if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
             return 2
         return 0
-    if as_is and (info._dev_type, info._dev_id) in tg.devices:
+    if as_is and (info._dev_type, info.device_id) in tg.devices:
         return 3
     return 0
 
@@ -183,7 +183,7 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
     # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi),
     # except a permuted order, which JAX computes right with only committed (Need.PERMUTED).
     if (n & ~NEED_PERMUTED) == 0:
-        if info._dev_type == kDLCPU and info._dev_id == 0:
+        if info._dev_type == kDLCPU and info.device_id == 0:
             if n == 0 and _viewable_by_put(info, tg):
                 return _put_view(tg, cap, x, info, tg.cpu_device)
             arr = _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
@@ -191,8 +191,8 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
             # The consumer's stream, as the export asked the producer (array API
             # __dlpack__): none for a bare capsule, whose producer was never asked.
             stream = (None if PyCapsule_CheckExact(x)
-                      else tg.stream_for(info._dev_type, info._dev_id))
-            arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info._dev_id)],
+                      else tg.stream_for(info._dev_type, info.device_id))
+            arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
                                  stream, None, info._dev_type)
         return arr if n & NEED_PERMUTED else tg.uncommit(arr)
     if out is None:
@@ -308,10 +308,10 @@ cdef Py_hash_t _split_hash(TensorInfo info, object sharding, int flags,
     cdef int i
     h = _mix(h, <uint64_t><uintptr_t><PyObject*>sharding)
     h = _mix(h, <uint64_t>flags | (<uint64_t>info._key() << 32))
-    h = _mix(h, info._flags)
-    h = _mix(h, <uint64_t>info._dev_type | (<uint64_t><uint32_t>info._dev_id << 32))
+    h = _mix(h, info.flags)
+    h = _mix(h, <uint64_t>info._dev_type | (<uint64_t><uint32_t>info.device_id << 32))
     h = _mix(h, info._ptr() & mask)
-    for i in range(info._ndim):
+    for i in range(info.ndim):
         h = _mix(_mix(h, <uint64_t>info._shape[i]), <uint64_t>info._strides[i])
     return <Py_hash_t>(h >> 1)
 
@@ -320,12 +320,12 @@ cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags
                       JaxTarget tg) noexcept:
     cdef TensorInfo w = s.whole
     cdef int i
-    if (s.sharding is not sharding or s.tg is not tg or s.flags != flags or w._ndim != info._ndim
-            or w._key() != info._key() or w._lanes != info._lanes or w._flags != info._flags
-            or w._dev_type != info._dev_type or w._dev_id != info._dev_id
+    if (s.sharding is not sharding or s.tg is not tg or s.flags != flags or w.ndim != info.ndim
+            or w._key() != info._key() or w._lanes != info._lanes or w.flags != info.flags
+            or w._dev_type != info._dev_type or w.device_id != info.device_id
             or (w._ptr() & s.mask) != (info._ptr() & s.mask)):
         return False
-    for i in range(info._ndim):
+    for i in range(info.ndim):
         if w._shape[i] != info._shape[i] or w._strides[i] != info._strides[i]:
             return False
     return True
@@ -386,7 +386,7 @@ cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget t
     cdef TensorInfo part
     owner = take(cap, not writeable, info)
     try:
-        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part._ndim, part._shape,
+        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
                            part._strides, part._bits // 8, s.descr, writeable)
                   for part in s.parts]
         return tg.put(s.aval, s.sharding, arrays, s.devices, True)

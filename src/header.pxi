@@ -105,16 +105,15 @@ cdef class TensorInfo:
     types agree. Any other disagreement is a ``ProducerError`` naming both.
     """
 
-    cdef int32_t _dev_type, _dev_id, _cap_dev_type, _cap_dev_id
-    cdef int32_t _ndim
+    cdef readonly int32_t device_id, ndim
+    cdef readonly int64_t size, nbytes
+    cdef readonly uint64_t byte_offset, flags
+    cdef readonly bint strides_null
+    cdef int32_t _dev_type, _cap_dev_type, _cap_dev_id
     cdef uint8_t _code, _bits
     cdef uint16_t _lanes
-    cdef uint64_t _byte_offset
     cdef uintptr_t _data
-    cdef int64_t _size, _nbytes
     cdef int _ver_major, _ver_minor
-    cdef uint64_t _flags
-    cdef bint _strides_null
     cdef Source _source
     cdef int64_t* _shape
     cdef int64_t* _strides
@@ -141,7 +140,7 @@ cdef class TensorInfo:
         return 0
 
     cdef inline uintptr_t _ptr(self) noexcept:
-        return self._data + <uintptr_t>self._byte_offset   # checked not to wrap in _new_info
+        return self._data + <uintptr_t>self.byte_offset   # checked not to wrap in _new_info
 
     cdef inline int _key(self) noexcept:
         """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""
@@ -153,16 +152,12 @@ cdef class TensorInfo:
         return as_device_type(self._dev_type)
 
     @property
-    def device_id(self):
-        return self._dev_id
-
-    @property
     def device(self):
-        return (as_device_type(self._dev_type), self._dev_id)
+        return (as_device_type(self._dev_type), self.device_id)
 
     @property
     def capsule_device(self):
-        if self._cap_dev_type == self._dev_type and self._cap_dev_id == self._dev_id:
+        if self._cap_dev_type == self._dev_type and self._cap_dev_id == self.device_id:
             return None
         return (as_device_type(self._cap_dev_type), self._cap_dev_id)
 
@@ -172,34 +167,22 @@ cdef class TensorInfo:
 
     # -- geometry --------------------------------------------------------
     @property
-    def ndim(self):
-        return self._ndim
-
-    @property
     def shape(self):
-        return tuple([self._shape[i] for i in range(self._ndim)])
+        return tuple([self._shape[i] for i in range(self.ndim)])
+
+    cdef tuple _host_shape(self):
+        """``shape`` and, for a vector dtype, a trailing axis of ``lanes`` (NumPy's form)."""
+        return self.shape + ((self._lanes,) if self._lanes != 1 else ())
 
     @property
     def strides(self):
-        return tuple([self._strides[i] for i in range(self._ndim)])
+        return tuple([self._strides[i] for i in range(self.ndim)])
 
     @property
     def byte_strides(self):
         item = self._itemsize()
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
-        return tuple([<object>self._strides[i] * item for i in range(self._ndim)])
-
-    @property
-    def strides_null(self):
-        return self._strides_null
-
-    @property
-    def size(self):
-        return self._size
-
-    @property
-    def nbytes(self):
-        return self._nbytes
+        return tuple([<object>self._strides[i] * item for i in range(self.ndim)])
 
     @property
     def itemsize(self):
@@ -223,10 +206,6 @@ cdef class TensorInfo:
 
     # -- memory ----------------------------------------------------------
     @property
-    def byte_offset(self):
-        return self._byte_offset
-
-    @property
     def data_ptr(self):
         return self._ptr()
 
@@ -248,20 +227,16 @@ cdef class TensorInfo:
         return (self._ver_major, self._ver_minor)
 
     @property
-    def flags(self):
-        return self._flags
-
-    @property
     def read_only(self):
         if self._source != SRC_VERSIONED:
             return None
-        return (self._flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+        return (self.flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
 
     @property
     def is_copied(self):
         if self._source != SRC_VERSIONED:
             return None
-        return (self._flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
+        return (self.flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
 
     @property
     def capsule_name(self):
@@ -281,9 +256,9 @@ cdef class TensorInfo:
     cdef bint _is_c_contiguous(self) noexcept:
         cdef int64_t expected = 1
         cdef int i
-        if self._size == 0:
+        if self.size == 0:
             return True
-        for i in range(self._ndim - 1, -1, -1):
+        for i in range(self.ndim - 1, -1, -1):
             if self._shape[i] == 1:
                 continue
             if self._strides[i] != expected:
@@ -295,9 +270,9 @@ cdef class TensorInfo:
     def is_f_contiguous(self):
         cdef int64_t expected = 1
         cdef int i
-        if self._size == 0:
+        if self.size == 0:
             return True
-        for i in range(self._ndim):
+        for i in range(self.ndim):
             if self._shape[i] == 1:
                 continue
             if self._strides[i] != expected:
@@ -315,9 +290,9 @@ cdef class TensorInfo:
         cdef int64_t expected = 1
         cdef int i, j, n = 0
         cdef int order[_MAX_NDIM]
-        if self._size == 0:
+        if self.size == 0:
             return True
-        for i in range(self._ndim):
+        for i in range(self.ndim):
             if self._shape[i] == 1:
                 continue
             if self._strides[i] <= 0:
@@ -337,7 +312,7 @@ cdef class TensorInfo:
     @property
     def has_broadcast(self):
         cdef int i
-        for i in range(self._ndim):
+        for i in range(self.ndim):
             if self._shape[i] > 1 and self._strides[i] == 0:
                 return True
         return False
@@ -345,7 +320,7 @@ cdef class TensorInfo:
     @property
     def has_negative_strides(self):
         cdef int i
-        for i in range(self._ndim):
+        for i in range(self.ndim):
             if self._shape[i] > 1 and self._strides[i] < 0:
                 return True
         return False
@@ -381,14 +356,14 @@ cdef class TensorInfo:
         cdef int i
         cdef Py_ssize_t n, start, stop, step, count
         cdef int64_t item = self._itemsize(), move, delta = 0
-        cdef uint64_t offset = self._byte_offset
+        cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data
         if type(index) is not tuple:
             index = tuple(index)
         n = PyTuple_GET_SIZE(index)
-        if n > self._ndim:
-            raise ValueError(f"an index of {n} slices for a tensor of {self._ndim} dimensions")
-        for i in range(self._ndim):
+        if n > self.ndim:
+            raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")
+        for i in range(self.ndim):
             shape_buf[i] = self._shape[i]
             strides_buf[i] = self._strides[i]
         for i in range(n):
@@ -414,10 +389,10 @@ cdef class TensorInfo:
         else:   # a negative stride: the slice starts before `data`; move data instead
             data -= <uintptr_t>(<uint64_t>(-delta) - offset)
             offset = 0
-        return _made_info(data, self._cap_dev_type, self._cap_dev_id, self._ndim, self._code,
+        return _made_info(data, self._cap_dev_type, self._cap_dev_id, self.ndim, self._code,
                           self._bits, self._lanes, shape_buf, strides_buf, offset, self._source,
-                          self._flags, self._ver_major, self._ver_minor, self._dev_type,
-                          self._dev_id)
+                          self.flags, self._ver_major, self._ver_minor, self._dev_type,
+                          self.device_id)
 
     # -- presentation ----------------------------------------------------
     def _layout_word(self):
@@ -441,25 +416,25 @@ cdef class TensorInfo:
             extra.append(f" capsule_device={device_name(cap[0], cap[1])}")
         if self.read_only:
             extra.append(" read-only")
-        return (f"<TensorInfo {device_name(self._dev_type, self._dev_id)} "
+        return (f"<TensorInfo {device_name(self._dev_type, self.device_id)} "
                 f"{self.dtype_name}[{', '.join(map(str, self.shape))}] "
-                f"strides={self.strides} {self._layout_word()} {self._nbytes} B "
+                f"strides={self.strides} {self._layout_word()} {self.nbytes} B "
                 f"align={self.alignment}{''.join(extra)}>")
 
     def to_dict(self):
         """All attributes as a dict of plain Python values (for logs and JSON)."""
         cap = self.capsule_device
         return {
-            "device_type": device_name(self._dev_type), "device_id": self._dev_id,
+            "device_type": device_name(self._dev_type), "device_id": self.device_id,
             "capsule_device": None if cap is None else [device_name(cap[0]), cap[1]],
-            "ndim": self._ndim, "shape": list(self.shape), "strides": list(self.strides),
-            "byte_strides": list(self.byte_strides), "strides_null": self._strides_null,
+            "ndim": self.ndim, "shape": list(self.shape), "strides": list(self.strides),
+            "byte_strides": list(self.byte_strides), "strides_null": self.strides_null,
             "dtype": list(self.dtype), "dtype_name": self.dtype_name,
-            "itemsize": self.itemsize, "size": self._size, "nbytes": self._nbytes,
-            "byte_offset": self._byte_offset, "data_ptr": self.data_ptr,
+            "itemsize": self.itemsize, "size": self.size, "nbytes": self.nbytes,
+            "byte_offset": self.byte_offset, "data_ptr": self.data_ptr,
             "alignment": self.alignment,
             "version": None if self.version is None else list(self.version),
-            "flags": self._flags, "read_only": self.read_only, "is_copied": self.is_copied,
+            "flags": self.flags, "read_only": self.read_only, "is_copied": self.is_copied,
             "capsule_name": self.capsule_name, "source": self.source,
             "is_c_contiguous": self.is_c_contiguous, "is_f_contiguous": self.is_f_contiguous,
             "is_compact": self.is_compact, "has_broadcast": self.has_broadcast,
@@ -469,10 +444,10 @@ cdef class TensorInfo:
 
     def _state(self):
         # For pickling and equality only.
-        return (self._dev_type, self._dev_id, self._cap_dev_type, self._cap_dev_id,
-                self.shape, self.strides, self._strides_null, self._code, self._bits,
-                self._lanes, self._byte_offset, self._data, self._ver_major,
-                self._ver_minor, self._flags, <int>self._source)
+        return (self._dev_type, self.device_id, self._cap_dev_type, self._cap_dev_id,
+                self.shape, self.strides, self.strides_null, self._code, self._bits,
+                self._lanes, self.byte_offset, self._data, self._ver_major,
+                self._ver_minor, self.flags, <int>self._source)
 
     def __reduce__(self):
         return (_rebuild_info, (self._state(),))
@@ -523,7 +498,7 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
     t.byte_offset = byte_offset
     cdef TensorInfo info = _new_info(&t, source, flags)
     info._ver_major, info._ver_minor = ver_major, ver_minor
-    info._dev_type, info._dev_id = dev_type, dev_id
+    info._dev_type, info.device_id = dev_type, dev_id
     return info
 
 
@@ -539,22 +514,22 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
     cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
     cdef int32_t ndim = t.ndim
     info._alloc(ndim)
-    info._ndim = ndim
+    info.ndim = ndim
     info._source = source
-    info._flags = flags
+    info.flags = flags
     info._dev_type = info._cap_dev_type = t.device.device_type
-    info._dev_id = info._cap_dev_id = t.device.device_id
+    info.device_id = info._cap_dev_id = t.device.device_id
     info._code = t.dtype.code
     info._bits = t.dtype.bits
     info._lanes = t.dtype.lanes
-    info._byte_offset = t.byte_offset
+    info.byte_offset = t.byte_offset
     info._data = <uintptr_t>t.data
-    info._strides_null = t.strides == NULL and ndim > 0
-    info._size = _read_shape(info, t)
+    info.strides_null = t.strides == NULL and ndim > 0
+    info.size = _read_shape(info, t)
     _read_strides(info, t)
     cdef int64_t bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
-    info._nbytes = _count_bytes(info._size, bits_total, flags, t)
-    if info._size > 0:
+    info.nbytes = _count_bytes(info.size, bits_total, flags, t)
+    if info.size > 0:
         _check_span(info, (bits_total + 7) // 8)
     return info
 
@@ -647,17 +622,17 @@ cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
     """The byte span the strides reach fits in int64 (a non-empty tensor)."""
     cdef int32_t i
     cdef int64_t reach, span = 0
-    for i in range(info._ndim):
+    for i in range(info.ndim):
         if (info._strides[i] == DLINSPECT_INT64_MIN
                 or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &reach)
                 or dl_add_overflow(span, reach, &span)):
             raise MalformedTensorError(
-                f"DLTensor.strides {_ints_text(info._strides, info._ndim)} with shape "
-                f"{_ints_text(info._shape, info._ndim)} reach past 2**63-1 elements. "
+                f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
+                f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements. "
                 f"The producer wrote a corrupt header.")
     if dl_mul_overflow(span, item_bytes, &span):
         raise MalformedTensorError(
-            f"DLTensor.strides {_ints_text(info._strides, info._ndim)} span more than "
+            f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more than "
             f"2**63-1 bytes. The producer wrote a corrupt header.")
     return 0
 

@@ -16,26 +16,20 @@ cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
 cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
 
+# The bits of Need (below, where each is documented), as C constants.
 cdef enum:
-    NEED_DEVICE = 1 << 0     # no JAX device (or no NumPy view) for this memory: a host copy
-    NEED_DTYPE = 1 << 1      # the target cannot hold one lane's (code, bits)
-    NEED_LANES = 1 << 2      # a vector dtype: lanes become a trailing axis
-    NEED_LAYOUT = 1 << 3     # strides JAX cannot view (gaps, broadcast, negative; and any
-                             # order but row-major on a jaxlib that computes others wrongly,
-                             # extent-1 axes' strides included)
-    NEED_READ_ONLY = 1 << 4  # READ_ONLY flag, and the caller did not opt into sharing
-    NEED_ALIGN = 1 << 5      # below XLA:CPU's zero-copy alignment
-    NEED_NARROW = 1 << 6     # a 64-bit dtype JAX narrows with x64 off
-    NEED_PACKED = 1 << 7     # packed sub-byte elements (more than one)
-    NEED_EMPTY = 1 << 8      # no elements: nothing to view or copy
-    NEED_VIA_CPU = 1 << 9    # pinned/managed host memory, no backend for its platform:
-                             # the CPU backend views it (no copy)
-    NEED_NUMPY_PUT = 1 << 10 # a dtype JAX holds whose DLPack import it does not take (sub-byte
-                             # int4/float4, padded or packed; others on some jaxlibs):
-                             # jax.device_put copies it from a NumPy (ml_dtypes) view
-    NEED_PERMUTED = 1 << 11  # a permuted dense order (a transpose, F order): JAX computes
-                             # right with it only as an array committed to its device that
-                             # carries the layout (jit ignores an uncommitted array's layout)
+    NEED_DEVICE = 1 << 0
+    NEED_DTYPE = 1 << 1
+    NEED_LANES = 1 << 2
+    NEED_LAYOUT = 1 << 3
+    NEED_READ_ONLY = 1 << 4
+    NEED_ALIGN = 1 << 5
+    NEED_NARROW = 1 << 6
+    NEED_PACKED = 1 << 7
+    NEED_EMPTY = 1 << 8
+    NEED_VIA_CPU = 1 << 9
+    NEED_NUMPY_PUT = 1 << 10
+    NEED_PERMUTED = 1 << 11
 
 
 class Need(_enum.IntFlag):
@@ -53,7 +47,8 @@ class Need(_enum.IntFlag):
     LANES = NEED_LANES
     """A vector dtype (lanes > 1): the lanes become a trailing axis."""
     LAYOUT = NEED_LAYOUT
-    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides."""
+    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides; on a
+    jaxlib that computes them wrongly, any order but row-major, extent-1 axes' included."""
     READ_ONLY = NEED_READ_ONLY
     """The READ_ONLY flag is set and the caller did not pass ``readonly="share"``."""
     ALIGN = NEED_ALIGN
@@ -80,7 +75,6 @@ class Need(_enum.IntFlag):
     Every copy dlinspect makes is row-major."""
 
 
-
 # contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
 # NARROW); raises only what a dtype probe raises.
 cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
@@ -101,13 +95,13 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
 # contract: the needs of ``info`` to reach ``tg`` (bits above); raises only what a
 # dtype probe raises.
 cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
-    cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info._flags)
+    cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info.flags)
     cdef int32_t dt = info._dev_type
     cdef bint on_cpu
-    if dt == kDLCPU and info._dev_id == 0:
+    if dt == kDLCPU and info.device_id == 0:
         on_cpu = True       # JAX always has its CPU backend
     else:
-        key = (dt, info._dev_id)
+        key = (dt, info.device_id)
         if key in tg.devices:
             on_cpu = key in tg.cpu_keys
         elif _host_accessible(dt):
@@ -116,14 +110,14 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
         else:
             n |= NEED_DEVICE
             on_cpu = False
-    if info._size == 0:
+    if info.size == 0:
         return n | NEED_EMPTY
     if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
     elif not tg.unit_strides_ok and _odd_unit_strides(info):
         n |= NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
-    if (info._flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
+    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
         n |= NEED_ALIGN
@@ -137,15 +131,15 @@ cdef bint _odd_unit_strides(TensorInfo info) noexcept:
     stride there), do not decrease from the first axis to the last: jaxlib 0.4.30 infers
     its layout from that order (see JaxTarget.unit_strides_ok)."""
     cdef int i
-    for i in range(1, info._ndim):
+    for i in range(1, info.ndim):
         if info._strides[i - 1] < info._strides[i]:
             return True
     return False
 
 
 cdef inline bint _packed(TensorInfo info) noexcept:
-    return (<int>info._bits * info._lanes < 8 and info._size > 1
-            and not (info._flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
+    return (<int>info._bits * info._lanes < 8 and info.size > 1
+            and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
 
 
 cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
@@ -156,7 +150,7 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES
-    if info._size == 0:
+    if info.size == 0:
         return n | NEED_EMPTY
     if _packed(info):
         n |= NEED_PACKED
@@ -234,7 +228,7 @@ cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
     fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
-            and _fits_in_memory(info._nbytes))
+            and _fits_in_memory(info.nbytes))
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):

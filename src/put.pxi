@@ -51,7 +51,7 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
 cdef object _view_of(object owner, TensorInfo info, bint writeable):
     """A NumPy array over the memory ``info`` describes (one lane per element), kept
     alive by ``owner`` (a :class:`HostOwner`, or an array whose memory it is)."""
-    return _ndarray(owner, <void*>info._ptr(), info._ndim, info._shape, info._strides,
+    return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
@@ -59,11 +59,11 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
     """A new row-major NumPy array of ``info``'s shape and dtype ``(dst_code, dst_bits)``,
     in ``align``-byte aligned memory of dlinspect's own (uninitialised); AllocationError
     naming the bytes where it cannot be allocated."""
-    cdef int32_t ndim = info._ndim
+    cdef int32_t ndim = info.ndim
     cdef int64_t strides[_MAX_NDIM]
     cdef int64_t n = 1
     cdef int d
-    cdef size_t nbytes = <size_t>info._size * (dst_bits // 8)
+    cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
     if block.ptr == NULL:
@@ -115,7 +115,7 @@ cdef int _fill(object out, TensorInfo info) except -1:
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef const char* src = <const char*>info._ptr()
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
-    cdef size_t dst_bytes = <size_t>info._size * dst_size
+    cdef size_t dst_bytes = <size_t>info.size * dst_size
     cdef size_t src_size = info._bits // 8
     cdef dl_copy_cast cast = DL_COPY_SAME
     if dst_size != src_size:   # x64 narrowing: 64-bit parts to 32-bit ones
@@ -124,9 +124,9 @@ cdef int _fill(object out, TensorInfo info) except -1:
     with nogil:
         dl_advise_huge(dst, dst_bytes)
         if dense:
-            dl_copy_run(dst, src, info._size, 1, src_size, cast)
+            dl_copy_run(dst, src, info.size, 1, src_size, cast)
         else:
-            dl_gather(dst, src, info._ndim, info._shape, info._strides, src_size, cast)
+            dl_gather(dst, src, info.ndim, info._shape, info._strides, src_size, cast)
     return 0
 
 
@@ -175,7 +175,7 @@ cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, devic
     runs now); any other memory is taken from its capsule first (consumed: the producer's
     deleter runs when the last array over it dies)."""
     descr = _numpy_dtype(info._code, info._bits)
-    aval = tg.aval(info._ndim, info._shape, descr)
+    aval = tg.aval(info.ndim, info._shape, descr)
     if type(x) is _np_ndarray:
         return tg.put(aval, tg.single(device), [x], [device], False)
     owner = take(cap, info.read_only is True, info)

@@ -118,7 +118,7 @@ cdef class LoaderReport:
     cdef int _note_route(self, Py_ssize_t i, Route route, bint forced) except -1:
         """A leaf of the general route: copied where its route copies (``forced``:
         ``copy=True`` was asked for)."""
-        cdef int64_t nbytes = ((<TensorInfo>route.info)._nbytes if route.info is not None
+        cdef int64_t nbytes = ((<TensorInfo>route.info).nbytes if route.info is not None
                                else route.copy_bytes)
         if not route.copy_bytes:
             reason = None

@@ -294,7 +294,7 @@ cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
                     astype=_producer_row(type(source)).astype)
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.device_for(info._dev_type, info._dev_id) or tg.cpu_device
+        dest = opts.device or tg.device_for(info._dev_type, info.device_id) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     host = _host_accessible(info._dev_type)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
@@ -334,7 +334,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     if view:
         return Route(ZERO_COPY, action, info, "jax", needs=needs, jax_device=dest,
                      import_type=import_type, import_device=src, **facts)
-    return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info._nbytes,
+    return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, import_type=import_type, import_device=src,
                  import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
 
@@ -343,7 +343,7 @@ cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device
     """``(src, dest)``: the JAX device that imports the memory, and the one the array
     ends on (``device`` where asked for). Host memory bound for another CPU device is
     imported there: every CPU device views it as it is."""
-    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info._dev_id)
+    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info.device_id)
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
         src = device
@@ -373,13 +373,13 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts)
     ``jax.device_put``."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
-    padded = info._flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+    padded = info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
     refusal = None if padded else tg.dtype_problem(info._code, info._bits)
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
     dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
-                           else tg.device_for(info._dev_type, info._dev_id))
-    return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info._nbytes,
+                           else tg.device_for(info._dev_type, info.device_id))
+    return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, refusal=refusal)
 
 
@@ -424,7 +424,7 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, JaxTarget tg, op
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, through_host=True, **facts)
     return Route(HOST_FALLBACK, PRODUCER_COPY, info, "jax", needs=needs,
-                 copy_bytes=info._nbytes,
+                 copy_bytes=info.nbytes,
                  jax_device=tg.cpu_device if opts.device is None else opts.device,
                  methods=tuple(host_methods(source)), into=_copy_into(info, needs, source),
                  narrow=narrow, **facts)
@@ -462,14 +462,14 @@ cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
         if copy is False:
             return fail("copy-forbidden", info, "host", needs, through_host=True)
         return Route(HOST_FALLBACK, PRODUCER_COPY, info, "host", needs=needs,
-                     copy_bytes=info._nbytes, methods=tuple(host_methods(source)),
+                     copy_bytes=info.nbytes, methods=tuple(host_methods(source)),
                      into=_copy_into(info, needs, source))
     if needs & NEED_PACKED:
         if copy is False:
             return fail("copy-forbidden", info, "host", needs)
-        return Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info._nbytes)
+        return Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info.nbytes)
     if copy:
-        return Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info._nbytes)
+        return Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info.nbytes)
     return Route(ZERO_COPY, HOST_VIEW, info, "host", needs=needs)
 
 
@@ -500,7 +500,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
         return fail("copy-forbidden", info, "jax", needs, spread=True, local=lay.local,
                     ndevices=nd)
     return Route(COPY, DEVICE_PUT if lay.local else PROCESS_LOCAL, info, "jax", needs=needs,
-                 copy_bytes=whole.copy_bytes + info._nbytes, whole=whole, local=lay.local,
+                 copy_bytes=whole.copy_bytes + info.nbytes, whole=whole, local=lay.local,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
@@ -520,7 +520,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
             # own layout is kept): a permuted slice is copied into row-major order.
             n = (n & ~NEED_PERMUTED) | NEED_LAYOUT
         if n & ~NEED_VIA_CPU:
-            copy_bytes += part._nbytes
+            copy_bytes += part.nbytes
             if n & NEED_NARROW and narrow is None:
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
             one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
