@@ -195,8 +195,7 @@ class JaxCaps:
             resolved[name][0] for name in SYMBOLS)
         self._assembly = (array_impl, shaped_array, aval_of)
         self._put_fn, self._handler_fn = put, handler
-        self.mapping = ({int(k): v for k, v in mapping.items()} if mapping is not None
-                        else {int(k): v for k, v in _DEFAULT_PLATFORMS.items()})
+        self.mapping = {int(k): v for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag(jax.config)
         self._x64_state = x64_state
         self._target: Any = None
@@ -204,10 +203,8 @@ class JaxCaps:
         if import_fn is not None:
             self._direct_fn, how = _import_adapter(import_fn)
             where = self.symbols["import"].found
-            self.symbols["import"] = self.symbols["import"]._replace(
-                reason=f"signature {how}" if self._direct_fn else
-                f"found at {where} with {how}; using {SYMBOLS['import'].fallback}",
-                found=where if self._direct_fn else None)
+            self._note("import", where if self._direct_fn else None, f"signature {how}" if self._direct_fn
+                       else f"found at {where} with {how}; using {SYMBOLS['import'].fallback}")
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
         self.devices, self.cpu_keys, self.platforms = self._local_devices()
@@ -224,6 +221,10 @@ class JaxCaps:
                               else why if force_public else status.reason)
         self._target = None
 
+    def _note(self, name: str, found: str | None, reason: str) -> None:
+        """What ``dlinspect doctor`` says of ``SYMBOLS[name]``."""
+        self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
+
     # -- devices ---------------------------------------------------------
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
         """``(device_type, device_id) -> jax.Device`` for this process's devices."""
@@ -235,18 +236,12 @@ class JaxCaps:
             except RuntimeError:   # no such backend here ("Unknown backend cuda")
                 continue
             platforms.add(platform)
-            for dl_type, p in self.mapping.items():
-                if p != platform:
-                    continue
+            for dl_type in [t for t, p in self.mapping.items() if p == platform]:
                 for d in local:
                     hw = getattr(d, "local_hardware_id", None)
                     devices[(dl_type, d.id if hw is None else hw)] = d
         cpu_keys = {k for k, d in devices.items() if d.platform == "cpu"}
         return devices, cpu_keys, platforms
-
-    def cpu_device(self) -> Any:
-        """The first CPU device of this process (where kDLCPU:0 memory goes)."""
-        return self._cpu
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
@@ -278,21 +273,19 @@ class JaxCaps:
         return 4096
 
     def _probe_permuted(self) -> bool:
-        """Whether JAX computes right with a permuted order (a 2x3 array stored
-        column-major) imported without a copy and kept committed, as the route leaves it
-        (Need.PERMUTED): elementwise, indexed, reduced along each axis, flattened and
-        under ``jax.jit``. jaxlib < 0.8 reads every layout as row-major."""
+        """Whether JAX computes right with a permuted order (a 2x3 array stored column-major)
+        imported and kept committed, as the route leaves it (Need.PERMUTED). jaxlib < 0.8 reads
+        every layout as row-major."""
         return self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T)
 
     def _probe_unit_strides(self) -> bool:
-        """Whether JAX computes right with row-major memory whose extent-1 axis carries
-        another stride (a 2x1 array with strides (1, 2)), imported without a copy.
+        """Whether JAX computes right with a 2x1 row-major array whose extent-1 axis has stride 2.
         jaxlib 0.4.30 infers a layout from it that its own jit refuses."""
         return self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1))
 
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...],
                   want: Any) -> bool:
-        """JAX's import of float32 memory 0, 1, 2... with this header computes as
+        """JAX's import (no copy) of float32 memory 0, 1, 2... with this header computes as
         ``want``: elementwise, indexed, reduced along each axis, flattened, jitted."""
         buf = aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
@@ -389,15 +382,13 @@ class JaxCaps:
         return self._target
 
     def _put(self) -> dict[str, Any]:
-        """The batched put and what it needs (``put``, ``put_align``, ``make_aval``,
-        ``make_single`` of JaxTarget), where a probe shows it views aligned row-major host
-        memory in place and gives the array ``jax.device_put`` gives (abstract value,
-        sharding; committed only when asked); else ``put=None``. Why: ``put_status``."""
+        """JaxTarget's batched put and what it needs, where a probe shows it views aligned row-major
+        host memory in place and gives the array ``jax.device_put`` gives (abstract value, sharding;
+        committed only when asked); else ``put=None`` (why: its row of ``symbols``)."""
         put, (_, shaped_array, aval_of) = self._put_fn, self._assembly
         if put is None or shaped_array is None or not self.direct:
-            self._put_status(None, "the public API is forced: jax.device_put puts dlinspect's "
-                                   "copies" if not self.direct else SYMBOLS["batched_put"].fallback)
-            return {"put": None}
+            return self._no_put("the public API is forced: jax.device_put puts dlinspect's copies"
+                                if not self.direct else SYMBOLS["batched_put"].fallback)
         jax = self.jax
         single = jax.sharding.SingleDeviceSharding
 
@@ -420,21 +411,19 @@ class JaxCaps:
                 and np.asarray(a).tolist() == x.tolist() for a in ours)
                 and ours[0]._committed is False and ours[1]._committed is True)
         except Exception as exc:   # another signature, another array: not used
-            self._put_status(None, f"its probe failed ({type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); using "
-                                   f"{SYMBOLS['batched_put'].fallback}")
-            return {"put": None}
+            first = (str(exc).splitlines() or [""])[0]
+            return self._no_put(f"its probe failed ({type(exc).__name__}: {first}); "
+                                f"using {SYMBOLS['batched_put'].fallback}")
         if not same:
-            self._put_status(None, f"its probe: it does not view aligned memory in place, or "
-                                   f"gives another array than jax.device_put; using "
-                                   f"{SYMBOLS['batched_put'].fallback}")
-            return {"put": None}
-        self._put_status(self.symbols["batched_put"].found, f"views host memory aligned to {align} bytes")
+            return self._no_put(f"its probe: it does not view aligned memory in place, or gives another "
+                                f"array than jax.device_put; using {SYMBOLS['batched_put'].fallback}")
+        self._note("batched_put", self.symbols["batched_put"].found,
+                   f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": make_aval, "make_single": single}
 
-    def _put_status(self, found: str | None, reason: str) -> None:
-        """What ``dlinspect doctor`` says of the batched put (its row of ``symbols``)."""
-        self.symbols["batched_put"] = self.symbols["batched_put"]._replace(found=found, reason=reason)
+    def _no_put(self, reason: str) -> dict[str, Any]:
+        self._note("batched_put", None, reason)
+        return {"put": None}
 
     def _uncommitter(self) -> Callable[[Any], Any]:
         """``uncommit(array)``: a committed single-device array of the DLPack import as the
@@ -447,8 +436,8 @@ class JaxCaps:
 
         if handler_fn is None or shaped_array is None or not self.direct:
             if not self.direct:
-                self.symbols["result_handler"] = self.symbols["result_handler"]._replace(
-                    found=None, reason=f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
+                self._note("result_handler", None,
+                           f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
             return as_is
         handlers: dict[Any, Any] = {}
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
@@ -478,9 +467,8 @@ class JaxCaps:
                     or np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() != [4, 3, 2, 1]):
                 raise ValueError("another array than the import's, or still committed")
         except Exception as exc:
-            self.symbols["result_handler"] = self.symbols["result_handler"]._replace(
-                found=None, reason=f"its probe failed ({type(exc).__name__}); "
-                                   f"{SYMBOLS['result_handler'].fallback}")
+            self._note("result_handler", None,
+                       f"its probe failed ({type(exc).__name__}); {SYMBOLS['result_handler'].fallback}")
             return as_is
         return uncommit
 
@@ -508,12 +496,10 @@ class JaxCaps:
             key = (shape, arrays[0].dtype, sharding)
             aval = avals.get(key)
             if aval is None:
-                aval = shaped_array(shape, arrays[0].dtype, weak_type=False)
-                if aval_of is not None:
-                    aval = aval_of(aval, sharding)
                 if len(avals) >= 256:
                     avals.clear()
-                avals[key] = aval
+                aval = shaped_array(shape, arrays[0].dtype, weak_type=False)
+                aval = avals[key] = aval if aval_of is None else aval_of(aval, sharding)
             return impl(aval, sharding, arrays, committed=True, _skip_checks=True)
 
         try:   # the probe: one device's sharding, the same array both ways
