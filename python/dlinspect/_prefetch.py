@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import queue
 import statistics
@@ -22,12 +23,8 @@ __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 _BATCH, _FAILED, _DONE = 0, 1, 2
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
 _JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
-# thread=None: on JAX CPU devices, never a thread (XLA's step already keeps the host's
-# cores busy: a worker only competes with it, measured). Elsewhere the first _PROBE
-# batches of an epoch are loaded on the consumer's thread, timed; a worker thread takes
-# over only when loading a batch and the consumer's work between batches both take over
-# _OVERLAP_S (median): only then is there time to overlap worth more than handing each
-# batch across threads under the GIL.
+# thread=None off JAX CPU devices (prefetch_to_jax's docstring says why): the first _PROBE
+# batches of an epoch timed on the consumer's thread; a worker if both medians exceed _OVERLAP_S.
 _PROBE = 4
 _OVERLAP_S = 0.0005
 
@@ -282,13 +279,11 @@ def _on_cpu(options: Options) -> bool:
     where = options.sharding or options.device
     if where is None:
         return jax.default_backend() == "cpu"
-    from jax import tree_util
-    devices = [d for s in tree_util.tree_leaves(where)
-               for d in (s.device_set if hasattr(s, "device_set") else [s])]
-    return all(d.platform == "cpu" for d in devices)
+    return all(d.platform == "cpu" for s in jax.tree_util.tree_leaves(where)
+               for d in (s.device_set if hasattr(s, "device_set") else [s]))
 
 
-def _close(it: Iterator[Any], bar: Any) -> None:
+def _close(it: Iterator[Any] | None, bar: Any) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
@@ -322,15 +317,12 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: boo
 
     def put(item: tuple[int, Any]) -> bool:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 ready.put(item, timeout=_POLL_S)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def work() -> None:
-        import contextlib
         from ._jaxcaps import target
         context = target().x64_context
         try:
@@ -386,17 +378,13 @@ def _stop(ready: queue.Queue[tuple[int, Any]], stop: threading.Event,
     if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
         worker.join(_JOIN_S)
     _drain(ready)
-    if worker.is_alive():
+    stuck = worker.is_alive()
+    if stuck:
         warnings.warn(
             f"prefetch_to_jax stopped, but its source has been inside next() for over "
             f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
             f"thread) and the source is not closed.", DLInspectWarning, stacklevel=3)
-    else:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-    if bar is not None:
-        bar.close()
+    _close(None if stuck else it, bar)
 
 
 def _drain(q: queue.Queue[Any], empty: type[Exception] = queue.Empty) -> None:
