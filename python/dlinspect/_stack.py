@@ -1,12 +1,7 @@
-"""dlinspect.stack: batches born where JAX can view them.
+"""dlinspect.stack: batches born where JAX can view them (aligned for XLA:CPU, or pinned).
 
-Each batched leaf is written once into memory aligned as XLA:CPU needs to view it (a
-loader's ``np.stack`` gives ``malloc``'s 16 bytes, and every such batch is then copied a
-second time on its way into JAX), or, for a GPU, into page-locked (pinned) host memory,
-which the GPU copies from directly. The elements are walked by the one walker
-(:mod:`dlinspect._tree`), as ``to_jax`` walks a batch: Mapping subclasses, dataclasses
-and the other containers it knows come back as their own types, and a batch that
-contains itself or nests too deep is refused before anything is read.
+The elements are walked by the one walker (:mod:`dlinspect._tree`), as ``to_jax`` walks a
+batch: a batch that contains itself or nests too deep is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     NumPy's assignment where one casts) into memory aligned as XLA:CPU
     needs to import it without a copy: ``to_jax`` (and ``jax.device_put``) of the
     batch then copies nothing on CPU where ``np.stack``'s batches are copied again
-    wherever ``malloc`` gave less than 64-byte alignment.
+    wherever ``malloc`` gave less than 64-byte alignment (it guarantees 16).
 
     Parameters
     ----------
@@ -269,21 +264,18 @@ def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: 
     try:
         if total and nbytes > total:   # (the one bound on a copy's size, as to_jax's)
             raise MemoryError
-        out = allocate(shape, dtype, align)
+        return allocate(shape, dtype, align)
     except (MemoryError, ValueError):
         raise AllocationError(
             f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, needs "
             f"{nbytes} bytes, which cannot be allocated"
             f"{f' (this machine has {total} bytes of physical memory)' if total else ''}. "
             f"To fix: stack fewer elements at a time (a smaller batch).") from None
-    return out
 
 
 def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray:
-    """Leaf ``j`` of element ``k`` as a NumPy array: a NumPy array as it is, a tensor as
-    :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
-    if type(leaf) is np.ndarray:
-        return leaf
+    """Leaf ``j`` of element ``k`` (no NumPy array) as one: a tensor as :func:`to_host` reads
+    it, anything else as ``numpy.asarray`` takes it."""
     if isinstance(leaf, _SCALARS):
         return np.asarray(leaf)
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
