@@ -19,9 +19,7 @@ Everything else is a leaf: tensors (see :func:`dlinspect._core.is_tensor`) and
 whatever is not a tensor (str, bytes, numbers, non-numeric NumPy arrays...). Each
 container is rebuilt once with its own values while the batch is walked, so a
 container that cannot be rebuilt is found before any leaf is converted: it becomes a
-leaf with its ContainerError (:attr:`Flat.errors`). A batch nested deeper than
-:data:`MAX_DEPTH`, one that contains itself, and a dict whose keys do not sort (JAX
-sorts a dict's keys to walk it) are a ContainerError naming the key path.
+leaf with its ContainerError (:attr:`Flat.errors`). What no walk ends: see :func:`flatten`.
 """
 
 from __future__ import annotations
@@ -164,13 +162,9 @@ class Flat:
                  for part in self.parts or () if part is not None]
         return text + (f" holding {', '.join(inner)}" if inner else "")
 
-    def key_path(self, index: int) -> tuple[Any, ...]:
-        """The ``jax.tree_util`` key path of leaf ``index``."""
-        return self.key_paths()[index]
-
     def keystr(self, index: int) -> str:
         """``jax.tree_util.keystr`` of leaf ``index``'s key path (``['x']['pixels']``)."""
-        return _tree_util().keystr(self.key_path(index))
+        return _tree_util().keystr(self.key_paths()[index])
 
 
 def flatten(x: Any, text_lists: bool = False) -> Flat:
@@ -185,9 +179,9 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
     ------
     ContainerError
         The batch nests deeper than :data:`MAX_DEPTH`, contains itself, or holds a
-        dict whose keys do not sort (a ``TypeError``); the message names where. It is
-        looked for before JAX walks the batch: jaxlib's walk of such a batch fails
-        leaving the interpreter unable to go on.
+        dict whose keys do not sort (JAX sorts a dict's keys to walk it; a ``TypeError``);
+        the message names where. It is looked for before JAX walks the batch: jaxlib's walk
+        of such a batch fails leaving the interpreter unable to go on.
     """
     is_leaf = text_leaf if text_lists else None
     level = _one_level(x, text_lists)
@@ -196,11 +190,10 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
         if level == _WITH_TEXT:
             outer = [list(v) if type(v) is list else v for v in outer]
         return Flat(x, outer, treedef, None, {}, is_leaf)
-    if _kind(type(x)) == _LEAF:   # a tensor, a scalar, a node JAX walks: nothing of
-        return _flatten(x, is_leaf)   # it is a container this walker would look into
-    unwalkable = _unwalkable(x)
-    if unwalkable is not None:
-        raise unwalkable
+    if _kind(type(x)) != _LEAF:   # (a tensor, a scalar, a node JAX walks: no container here)
+        unwalkable = _unwalkable(x)
+        if unwalkable is not None:
+            raise unwalkable
     return _flatten(x, is_leaf)
 
 
@@ -290,16 +283,12 @@ def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
         names = list(obj.keys())
         keys = [tree_util.DictKey(k) for k in names]
         values = [obj[k] for k in names]
-    elif kind == _DATACLASS:
-        names = [f.name for f in dataclasses.fields(obj)]
-        keys = [tree_util.GetAttrKey(n) for n in names]
-        values = [getattr(obj, n) for n in names]
     elif kind == _SEQUENCE:
         names = list(range(len(obj)))
         keys = [tree_util.SequenceKey(i) for i in names]
         values = list(obj)
-    else:
-        names = list(vars(obj))
+    else:   # a dataclass's fields, a namespace's attributes
+        names = [f.name for f in dataclasses.fields(obj)] if kind == _DATACLASS else list(vars(obj))
         keys = [tree_util.GetAttrKey(n) for n in names]
         values = [getattr(obj, n) for n in names]
     try:
@@ -332,10 +321,8 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
 
 
 def _unwalkable(x: Any) -> ContainerError | None:
-    """Where a walk of ``x`` cannot end, as the ContainerError naming the key path: a
-    container inside itself (a cycle), a nesting deeper than :data:`MAX_DEPTH`, a dict
-    whose keys do not sort; None for a batch any walk ends. One pass over the
-    containers, without recursion; leaves are not looked at."""
+    """The ContainerError of a batch no walk of which ends (see :func:`flatten`), else None.
+    One pass over the containers, without recursion; leaves are not looked at."""
     on_path: list[int] = []          # the containers from the top to where the walk is
     keys: list[Any] = []             # the key of each of them in its parent: (kind, name),
                                      # made a jax key only to name where a walk cannot end
@@ -364,13 +351,10 @@ def _unwalkable(x: Any) -> ContainerError | None:
     return None
 
 
-_SCALARS = (str, bytes, int, float, bool, complex)
-
-
 def _may_hold(v: Any) -> bool:
     """``v`` may be a container a walk descends into (not a tensor, a scalar or None)."""
     tp = type(v)
-    return not (v is None or tp in _SCALARS or hasattr(tp, "__dlpack__"))
+    return not (tp in _PLAIN_TYPES or hasattr(tp, "__dlpack__"))
 
 
 _DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2
