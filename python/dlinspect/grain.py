@@ -1,16 +1,10 @@
 """``dlinspect.grain``: grain's ``device_put`` stage, with :func:`dlinspect.to_jax` inside.
 
-grain (Google's data loader for JAX) ends a pipeline with
-``grain.experimental.device_put(ds, device)``: a thread prefetching elements on
-the host, ``jax.device_put`` of each element, a second thread holding a few
-converted elements ahead. :func:`device_put` here is the same stage, built from
-the same grain building blocks (``ThreadPrefetchIterDataset`` and
-``IterDataset.map``), with ``jax.device_put`` replaced by :func:`dlinspect.to_jax`:
-zero-copy where the batch's memory allows, one copy in C where it does not,
-errors naming the batch's key path, and every other option of ``to_jax``.
-
-grain is imported when :func:`device_put` is first called, never by
-``import dlinspect`` nor by importing this module.
+grain (Google's data loader for JAX) ends a pipeline with ``grain.experimental.device_put``;
+:func:`device_put` here is that stage, built from the same grain building blocks
+(``ThreadPrefetchIterDataset`` and ``IterDataset.map``), with ``jax.device_put`` replaced
+by :func:`dlinspect.to_jax`. grain is imported when :func:`device_put` is first called,
+never by ``import dlinspect`` nor by importing this module.
 """
 
 from __future__ import annotations
@@ -28,9 +22,6 @@ from ._options import options as check_options
 from .errors import DLInspectWarning
 
 __all__ = ["device_put"]
-
-_INSTALL = "pip install grain"
-
 
 def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
                device_buffer_size: int = 2, copy: bool | None = None,
@@ -182,8 +173,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
 class _ToJax:
     """``to_jax`` of each element, with the options checked once, as a grain map; its
-    warnings kept with the element
-    (``emit=False``, on a prefetch thread) or shown at the consumer's line.
+    warnings kept with the element (``emit=False``, on a prefetch thread) or shown at the
+    consumer's line.
 
     ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
     on a CPU-only JAX, what grain users pass) is converted as ``device=None``, which
@@ -296,8 +287,7 @@ def _grain() -> tuple[Any, Any]:
     try:
         grain = importlib.import_module("grain")   # (mypy needs no grain installed)
     except ImportError as exc:
-        raise ImportError(f"dlinspect.grain needs grain, which is not installed: {_INSTALL}"
-                          ) from exc
+        raise ImportError("dlinspect.grain needs grain, which is not installed: pip install grain") from exc
     prefetch = getattr(getattr(grain, "experimental", None), "ThreadPrefetchIterDataset", None)
     if prefetch is None or not hasattr(grain, "IterDataset"):
         version = getattr(grain, "__version__", "?")
@@ -329,7 +319,7 @@ def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
         return device, sharding          # both given: check_options says so
     if hasattr(device, "device_set"):    # a Sharding
         return (device, None) if len(device.device_set) == 1 else (None, device)
-    if hasattr(device, "platform") and hasattr(device, "id"):
+    if _is_device(device):
         return device, None
     import jax
     from jax.sharding import Sharding, SingleDeviceSharding
