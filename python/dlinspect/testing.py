@@ -14,19 +14,9 @@ import numpy as np
 
 from . import _core
 from ._core import DeleterCounter, DLDeviceType, aligned_empty, dldtype_from_numpy
+from ._core import FLAG_IS_COPIED, FLAG_IS_SUBBYTE_TYPE_PADDED, FLAG_READ_ONLY  # noqa: F401
 
 __all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
-
-FLAG_READ_ONLY = _core.FLAG_READ_ONLY
-FLAG_IS_COPIED = _core.FLAG_IS_COPIED
-FLAG_IS_SUBBYTE_TYPE_PADDED = _core.FLAG_IS_SUBBYTE_TYPE_PADDED
-
-
-def _dtype_triple(dtype: Any) -> tuple[int, int, int]:
-    if isinstance(dtype, tuple):
-        code, bits, *rest = dtype
-        return (int(code), int(bits), int(rest[0]) if rest else 1)
-    return dldtype_from_numpy(dtype)
 
 
 def make_capsule(
@@ -116,7 +106,11 @@ def make_capsule(
             strides = tuple(s // arr.itemsize for s in arr.strides)
         if not (arr.flags.c_contiguous or arr.flags.f_contiguous) and address is None:
             address = arr.ctypes.data  # first element; `arr` itself is kept alive
-    code, bits, lanes = _dtype_triple("float32" if dtype is None else dtype)
+    if isinstance(dtype, tuple):   # (code, bits[, lanes])
+        code, bits, *rest = dtype
+        code, bits, lanes = int(code), int(bits), int(rest[0]) if rest else 1
+    else:
+        code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
     if shape is not None:
         shape = tuple(int(s) for s in shape)
     if strides is not None:
