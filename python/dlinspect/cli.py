@@ -89,16 +89,13 @@ def doctor_report() -> dict[str, Any]:
     x = aligned_empty((4, 4), np.float32, 64)
     x[...] = 1
     for dt in dlinspect.DLDeviceType:
-        if jax is None:
-            rows.append({"name": str(dt), "value": int(dt), "route": "error",
-                         "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"})
-            continue
-        # The header of a float32 tensor on that device, planned as a producer's would be.
-        info = dlinspect.peek(_core.header_capsule(x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1,
-                                                   int(dt)))
-        route = dlinspect.plan(info)
-        rows.append({"name": str(dt), "value": int(dt), "route": route.kind,
-                     "reason": route.reason})
+        row = {"name": str(dt), "value": int(dt), "route": "error",
+               "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
+        if jax is not None:   # the header of a float32 tensor on that device, as a producer's
+            route = dlinspect.plan(dlinspect.peek(_core.header_capsule(
+                x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, int(dt))))
+            row.update(route=route.kind, reason=route.reason)
+        rows.append(row)
     report["device_types"] = rows
     report["producers"] = producers_report()
     return report
@@ -113,17 +110,12 @@ def producers_report() -> dict[str, Any]:
     "max_version", "dl_device", "copy"}`` (True, False or None where the signature is
     not readable), or ``{"error": ...}``; producers not installed are left out.
     """
-    import importlib.util
     import subprocess
 
     from dlinspect._core import PRODUCERS
     out: dict[str, Any] = {}
     for module, expr in (row.doctor for row in PRODUCERS.values() if row.doctor):
-        try:
-            found = importlib.util.find_spec(module.split(".")[0]) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        if _missing(module.split(".")[0]):
             continue
         code = (f"import json, sys; from dlinspect.cli import _probe_producer; "
                 f"print(json.dumps(_probe_producer({module!r}, {expr!r})))")
@@ -210,8 +202,7 @@ def _inspect(args: argparse.Namespace) -> int:
         return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
                      f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
                      f"at a time (for a dict or list, inspect each leaf).")
-    copy = {"none": None, "true": True, "false": False}[args.copy]
-    options: dict[str, Any] = {"copy": copy}
+    options: dict[str, Any] = {"copy": {"none": None, "true": True, "false": False}[args.copy]}
     if args.target == "jax":
         options.update(fallback=args.fallback, readonly=args.readonly)
     try:
