@@ -251,28 +251,22 @@ cdef class TensorInfo:
     # -- layout predicates -----------------------------------------------
     @property
     def is_c_contiguous(self):
-        return self._is_c_contiguous()
-
-    cdef bint _is_c_contiguous(self) noexcept:
-        cdef int64_t expected = 1
-        cdef int i
-        if self.size == 0:
-            return True
-        for i in range(self.ndim - 1, -1, -1):
-            if self._shape[i] == 1:
-                continue
-            if self._strides[i] != expected:
-                return False
-            expected *= self._shape[i]
-        return True
+        return self._contiguous(True)
 
     @property
     def is_f_contiguous(self):
+        return self._contiguous(False)
+
+    cdef inline bint _is_c_contiguous(self) noexcept:
+        return self._contiguous(True)
+
+    cdef bint _contiguous(self, bint c_order) noexcept:
         cdef int64_t expected = 1
-        cdef int i
+        cdef int k, i
         if self.size == 0:
             return True
-        for i in range(self.ndim):
+        for k in range(self.ndim):
+            i = self.ndim - 1 - k if c_order else k
             if self._shape[i] == 1:
                 continue
             if self._strides[i] != expected:
