@@ -7,6 +7,7 @@ Below the core: nothing here imports :mod:`dlinspect._core` (the core imports th
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from typing import Any, Literal, Protocol
 
@@ -30,9 +31,7 @@ class SupportsDLPack(Protocol):
 _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
             "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
 
-# The bits of Options.flags: what the core reads of the options, as one int. 0 is every
-# default (copy=None, no device or sharding, fallback="host", readonly="copy",
-# leaves="keep", narrow="warn").
+# The bits of Options.flags: what the core reads of the options, as one int (0: every default).
 COPY_ALWAYS = 1       # copy=True
 COPY_NEVER = 2        # copy=False
 PLACED = 4            # device= or sharding= given
@@ -169,11 +168,7 @@ def jax_module(name: str) -> Any:
     """A jax module (``"jax.tree_util"``, ``"jax.sharding"``), imported on first use: one
     dict lookup after that, where an import statement in a function costs microseconds on
     every call (dlinspect itself never imports jax on ``import dlinspect``)."""
-    module = sys.modules.get(name)
-    if module is None:
-        import importlib
-        module = importlib.import_module(name)
-    return module
+    return sys.modules.get(name) or importlib.import_module(name)
 
 
 def check_sharding(s: Any) -> Any:
