@@ -165,20 +165,18 @@ class SourceExhaustedError(DLInspectError, RuntimeError):
     :func:`~dlinspect.prefetch_to_jax` calls ``iter(source)`` for every epoch; an
     iterator (a generator, tf.data's ``as_numpy_iterator()``) returns itself and,
     once exhausted (or closed by an epoch stopped early), would give an epoch of no
-    batches without a word. The message
-    names the source and the fix (pass what starts again: the DataLoader, the
-    ``tf.data.Dataset`` itself, a list). A ``RuntimeError``.
+    batches without a word. The message names the source and the fix (pass what
+    starts again: the DataLoader, the ``tf.data.Dataset`` itself, a list). A ``RuntimeError``.
     """
 
 
 class AllocationError(DLInspectError, MemoryError):
     """The memory for a copy the route needs cannot be had.
 
-    Raised before anything is consumed: the size of every copy is known from
-    the header, so the destination is allocated (or refused, when it is larger
-    than this machine's physical memory) while the caller's capsule is still
-    unconsumed. The message names the bytes needed. A ``MemoryError``, as
-    NumPy raises for the same case.
+    Raised before anything is consumed: the size of every copy is known from the
+    header, so the destination is allocated (or refused, when it is larger than this
+    machine's physical memory) first. The message names the bytes needed. A
+    ``MemoryError``, as NumPy raises for the same case.
     """
 
 
