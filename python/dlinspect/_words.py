@@ -310,9 +310,8 @@ def _no_device(route: Any) -> Parts:
                 "copy.", f"To fix: {device_fix(dt, t, True)}.")
     tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
              else "nothing (fallback='raise')")
-    fix = device_fix(dt, t, bare)
-    if not bare:
-        fix += ', or pass fallback="host" so dlinspect goes through host memory'
+    fix = device_fix(dt, t, bare) + (
+        "" if bare else ', or pass fallback="host" so dlinspect goes through host memory')
     return (UnsupportedDeviceError, "", _no_device_head(route),
             f"Tried: {tried}. To fix: {fix}.")
 
@@ -597,6 +596,7 @@ def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
 
 def explain_tree(flat: Any) -> str:
     """``explain``'s text for a batch's routes (a :class:`dlinspect._tree.Flat` of them)."""
+    from jax.tree_util import keystr
     blocks: list[str] = []
     kept: list[Any] = []   # a run of untouched leaves under one parent, for one reason
 
@@ -607,7 +607,6 @@ def explain_tree(flat: Any) -> str:
                           f"{first[2]} .. {last[2]}: {len(kept)} leaves untouched ({reason})")
             kept.clear()
 
-    keystr = _tree_keystr()
     for path, route in zip(flat.key_paths(), flat.leaves):
         if route.action == C.KEEP:
             if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason
@@ -619,11 +618,6 @@ def explain_tree(flat: Any) -> str:
         blocks.append(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  "))
     end_run()
     return "\n".join(blocks)
-
-
-def _tree_keystr() -> Callable[[Any], str]:
-    from jax.tree_util import keystr
-    return lambda path: keystr(tuple(path))
 
 
 def _head(route: Any, x: Any) -> str:
