@@ -22,25 +22,8 @@ from . import _jaxcaps  # noqa: F401  (hands the core what builds its JaxTarget)
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from ._stack import stack
 from . import testing
-from .errors import (
-    CapsuleConsumedError,
-    CopyRequiredError,
-    DLInspectError,
-    DLInspectWarning,
-    MalformedTensorError,
-    NotDLPackError,
-    NotNumericError,
-    NotDescribableError,
-    ProducerError,
-    ShardingError,
-    SourceExhaustedError,
-    StackError,
-    ContainerError,
-    AllocationError,
-    UnsupportedDeviceError,
-    UnsupportedDTypeError,
-    UnsupportedVersionError,
-)
+from . import errors
+from .errors import *  # noqa: F403  (every error and warning: errors.__all__)
 
 __version__ = "0.1.0"   # the package's version, read from here by the build (pyproject.toml)
 
@@ -61,21 +44,5 @@ __all__ = [
     "DLDeviceType",
     "DLDataTypeCode",
     "DLDataType",
-    "DLInspectError",
-    "NotDLPackError",
-    "NotNumericError",
-    "NotDescribableError",
-    "CapsuleConsumedError",
-    "UnsupportedVersionError",
-    "MalformedTensorError",
-    "UnsupportedDeviceError",
-    "UnsupportedDTypeError",
-    "CopyRequiredError",
-    "ProducerError",
-    "ShardingError",
-    "SourceExhaustedError",
-    "StackError",
-    "ContainerError",
-    "AllocationError",
-    "DLInspectWarning",
 ]
+__all__ += errors.__all__
