@@ -120,18 +120,14 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
         flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
         for k in range(1, len(flats)):
             if not first.same_structure(flats[k]):
-                raise _structures_differ(k, flats[k], first)
+                raise StackError(
+                    f"element {k} of the elements to stack has the structure {flats[k].describe()}, "
+                    f"and element 0 {first.describe()}; a batch stacks leaves position by position, "
+                    f"so every element needs the same structure. To fix: give every element the "
+                    f"same keys and nesting (fill what an element lacks before batching).")
         columns = [[flat.leaves[j] for flat in flats] for j in range(len(first.leaves))]
     return first.unflatten([_stack_leaf(first, j, columns[j], align, allocate)
                             for j in range(len(columns))])
-
-
-def _structures_differ(k: int, flat: _tree.Flat, first: _tree.Flat) -> StackError:
-    return StackError(
-        f"element {k} of the elements to stack has the structure {flat.describe()}, and "
-        f"element 0 {first.describe()}; a batch stacks leaves position by position, so "
-        f"every element needs the same structure. To fix: give every element the same keys "
-        f"and nesting (fill what an element lacks before batching).")
 
 
 def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
