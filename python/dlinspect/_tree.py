@@ -45,9 +45,14 @@ _FIX = ("register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), 
         "dict")
 
 
+def _tensor_type(tp: type) -> bool:
+    """A tensor type (``__dlpack__`` or the C exchange API): a leaf, whatever else it is."""
+    return hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
+
+
 def _classify(tp: type) -> int:
-    if hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__"):
-        kind = _LEAF              # a tensor, whatever else it is
+    if _tensor_type(tp):
+        kind = _LEAF
     elif issubclass(tp, Mapping):
         kind = _MAPPING
     elif dataclasses.is_dataclass(tp):
@@ -354,7 +359,7 @@ def _unwalkable(x: Any) -> ContainerError | None:
 def _may_hold(v: Any) -> bool:
     """``v`` may be a container a walk descends into (not a tensor, a scalar or None)."""
     tp = type(v)
-    return not (tp in _PLAIN_TYPES or hasattr(tp, "__dlpack__"))
+    return not (tp in _PLAIN_TYPES or _tensor_type(tp))
 
 
 _DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2
