@@ -233,15 +233,13 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
-        devices = f["devices"]
-        return _split_import(cap, info, f["parts"], devices, f["sharding"], tg)
-    else:
-        owner = take(cap, info.read_only is True, info)
-        devices, arrays = [], []
-        for dev, _, shard in route._shards:
-            part = view_capsule(owner, shard.info)
-            devices.append(dev)
-            arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
+        return _split_import(cap, info, f["parts"], f["devices"], f["sharding"], tg)
+    owner = take(cap, info.read_only is True, info)
+    devices, arrays = [], []
+    for dev, _, shard in route._shards:
+        part = view_capsule(owner, shard.info)
+        devices.append(dev)
+        arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
     return tg.assemble(info.shape, f["sharding"], devices, arrays)
 
 

@@ -28,6 +28,7 @@ class SupportsDLPack(Protocol):
 
     def __dlpack__(self) -> Any: ...
 
+
 _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
             "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
 

@@ -195,7 +195,7 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
         if level == _WITH_TEXT:
             outer = [list(v) if type(v) is list else v for v in outer]
         return Flat(x, outer, treedef, None, {}, is_leaf)
-    if _kind(type(x)) != _LEAF:   # (a tensor, a scalar, a node JAX walks: no container here)
+    if _kind(type(x)) != _LEAF:   # (a leaf: a tensor, scalar or node JAX walks; nothing to check)
         unwalkable = _unwalkable(x)
         if unwalkable is not None:
             raise unwalkable

@@ -23,6 +23,7 @@ from .errors import DLInspectWarning
 
 __all__ = ["device_put"]
 
+
 def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
                device_buffer_size: int = 2, copy: bool | None = None,
                fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
