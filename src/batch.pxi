@@ -143,10 +143,13 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                     if not is_tensor(part.leaves[i]):
                         _raise_route(untouched(part.leaves[i], "jax", part.opts))
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
+            start = len(plan)
             if not part.flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
                 _decide_fast(part, k, tg, plan, report)
             else:
                 _decide_general(part, k, tg, plan, report)
+            if part.flat is not None:   # its containers tried with JAX arrays, before any take
+                _check_rebuild(part.flat, [(<_Leaf>leaf).index for leaf in plan[start:]], tg)
         except BaseException as exc:
             plan = None   # the exports let go of, with the error handled (see _convert)
             if isinstance(exc, Exception):
@@ -167,8 +170,9 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     try:
         for leaf in decided:
             leaf.part = k
-            if leaf.cap is None:
-                leaf.route = route_numpy_copy(leaf.info, tg, "jax", opts)
+            if leaf.cap is None:   # NumPy memory DLPack cannot describe, or a jax.Array
+                leaf.route = (route_numpy_copy(leaf.info, tg, "jax", opts) if leaf.info is not None
+                              else route_jax_array(part.leaves[leaf.index], opts, tg))
             elif not leaf.fast:
                 leaf.route = route_jax(leaf.info, leaf.needs, tg, opts, part.leaves[leaf.index])
             if leaf.route is not None:
@@ -185,6 +189,24 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
         decided = leaf = None
         raise
     return 0
+
+
+cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
+    """Rebuild the containers of a walked batch (a ``dlinspect._tree.Flat``) with a JAX
+    array (a 0-d one) where each leaf of index in ``converted`` stands: ContainerError
+    where a container refuses it (to_jax's and plan's one check)."""
+    global _placeholder
+    if _placeholder is None or _placeholder[0] is not tg:
+        _placeholder = (tg, tg.jax.device_put(_np.float32(0)))
+    values = list(flat.leaves)
+    cdef Py_ssize_t i
+    for i in converted:
+        values[i] = _placeholder[1]
+    flat.check_rebuild(values)
+    return 0
+
+
+cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
 
 
 cdef int _note(LoaderReport report, Py_ssize_t i, _Leaf leaf) except -1:
@@ -247,7 +269,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     for m in range(n):
         if m == taking:
             for leaf in plan[taking:]:
-                if leaf.route is not None or leaf.needs & ~NEED_PERMUTED:
+                if leaf.route is not None or leaf.needs:
                     _prepare_leaf(leaf, parts, tg)
         leaf = plan[m]
         part = parts[leaf.part]

@@ -14,7 +14,7 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
         entry = _entry_for(type(x))
         # (NumPy and torch arrays are never jax.Arrays: no isinstance asked of them)
         if entry.guard != GUARD_NUMPY and not entry.is_torch and isinstance(x, tg.jax.Array):
-            return route_jax_array(x, opts), None, None
+            return route_jax_array(x, opts, tg), None, None
     cdef PyObject* p = NULL
     cdef int flags = opts.flags
     try:
@@ -40,17 +40,15 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=Fals
     """Carry out ``route`` (its narrowing warning first, before anything is consumed:
     ``-W error`` then leaves a caller's capsule as it was; ``prepared``: a batch's decide
     half gave it, see ``_prepare``). A tensor's new array is committed exactly where the
-    caller named a device or a sharding, as ``jax.device_put`` commits, or where it
-    keeps a permuted layout (Need.PERMUTED); otherwise uncommitted, as ``jnp.asarray``'s
-    (put.pxi)."""
+    caller named a device or a sharding, as ``jax.device_put`` commits; otherwise
+    uncommitted, as ``jnp.asarray``'s (put.pxi)."""
     action = route.action
     if not prepared and action is not PRODUCER_COPY and action is not RAISE:
         text = route.warning
         if text is not None:
             warn(text)
     out = EXECUTORS[action](route, cap, x, tg, opts)
-    if (action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED
-            and not route.facts.get("keeps_layout")):
+    if action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED:
         return tg.uncommit(out)
     return out
 
@@ -118,6 +116,8 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
                                                                 route.info.device_id)
     arr = _import_legacy(tg.import_fn, cap, route.import_device, stream, route.import_copy,
                          route.import_type)
+    if route.facts["relayout"]:   # device memory in a permuted order: made row-major there
+        arr = arr.copy()
     return _finish(tg, arr, route, False)
 
 
@@ -174,9 +174,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
     """No JAX device for the memory: one copy by the producer into aligned host memory
     dlinspect allocates, which JAX views (where the producer table says how); else
     the producer's host copy (one copy where it is memory JAX can view, two where it
-    is not), routed with its own header, which is in hand. That route decides whether
-    the array stays committed: a host copy in a permuted order that JAX views keeps it
-    (Need.PERMUTED), which an uncommitted array would lose."""
+    is not), routed with its own header, which is in hand."""
     del cap   # the device capsule is not needed: its producer frees it now
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out, tried = _copy_into_host(route, x, tg.copy_align)
@@ -198,7 +196,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
                           quiet, host_cap)
         host = host_cap
     arr = _execute(inner, host_cap, host, tg, quiet)
-    return arr if placed or inner.facts.get("keeps_layout") else tg.uncommit(arr)
+    return arr if placed else tg.uncommit(arr)
 
 
 def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
@@ -257,7 +255,12 @@ def _ex_pass(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
-    return tg.jax.device_put(x, route.facts["where"])
+    """A jax.Array made row-major where it is in another layout (a copy on its device,
+    committed as it was), then, where a place was asked for, put there (committed)."""
+    f = route.facts
+    if f.get("relayout"):
+        x = x.copy()
+    return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
 
 def _ex_array_copy(Route route, cap, x, JaxTarget tg, opts):

@@ -514,12 +514,13 @@ def is_tensor(x):
 
 
 cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
-                    bint id_known) except -1:
+                    bint id_known, _TypeEntry entry) except -1:
     """Set ``info``'s device from ``__dlpack_device__``'s answer, after checking it
-    against the header (see TensorInfo, Notes)."""
+    against the header (see TensorInfo, Notes). A jax.Array's header names its own
+    device (jaxlib's ``__dlpack_device__`` says id 0 for every CPU device)."""
     cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id
     if dev_type == hdr_type or (_pinned(dev_type) and hdr_type == kDLCPU):
-        if not id_known:
+        if not id_known or entry.guard == GUARD_JAX:
             dev_id = hdr_id
         if dev_id == hdr_id or dev_type != hdr_type:
             info._dev_type = dev_type
@@ -597,7 +598,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     cap = _dlpack_capsule(x, entry, mode, stream_for, &dev)
     info = _peek_capsule(cap)
     if dev.asked and mode != MODE_HOST_COPY:
-        _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known)
+        _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known, entry)
     return _handing(info, cap, cap_out)
 
 
@@ -617,7 +618,7 @@ cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev)
     if mode != MODE_PEEK:
         return None
     info = _new_info(&t, SRC_EXCHANGE, 0)
-    _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known)
+    _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known, entry)
     return info
 
 

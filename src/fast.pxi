@@ -11,7 +11,7 @@ def to_jax_fast(x, JaxTarget tg, int flags=0):
     ----------
     x : object with ``__dlpack__``, or PyCapsule
         The tensor (a bare capsule is consumed only by a successful import). A
-        ``jax.Array`` is returned as it is: it is not a foreign tensor.
+        row-major ``jax.Array`` is returned as it is: it is not a foreign tensor.
     tg : JaxTarget
         The installed JAX.
     flags : int
@@ -24,9 +24,10 @@ def to_jax_fast(x, JaxTarget tg, int flags=0):
 
     Returns
     -------
-    jax.Array or tuple
+    jax.Array, tuple or None
         The array; else ``(capsule, TensorInfo, needs)`` for the general route,
-        the capsule unconsumed.
+        the capsule unconsumed; None for a ``jax.Array`` in another layout than
+        row-major (its route copies it: ``route_jax_array``).
 
     Raises
     ------
@@ -49,7 +50,8 @@ def to_jax_many(list leaves, JaxTarget tg, int flags=0):
         tensor, a jax.Array, an array of a non-numeric dtype), else None;
         ``decided``: ``(index, capsule, TensorInfo, needs, fast)`` for every tensor
         leaf, ``fast`` telling the fast import can take it; for NumPy memory DLPack
-        cannot describe, ``(index, None, NotDescribableError, 0, False)``.
+        cannot describe, ``(index, None, NotDescribableError, 0, False)``; for a
+        jax.Array in another layout than row-major, ``(index, None, None, 0, False)``.
 
     Raises
     ------
@@ -103,6 +105,10 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
                 if not _exported_type(entry, leaf, tg, i):
                     out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
                     continue
+                if entry.guard == GUARD_JAX or type(leaf) is tg.array_type:
+                    # a jax.Array in another layout than row-major: its route copies it
+                    decided.append(_new_leaf(i, None, None, 0, False))
+                    continue
             p = NULL
             try:
                 info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
@@ -131,7 +137,7 @@ cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) exc
         return False
     if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
         _refuse_dead_array_at(leaf, i)
-        return False
+        return not _row_major_array(leaf, tg)   # (exported: no; routed: where not row-major)
     return True
 
 
@@ -159,20 +165,18 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 
 
 # What the fast path does with a header: 0 nothing (the general route), 1 import as it
-# is onto the CPU device, 2 copy in C (host memory only misaligned, narrowed, read-only
-# or strided), 3 import as it is onto the JAX device of its own DLPack
-# device (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route
-# plan gives a tensor that needs nothing (or only its permuted order kept), carried out
-# in C.
+# is onto the CPU device, 2 copy in C (host memory only misaligned, narrowed, read-only,
+# permuted or strided), 3 import as it is onto the JAX device of its own DLPack device
+# (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route plan
+# gives a tensor that needs nothing, carried out in C.
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
-    cdef bint as_is = (n & ~NEED_PERMUTED) == 0
     if info._dev_type == kDLCPU and info.device_id == 0:
-        if as_is:
+        if n == 0:
             return 1
         if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
             return 2
         return 0
-    if as_is and (info._dev_type, info.device_id) in tg.devices:
+    if n == 0 and (info._dev_type, info.device_id) in tg.devices:
         return 3
     return 0
 
@@ -180,11 +184,10 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
                          object x, object out=None):
     # out: the copy's memory, where a batch's decide half allocated it (_prepare_copy).
-    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi),
-    # except a permuted order, which JAX computes right with only committed (Need.PERMUTED).
-    if (n & ~NEED_PERMUTED) == 0:
+    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi).
+    if n == 0:
         if info._dev_type == kDLCPU and info.device_id == 0:
-            if n == 0 and _viewable_by_put(info, tg):
+            if _viewable_by_put(info, tg):
                 return _put_view(tg, cap, x, info, tg.cpu_device)
             arr = _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
         else:
@@ -194,7 +197,7 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
                       else tg.stream_for(info._dev_type, info.device_id))
             arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
                                  stream, None, info._dev_type)
-        return arr if n & NEED_PERMUTED else tg.uncommit(arr)
+        return tg.uncommit(arr)
     if out is None:
         out = _prepare_copy(info, n, tg, flags)
     return _copy_taken(cap, info, out, tg, tg.cpu_device, False)
@@ -219,7 +222,9 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
         entry = _entry_for(type(x))
         if entry.guard == GUARD_JAX:
             _refuse_dead_array(x)
-            return x   # already a jax.Array, and no device or copy was asked for
+            # already a jax.Array, and no device or copy was asked for: as it is where it is
+            # row-major; else None, for its route (a copy into row-major)
+            return x if _row_major_array(x, tg) else None
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
     cap = _take_ref(p)
     cdef uint32_t n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)

@@ -104,15 +104,16 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     jax.Array or pytree of jax.Array
         The same structure as ``x``. A vector dtype (``lanes > 1``, e.g. float32x4
         of shape ``(N,)``) arrives as a trailing axis: float32 of shape ``(N, 4)``.
-        With no ``device`` or ``sharding``, each array is uncommitted, as
-        ``jnp.asarray(x)``'s (on the device of the memory it views), so a jitted
-        function fed both compiles once; with one, committed, as
-        ``jax.device_put(x, device)``'s. One exception: a dense block in another axis
-        order (``x.T``, a ``permute``; ``Need.PERMUTED``) viewed without a copy is
-        committed to its device, as ``jax.dlpack.from_dlpack`` gives it, because JAX
-        computes right with such a layout only on a committed array (``jax.jit``
-        reads an uncommitted array's memory as row-major); a jitted function
-        compiles separately for that layout. A ``jax.Array`` in ``x`` is returned as it is.
+        Every array is in JAX's default, row-major layout, as ``jnp.asarray``'s:
+        a tensor in another axis order (``x.T``, a ``permute``; ``Need.PERMUTED``)
+        is copied into it. With no ``device`` or ``sharding``, each array is
+        uncommitted, as ``jnp.asarray(x)``'s (on the device of the memory it views),
+        so a jitted function fed both compiles once; with one, committed, as
+        ``jax.device_put(x, device)``'s. A ``jax.Array`` in ``x`` is returned as it
+        is; with ``device`` or ``sharding``, committed there as ``jax.device_put``
+        commits it (moved where it is elsewhere). One in another layout (what
+        ``jax.dlpack.from_dlpack`` makes of a transpose, which ``jax.device_put``
+        moves wrong) is first copied into row-major order on its device.
 
     Raises
     ------
@@ -130,8 +131,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         A copy the route needs cannot be allocated (a ``MemoryError``); nothing
         is consumed.
     ContainerError
-        A Mapping or dataclass of the batch cannot be rebuilt around its
-        converted values (a ``TypeError``).
+        A container of the batch cannot be rebuilt around its converted values
+        (a ``TypeError``), found before anything is taken: each container is
+        rebuilt with its own values, and with JAX arrays where its tensors stand.
     ProducerError
         The producer raised (requires_grad, conjugate bit, nulls in a pyarrow
         array...; any exception type, kept as ``__cause__``), or its
@@ -231,7 +233,8 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     ContainerError
         The batch cannot be walked: it contains itself, nests too deep, or holds a
         dict whose keys do not sort (a container that cannot be rebuilt is an error
-        route in its place).
+        route in its place); or (``target="jax"``) a container of it refuses the JAX
+        arrays :func:`to_jax` would put in it, as ``to_jax`` raises it.
 
     Notes
     -----
@@ -256,6 +259,9 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     if isinstance(x, TensorInfo) or is_tensor(x):
         return plan_one(x, tg, target, opts)
     flat = _tree.flatten(x)
+    if tg is not None:   # (to_jax's check: a container that refuses JAX arrays)
+        _check_rebuild(flat, [i for i, leaf in enumerate(flat.leaves)
+                              if i not in flat.errors and is_tensor(leaf)], tg)
     cdef list routes = []
     cdef Py_ssize_t i, repeated = repeated_capsule(flat.leaves)
     for i, leaf in enumerate(flat.leaves):
@@ -301,6 +307,8 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
             if is_tensor(x):
                 raise
             return _convert_batch(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
+        if got is None:   # a jax.Array in another layout than row-major
+            return _execute(route_jax_array(x, opts, tg), None, x, tg, opts)
         if type(got) is not tuple:
             return got
         cap, info, needs = got

@@ -30,6 +30,7 @@ cdef enum:
     NEED_VIA_CPU = 1 << 9
     NEED_NUMPY_PUT = 1 << 10
     NEED_PERMUTED = 1 << 11
+    NEED_SHAPE = 1 << 12
 
 
 class Need(_enum.IntFlag):
@@ -68,11 +69,17 @@ class Need(_enum.IntFlag):
     ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
     ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
     PERMUTED = NEED_PERMUTED
-    """A permutation of a row-major layout (a transpose, F order, ``permute``): JAX views
-    it without a copy only as an array committed to its device that carries the layout,
-    as ``jax.dlpack.from_dlpack`` gives it (``jax.jit`` reads an uncommitted array's
-    memory as row-major), and a jitted function compiles separately for that layout.
-    Every copy dlinspect makes is row-major."""
+    """A permutation of a row-major layout (a transpose, F order, ``permute``): copied
+    into row-major order, as ``jnp.asarray`` gives it (host memory by a transpose in
+    cache tiles; device memory imported in its layout, then copied on its device). JAX
+    views such memory only as an array committed to its device that keeps the layout
+    (what ``jax.dlpack.from_dlpack`` gives), and jaxlib moves that array wrong:
+    ``jax.device_put`` to another device reads its buffer as row-major. Every array
+    dlinspect hands out is row-major."""
+    SHAPE = NEED_SHAPE
+    """A shape no array can have: more than ``MAX_NDIM`` (64) dimensions once vector
+    lanes are a trailing axis, or an empty tensor's nonzero extents whose product, in
+    bytes, passes 2**63 - 1 (NumPy refuses such an array, and XLA aborts the process)."""
 
 
 # contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
@@ -111,7 +118,9 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             n |= NEED_DEVICE
             on_cpu = False
     if info.size == 0:
-        return n | NEED_EMPTY
+        return n | NEED_EMPTY | _shape_needs(info)
+    if info.ndim == _MAX_NDIM and info._lanes != 1:
+        n |= NEED_SHAPE
     if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
@@ -151,10 +160,25 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     if info._lanes != 1:
         n |= NEED_LANES
     if info.size == 0:
-        return n | NEED_EMPTY
+        return n | NEED_EMPTY | _shape_needs(info)
+    if info.ndim == _MAX_NDIM and info._lanes != 1:
+        n |= NEED_SHAPE
     if _packed(info):
         n |= NEED_PACKED
     return n
+
+
+cdef uint32_t _shape_needs(TensorInfo info) noexcept:
+    """NEED_SHAPE where no array can have an empty tensor's shape (see Need.SHAPE; a
+    tensor with elements has its bytes within int64 already: TensorInfo checks it)."""
+    cdef int64_t nbytes = info._lanes * ((info._bits + 7) // 8)
+    cdef int i
+    if info.ndim + (info._lanes != 1) > _MAX_NDIM:
+        return NEED_SHAPE
+    for i in range(info.ndim):
+        if info._shape[i] and dl_mul_overflow(nbytes, info._shape[i], &nbytes):
+            return NEED_SHAPE
+    return 0
 
 
 @_functools.lru_cache(maxsize=1)
@@ -195,8 +219,8 @@ def stack_column(list column, Py_ssize_t alignment):
     """
     cdef Py_buffer src
     cdef Py_ssize_t k, n = len(column)
-    if n == 0 or type(column[0]) is not _np_ndarray:
-        return None
+    if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _MAX_NDIM:
+        return None   # (a batch of 65 dimensions: the caller's path says why not)
     shape, dtype = column[0].shape, column[0].dtype
     if dtype.hasobject or not dtype.isnative or dtype.names is not None:
         return None   # (np.stack packs a structured dtype: the caller's path)
@@ -204,8 +228,8 @@ def stack_column(list column, Py_ssize_t alignment):
         if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
             return None
     total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
-    if total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
-        return None
+    if total == 0 or total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
+        return None   # (empty: its extents may pass what NumPy holds; the caller's path)
     out = aligned_empty((n,) + shape, dtype, alignment)
     cdef char* dst = <char*>_buffer_address(out)
     for k in range(n):

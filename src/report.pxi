@@ -12,7 +12,7 @@ ADVISE_MIN_BYTES = 64 * 1024
 cdef tuple _REASONS = (
     (NEED_DEVICE, "foreign device"), (NEED_DTYPE, "dtype"), (NEED_NUMPY_PUT, "dtype"),
     (NEED_PACKED, "dtype"), (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"),
-    (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
+    (NEED_PERMUTED, "permuted order"), (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
 )
 # Why a copy with one reason is made, and what removes it, where the user can.
 cdef dict _REMEDIES = {
@@ -27,6 +27,10 @@ cdef dict _REMEDIES = {
     "strides": ("its strides are not ones JAX can view",
                 "make each batch contiguous where it is made (np.ascontiguousarray, "
                 "t.contiguous()): the copy is then made once there, or not at all"),
+    "permuted order": ("its memory is in a permuted (transposed) order and JAX arrays are "
+                       "row-major",
+                       "convert the row-major batch and permute it in JAX, inside the jitted "
+                       "step (jnp.transpose), where XLA fuses it"),
 }
 
 
@@ -36,8 +40,8 @@ cdef str _copy_reason(uint32_t needs, bint forced):
     words = ["copy=True"] if forced else []
     if needs & NEED_DEVICE:    # a host copy whatever the memory's layout
         needs &= NEED_DEVICE | NEED_NARROW | NEED_DTYPE
-    if needs & NEED_LAYOUT:    # gathered: its start's alignment and its flag are moot
-        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)
+    if needs & (NEED_LAYOUT | NEED_PERMUTED):   # gathered: its start's alignment and its
+        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # flag are moot
     for bit, word in _REASONS:
         if needs & <uint32_t>bit and word not in words:
             words.append(word)
@@ -50,20 +54,20 @@ cdef class LoaderReport:
 
     Counts the bytes of each tensor leaf as its route found them (the source's bytes,
     as ``Route.copy_bytes`` counts them): imported zero-copy, or copied for its reasons
-    (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"foreign
-    device"``, ``"dtype"``, ``"copy=True"``; several joined with ", " where one copy
-    serves them all). ``prefetch_to_jax`` counts a batch once it is handed to the user
-    (batches converted ahead and never asked for do not count), each epoch in a report
-    of its own; ``dlinspect.grain.device_put`` counts an element once it is converted.
-    A failed batch counts not at all. ``str(report)`` is a table; :meth:`as_dict` the
-    same figures. What a recipe copied before dlinspect saw the batch (``stack`` of
-    Arrow data, say) is the recipe's, and not in the report.
+    (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"permuted
+    order"``, ``"foreign device"``, ``"dtype"``, ``"copy=True"``; several joined with
+    ", " where one copy serves them all). ``prefetch_to_jax`` counts a batch once it is
+    handed to the user (batches converted ahead and never asked for do not count), each
+    epoch in a report of its own; ``dlinspect.grain.device_put`` counts an element once
+    it is converted. A failed batch counts not at all. ``str(report)`` is a table;
+    :meth:`as_dict` the same figures. What a recipe copied before dlinspect saw the
+    batch (``stack`` of Arrow data, say) is the recipe's, and not in the report.
 
     After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
-    of them only for reasons the user can remove (alignment, read-only, strides: one, or
-    several together, as memory-mapped read-only batches at a small alignment are), of at
-    least ``ADVISE_MIN_BYTES`` (64 KiB) a batch, gets one ``DLInspectWarning`` per loader,
-    naming the fix of each reason.
+    of them only for reasons the user can remove (alignment, read-only, strides, a
+    permuted order: one, or several together, as memory-mapped read-only batches at a
+    small alignment are), of at least ``ADVISE_MIN_BYTES`` (64 KiB) a batch, gets one
+    ``DLInspectWarning`` per loader, naming the fix of each reason.
 
     Attributes
     ----------

@@ -284,6 +284,8 @@ def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
 cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
     # What rules the tensor out whatever its memory, then where the memory is, then how
     # JAX takes it.
+    if needs & NEED_SHAPE:
+        return fail("shape", info, "jax", needs)
     if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
         return fail("lanes-share-bytes", info, "jax", needs)
     if needs & NEED_DTYPE:
@@ -313,7 +315,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     host memory, by JAX's importer for device memory), or the copy=False error."""
     copy = opts.copy
     src, dest = _import_devices(info, needs, tg, opts.device, host)
-    blocking = needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
+    blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._is_compact())
     if copy is False and (blocking or dest != src):
@@ -321,22 +323,24 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
     # and device moves happen after import, except that host memory is narrowed by the
     # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
-    cdef bint bytes_copy = bool(needs & (NEED_LAYOUT | NEED_READ_ONLY | NEED_ALIGN)
+    cdef bint bytes_copy = bool(needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN)
                                 or (needs & NEED_NARROW and host)) or bool(copy)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
     action = _import_action(needs, view, bytes_copy, host)
-    # JAX's import keeps a permuted order as the array's layout, which JAX computes right
-    # with only where the array is committed: it stays committed to its device.
-    facts["keeps_layout"] = action is IMPORT and bool(needs & NEED_PERMUTED)
+    # Device memory in a permuted order: JAX's import keeps it as the array's layout, and
+    # a copy on the device makes it row-major (Need.PERMUTED).
+    cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
+    facts["relayout"] = relayout
     import_type = kDLCPU if needs & NEED_VIA_CPU else info._dev_type
     if view:
         return Route(ZERO_COPY, action, info, "jax", needs=needs, jax_device=dest,
                      import_type=import_type, import_device=src, **facts)
     return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, import_type=import_type, import_device=src,
-                 import_copy=True if bytes_copy else None, copy_true=bool(copy), **facts)
+                 import_copy=True if bytes_copy and not relayout else None,
+                 copy_true=bool(copy), **facts)
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
@@ -448,6 +452,8 @@ def route_host(TensorInfo info, uint32_t needs, copy, source):
 
 cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
     # What the memory's structure rules out comes first: it holds whatever dtypes exist.
+    if needs & NEED_SHAPE:
+        return fail("shape", info, "host", needs)
     if _lanes_share_bytes(info):
         return fail("lanes-share-bytes", info, "host", needs)
     if needs & NEED_PACKED and not _unpackable(info):
@@ -486,6 +492,8 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
     pass; its ``shards`` are worded only when asked for. Otherwise each slice gets its
     own route.
     """
+    if needs & NEED_SHAPE:
+        return fail("shape", info, "jax", needs)
     lay = layout(sharding, info.shape)
     if lay.uneven is not None:
         return fail("uneven", info, "jax", needs, sharding=sharding, uneven=lay.uneven)
@@ -515,10 +523,6 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
     for index in lay.indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share)
-        if n & NEED_PERMUTED:
-            # JAX assembles a sharded array as if every shard were row-major (no shard's
-            # own layout is kept): a permuted slice is copied into row-major order.
-            n = (n & ~NEED_PERMUTED) | NEED_LAYOUT
         if n & ~NEED_VIA_CPU:
             copy_bytes += part.nbytes
             if n & NEED_NARROW and narrow is None:
@@ -557,9 +561,11 @@ cdef tuple _slice_routes(Route route):
 
 # ---- jax.Array and leaves that are not tensors --------------------------------
 
-def route_jax_array(x, opts):
+def route_jax_array(x, opts, JaxTarget tg):
     """The route of a ``jax.Array`` (typed PRNG key arrays too): no DLPack round trip,
-    only ``device_put`` or a copy; a deleted or donated one is an error route."""
+    only ``device_put`` or a copy; a deleted or donated one is an error route. One in
+    another layout than JAX's row-major default (``jax.dlpack.from_dlpack`` of a
+    transpose) is copied into it first: ``jax.device_put`` moves such an array wrong."""
     dead = jax_array_problem(x)
     if dead is not None:
         return failed(dead, "jax")
@@ -571,20 +577,29 @@ def route_jax_array(x, opts):
         return Route(COPY, ARRAY_COPY, None, "jax", copy_bytes=nbytes, jax_array=x)
     sharding = None if opts.sharding is None else check_sharding(opts.sharding)
     want = sharding if sharding is not None else opts.device
+    cdef bint relayout = not _row_major_array(x, tg)
+    cdef bint committed = getattr(x, "_committed", True)
     if want is None:
-        return Route(ZERO_COPY, PASS, None, "jax", jax_array=x)
-    if sharding is not None:
+        there = True
+    elif sharding is not None:
         there = x.sharding.is_equivalent_to(sharding, x.ndim)
     else:
         there = x.devices() == {want} and getattr(x.sharding, "memory_kind", None) in (
             None, want.default_memory().kind)
-    if there:
-        return Route(ZERO_COPY, PASS, None, "jax", jax_device=opts.device, jax_array=x,
+    if there and not relayout:
+        # where it was asked to be: as it is, committed there as jax.device_put commits
+        action = PASS if want is None or committed else ARRAY_PUT
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x,
                      where=want)
     if opts.copy is False:
-        return fail("copy-forbidden", None, "jax", jax_array=x, where=want)
+        return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,
-                 jax_array=x, where=want)
+                 jax_array=x, where=want, relayout=relayout)
+
+
+cdef bint _row_major_array(x, JaxTarget tg) except -1:
+    """A jax.Array is in JAX's default (row-major) layout: every uncommitted one is."""
+    return not getattr(x, "_committed", False) or tg.row_major(x)
 
 
 def untouched(leaf, str target, opts):
@@ -616,7 +631,7 @@ def plan_one(x, tg, str target, opts):
     """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
     exported exactly as :func:`to_jax` would export it and released unconsumed."""
     if tg is not None and isinstance(x, (<JaxTarget>tg).jax.Array):
-        return route_jax_array(x, opts)
+        return route_jax_array(x, opts, tg)
     if isinstance(x, TensorInfo):
         return decide(x, tg, target, opts)
     cdef PyObject* p = NULL

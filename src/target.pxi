@@ -94,9 +94,12 @@ cdef class JaxTarget:
     uncommit : callable
         ``uncommit(array)``: the same array, uncommitted (a single-device array from the
         DLPack import, which commits it); the array itself where this JAX cannot.
+    row_major : callable
+        ``row_major(array)``: a committed ``jax.Array`` is in JAX's default (row-major)
+        layout (True where this JAX does not say).
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
-    cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit
+    cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
     cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
     cdef object probe, hold, make_aval, make_single
@@ -115,7 +118,7 @@ cdef class JaxTarget:
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
                  dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
                  put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
-                 uncommit=None, bint unit_strides_ok=True):
+                 uncommit=None, bint unit_strides_ok=True, row_major=None):
         for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
             if align == 0 or (align & (align - 1)) != 0:
                 raise ValueError(f"{name} must be a power of two, not {align}")
@@ -145,6 +148,7 @@ cdef class JaxTarget:
         self.make_aval = make_aval
         self.make_single = make_single
         self.uncommit = uncommit if uncommit is not None else _same
+        self.row_major = row_major if row_major is not None else _row_major_unknown
         if self.put is not None and put_align > self.copy_align:
             self.copy_align = put_align
         memset(self._known, 0, sizeof(self._known))
@@ -253,3 +257,7 @@ cdef class JaxTarget:
 
 def _same(arr):
     return arr
+
+
+def _row_major_unknown(arr):
+    return True

@@ -164,9 +164,28 @@ def computations(a):
     return out
 
 
+def moves(a, want):
+    """Where users take an array, by name: ``a`` as it stands, put on another device (or
+    one device), put replicated over every device (where there are several), and through a
+    jitted function together with a ``jnp`` array (``want``, the reference's, of ``a``'s
+    shape and dtype)."""
+    out = {"where it stands": a,
+           "jit with a jnp array": jax.jit(lambda v, w: jnp.where(w == w, v, w))(a, want)}
+    devices = jax.devices()
+    if len(devices) > 1:
+        # (a sharded array spans every device: gathered onto one)
+        other = next((d for d in devices if d not in a.devices()), devices[-1])
+        out[f"device_put to {other}"] = jax.device_put(a, other)
+        mesh = jax.sharding.Mesh(np.array(devices), ("all",))
+        out["device_put replicated"] = jax.device_put(
+            a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    return out
+
+
 def assert_computes_like(result, reference, what=""):
     """Every computation on ``result`` (a jax.Array) equals the same computation on
-    ``jnp.asarray(reference)`` (NumPy values; JAX narrows 64-bit dtypes alike)."""
+    ``jnp.asarray(reference)`` (NumPy values; JAX narrows 64-bit dtypes alike), where it
+    stands and wherever it is moved (:func:`moves`)."""
     with warnings.catch_warnings():
         # jnp.asarray narrowing 64 bits (UserWarning; RuntimeWarning where a float64
         # overflows float32, as the result's narrowing did)
@@ -174,10 +193,13 @@ def assert_computes_like(result, reference, what=""):
         want = jnp.asarray(reference)
     assert result.shape == want.shape and result.dtype == want.dtype, (
         what, result.shape, result.dtype, want.shape, want.dtype)
-    got_all, want_all = computations(result), computations(want)
-    for name, got in got_all.items():
-        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want_all[name])):
-            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"{what}: {name}")
+    want_all = computations(want)
+    for where, moved in moves(result, want).items():
+        for name, got in computations(moved).items():
+            for g, w in zip(jax.tree_util.tree_leaves(got),
+                            jax.tree_util.tree_leaves(want_all[name])):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w),
+                                              err_msg=f"{what}: {name}, {where}")
 
 
 def quietly(fn, *args, **kwargs):
@@ -186,3 +208,29 @@ def quietly(fn, *args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DLInspectWarning)
         return fn(*args, **kwargs)
+
+
+def _batch(x, **options):
+    import dlinspect
+    return dlinspect.to_jax({"x": x, "label": "a"}, **options)["x"]
+
+
+def _prefetched(x, **options):
+    import dlinspect
+    (batch,) = list(dlinspect.prefetch_to_jax([{"x": x}], **options))
+    return batch["x"]
+
+
+def entry_points():
+    """Every single-device entry point: name -> convert(x) (``device=``: the first CPU device)."""
+    import dlinspect
+    cpu = jax.devices("cpu")[0]
+    return {
+        "to_jax": lambda x: dlinspect.to_jax(x),
+        "device=": lambda x: dlinspect.to_jax(x, device=cpu),
+        "copy=True": lambda x: dlinspect.to_jax(x, copy=True),
+        "readonly=share": lambda x: dlinspect.to_jax(x, readonly="share"),
+        "batch": _batch,
+        "batch device=": lambda x: _batch(x, device=cpu),
+        "prefetch_to_jax": _prefetched,
+    }

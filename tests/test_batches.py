@@ -194,7 +194,11 @@ class TestJaxArrays:
     def test_device_and_copy(self):
         j = jax.numpy.arange(4.0)
         dev = jax.devices("cpu")[0]
-        assert to_jax(j, device=dev) is j and plan(j, device=dev).kind == "zero-copy"
+        # committed there, as jax.device_put commits, without a copy
+        placed = to_jax(j, device=dev)
+        assert placed._committed and not j._committed and plan(j, device=dev).kind == "zero-copy"
+        assert placed.unsafe_buffer_pointer() == j.unsafe_buffer_pointer()
+        assert to_jax(placed, device=dev) is placed
         c = to_jax(j, copy=True)
         assert c is not j and c.unsafe_buffer_pointer() != j.unsafe_buffer_pointer()
         assert plan(j, copy=True).kind == "copy"
@@ -383,7 +387,8 @@ class TestTypedKeysAndDeadArrays:
         assert to_jax(key) is key and plan(key).kind == "zero-copy"
         assert to_jax({"k": key})["k"] is key
         dev = jax.devices("cpu")[0]
-        assert to_jax({"k": key}, device=dev)["k"] is key
+        placed = to_jax({"k": key}, device=dev)["k"]   # committed there, as device_put does
+        assert placed._committed and to_jax(placed, device=dev) is placed
         copied = to_jax(key, copy=True)
         assert copied is not key and jax.random.key_data(copied).tolist() == \
             jax.random.key_data(key).tolist()
@@ -739,3 +744,60 @@ class TestWarningsBeforeAnythingIsTaken:
                 to_jax(batch)
         assert [capsule_name(c) for c in caps] == ["dltensor_versioned"] * 3
         assert counter.calls == 0
+
+
+class TestContainersThatRefuseJaxArrays:
+    """Issue cases: a container that refuses JAX arrays when rebuilt is found before any
+    leaf is taken: ContainerError naming it and its key path, every capsule unconsumed."""
+
+    class NdarraysOnly(UserDict):
+        def __init__(self, values=None):
+            super().__init__()
+            for key, value in (values or {}).items():
+                if not isinstance(value, np.ndarray):
+                    raise TypeError("values must be ndarrays")
+                self[key] = value
+
+    Pair = collections.namedtuple("Pair", "x y")
+
+    class CheckedPair(Pair):
+        def __new__(cls, x, y):
+            if not isinstance(x, np.ndarray):
+                raise ValueError("x must be an ndarray")
+            return super().__new__(cls, x, y)
+
+    def _cases(self):
+        checked = jax.tree_util.register_pytree_node
+        try:
+            checked(TestContainersThatRefuseJaxArrays._Node,
+                    lambda n: ((n.x,), None), lambda _, c: TestContainersThatRefuseJaxArrays._Node(*c))
+        except ValueError:   # registered by an earlier test
+            pass
+        return {"Mapping": ({"m": self.NdarraysOnly({"x": np.ones(2)})}, "['m']"),
+                "NamedTuple subclass": ({"t": [self.CheckedPair(np.ones(2), 1)]}, "['t'][0]"),
+                "registered pytree": ({"n": self._Node(np.ones(2))}, "['n']")}
+
+    class _Node:
+        def __init__(self, x):
+            if not isinstance(x, np.ndarray):
+                raise TypeError("x must be an ndarray")
+            self.x = x
+
+    @pytest.mark.parametrize("kind", ["Mapping", "NamedTuple subclass", "registered pytree"])
+    @pytest.mark.parametrize("options", ["", "copy", "device"])
+    def test_refused_before_any_take(self, kind, options):
+        options = {"": {}, "copy": {"copy": True}, "device": {"device": jax.devices()[0]}}[options]
+        batch, path = self._cases()[kind]
+        cap = np.arange(3.0, dtype=np.float32).__dlpack__()
+        batch = {"a": cap, **batch}
+        with pytest.raises(ContainerError) as info:
+            to_jax(batch, **options)
+        assert path in str(info.value) and "nothing was converted" in str(info.value)
+        assert capsule_name(cap) == "dltensor"
+        with pytest.raises(ContainerError, match="nothing was converted"):   # as to_jax raises
+            plan(batch)
+        assert capsule_name(cap) == "dltensor"
+
+    def test_a_container_that_takes_jax_arrays_is_rebuilt(self):
+        out = to_jax({"m": UserDict({"x": np.ones(2, np.float32)})})
+        assert type(out["m"]) is UserDict and isinstance(out["m"]["x"], jax.Array)

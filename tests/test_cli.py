@@ -66,10 +66,8 @@ def test_inspect_npy_and_expressions(tmp_path):
     assert proc.returncode == 0 and "route to jax: zero-copy" in proc.stdout, proc.stdout
     assert path.read_bytes() == before
     np.save(path, np.asfortranarray(np.ones((4, 16), np.float32)))   # saved F-order
-    proc = cli("inspect", str(path), "--copy", "false")
-    from dlinspect._jaxcaps import caps   # (jaxlib < 0.8 reads only row-major: a copy)
-    assert proc.returncode == (0 if caps().target.permuted_ok else 2)
-    assert "F-contiguous" in proc.stdout
+    proc = cli("inspect", str(path), "--copy", "false")   # (copied into row-major order)
+    assert proc.returncode == 2 and "F-contiguous" in proc.stdout
     proc = cli("inspect", "--expr", "np.ones((4, 4))[:, ::2]", "--copy", "false")
     assert proc.returncode == 2 and "CopyRequiredError" in proc.stdout
     proc = cli("inspect", "--expr", "dlinspect.testing.FakeProducer(np.ones(3), (7, 0))",

@@ -119,8 +119,9 @@ def test_stack_column_copies_only_uniform_contiguous_arrays():
         np.testing.assert_array_equal(out, np.stack(arrays))
         assert float((jax.numpy.asarray(out) + 0).sum()) == pytest.approx(
             float(np.stack(arrays).sum()), rel=1e-6)
-    assert column([np.zeros((0, 2), np.int8)] * 3, 64).shape == (3, 0, 2)
     refused = {
+        "empty arrays (their extents are checked on the caller's path)": [np.zeros((0, 2))] * 3,
+        "64 dimensions (65 with the batch's)": [np.zeros((1,) * 64)] * 2,
         "another shape": arrays[:2] + [np.ones(4, np.float32)],
         "another dtype": arrays[:2] + [np.ones((3, 4), np.float64)],
         "non-native": [a.astype(">f4") for a in arrays],
@@ -289,3 +290,27 @@ class TestTheOneWalker:
         with pytest.raises(StackError, match=r"^\['x'\]: element 0 is a .*Refuses that NumPy "
                                              r"makes no array of \(no array here\)"):
             stack([{"x": Refuses()}])
+
+
+class TestOnlyDocumentedErrors:
+    """Issue cases: a batched leaf no NumPy array can be is a StackError (65 dimensions,
+    nonzero extents past int64 bytes); an object column too large for memory an
+    AllocationError; never NumPy's own ValueError or MemoryError."""
+
+    def test_leaves_of_64_dimensions(self):
+        with pytest.raises(StackError, match="65 dimensions"):
+            stack([np.zeros((1,) * 64, np.float32)] * 2)
+        with pytest.raises(StackError, match="65 dimensions"):
+            stack([{"x": np.zeros((1,) * 64, object)}] * 2)
+
+    def test_empty_extents_past_int64(self):
+        leaf = np.empty((2**60, 0), np.int8)
+        with pytest.raises(StackError, match="2\\*\\*63"):
+            stack([leaf] * 16)
+        assert stack([leaf] * 4).shape == (4, 2**60, 0)
+
+    def test_object_column_past_memory(self):
+        from dlinspect import AllocationError
+        huge = np.broadcast_to(np.array(None, object), (2**33,))
+        with pytest.raises(AllocationError, match="bytes"):
+            stack([huge, huge])

@@ -45,7 +45,7 @@ def test_fuzz_suite(tmp_path):
 
 def test_multidevice_suite():
     proc = _pytest("multidevice", {"DLINSPECT_MULTIDEVICE": "1",
-                                   "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, 600)
+                                   "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, 1200)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout, proc.stdout[-2000:]
     # Skips only where the installed jaxlib makes a case moot (jaxlib 0.4 views any alignment).

@@ -377,7 +377,8 @@ class JaxCaps:
                 narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
                 array_type=self.array_type, permuted_ok=self._probe_permuted(),
                 unit_strides_ok=self._probe_unit_strides(),
-                assemble=self._assembler(), uncommit=self._uncommitter(), **self._put())
+                assemble=self._assembler(), uncommit=self._uncommitter(),
+                row_major=_row_major, **self._put())
             _core.set_target(self._target)
         return self._target
 
@@ -512,6 +513,21 @@ class JaxCaps:
         except Exception:
             return checked
         return direct
+
+
+def _row_major(arr: Any) -> bool:
+    """A jax.Array is in JAX's default, row-major layout (major-to-minor 0, 1, 2...; what
+    ``jax.device_put`` moves right); True where this JAX does not say (typed key arrays)."""
+    try:
+        fmt = arr.format if hasattr(arr, "format") else arr.layout   # (jax < 0.6: .layout)
+        layout = getattr(fmt, "layout", None) or fmt.device_local_layout
+        order = getattr(layout, "major_to_minor", None)
+        if order is None:   # jax 0.4.30: only XLA's text, minor to major ("{1,0}")
+            text = str(layout._layout).strip("{}").split(":")[0]
+            order = [int(d) for d in reversed(text.split(","))] if text else []
+    except Exception:
+        return True
+    return tuple(order) == tuple(range(len(order)))
 
 
 def _put_views(put: Any, make_aval: Any, sharding: Any, dev: Any, align: int) -> bool:

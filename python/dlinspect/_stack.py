@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _tree
-from ._core import aligned_empty, is_tensor, physical_memory, to_host
+from ._core import MAX_NDIM, aligned_empty, is_tensor, physical_memory, to_host
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
 
 __all__ = ["stack"]
@@ -73,15 +73,16 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
         element), elements of different structures (naming the first that differs
         and both structures), leaves of different shapes or of dtypes with no common
         dtype (naming the key path, the element and what was found), a leaf that is a
-        DLPack capsule, or one NumPy cannot make an array of. A ``ValueError``, as
-        ``np.stack`` raises.
+        DLPack capsule, or one NumPy cannot make an array of, or a batched leaf no
+        NumPy array can be (over 64 dimensions, or nonzero extents past 2**63 - 1
+        bytes). A ``ValueError``, as ``np.stack`` raises.
     ContainerError
         An element contains itself, nests deeper than ``dlinspect._tree.MAX_DEPTH``,
         or holds a dict whose keys do not sort (a ``TypeError``; names the element).
     AllocationError
         A batched leaf's memory cannot be allocated (a ``MemoryError``; names the
         bytes).
-    ProducerError, UnsupportedDeviceError, UnsupportedDTypeError
+    ProducerError, UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedShapeError
         A tensor leaf cannot be read into host memory (see :func:`to_host`); the
         message names the key path and the element.
     ValueError, TypeError
@@ -225,7 +226,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
         values = np.array(column)
         if values.dtype.hasobject:
             return values
-        out = _allocated(first, j, values.shape, values.dtype, align, allocate)
+        out = _allocated(first, j, values.shape, values.dtype, allocate, align)
         out[...] = values
         return out
     arrays = [leaf if type(leaf) is np.ndarray else _as_array(first, j, k, leaf)
@@ -246,17 +247,28 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
             f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} there, and element 0 "
             f"{a0.dtype}, which have no common dtype ({exc}). To fix: give the leaf one dtype "
             f"in every element (x.astype(...)) before batching.") from None
-    if dtype.hasobject:
-        return np.stack(arrays)
-    out = _allocated(first, j, (len(arrays),) + a0.shape, dtype, align, allocate)
+    shape = (len(arrays),) + a0.shape
+    if dtype.hasobject:   # (references, not values: np.stack's own array)
+        return _allocated(first, j, shape, dtype, lambda *_: np.stack(arrays))
+    out = _allocated(first, j, shape, dtype, allocate, align)
     return np.stack(arrays, out=out)
 
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
-               align: int, allocate: Callable[..., Any]) -> Any:
-    """Aligned memory for stacked leaf ``j``, or the AllocationError that says why not."""
+               allocate: Callable[..., Any], align: int = 0) -> Any:
+    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the
+    StackError that says NumPy can have no array of that shape, or the AllocationError
+    that says the memory cannot be had."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
+    extents = dtype.itemsize * math.prod(e for e in shape if e)
+    if len(shape) > MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
+        raise StackError(
+            f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, has "
+            + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "
+               f"at most {MAX_NDIM}" if len(shape) > MAX_NDIM else
+               "no elements, but nonzero extents that multiply past 2**63 - 1 bytes, which "
+               "NumPy holds no array of") + ". To fix: give that leaf fewer dimensions, or smaller extents.")
     try:
         if total and nbytes > total:   # (the one bound on a copy's size, as to_jax's)
             raise MemoryError

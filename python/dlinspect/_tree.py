@@ -130,6 +130,29 @@ class Flat:
             outer.append(_rebuild(kind, obj, names, new))
         return self.treedef.unflatten(outer)
 
+    def check_rebuild(self, values: list[Any]) -> None:
+        """Rebuild the batch with ``values`` in place of its leaves (arrays of the
+        conversion's type where tensors stand) and let the result go: what the
+        conversion's own rebuild will meet, tried before any leaf is taken.
+
+        Raises
+        ------
+        ContainerError
+            A container of the batch refuses them (a ``TypeError``), naming its type,
+            its key path and what it raised.
+        """
+        try:
+            self.unflatten(values)
+        except Exception as exc:
+            swap = dict(zip(map(id, self.leaves), values))
+            path, tp, cause = _refusal(self.x, lambda v: swap.get(id(v), v), self.is_leaf) or (
+                (), type(self.x), exc)
+            raise ContainerError(
+                f"the {tp.__module__}.{tp.__qualname__} at {_where(path)} refuses the arrays the "
+                f"conversion gives ({type(cause).__name__}: {cause}); nothing was converted. "
+                f"To fix: let {tp.__qualname__} hold jax.Array values (its constructor, or "
+                f"its pytree unflatten), or pass a dict.") from cause
+
     def key_paths(self) -> list[tuple[Any, ...]]:
         """The ``jax.tree_util`` key path of every leaf, in leaf order."""
         paths = [tuple(path) for path, _ in
@@ -283,24 +306,28 @@ def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
     """``(kind, obj, keys, names, subs)`` of a container JAX does not walk, or the
     ContainerError that says it cannot be rebuilt (tried with its own values)."""
     tree_util = _tree_util()
-    names: list[Any]
-    if kind == _MAPPING:
-        names = list(obj.keys())
-        keys = [tree_util.DictKey(k) for k in names]
-        values = [obj[k] for k in names]
-    elif kind == _SEQUENCE:
-        names = list(range(len(obj)))
-        keys = [tree_util.SequenceKey(i) for i in names]
-        values = list(obj)
-    else:   # a dataclass's fields, a namespace's attributes
-        names = [f.name for f in dataclasses.fields(obj)] if kind == _DATACLASS else list(vars(obj))
-        keys = [tree_util.GetAttrKey(n) for n in names]
-        values = [getattr(obj, n) for n in names]
+    names, values = _named_values(kind, obj)
+    make = (tree_util.DictKey if kind == _MAPPING else tree_util.SequenceKey
+            if kind == _SEQUENCE else tree_util.GetAttrKey)
+    keys = [make(n) for n in names]
     try:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
     return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
+
+
+def _named_values(kind: int, obj: Any) -> tuple[list[Any], list[Any]]:
+    """The names (keys, indices, fields, attributes) of a container JAX does not walk,
+    and its values."""
+    if kind == _MAPPING:
+        names = list(obj.keys())
+        return names, [obj[k] for k in names]
+    if kind == _SEQUENCE:
+        return list(range(len(obj))), list(obj)
+    # a dataclass's fields, a namespace's attributes
+    names = [f.name for f in dataclasses.fields(obj)] if kind == _DATACLASS else list(vars(obj))
+    return names, [getattr(obj, n) for n in names]
 
 
 def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
@@ -323,6 +350,46 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
             f"a {tp.__module__}.{tp.__qualname__} in the batch cannot be rebuilt around its "
             f"converted values with {how} ({type(exc).__name__}: {exc}); nothing was "
             f"converted. To fix: {_FIX}.") from exc
+
+
+def _refusal(x: Any, swap: Any, is_leaf: Any,
+             path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], type, Any] | None:
+    """``(path, type, exception)`` of the innermost container of ``x`` that refuses to be
+    rebuilt with each of its values ``v`` as ``swap(v)``, or None (the search behind
+    :meth:`Flat.check_rebuild`'s error; ``path`` as :func:`_where` takes it)."""
+    pairs, treedef = _tree_util().tree_flatten_with_path(   # one level of JAX's walk
+        x, is_leaf=lambda n: n is not x or (is_leaf is not None and is_leaf(n)))
+    kind = _kind(type(x))
+    if not (treedef.num_leaves == 1 and pairs[0][1] is x):   # a node JAX walks
+        keys = [_raw_key(p[0]) for p, _ in pairs]
+        values = [v for _, v in pairs]
+        rebuild = treedef.unflatten
+    elif kind != _LEAF:   # a container walked here
+        names, values = _named_values(kind, x)
+        keys = [(_ATTR_KEY if kind in (_DATACLASS, _NAMESPACE) else
+                 _DICT_KEY if kind == _MAPPING else _SEQUENCE_KEY, n) for n in names]
+
+        def rebuild(new: list[Any]) -> Any:
+            return _rebuild(kind, x, names, new)
+    else:
+        return None   # a leaf
+    for key, value in zip(keys, values):
+        found = _refusal(value, swap, is_leaf, path + (key,))
+        if found is not None:
+            return found
+    try:
+        rebuild([swap(v) for v in values])
+    except Exception as exc:
+        return path, type(x), exc.__cause__ if isinstance(exc, ContainerError) else exc
+    return None
+
+
+def _raw_key(key: Any) -> tuple[int, Any]:
+    """A jax key as ``(kind, name)`` (see :func:`_where`)."""
+    for kind, attr in ((_DICT_KEY, "key"), (_SEQUENCE_KEY, "idx"), (_ATTR_KEY, "name")):
+        if hasattr(key, attr):
+            return kind, getattr(key, attr)
+    return _SEQUENCE_KEY, str(key)
 
 
 def _unwalkable(x: Any) -> ContainerError | None:

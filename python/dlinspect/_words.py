@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _core as C
 from ._core import DLDataTypeCode as Code
-from ._core import Need, device_name, device_row, dtype_name
+from ._core import MAX_NDIM, Need, device_name, device_row, dtype_name
 from ._options import Target
 from ._tree import flatten
 from .errors import (
@@ -30,6 +30,7 @@ from .errors import (
     ShardingError,
     UnsupportedDeviceError,
     UnsupportedDTypeError,
+    UnsupportedShapeError,
 )
 
 __all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain", "explain_one",
@@ -118,9 +119,8 @@ def _strides_word(info: Any) -> str:
     if info.is_c_contiguous:   # row-major but for an extent-1 axis (unit_strides_ok)
         return ("a stride on an axis of extent 1 other than the row-major one, from which "
                 "this jaxlib (0.4) infers a layout its own jit refuses")
-    if info.is_compact:   # a shard of a sharded array, or a jaxlib < 0.8: read as row-major
-        return ("a permuted (transposed) order, which JAX reads as row-major here (in a "
-                "shard of a sharded array; on jaxlib older than 0.8, in any array)")
+    if info.is_compact:   # a jaxlib < 0.8, which reads every layout as row-major
+        return "a permuted (transposed) order, which this jaxlib (older than 0.8) reads as row-major"
     return ("broadcast (stride 0)" if info.has_broadcast else
             "negative strides" if info.has_negative_strides else "gaps between elements")
 
@@ -146,6 +146,12 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
         f"strides {r.info.strides} for shape {r.info.shape} have {_strides_word(r.info)}"
         + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
         "make it contiguous first (numpy.ascontiguousarray, t.contiguous())")),
+    (Need.PERMUTED, lambda r: (
+        f"strides {r.info.strides} for shape {r.info.shape} are a permuted (transposed) order, "
+        f"and JAX arrays are row-major (JAX keeps another layout only on an array committed to "
+        f"its device, which jax.device_put then moves wrong)",
+        "import the row-major tensor it is a view of and permute it in JAX "
+        "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))")),
     (Need.READ_ONLY, lambda r: (
         "the producer marked it read-only " + (
             "(pass readonly='share' to import it without a copy)" if _only_read_only(r) else
@@ -162,7 +168,7 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (not route.needs & (Need.LAYOUT | Need.ALIGN | Need.NARROW)
+    return (not route.needs & (Need.LAYOUT | Need.PERMUTED | Need.ALIGN | Need.NARROW)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
@@ -255,6 +261,21 @@ def _lanes_share_bytes(route: Any) -> Parts:
             f"cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
             "To fix: unpack it with its own library first (e.g. torch: view the bytes as "
             "uint8).")
+
+
+def _shape(route: Any) -> Parts:
+    info = route.info
+    into = "NumPy" if route.target == "host" else "JAX"
+    if info.ndim + (info.dtype[2] != 1) > MAX_NDIM:
+        why = (f"its {info.dtype[2]} vector lanes become a trailing axis, and {into} arrays "
+               f"have at most {MAX_NDIM} dimensions")
+        fix = "reshape it to fewer dimensions with its own library first"
+    else:
+        why = (f"it has no elements, but its nonzero extents multiply past 2**63 - 1 bytes, "
+               f"which no {into} array can have (NumPy refuses one, XLA aborts on one)")
+        fix = "make the empty tensor with smaller extents (any one zero extent makes it empty)"
+    return (UnsupportedShapeError, _subject(route), f"cannot go to {into}: {why}; nothing was "
+            f"consumed.", f"To fix: {fix}.")
 
 
 def _widen(route: Any) -> str:
@@ -373,8 +394,9 @@ def _copy_forbidden(route: Any) -> Parts:
                 "first: numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
     if "jax_array" in f:
         devices = ", ".join(map(str, f["jax_array"].devices()))
-        return (CopyRequiredError, "", f"a jax.Array on {devices} must move to {_where(f)}, "
-                f"which copies, but copy=False.", "To fix: pass copy=None.")
+        why = (f"{_RELAYOUT}, so it is copied into row-major order" if f["relayout"] else
+               f"a jax.Array on {devices} must move to {_where(f)}, which copies")
+        return (CopyRequiredError, "", f"{why}, but copy=False.", "To fix: pass copy=None.")
     if f.get("through_host"):
         if t == "host":
             return (CopyRequiredError, subject, "is not in host memory. Bringing it to the host "
@@ -420,7 +442,7 @@ PROBLEMS: dict[str, Callable[[Any], Parts]] = {
     "numpy-dtype": _numpy_dtype, "layout-not-host": _layout_not_host, "no-device": _no_device,
     "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
     "allocation": _allocation, "uneven": _uneven, "shard": _shard,
-    "not-a-tensor": _not_a_tensor,
+    "not-a-tensor": _not_a_tensor, "shape": _shape,
 }
 
 
@@ -457,7 +479,19 @@ def _pass(route: Any) -> str:
 
 
 def _array_put(route: Any) -> str:
-    return f"A copy is needed: the jax.Array moves to {_where(route.facts)} (jax.device_put)."
+    f = route.facts
+    if route.zero_copy:
+        return f"It already is a jax.Array on {_where(f)}: committed there (jax.device_put)."
+    moves = "" if f["where"] is None else f", then moves to {_where(f)} (jax.device_put)"
+    if f.get("relayout"):
+        return f"A copy is needed: {_RELAYOUT}; JAX copies it into row-major order{moves}."
+    return f"A copy is needed: the jax.Array moves to {_where(f)} (jax.device_put)."
+
+
+#: Why a jax.Array in another layout than row-major is copied.
+_RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as "
+             "jax.dlpack.from_dlpack gives a transpose), and jax.device_put moves such an array "
+             "wrong")
 
 
 def _empty(route: Any) -> str:
@@ -525,23 +559,13 @@ def _jax_view(route: Any) -> str:
         dt = int(info.device_type)
         return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
                 f"a copy (no {device_row(dt).platform or 'device'} backend here).")
-    return f"JAX views the producer's memory on {route.facts['dest']}{_kept_layout(route)}."
-
-
-def _kept_layout(route: Any) -> str:
-    """What importing a permuted order means for the array (Need.PERMUTED), or ''."""
-    if not route.facts.get("keeps_layout"):
-        return ""
-    return (f", in its permuted order (strides {route.info.strides}), as an array committed "
-            f"to that device: JAX computes right with such a layout only on a committed "
-            f"array, and a jitted function compiles separately for it (for a row-major, "
-            f"uncommitted array, make it contiguous first)")
+    return f"JAX views the producer's memory on {route.facts['dest']}."
 
 
 def _jax_copy(route: Any) -> str:
     reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
                                          if route.needs & Need.LANES else [])
-    return f"A copy is needed: {'; '.join(reasons)}{_kept_layout(route)}."
+    return f"A copy is needed: {'; '.join(reasons)}."
 
 
 def _host_copy(route: Any) -> str:

@@ -20,6 +20,7 @@ __all__ = [
     "MalformedTensorError",
     "UnsupportedDeviceError",
     "UnsupportedDTypeError",
+    "UnsupportedShapeError",
     "CopyRequiredError",
     "ProducerError",
     "NotDescribableError",
@@ -87,6 +88,15 @@ class UnsupportedDeviceError(DLInspectError, BufferError):
 
 class UnsupportedDTypeError(DLInspectError, BufferError):
     """The target cannot hold the tensor's ``DLDataType`` (code, bits, lanes)."""
+
+
+class UnsupportedShapeError(DLInspectError, BufferError):
+    """No array of the target can have the tensor's shape, though DLPack describes it.
+
+    More than :data:`dlinspect.MAX_NDIM` (64) dimensions once vector lanes are a
+    trailing axis, or an empty tensor whose nonzero extents multiply, in bytes, past
+    2**63 - 1 (NumPy refuses such an array; XLA aborts the process on one).
+    """
 
 
 class CopyRequiredError(DLInspectError, ValueError):

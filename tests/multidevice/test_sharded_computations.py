@@ -1,6 +1,8 @@
 """Right values by computation over 4 forced CPU devices: ``to_jax(x, sharding=...)`` of
 every drawn view computes as ``jnp.asarray(np.asarray(x))`` does (tests/_computations.py),
-split along the leading axis or replicated, alone and in a prefetch_to_jax batch."""
+split along the leading axis or replicated, alone and in a prefetch_to_jax batch; and what
+every single-device entry point returns computes so after ``jax.device_put`` to another
+device and into a replicated sharding (the oracle's moves)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import dlinspect
-from _computations import assert_computes_like, build, quietly, views
+from _computations import assert_computes_like, build, entry_points, quietly, views
 
 if len(jax.devices()) != 4:
     pytest.fail(f"expected 4 forced CPU devices, found {jax.devices()}", pytrace=False)
@@ -48,3 +50,27 @@ def test_every_view_computes_right_sharded(name, how):
         assert result.sharding == sharding
         assert_computes_like(result, reference, f"{name} {how} {h}")
     run()
+
+
+@pytest.mark.parametrize("entry", sorted(entry_points()))
+def test_every_view_computes_right_moved(entry):
+    convert = entry_points()[entry]
+
+    @settings(max_examples=EXAMPLES // 4, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(h=views())
+    def run(h):
+        make, reference = build(h)
+        assert_computes_like(quietly(convert, make()), reference, f"{entry} {h}")
+    run()
+
+
+def test_a_jax_array_on_another_cpu_device_is_read_there():
+    """jaxlib's __dlpack_device__ says kDLCPU:0 for every CPU device; the header names the
+    array's own: every entry point reads it there."""
+    x = jax.device_put(jax.numpy.arange(3.0), jax.devices()[1])
+    assert dlinspect.peek(x).device == (dlinspect.DLDeviceType.kDLCPU, 1)
+    assert dlinspect.plan(x, target="host").kind == "zero-copy"
+    np.testing.assert_array_equal(dlinspect.to_host(x), [0, 1, 2])
+    np.testing.assert_array_equal(dlinspect.stack([x, x]), [[0, 1, 2], [0, 1, 2]])
+    assert dlinspect.to_jax({"x": x}, device=jax.devices()[2])["x"].devices() == {jax.devices()[2]}

@@ -244,10 +244,11 @@ def test_alignment_xla_cpu_views(alignment):
 
 
 def test_numpy_to_jax_nondefault_layout():
-    """peer: testNumpyToJaxNondefaultLayout: a transposed NumPy array keeps its values (and,
-    being a permuted compact layout, is viewed where aligned and not narrowed, on a jaxlib
-    that reads it right: dlinspect's permuted_ok, which is what JAX's own from_dlpack of it
-    gives; a jaxlib that reads it as row-major gets a C-ordered copy)."""
+    """peer: testNumpyToJaxNondefaultLayout: a transposed NumPy array keeps its values.
+    deliberate difference from JAX: its from_dlpack views a permuted compact layout (on a
+    jaxlib that reads it right: dlinspect's permuted_ok) as an array committed in that
+    layout, which jax.device_put moves wrong; dlinspect copies it into row-major order
+    (Need.PERMUTED; Need.LAYOUT on a jaxlib that reads it as row-major)."""
     x = np.arange(4).reshape(2, 2).T
     route, y = to_jax_checked(x, x.ctypes.data)
     assert_computes_like(y, x)   # JAX's own test compares np.asarray only
@@ -256,8 +257,9 @@ def test_numpy_to_jax_nondefault_layout():
     assert_computes_like(y, f)
     permuted_ok = djax.target().permuted_ok
     assert permuted_ok == jax_reads(f)
-    assert route.kind == ("zero-copy" if permuted_ok else "copy")
+    assert route.kind == "copy" and djax.target().row_major(y)
     assert bool(route.needs & Need.LAYOUT) == (not permuted_ok)
+    assert bool(route.needs & Need.PERMUTED) == permuted_ok
 
 
 def test_zero_copy_sees_later_writes():
@@ -412,13 +414,12 @@ def test_torch_to_jax_int64(torch, x64):
 
 @pytest.mark.parametrize("dtype", ["int64", "float32"])
 def test_torch_to_jax_nondefault_layout(torch, dtype):
-    """peer: testTorchToJaxNondefaultLayout: x.T keeps its values (viewed where not narrowed,
-    on a jaxlib that reads transposed layouts right: dlinspect's permuted_ok)."""
+    """peer: testTorchToJaxNondefaultLayout: x.T keeps its values, copied into row-major
+    order (deliberate difference from JAX: see test_numpy_to_jax_nondefault_layout)."""
     x = torch.arange(4, dtype=getattr(torch, dtype)).reshape(2, 2).T
     route, y = to_jax_checked(x, x.data_ptr())
     assert_computes_like(y, x.numpy())
-    viewed = dtype == "float32" and djax.target().permuted_ok
-    assert route.kind == ("zero-copy" if viewed else "copy")
+    assert route.kind == "copy" and djax.target().row_major(y)
 
 
 @pytest.mark.parametrize("perm", [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1),
@@ -427,18 +428,17 @@ def test_torch_to_jax_nondefault_layout(torch, dtype):
 def test_permuted_layouts(producer, perm, torch):
     """peer: testNumpyToJaxNondefaultLayout / testTorchToJaxNondefaultLayout over every axis
     order of a 3-d block: the values are kept, and a dense block in any axis order (compact
-    strides) is viewed without a copy where it is 64-byte aligned, on a jaxlib that reads
-    permuted layouts right (dlinspect's permuted_ok; else each order but the identity is
-    copied into C order)."""
+    strides) other than the identity is copied into row-major order (see
+    test_numpy_to_jax_nondefault_layout), the identity viewed."""
     block = aligned_array(np.arange(24).reshape(2, 3, 4), np.float32)
     x = block.transpose(perm) if producer == "numpy" else torch.from_numpy(block).permute(perm)
     ptr = x.ctypes.data if producer == "numpy" else x.data_ptr()
     route, y = to_jax_checked(x, ptr)
     assert_computes_like(y, block.transpose(perm))
-    viewed = perm == (0, 1, 2) or djax.target().permuted_ok
-    assert route.kind == ("zero-copy" if viewed else "copy")
-    assert bool(route.needs & Need.LAYOUT) == (not viewed)
-    assert bool(route.needs & Need.PERMUTED) == (viewed and perm != (0, 1, 2))
+    viewed, permuted_ok = perm == (0, 1, 2), djax.target().permuted_ok
+    assert route.kind == ("zero-copy" if viewed else "copy") and djax.target().row_major(y)
+    assert bool(route.needs & Need.LAYOUT) == (not viewed and not permuted_ok)
+    assert bool(route.needs & Need.PERMUTED) == (not viewed and permuted_ok)
     assert dlinspect.peek(x).is_compact
 
 
