@@ -64,11 +64,11 @@ cdef extern from "dlinspect/copy.h":
         DL_COPY_SAME
         DL_COPY_F64_F32
         DL_COPY_U64_U32
+    size_t DL_COPY_PARALLEL_MIN
     void dl_advise_huge(void* p, size_t n) noexcept nogil
-    char* dl_copy_run(char* dst, const char* src, int64_t count, int64_t step, size_t src_size,
-                      dl_copy_cast cast) noexcept nogil
-    void dl_gather(char* dst, const char* src, int ndim, const int64_t* shape,
-                   const int64_t* strides, size_t src_size, dl_copy_cast cast) noexcept nogil
+    void dl_gather_part(char* dst, const char* src, int ndim, const int64_t* shape,
+                        const int64_t* strides, size_t src_size, dl_copy_cast cast, int part,
+                        int nparts) noexcept nogil
 
 cdef extern from *:
     """

@@ -105,29 +105,60 @@ cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, d
 
 
 cdef int _fill(object out, TensorInfo info) except -1:
-    """Copy ``info``'s host memory into ``out`` (a row-major array of its shape), in one
-    pass in C without the GIL: the bytes as they are where ``out`` has the source's
-    element size, else each element narrowed as NumPy's unsafe cast and JAX's x64
-    narrowing do (integers wrap, floats round to nearest, IEEE). Any layout (a permuted
-    order, gaps, broadcast, negative strides) is gathered into row-major order, the order
-    in which jaxlib views host memory. The memory must be the caller's while this runs (a
-    taken capsule's, or a view's)."""
+    """Copy ``info``'s host memory into ``out`` (a row-major array of its shape) in C
+    without the GIL (include/dlinspect/copy.h: a straight copy where the memory is dense,
+    a transpose in cache tiles where it is permuted): the bytes as they are where ``out``
+    has the source's element size, else each element narrowed as NumPy's unsafe cast and
+    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). From
+    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB), on a machine of several cores, one half is
+    copied by a worker thread while this one copies the other. The memory must be the
+    caller's while this runs (a taken capsule's, or a view's)."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
-    cdef const char* src = <const char*>info._ptr()
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
     cdef size_t dst_bytes = <size_t>info.size * dst_size
-    cdef size_t src_size = info._bits // 8
     cdef dl_copy_cast cast = DL_COPY_SAME
-    if dst_size != src_size:   # x64 narrowing: 64-bit parts to 32-bit ones
+    if dst_size != <size_t>(info._bits // 8):   # x64 narrowing: 64-bit parts to 32-bit ones
         cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
-    cdef bint dense = info._is_c_contiguous()
     with nogil:
         dl_advise_huge(dst, dst_bytes)
-        if dense:
-            dl_copy_run(dst, src, info.size, 1, src_size, cast)
-        else:
-            dl_gather(dst, src, info.ndim, info._shape, info._strides, src_size, cast)
+    if dst_bytes < DL_COPY_PARALLEL_MIN or _CORES < 2:
+        _gather(dst, info, cast, 0, 1)
+        return 0
+    half = _halves().submit(_gather_half, <uintptr_t>dst, info, cast)
+    try:
+        _gather(dst, info, cast, 1, 2)
+    finally:
+        half.result()   # (the worker's half is done before the memory is let go of)
     return 0
+
+
+cdef int _gather(char* dst, TensorInfo info, dl_copy_cast cast, int part, int nparts) except -1:
+    cdef const char* src = <const char*>info._ptr()
+    with nogil:
+        dl_gather_part(dst, src, info.ndim, info._shape, info._strides, info._bits // 8, cast,
+                       part, nparts)
+    return 0
+
+
+def _gather_half(uintptr_t dst, TensorInfo info, int cast):
+    """The first half of a copy (``_fill``), on the worker thread."""
+    _gather(<char*>dst, info, <dl_copy_cast>cast, 0, 2)
+
+
+cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
+                   else _os.cpu_count() or 1)
+cdef object _HALVES = None   # (the process id it was made in, the executor)
+
+
+cdef object _halves():
+    """The one worker thread that copies a large copy's other half: made on first use, and
+    again in a forked child (which inherits the executor but not its thread)."""
+    global _HALVES
+    if _HALVES is None or _HALVES[0] != _os.getpid():
+        import concurrent.futures
+        _HALVES = (_os.getpid(), concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="dlinspect-copy"))
+    return _HALVES[1]
 
 
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:

@@ -76,3 +76,29 @@ def test_past_a_mebibyte_still_one_copy(nbytes):
     ints = np.arange(n, dtype=np.int64) * (1 << 33) + 5   # the low 32 bits kept, as NumPy wraps
     np.testing.assert_array_equal(np.asarray(to_jax(ints[::-3], narrow="ok")),
                                   ints[::-3].astype(np.int32))
+
+
+LARGE = {   # past DL_COPY_PARALLEL_MIN: two threads copy a half each
+    "x.T": lambda a: a.reshape(1024, -1).T,
+    "NCHW->NHWC": lambda a: a.reshape(2, 8, 256, -1).transpose(0, 2, 3, 1),
+    "5-axis": lambda a: a.reshape(4, 8, 16, 32, -1).transpose(4, 1, 3, 0, 2),
+    "reversed": lambda a: a.reshape(1024, -1)[::-1, ::-1],
+    "every other column": lambda a: a.reshape(1024, -1)[:, ::2],
+    "transposed slice": lambda a: a.reshape(1024, -1)[3:900, 5:].T,
+    "dense, misaligned": lambda a: a[1:],
+}
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "float64", "complex128"])
+@pytest.mark.parametrize("layout", sorted(LARGE))
+def test_large_copies_in_two_halves(layout, dtype):
+    """Copies of 4 MiB and more (two threads, cache tiles, streaming stores) give the
+    values NumPy's copy gives, narrowed as JAX narrows."""
+    base = (np.arange((16 << 20) // np.dtype(dtype).itemsize) * 7 % 251).astype(dtype)
+    x = LARGE[layout](base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
+        got = to_jax(x)
+    want = x.astype(jax.dtypes.canonicalize_dtype(x.dtype))
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert float(jax.numpy.max(abs(got[-1] - want[-1]))) == 0   # (computed by JAX)

@@ -1,11 +1,30 @@
 /* dlinspect's copies of host tensors: one pass over the source, at memory speed, with no
- * Python object and no GIL. Used by src/capsules.pxi (_aligned_copy).
+ * Python object and no GIL. Used by src/put.pxi (_fill).
  *
  * The source is a DLTensor's memory as its header says: extents and strides in
  * elements (any sign, 0 for a broadcast axis), validated by TensorInfo so that every
  * element address lies inside the producer's claimed memory. Elements may be
- * misaligned for their type (DLPack allows it): each is loaded with memcpy, which
- * compilers turn into one unaligned load. */
+ * misaligned for their type (DLPack allows it): every scalar load and store is a memcpy
+ * (one unaligned move once compiled), every vector one an unaligned SSE2 move.
+ *
+ * How a gather runs (dl_gather_part):
+ *   1. The layout is made canonical (dl_layout_make): extent-1 axes dropped, axes that
+ *      form one run merged, a short dense innermost run (up to 32 bytes: a pixel's
+ *      channels) taken as one wider element; strides become bytes, and the
+ *      destination's row-major strides are derived.
+ *   2. Where the destination's innermost axis i walks the source with a stride wider than
+ *      that of some other axis j (a transpose: x.T, NCHW -> NHWC), the (j, i) plane is
+ *      copied in blocks (dl_plane_copy, dl_tile_simd): panels of 4 KiB of source run by
+ *      128 destination bytes, blocks of one cache line each way, and SSE2 register
+ *      transposes of 16-byte rows (4x4 floats, 8x8 halves, 16x16 bytes, 2x2 doubles;
+ *      narrowing converts 32 source bytes per row first). Large destinations are
+ *      written with streaming stores, a whole line at a time from a staging block in L1.
+ *      An odometer walks the other axes; the plane's edges go one element at a time.
+ *   3. Elsewhere the destination is written row by row (dl_row): a memcpy for a dense
+ *      run, SSE2 loops for reversed, every-other and broadcast runs, a scalar loop else.
+ * SSE2 is baseline on x86-64; DL_COPY_NO_SIMD (or any other target) compiles the plain C
+ * loops alone, which write the same bytes. Two threads may each run one half
+ * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more. */
 #ifndef DLINSPECT_COPY_H_
 #define DLINSPECT_COPY_H_
 
@@ -15,6 +34,21 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if !defined(DL_COPY_NO_SIMD) && (defined(__SSE2__) || defined(_M_X64) || \
+                                  (defined(_M_IX86_FP) && _M_IX86_FP >= 2))
+#include <emmintrin.h>
+#define DL_COPY_SSE2 1
+#else
+#define DL_COPY_SSE2 0
+#endif
+
+#if defined(_MSC_VER)
+#define DL_INLINE static __forceinline
+#elif defined(__GNUC__) || defined(__clang__)
+#define DL_INLINE static inline __attribute__((always_inline))
+#else
+#define DL_INLINE static inline
+#endif
 
 /* How each element is written: as it is, or narrowed as JAX narrows with x64 off. */
 typedef enum {
@@ -23,9 +57,47 @@ typedef enum {
   DL_COPY_U64_U32 = 2,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
 } dl_copy_cast;
 
+/* Below this many destination bytes a second thread costs more than it saves (measured on
+ * a 2-core x86-64 VM, both cores idle: two halves take 1.1-2x the time of one at 1 MiB,
+ * 0.6-1.35x at 2 MiB, 0.5-0.65x from 4 MiB for transposes and from 8 MiB for
+ * memory-bound rows; a thread pool's wake-up costs 10-120 us). See dl_gather_part. */
+#define DL_COPY_PARALLEL_MIN ((size_t)4 << 20)
+
+/* From this many destination bytes a transposing copy stores with streaming
+ * (non-temporal) stores: the destination no longer fits the caches, and ordinary stores
+ * would first read each line from memory. */
+#ifndef DL_COPY_STREAM_MIN
+#define DL_COPY_STREAM_MIN ((size_t)4 << 20)
+#endif
+
+/* From this many destination bytes the destination is likely fresh pages (glibc's malloc
+ * maps blocks this large anew; smaller ones come back from its heap): a band of
+ * destination no wider than DL_COPY_BAND_MAX then stores ordinarily, into the lines that
+ * the kernel has just zeroed and cached, and streams only where the band is wider. */
+#ifndef DL_COPY_FRESH_MIN
+#define DL_COPY_FRESH_MIN ((size_t)32 << 20)
+#endif
+#ifndef DL_COPY_BAND_MAX
+#define DL_COPY_BAND_MAX ((size_t)2 << 20)
+#endif
+
+/* Panels: DL_PANEL_J source bytes along j (long runs for the hardware prefetchers) by
+ * DL_PANEL_I destination bytes along i; within a panel, blocks of one cache line each
+ * way (64 source bytes along j, 64 destination bytes along i), so that a destination
+ * line is written whole before the next (directly, or from a staging block in L1 when
+ * streaming). */
+#ifndef DL_PANEL_J
+#define DL_PANEL_J 4096
+#endif
+#ifndef DL_PANEL_I
+#define DL_PANEL_I 128
+#endif
+
 /* contract: ask the kernel for transparent huge pages over [p, p + n) when n is at least
  * 4 MiB (as NumPy's allocator does), so that the first touch of a large copy faults
- * 2 MiB at a time; a no-op elsewhere or where the kernel declines. */
+ * 2 MiB at a time; a no-op elsewhere or where the kernel declines. (Measured with THP
+ * "madvise": a fresh 64 MiB block fills in half the time with it. MADV_HUGEPAGE needs
+ * _DEFAULT_SOURCE or GNU C: under a strict -std=c99 this compiles to the no-op.) */
 static inline void dl_advise_huge(void* p, size_t n) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   const uintptr_t page = 4096;
@@ -42,115 +114,677 @@ static inline void dl_advise_huge(void* p, size_t n) {
 #endif
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* One element                                                                        */
+
+/* contract: writes the element at `src` (`size` bytes) to `dst` as `cast` says (narrowed:
+ * size / 8 parts of 8 bytes, each to 4 bytes). */
+static inline void dl_put1(char* dst, const char* src, size_t size, dl_copy_cast cast) {
+  size_t p;
+  if (cast == DL_COPY_SAME) {
+    memcpy(dst, src, size);
+  } else if (cast == DL_COPY_F64_F32) {
+    for (p = 0; p < size / 8; p++) {
+      double w;
+      float f;
+      memcpy(&w, src + 8 * p, 8);
+      f = (float)w;
+      memcpy(dst + 4 * p, &f, 4);
+    }
+  } else {
+    for (p = 0; p < size / 8; p++) {
+      uint64_t w;
+      uint32_t u;
+      memcpy(&w, src + 8 * p, 8);
+      u = (uint32_t)w; /* the low 32 bits */
+      memcpy(dst + 4 * p, &u, 4);
+    }
+  }
+}
+
+/* contract: copies `count` elements of `size` bytes as they are, the k-th from
+ * src + k * sb to dst + k * size; a scalar loop with a compile-time size for 1, 2, 4, 8
+ * and 16 bytes, and for 3, 6, 12, 24 (three channels) and 32. */
+static inline void dl_gather_scalar(char* restrict dst, const char* restrict src,
+                                    int64_t count, int64_t sb, size_t size) {
+  int64_t k;
+  switch (size) {
+#define DL_SCALAR(N)                                        \
+  case N:                                                   \
+    for (k = 0; k < count; k++) {                           \
+      memcpy(dst + k * N, src + k * sb, N);                 \
+    }                                                       \
+    break;
+    DL_SCALAR(1) DL_SCALAR(2) DL_SCALAR(4) DL_SCALAR(8) DL_SCALAR(16)
+    DL_SCALAR(3) DL_SCALAR(6) DL_SCALAR(12) DL_SCALAR(24) DL_SCALAR(32) /* pixels, pairs */
+#undef DL_SCALAR
+    default:
+      for (k = 0; k < count; k++) {
+        memcpy(dst + k * (int64_t)size, src + k * sb, size);
+      }
+  }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Rows: the destination's innermost axis                                            */
+
+#if DL_COPY_SSE2
+/* contract: the 16 bytes `v` with their `size`-byte elements (1, 2, 4 or 8) in reverse
+ * order. */
+static inline __m128i dl_reverse16(__m128i v, size_t size) {
+  if (size == 1) { /* swap the bytes of each 2-byte unit, then reverse those */
+    v = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
+  }
+  if (size <= 2) {
+    v = _mm_shufflelo_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
+    v = _mm_shufflehi_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
+    return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
+  }
+  if (size == 4) return _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3));
+  return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
+}
+
+/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes a:b,
+ * in order, as 16 bytes. */
+static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
+  if (size == 1) { /* the low byte of each 2-byte unit; packus never saturates here */
+    const __m128i m = _mm_set1_epi16(0xFF);
+    return _mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m));
+  }
+  if (size == 2) { /* the low half of each 4-byte unit, sign-extended: packs is exact */
+    a = _mm_srai_epi32(_mm_slli_epi32(a, 16), 16);
+    b = _mm_srai_epi32(_mm_slli_epi32(b, 16), 16);
+    return _mm_packs_epi32(a, b);
+  }
+  if (size == 4) {
+    return _mm_castps_si128(
+        _mm_shuffle_ps(_mm_castsi128_ps(a), _mm_castsi128_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
+  }
+  return _mm_unpacklo_epi64(a, b);
+}
+
+/* contract: the 4 floats rounded from the 4 doubles at `src` (F64_F32) or the low 32 bits
+ * of the 4 uint64 there (U64_U32). */
+static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
+  if (cast == DL_COPY_F64_F32) {
+    __m128 lo = _mm_cvtpd_ps(_mm_loadu_pd((const double*)src));
+    __m128 hi = _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)));
+    return _mm_castps_si128(_mm_movelh_ps(lo, hi));
+  }
+  return _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps((const float*)src),
+                                         _mm_loadu_ps((const float*)(src + 16)),
+                                         _MM_SHUFFLE(2, 0, 2, 0)));
+}
+#endif
+
+/* contract: writes `count` elements of the run at `src` (the k-th at src + k * sb bytes,
+ * `size` bytes each) to `dst` packed, as `cast` says; returns the end of what it wrote.
+ * dst and src do not overlap. */
+static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t count,
+                           int64_t sb, size_t size, dl_copy_cast cast) {
+  const int64_t sz = (int64_t)size;
+  int64_t k = 0;
+  if (cast != DL_COPY_SAME) { /* narrowing: 8-byte parts to 4-byte ones */
+    const int64_t parts = sz / 8;
+    if (sb == sz) { /* dense: one loop over the parts */
+      const int64_t total = count * parts;
+#if DL_COPY_SSE2
+      for (; k + 4 <= total; k += 4) {
+        _mm_storeu_si128((__m128i*)(dst + 4 * k), dl_narrow4(src + 8 * k, cast));
+      }
+#endif
+      for (; k < total; k++) dl_put1(dst + 4 * k, src + 8 * k, 8, cast);
+      return dst + 4 * total;
+    }
+    for (; k < count; k++) dl_put1(dst + 4 * parts * k, src + k * sb, size, cast);
+    return dst + 4 * parts * count;
+  }
+  if (sb == sz) {
+    memcpy(dst, src, (size_t)count * size);
+    return dst + count * sz;
+  }
+#if DL_COPY_SSE2
+  if (sz <= 16 && (sz & (sz - 1)) == 0) {
+    const int64_t w = 16 / sz; /* elements in 16 bytes */
+    if (sb == 0) { /* broadcast: one 16-byte pattern stored over and over */
+      __m128i v;
+      if (sz == 16) {
+        v = _mm_loadu_si128((const __m128i*)src);
+      } else { /* the element in e's low bytes (x86 is little-endian), times 0x..01 in
+                  units of its size: 8 bytes of copies */
+        uint64_t e = 0, rep = 0;
+        int64_t q;
+        memcpy(&e, src, size);
+        for (q = 0; q < 8; q += sz) rep |= (uint64_t)1 << (8 * q);
+        e *= rep;
+        v = _mm_loadl_epi64((const __m128i*)&e);
+        v = _mm_unpacklo_epi64(v, v);
+      }
+      for (; k + 4 * w <= count; k += 4 * w) {
+        _mm_storeu_si128((__m128i*)(dst + k * sz), v);
+        _mm_storeu_si128((__m128i*)(dst + k * sz + 16), v);
+        _mm_storeu_si128((__m128i*)(dst + k * sz + 32), v);
+        _mm_storeu_si128((__m128i*)(dst + k * sz + 48), v);
+      }
+      for (; k + w <= count; k += w) _mm_storeu_si128((__m128i*)(dst + k * sz), v);
+    } else if (sb == -sz && sz < 16) { /* reversed: k .. k + w - 1 lie at src - (k + w - 1) * sz */
+      for (; k + w <= count; k += w) {
+        __m128i v = _mm_loadu_si128((const __m128i*)(src - (k + w - 1) * sz));
+        _mm_storeu_si128((__m128i*)(dst + k * sz), dl_reverse16(v, size));
+      }
+    } else if (sb == 2 * sz && sz < 16) { /* every other element: the 32 bytes loaded end
+                                             at element k + w, so it must exist */
+      for (; k + w < count; k += w) {
+        const char* s = src + k * sb;
+        __m128i a = _mm_loadu_si128((const __m128i*)s);
+        __m128i b = _mm_loadu_si128((const __m128i*)(s + 16));
+        _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(a, b, size));
+      }
+    }
+  }
+#endif
+  if (sb == 0 && size == 1) {
+    memset(dst + k, (unsigned char)src[0], (size_t)(count - k));
+  } else {
+    dl_gather_scalar(dst + k * sz, src + k * sb, count - k, sb, size);
+  }
+  return dst + count * sz;
+}
+
 /* contract: writes `count` elements of `src_size` bytes from `src` (a run with a
- * stride of `step` elements) into `dst` packed, as `cast` says; dst and src do not
- * overlap. */
+ * stride of `step` elements) into `dst` packed, as `cast` says; returns the end of what
+ * it wrote. dst and src do not overlap. */
 static inline char* dl_copy_run(char* restrict dst, const char* restrict src, int64_t count,
                                 int64_t step, size_t src_size, dl_copy_cast cast) {
-  const int64_t step_bytes = step * (int64_t)src_size;
-  int64_t i;
-  if (cast == DL_COPY_SAME) {
-    if (step == 1) {
-      memcpy(dst, src, (size_t)count * src_size);
-      return dst + (size_t)count * src_size;
-    }
-    switch (src_size) { /* one fixed-size load and store per element */
-#define DL_RUN(N)                                                \
-  case N:                                                        \
-    if (step == 2) { /* every other element: a constant stride, which compilers  \
-                        vectorise with shuffles */               \
-      for (i = 0; i < count; i++) {                              \
-        memcpy(dst + (size_t)i * N, src + i * 2 * N, N);         \
-      }                                                          \
-    } else {                                                     \
-      for (i = 0; i < count; i++) {                              \
-        memcpy(dst + (size_t)i * N, src + i * step_bytes, N);    \
-      }                                                          \
-    }                                                            \
-    break;
-      DL_RUN(1) DL_RUN(2) DL_RUN(4) DL_RUN(8) DL_RUN(16)
-#undef DL_RUN
-      default:
-        for (i = 0; i < count; i++) {
-          memcpy(dst + (size_t)i * src_size, src + i * step_bytes, src_size);
-        }
-    }
-    return dst + (size_t)count * src_size;
-  }
-  /* Narrowing: 8-byte parts to 4-byte ones (complex128: two parts per element); a dense
-   * run is one loop over its parts, which compilers vectorise. */
-  const int64_t parts = (int64_t)(src_size / 8), total = count * parts;
-  int64_t p;
-#define DL_NARROW(WIDE, NARROW)                                     \
-  {                                                                 \
-    NARROW* restrict out = (NARROW*)dst;                            \
-    if (step == 1) {                                                \
-      for (i = 0; i < total; i++) {                                 \
-        WIDE w;                                                     \
-        memcpy(&w, src + 8 * i, 8);                                 \
-        out[i] = (NARROW)w;                                         \
-      }                                                             \
-    } else {                                                        \
-      for (i = 0; i < count; i++) {                                 \
-        for (p = 0; p < parts; p++) {                               \
-          WIDE w;                                                   \
-          memcpy(&w, src + i * step_bytes + 8 * p, 8);              \
-          out[i * parts + p] = (NARROW)w;                           \
-        }                                                           \
-      }                                                             \
-    }                                                               \
-  }
-  if (cast == DL_COPY_F64_F32) {
-    DL_NARROW(double, float)
+  return dl_row(dst, src, count, step * (int64_t)src_size, src_size, cast);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Tiles: a transposed plane                                                          */
+
+#if DL_COPY_SSE2
+/* contract: stores the 16 bytes `v` at `p`: a streaming (non-temporal) store where `nt`
+ * (then p is 16-byte aligned), else an ordinary unaligned one. */
+DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
+  if (nt) {
+    _mm_stream_si128((__m128i*)p, v);
   } else {
-    DL_NARROW(uint64_t, uint32_t) /* the low 32 bits: wraps, as NumPy's cast */
+    _mm_storeu_si128((__m128i*)p, v);
   }
-#undef DL_NARROW
-  return dst + (size_t)total * 4;
+}
+
+/* The register transposes: W rows of 16 bytes (W elements of 16 / W bytes each; row k
+ * holds elements (k, 0 .. W)) become W columns (v_m holds elements (0 .. W, m)). One
+ * stage replaces v_0 .. v_W-1 by LO(v_0, v_W/2), HI(v_0, v_W/2), LO(v_1, v_W/2+1), ...:
+ * the (row, column) index bits rotate by one, so log2(W) stages swap them. */
+#define DL_ZIP2(LO, HI, a, b)    \
+  do {                           \
+    __m128i t0_ = LO(a, b);      \
+    b = HI(a, b);                \
+    a = t0_;                     \
+  } while (0)
+#define DL_ZIP4(LO, HI, a, b, c, d)                                 \
+  do {                                                              \
+    __m128i t0_ = LO(a, c), t1_ = HI(a, c), t2_ = LO(b, d), t3_ = HI(b, d); \
+    a = t0_;                                                        \
+    b = t1_;                                                        \
+    c = t2_;                                                        \
+    d = t3_;                                                        \
+  } while (0)
+#define DL_ZIP8(LO, HI, a, b, c, d, e, f, g, h)                     \
+  do {                                                              \
+    __m128i t0_ = LO(a, e), t1_ = HI(a, e), t2_ = LO(b, f), t3_ = HI(b, f); \
+    __m128i t4_ = LO(c, g), t5_ = HI(c, g), t6_ = LO(d, h), t7_ = HI(d, h); \
+    a = t0_;                                                        \
+    b = t1_;                                                        \
+    c = t2_;                                                        \
+    d = t3_;                                                        \
+    e = t4_;                                                        \
+    f = t5_;                                                        \
+    g = t6_;                                                        \
+    h = t7_;                                                        \
+  } while (0)
+
+/* Loads of 16 source bytes, row k at src + k * si; stores of 16 bytes, column m at
+ * dst + m * dj. */
+#define DL_LD(k) _mm_loadu_si128((const __m128i*)(src + (k) * si))
+#define DL_ST(m, v) dl_store16(dst + (m) * dj, v, nt)
+
+/* contract: one microtile of w x w elements (w = 16 / size for DL_COPY_SAME, 32 / size
+ * narrowed): dst + m * dj + k * out gets the element at src + k * si + m * size (as cast
+ * says; out = size, or size / 2 narrowed) for k, m < w: w loads of 16 source bytes (32
+ * narrowed, converted to 16), a register transpose, w stores of 16 bytes (streaming where
+ * nt). size and cast are constants wherever it is inlined (dl_tile_simd_any). */
+DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
+                        dl_copy_cast cast, int nt) {
+  if (cast != DL_COPY_SAME && size == 8) { /* 4 x 4: 4 doubles (uint64) per source row */
+    __m128i r0 = dl_narrow4(src, cast), r1 = dl_narrow4(src + si, cast);
+    __m128i r2 = dl_narrow4(src + 2 * si, cast), r3 = dl_narrow4(src + 3 * si, cast);
+    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
+    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+    DL_ST(2, r2);
+    DL_ST(3, r3);
+  } else if (cast != DL_COPY_SAME) { /* 2 x 2: 2 complex per source row, 8 bytes out */
+    __m128i r0 = dl_narrow4(src, cast), r1 = dl_narrow4(src + si, cast);
+    DL_ZIP2(_mm_unpacklo_epi64, _mm_unpackhi_epi64, r0, r1);
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+  } else if (size == 16) { /* the element is the row */
+    DL_ST(0, DL_LD(0));
+  } else if (size == 8) {
+    __m128i r0 = DL_LD(0), r1 = DL_LD(1);
+    DL_ZIP2(_mm_unpacklo_epi64, _mm_unpackhi_epi64, r0, r1);
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+  } else if (size == 4) {
+    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
+    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
+    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+    DL_ST(2, r2);
+    DL_ST(3, r3);
+  } else if (size == 2) {
+    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
+    __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
+    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
+    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
+    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+    DL_ST(2, r2);
+    DL_ST(3, r3);
+    DL_ST(4, r4);
+    DL_ST(5, r5);
+    DL_ST(6, r6);
+    DL_ST(7, r7);
+  } else { /* 1 byte: 16 x 16, as two 8-row halves per stage */
+    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
+    __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
+    __m128i r8 = DL_LD(8), r9 = DL_LD(9), r10 = DL_LD(10), r11 = DL_LD(11);
+    __m128i r12 = DL_LD(12), r13 = DL_LD(13), r14 = DL_LD(14), r15 = DL_LD(15);
+    int s;
+    for (s = 0; s < 4; s++) { /* t_2k = lo(r_k, r_k+8), t_2k+1 = hi(r_k, r_k+8) */
+      __m128i t0 = _mm_unpacklo_epi8(r0, r8), t1 = _mm_unpackhi_epi8(r0, r8);
+      __m128i t2 = _mm_unpacklo_epi8(r1, r9), t3 = _mm_unpackhi_epi8(r1, r9);
+      __m128i t4 = _mm_unpacklo_epi8(r2, r10), t5 = _mm_unpackhi_epi8(r2, r10);
+      __m128i t6 = _mm_unpacklo_epi8(r3, r11), t7 = _mm_unpackhi_epi8(r3, r11);
+      __m128i t8 = _mm_unpacklo_epi8(r4, r12), t9 = _mm_unpackhi_epi8(r4, r12);
+      __m128i t10 = _mm_unpacklo_epi8(r5, r13), t11 = _mm_unpackhi_epi8(r5, r13);
+      __m128i t12 = _mm_unpacklo_epi8(r6, r14), t13 = _mm_unpackhi_epi8(r6, r14);
+      __m128i t14 = _mm_unpacklo_epi8(r7, r15), t15 = _mm_unpackhi_epi8(r7, r15);
+      r0 = t0, r1 = t1, r2 = t2, r3 = t3, r4 = t4, r5 = t5, r6 = t6, r7 = t7;
+      r8 = t8, r9 = t9, r10 = t10, r11 = t11, r12 = t12, r13 = t13, r14 = t14, r15 = t15;
+    }
+    DL_ST(0, r0);
+    DL_ST(1, r1);
+    DL_ST(2, r2);
+    DL_ST(3, r3);
+    DL_ST(4, r4);
+    DL_ST(5, r5);
+    DL_ST(6, r6);
+    DL_ST(7, r7);
+    DL_ST(8, r8);
+    DL_ST(9, r9);
+    DL_ST(10, r10);
+    DL_ST(11, r11);
+    DL_ST(12, r12);
+    DL_ST(13, r13);
+    DL_ST(14, r14);
+    DL_ST(15, r15);
+  }
+}
+#undef DL_LD
+#undef DL_ST
+
+/* contract: the nj x ni elements (both multiples of w) of a plane as dl_plane says,
+ * with a source dense along j (sj = size), by microtiles, panel by panel. */
+DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
+                            int64_t dj, size_t size, dl_copy_cast cast, int nt) {
+  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
+  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  const int64_t pj = DL_PANEL_J / sz, pi = DL_PANEL_I / out > w ? DL_PANEL_I / out : w;
+  const int64_t bj = 64 / sz > w ? 64 / sz : w, bi = 64 / out > w ? 64 / out : w;
+  __m128i stage[256]; /* one block's destination: bj <= 64 rows of 64 bytes */
+  int64_t j0, i0, j1, i1, j, i;
+  for (j0 = 0; j0 < nj; j0 += pj) {
+    const int64_t ej0 = nj - j0 < pj ? nj : j0 + pj;
+    for (i0 = 0; i0 < ni; i0 += pi) {
+      const int64_t ei0 = ni - i0 < pi ? ni : i0 + pi;
+      for (j1 = j0; j1 < ej0; j1 += bj) {
+        const int64_t ej1 = ej0 - j1 < bj ? ej0 : j1 + bj;
+        for (i1 = i0; i1 < ei0; i1 += bi) {
+          const int64_t ei1 = ei0 - i1 < bi ? ei0 : i1 + bi;
+          if (!nt) {
+            for (j = j1; j < ej1; j += w) {
+              for (i = i1; i < ei1; i += w) {
+                dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast, 0);
+              }
+            }
+          } else { /* transposed into `stage` (rows 64 bytes apart), then streamed a
+                      destination line at a time: few write-combining buffers in use */
+            const int64_t row = (ei1 - i1) * out; /* a multiple of 16 bytes */
+            char* b = (char*)stage;
+            int64_t c;
+            for (i = i1; i < ei1; i += w) { /* each source line consumed before the next */
+              for (j = j1; j < ej1; j += w) {
+                dl_micro(b + (j - j1) * 64 + (i - i1) * out, 64, src + j * sz + i * si, si, size,
+                         cast, 0);
+              }
+            }
+            for (j = j1; j < ej1; j++) {
+              for (c = 0; c < row; c += 16) {
+                dl_store16(dst + j * dj + i1 * out + c,
+                           _mm_load_si128((const __m128i*)(b + (j - j1) * 64 + c)), 1);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+/* contract: dl_tile_simd for any element size and cast that has microtiles, each compiled
+ * with its size and cast as constants (so that the microtile's vectors stay in
+ * registers). */
+static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
+                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
+  if (cast == DL_COPY_F64_F32) {
+    if (size == 8) {
+      dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_F64_F32, nt);
+    } else {
+      dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_F64_F32, nt);
+    }
+  } else if (cast == DL_COPY_U64_U32) {
+    if (size == 8) {
+      dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_U64_U32, nt);
+    } else {
+      dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_U64_U32, nt);
+    }
+  } else {
+    switch (size) {
+      case 1: dl_tile_simd(dst, src, nj, ni, si, dj, 1, DL_COPY_SAME, nt); break;
+      case 2: dl_tile_simd(dst, src, nj, ni, si, dj, 2, DL_COPY_SAME, nt); break;
+      case 4: dl_tile_simd(dst, src, nj, ni, si, dj, 4, DL_COPY_SAME, nt); break;
+      case 8: dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_SAME, nt); break;
+      default: dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_SAME, nt); break;
+    }
+  }
+}
+#endif
+
+/* contract: the block of nj x ni elements: dst + j * dj + i * out gets the element at
+ * src + j * sj + i * si (size bytes, as cast says; out = size, or size / 2 narrowed),
+ * one at a time. */
+static inline void dl_block_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
+                                   int64_t sj, int64_t si, int64_t dj, size_t size,
+                                   dl_copy_cast cast) {
+  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  int64_t j, i;
+  for (j = 0; j < nj; j++) {
+    if (cast == DL_COPY_SAME) {
+      dl_gather_scalar(dst + j * dj, src + j * sj, ni, si, size);
+    } else {
+      for (i = 0; i < ni; i++) dl_put1(dst + j * dj + i * out, src + j * sj + i * si, size, cast);
+    }
+  }
+}
+
+/* Scalar blocks: 16 elements along j by 16 along i (a block's source lines stay in L1). */
+#define DL_TILE_SCALAR 16
+
+/* contract: as dl_block_scalar, block by block. */
+static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
+                                  int64_t sj, int64_t si, int64_t dj, size_t size,
+                                  dl_copy_cast cast) {
+  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  int64_t j0, i0;
+  for (j0 = 0; j0 < nj; j0 += DL_TILE_SCALAR) {
+    const int64_t cj = nj - j0 < DL_TILE_SCALAR ? nj - j0 : DL_TILE_SCALAR;
+    for (i0 = 0; i0 < ni; i0 += DL_TILE_SCALAR) {
+      const int64_t ci = ni - i0 < DL_TILE_SCALAR ? ni - i0 : DL_TILE_SCALAR;
+      dl_block_scalar(dst + j0 * dj + i0 * out, src + j0 * sj + i0 * si, cj, ci, sj, si, dj,
+                      size, cast);
+    }
+  }
+}
+
+/* A transposed plane, as the odometer copies it over and over at other offsets: nj x ni
+ * elements, dst + j * dj + i * out getting the element at src + j * sj + i * si (as cast
+ * says; out = size, or size / 2 narrowed), where i is the destination's innermost axis
+ * and 0 < |sj| < |si|. */
+typedef struct {
+  int64_t nj, ni, sj, si, dj;
+  int64_t flip_s, flip_d; /* offsets of the plane's first row once j runs upwards */
+  int64_t wj, wi;         /* the rows and columns the microtiles cover (0 without) */
+  size_t size;
+  dl_copy_cast cast;
+  int stream;             /* streaming stores where the destination is 16-byte aligned */
+} dl_plane;
+
+/* contract: fills `P` for the plane described above (stream: whether its microtiles may
+ * store streaming); j is made to run upwards in the source. */
+static inline void dl_plane_make(dl_plane* P, int64_t nj, int64_t ni, int64_t sj, int64_t si,
+                                 int64_t dj, size_t size, dl_copy_cast cast, int stream) {
+  P->nj = nj;
+  P->ni = ni;
+  P->si = si;
+  P->size = size;
+  P->cast = cast;
+  P->flip_s = P->flip_d = 0;
+  if (sj < 0) { /* walk j upwards in the source: the destination's rows go down */
+    P->flip_s = (nj - 1) * sj;
+    P->flip_d = (nj - 1) * dj;
+    sj = -sj;
+    dj = -dj;
+  }
+  P->sj = sj;
+  P->dj = dj;
+  P->wj = P->wi = 0;
+  P->stream = stream && (dj & 15) == 0;
+#if DL_COPY_SSE2
+  if (sj == (int64_t)size && (cast != DL_COPY_SAME || (size <= 16 && (size & (size - 1)) == 0))) {
+    const int64_t w = (int64_t)(cast == DL_COPY_SAME ? 16 / size : 32 / size);
+    P->wj = nj - nj % w;
+    P->wi = ni - ni % w;
+  }
+#endif
+}
+
+/* contract: copies the plane `P` from `src` (its element (0, 0)) to `dst`: microtiles
+ * over the first wj x wi elements, then one element at a time the columns past wi of
+ * those rows and the rows past wj (all of the plane where there are no microtiles). */
+DL_INLINE void dl_plane_copy(const dl_plane* P, char* dst, const char* src) {
+  const int64_t out = (int64_t)(P->cast == DL_COPY_SAME ? P->size : P->size / 2);
+  src += P->flip_s;
+  dst += P->flip_d;
+#if DL_COPY_SSE2
+  if (P->wj > 0 && P->wi > 0) {
+    dl_tile_simd_any(dst, src, P->wj, P->wi, P->si, P->dj, P->size, P->cast,
+                     P->stream && ((uintptr_t)dst & 15) == 0);
+  }
+#endif
+  if (P->wi < P->ni) {
+    dl_tile_scalar(dst + P->wi * out, src + P->wi * P->si, P->wj, P->ni - P->wi, P->sj, P->si,
+                   P->dj, P->size, P->cast);
+  }
+  if (P->wj < P->nj) {
+    dl_tile_scalar(dst + P->wj * P->dj, src + P->wj * P->sj, P->nj - P->wj, P->ni, P->sj,
+                   P->si, P->dj, P->size, P->cast);
+  }
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Layout and driver                                                                  */
+
+/* A tensor's layout in canonical form: n axes in destination (row-major) order, none of
+ * extent 1, no two mergeable; strides in bytes. */
+typedef struct {
+  int n;
+  size_t size;            /* source element bytes (a folded run counts as one element) */
+  size_t out;             /* destination element bytes */
+  int64_t ext[64];        /* extents */
+  int64_t sstr[64];       /* source strides, bytes */
+  int64_t dstr[64];       /* destination strides, bytes (row-major) */
+} dl_layout;
+
+/* contract: fills `L` with the canonical layout of the tensor (extents `shape`, strides
+ * `strides` in elements of `src_size` bytes, ndim <= 64) copied as `cast` says; returns 0
+ * for an empty tensor (L unfilled), else 1. */
+static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
+                                 const int64_t* strides, size_t src_size, dl_copy_cast cast) {
+  int n = 0, d;
+  for (d = 0; d < ndim; d++) {
+    if (shape[d] == 0) return 0;
+  }
+  for (d = 0; d < ndim; d++) {
+    if (shape[d] == 1) continue; /* its stride never moves the pointer */
+    /* Merge with the axis before when together they are one run of the inner stride. */
+    if (n > 0 && L->sstr[n - 1] == strides[d] * shape[d]) {
+      L->ext[n - 1] *= shape[d];
+      L->sstr[n - 1] = strides[d];
+      continue;
+    }
+    L->ext[n] = shape[d];
+    L->sstr[n] = strides[d];
+    n++;
+  }
+  L->size = src_size;
+  for (d = 0; d < n; d++) L->sstr[d] *= (int64_t)src_size;
+  /* A dense innermost run of up to 32 bytes (a pixel's channels, a complex pair) is one
+   * wider element: the same bytes, moved whole. */
+  if (cast == DL_COPY_SAME && n > 0 && L->sstr[n - 1] == (int64_t)src_size) {
+    const int64_t run = L->ext[n - 1] * (int64_t)src_size;
+    if (run <= 32) {
+      L->size = (size_t)run;
+      n--;
+    }
+  }
+  L->n = n;
+  L->out = cast == DL_COPY_SAME ? L->size : L->size / 2;
+  for (d = n - 1; d >= 0; d--) {
+    L->dstr[d] = d == n - 1 ? (int64_t)L->out : L->dstr[d + 1] * L->ext[d + 1];
+  }
+  return 1;
+}
+
+/* contract: writes part `part` of `nparts` (0 <= part < nparts) of the copy dl_gather
+ * makes: the destination is cut along one canonical axis into nparts slices of
+ * near-equal size, and this call writes slice `part`. The parts write disjoint bytes
+ * and read only the source, so that threads may run them at once; together they write
+ * what dl_gather writes. Two parts pay from about DL_COPY_PARALLEL_MIN bytes. */
+static inline void dl_gather_part(char* restrict dst, const char* restrict src, int ndim,
+                                  const int64_t* shape, const int64_t* strides,
+                                  size_t src_size, dl_copy_cast cast, int part, int nparts) {
+  dl_layout L;
+  dl_plane P = {0}; /* used where tj >= 0 */
+  int64_t oe[64], os[64], od[64], idx[64]; /* the odometer's axes */
+  int m = 0, d, tj = -1, n, stream;
+  if (!dl_layout_make(&L, ndim, shape, strides, src_size, cast)) return;
+  n = L.n;
+  if (n == 0) { /* one element */
+    if (part == 0) dl_put1(dst, src, L.size, cast);
+    return;
+  }
+  /* A transpose: the innermost axis strides wider than another axis (j) that is not a
+   * broadcast, and wider than two elements (the rows of a stride of one or two elements
+   * have vector loops of their own); j is the one of narrowest stride. */
+  {
+    const int64_t si = L.sstr[n - 1] < 0 ? -L.sstr[n - 1] : L.sstr[n - 1];
+    int64_t best = si;
+    for (d = 0; d < n - 1; d++) {
+      const int64_t s = L.sstr[d] < 0 ? -L.sstr[d] : L.sstr[d];
+      if (s != 0 && s < best) {
+        best = s;
+        tj = d;
+      }
+    }
+    if (si <= 2 * (int64_t)L.size) tj = -1; /* a broadcast row, or a nearly dense one */
+  }
+  /* Streaming stores for a large transpose (decided on the whole copy, not the part):
+   * except where the destination is likely fresh pages (as large as glibc's mmap'd
+   * blocks) that a band of the plane fills while the kernel's zeroes are still cached. */
+  stream = 0;
+  if (tj >= 0 && L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN) {
+    const int64_t rows = (int64_t)(DL_PANEL_J / L.size) < L.ext[tj] ? (int64_t)(DL_PANEL_J / L.size)
+                                                                       : L.ext[tj];
+    const int64_t band = rows * (L.dstr[tj] < 0 ? -L.dstr[tj] : L.dstr[tj]);
+    stream = L.dstr[0] * L.ext[0] < (int64_t)DL_COPY_FRESH_MIN || band > (int64_t)DL_COPY_BAND_MAX;
+  }
+  if (nparts > 1) { /* keep this part's slice of one axis */
+    int a = -1, k;
+    int64_t lo, hi;
+    /* The first axis that cuts evenly (nparts divides it) or finely (8 * nparts at least):
+     * one that the odometer walks first (each part then copies whole planes or rows),
+     * else the plane's j, else the row's; else the longest. */
+    for (k = 0; k < n + 1 && a < 0; k++) {
+      d = k < n - 1 ? k : k == n - 1 ? tj : n - 1;
+      if (d < 0 || (k < n - 1 && d == tj)) continue;
+      if (L.ext[d] >= 8 * (int64_t)nparts || L.ext[d] % nparts == 0) a = d;
+    }
+    if (a < 0) {
+      a = 0;
+      for (d = 1; d < n; d++) {
+        if (L.ext[d] > L.ext[a]) a = d;
+      }
+    }
+    lo = L.ext[a] * part / nparts;
+    hi = L.ext[a] * (part + 1) / nparts;
+    if (hi <= lo) return;
+    src += lo * L.sstr[a];
+    dst += lo * L.dstr[a];
+    L.ext[a] = hi - lo;
+  }
+  if (tj >= 0) {
+    dl_plane_make(&P, L.ext[tj], L.ext[n - 1], L.sstr[tj], L.sstr[n - 1], L.dstr[tj], L.size,
+                  cast, stream);
+  }
+  for (d = 0; d < n - 1; d++) {
+    if (d == tj) continue;
+    oe[m] = L.ext[d];
+    os[m] = L.sstr[d];
+    od[m] = L.dstr[d];
+    idx[m] = 0;
+    m++;
+  }
+  {
+    int64_t so = 0, doff = 0; /* bytes from src, dst to this position: inside both */
+    for (;;) {
+      if (tj >= 0) {
+        dl_plane_copy(&P, dst + doff, src + so);
+      } else {
+        dl_row(dst + doff, src + so, L.ext[n - 1], L.sstr[n - 1], L.size, cast);
+      }
+      /* Next position: the odometer over the other axes. */
+      for (d = m - 1; d >= 0; d--) {
+        if (++idx[d] < oe[d]) {
+          so += os[d];
+          doff += od[d];
+          break;
+        }
+        so -= (oe[d] - 1) * os[d];
+        doff -= (oe[d] - 1) * od[d];
+        idx[d] = 0;
+      }
+      if (d < 0) break;
+    }
+  }
+#if DL_COPY_SSE2
+  if (stream) _mm_sfence(); /* the streaming stores, ordered before what follows */
+#endif
 }
 
 /* contract: copies the `ndim`-d tensor at `src` (extents `shape`, strides `strides` in
  * elements of `src_size` bytes) into `dst` in row-major order, each element as `cast`
  * says; `dst` holds every element. ndim <= 64 (TensorInfo's bound); an empty tensor
- * writes nothing. The innermost axis is one run (a memcpy where its stride is 1). */
+ * writes nothing. */
 static inline void dl_gather(char* restrict dst, const char* restrict src, int ndim,
                              const int64_t* shape, const int64_t* strides, size_t src_size,
                              dl_copy_cast cast) {
-  int64_t ext[64], str[64], idx[64];
-  int n = 0, d;
-  for (d = 0; d < ndim; d++) {
-    if (shape[d] == 0) return;
-    if (shape[d] == 1) continue; /* its stride never moves the pointer */
-    /* Merge with the axis before when together they are one run of the inner stride. */
-    if (n > 0 && str[n - 1] == strides[d] * shape[d]) {
-      ext[n - 1] *= shape[d];
-      str[n - 1] = strides[d];
-      continue;
-    }
-    ext[n] = shape[d];
-    str[n] = strides[d];
-    idx[n] = 0;
-    n++;
-  }
-  if (n == 0) { /* one element */
-    dl_copy_run(dst, src, 1, 1, src_size, cast);
-    return;
-  }
-  const int64_t inner = ext[n - 1], step = str[n - 1];
-  int64_t off = 0; /* bytes from src to the row's first element: always inside the tensor */
-  for (;;) {
-    dst = dl_copy_run(dst, src + off, inner, step, src_size, cast);
-    /* Next row: the odometer over the outer axes. */
-    for (d = n - 2; d >= 0; d--) {
-      if (++idx[d] < ext[d]) {
-        off += str[d] * (int64_t)src_size;
-        break;
-      }
-      off -= (ext[d] - 1) * str[d] * (int64_t)src_size;
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
+  dl_gather_part(dst, src, ndim, shape, strides, src_size, cast, 0, 1);
 }
 
 #endif /* DLINSPECT_COPY_H_ */

@@ -19,6 +19,7 @@ jax = pytest.importorskip("jax")
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
 from _computations import assert_computes_like  # noqa: E402
+from _helpers import target  # noqa: E402
 
 
 def pointer(arr) -> int:
@@ -137,9 +138,10 @@ class TestAgreementOnGPU:
         assert route.kind != "error", route
         np.testing.assert_allclose(np.asarray(y, dtype=np.float64),
                                    t.detach().double().cpu().numpy())
-        # what users compute with it, on the GPU (a permuted order is kept committed)
+        # what users compute with it, on the GPU and moved (a permuted order is imported,
+        # then copied into row-major order on the GPU: one layout out, uncommitted)
         assert_computes_like(y, t.detach().cpu().numpy(), case)
-        assert y._committed == bool(route.facts.get("keeps_layout")), route
+        assert not y._committed and target().row_major(y), route
         if t.numel():
             assert route.zero_copy == (pointer(y) == t.data_ptr()), route
 
