@@ -259,12 +259,21 @@ def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
     committed as it was), then, where a place was asked for, put there (committed)."""
     f = route.facts
     if f.get("relayout"):
-        x = x.copy()
+        x = _array_copy(x, tg)
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
 
+cdef object _array_copy(x, JaxTarget tg):
+    """A jax.Array's own copy, row-major (typed PRNG key arrays too, which jnp.array
+    refuses); one in another layout on a JAX that computes nothing with it (jaxlib 0.4.30:
+    not even a copy) goes through host memory."""
+    if tg.permuted_ok or _row_major_array(x, tg):
+        return x.copy()
+    return tg.jax.device_put(_np.asarray(x), x.sharding)
+
+
 def _ex_array_copy(Route route, cap, x, JaxTarget tg, opts):
-    return x.copy()   # (typed PRNG key arrays too, which jnp.array refuses)
+    return _array_copy(x, tg)
 
 
 def _ex_raise(Route route, cap, x, tg, opts):

@@ -77,9 +77,10 @@ class Need(_enum.IntFlag):
     ``jax.device_put`` to another device reads its buffer as row-major. Every array
     dlinspect hands out is row-major."""
     SHAPE = NEED_SHAPE
-    """A shape no array can have: more than ``MAX_NDIM`` (64) dimensions once vector
-    lanes are a trailing axis, or an empty tensor's nonzero extents whose product, in
-    bytes, passes 2**63 - 1 (NumPy refuses such an array, and XLA aborts the process)."""
+    """A shape no array can have: more dimensions than NumPy holds
+    (``NUMPY_MAX_NDIM``: 64, 32 before NumPy 2) once vector lanes are a trailing axis, or
+    an empty tensor's nonzero extents whose product, in bytes, passes 2**63 - 1 (NumPy
+    refuses such an array, and XLA aborts the process)."""
 
 
 # contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
@@ -119,7 +120,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
             on_cpu = False
     if info.size == 0:
         return n | NEED_EMPTY | _shape_needs(info)
-    if info.ndim == _MAX_NDIM and info._lanes != 1:
+    if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         n |= NEED_SHAPE
     if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
@@ -161,11 +162,16 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
         n |= NEED_LANES
     if info.size == 0:
         return n | NEED_EMPTY | _shape_needs(info)
-    if info.ndim == _MAX_NDIM and info._lanes != 1:
+    if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         n |= NEED_SHAPE
     if _packed(info):
         n |= NEED_PACKED
     return n
+
+
+#: The most dimensions a NumPy array has here (NPY_MAXDIMS: 64, 32 before NumPy 2).
+NUMPY_MAX_NDIM = 64 if int(_np.__version__.split(".")[0]) >= 2 else 32
+cdef int _NUMPY_MAX_NDIM = NUMPY_MAX_NDIM
 
 
 cdef uint32_t _shape_needs(TensorInfo info) noexcept:
@@ -173,7 +179,7 @@ cdef uint32_t _shape_needs(TensorInfo info) noexcept:
     tensor with elements has its bytes within int64 already: TensorInfo checks it)."""
     cdef int64_t nbytes = info._lanes * ((info._bits + 7) // 8)
     cdef int i
-    if info.ndim + (info._lanes != 1) > _MAX_NDIM:
+    if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         return NEED_SHAPE
     for i in range(info.ndim):
         if info._shape[i] and dl_mul_overflow(nbytes, info._shape[i], &nbytes):
@@ -219,7 +225,7 @@ def stack_column(list column, Py_ssize_t alignment):
     """
     cdef Py_buffer src
     cdef Py_ssize_t k, n = len(column)
-    if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _MAX_NDIM:
+    if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
         return None   # (a batch of 65 dimensions: the caller's path says why not)
     shape, dtype = column[0].shape, column[0].dtype
     if dtype.hasobject or not dtype.isnative or dtype.names is not None:

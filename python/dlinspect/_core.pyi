@@ -10,6 +10,7 @@ import numpy as np
 from ._options import Fallback, Leaves, Narrow, ReadOnly, SupportsDLPack, Target
 
 MAX_NDIM: int
+NUMPY_MAX_NDIM: int
 FLAG_READ_ONLY: int
 FLAG_IS_COPIED: int
 FLAG_IS_SUBBYTE_TYPE_PADDED: int

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import _core, _tree
-from ._core import MAX_NDIM, aligned_empty, is_tensor, physical_memory, to_host
+from ._core import NUMPY_MAX_NDIM, aligned_empty, is_tensor, physical_memory, to_host
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
 
 __all__ = ["stack"]
@@ -262,11 +262,11 @@ def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: 
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(e for e in shape if e)
-    if len(shape) > MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
+    if len(shape) > NUMPY_MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
         raise StackError(
             f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, has "
             + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "
-               f"at most {MAX_NDIM}" if len(shape) > MAX_NDIM else
+               f"at most {NUMPY_MAX_NDIM}" if len(shape) > NUMPY_MAX_NDIM else
                "no elements, but nonzero extents that multiply past 2**63 - 1 bytes, which "
                "NumPy holds no array of") + ". To fix: give that leaf fewer dimensions, or smaller extents.")
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _core as C
 from ._core import DLDataTypeCode as Code
-from ._core import MAX_NDIM, Need, device_name, device_row, dtype_name
+from ._core import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
 from ._options import Target
 from ._tree import flatten
 from .errors import (
@@ -266,9 +266,11 @@ def _lanes_share_bytes(route: Any) -> Parts:
 def _shape(route: Any) -> Parts:
     info = route.info
     into = "NumPy" if route.target == "host" else "JAX"
-    if info.ndim + (info.dtype[2] != 1) > MAX_NDIM:
-        why = (f"its {info.dtype[2]} vector lanes become a trailing axis, and {into} arrays "
-               f"have at most {MAX_NDIM} dimensions")
+    lanes = info.dtype[2] != 1
+    if info.ndim + lanes > NUMPY_MAX_NDIM:
+        why = (f"it has {info.ndim} dimensions" + (", and its vector lanes one more" if lanes
+                                                   else "")
+               + f", and the NumPy arrays it goes through hold at most {NUMPY_MAX_NDIM}")
         fix = "reshape it to fewer dimensions with its own library first"
     else:
         why = (f"it has no elements, but its nonzero extents multiply past 2**63 - 1 bytes, "
