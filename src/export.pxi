@@ -479,15 +479,6 @@ cdef int _refuse_dead_array(object x) except -1:
     return 0
 
 
-def jax_array_problem(x):
-    """The error a ``jax.Array`` raises on every route (deleted or donated), or None."""
-    try:
-        _refuse_dead_array(x)
-    except ProducerError as exc:
-        return exc
-    return None
-
-
 def is_tensor(x):
     """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert).
 
@@ -721,13 +712,8 @@ def peek(obj, /):
 
 
 def export(x, stream_for=None):
-    """Export ``x`` once for a consumer: ``(capsule, TensorInfo)``.
-
-    The one routine that calls producers (see this file's head). A bare capsule
-    is returned as it is, read but not consumed. ``stream_for(device_type,
-    device_id)`` gives the ``stream`` to pass for CUDA/ROCm memory (the
-    consumer's stream, array API ``__dlpack__``); None for every other device.
-    """
+    """Export ``x`` once for a consumer: ``(capsule, TensorInfo)`` (a bare capsule read, not
+    consumed); ``stream_for(device_type, device_id)``: the ``stream`` for CUDA/ROCm memory."""
     cdef PyObject* cap = NULL
     info = _export(x, MODE_TAKE, stream_for, &cap)
     return (_take_ref(cap), info)
@@ -743,12 +729,6 @@ def host_methods(x):
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
 
 
-def host_into(x):
-    """How ``x``'s producer copies into host memory dlinspect gives it (the producer
-    table's ``into``: "torch", or a method name), or None where it cannot."""
-    return _entry_for(type(x)).into
-
-
 def into_call(into):
     """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
     else ``x.NAME(out)``."""
@@ -756,14 +736,9 @@ def into_call(into):
 
 
 def export_host_copy_into(x, out):
-    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype,
-    C order): the one copy of a host fallback, into memory JAX can view.
-
-    Returns
-    -------
-    str or None
-        None when ``out`` holds the values; else what was tried and why it failed.
-    """
+    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype, C
+    order; the producer table's ``into``): None when ``out`` holds the values, else what
+    was tried and why it failed."""
     into = _entry_for(type(x)).into
     try:
         if into == "torch":
@@ -773,25 +748,15 @@ def export_host_copy_into(x, out):
         else:
             getattr(x, into)(out)
     except Exception as exc:
-        return f"{into_call(into)} raised {_first_line(exc)}"
+        return f"{into_call(into)} raised {first_line(exc)}"
     return None
 
 
 def export_host_copy(x):
-    """Ask the producer for a host copy of ``x``.
-
-    Tried in order: ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``; the producer's
-    own documented to-host method (``x.asnumpy()``, ``x.numpy()``; see
-    :data:`HOST_METHODS`); the array protocol (``numpy.asarray(x)``).
-
-    Returns
-    -------
-    tuple
-        ``(capsule, TensorInfo)`` when ``__dlpack__`` serves host memory; else
-        ``(ndarray, None)`` from a method or the array protocol when that gives a
-        numeric array; else ``(None, tried)``, ``tried`` being a list of what was
-        tried and why it failed, in words.
-    """
+    """Ask the producer for a host copy of ``x``, in this order: ``(capsule, TensorInfo)``
+    from ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` where it serves host memory;
+    ``(ndarray, None)`` from :data:`HOST_METHODS` or ``numpy.asarray(x)`` where one gives
+    a numeric array; else ``(None, tried)``: what was tried and why it failed, in words."""
     cdef TensorInfo info
     cdef PyObject* p = NULL
     tried = []
@@ -803,13 +768,13 @@ def export_host_copy(x):
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")
     except ProducerError as exc:
-        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised {_first_line(exc.__cause__ or exc)}")
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised {first_line(exc.__cause__ or exc)}")
     import numpy
     for name in host_methods(x):
         try:
             arr = getattr(x, name)()
         except Exception as exc:
-            tried.append(f"x.{name}() raised {_first_line(exc)}")
+            tried.append(f"x.{name}() raised {first_line(exc)}")
             continue
         if isinstance(arr, numpy.ndarray) and arr.dtype != object:
             return (arr, None)
@@ -820,10 +785,12 @@ def export_host_copy(x):
             return (arr, None)
         tried.append("numpy.asarray gave an object array (the producer has no __array__)")
     except Exception as exc:
-        tried.append(f"numpy.asarray raised {_first_line(exc)}")
+        tried.append(f"numpy.asarray raised {first_line(exc)}")
     return (None, tried)
 
 
-cdef str _first_line(BaseException exc):
+def first_line(exc, typed=True):
+    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
     text = str(exc)
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if typed else line

@@ -193,17 +193,13 @@ def _plain(value):
     return isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items())
 
 
-def _pickles(value):
-    try:
-        _pickle.dumps(value)
-    except Exception:
-        return False
-    return True
-
-
 def _picklable_error(error):
     """``error`` itself where it pickles; else a DLInspectError with its words."""
-    return error if error is None or _pickles(error) else DLInspectError(str(error))
+    try:
+        _pickle.dumps(error)
+    except Exception:
+        return DLInspectError(str(error))
+    return error
 
 
 def _device_ref(device):
@@ -440,7 +436,7 @@ cdef object _copy_into(TensorInfo info, uint32_t needs, source):
     same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
     if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None:
         return None
-    return host_into(source)
+    return _entry_for(type(source)).into
 
 
 # ---- NumPy -----------------------------------------------------------------
@@ -566,9 +562,10 @@ def route_jax_array(x, opts, JaxTarget tg):
     only ``device_put`` or a copy; a deleted or donated one is an error route. One in
     another layout than JAX's row-major default (``jax.dlpack.from_dlpack`` of a
     transpose) is copied into it first: ``jax.device_put`` moves such an array wrong."""
-    dead = jax_array_problem(x)
-    if dead is not None:
-        return failed(dead, "jax")
+    try:
+        _refuse_dead_array(x)
+    except ProducerError as exc:
+        return failed(exc, "jax")
     try:
         nbytes = x.nbytes
     except Exception:   # typed PRNG keys on jax 0.4: "Cannot call abstract method nbytes"

@@ -49,7 +49,7 @@ def uneven(shape, sharding):
     try:
         counts = tiling(sharding, len(shape))
     except (ValueError, TypeError, IndexError) as exc:
-        return ("ndim", len(shape), (str(exc).splitlines() or [""])[0])
+        return ("ndim", len(shape), first_line(exc, False))
     for axis, (size, count) in enumerate(zip(shape, counts)):
         if size % count:
             return ("axis", axis, size, count, len(sharding.device_set))

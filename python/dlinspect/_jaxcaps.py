@@ -311,7 +311,7 @@ class JaxCaps:
         try:
             _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
-            return (str(exc).splitlines() or [""])[0]
+            return _core.first_line(exc, False)
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
@@ -412,8 +412,7 @@ class JaxCaps:
                 and np.asarray(a).tolist() == x.tolist() for a in ours)
                 and ours[0]._committed is False and ours[1]._committed is True)
         except Exception as exc:   # another signature, another array: not used
-            first = (str(exc).splitlines() or [""])[0]
-            return self._no_put(f"its probe failed ({type(exc).__name__}: {first}); "
+            return self._no_put(f"its probe failed ({_core.first_line(exc)}); "
                                 f"using {SYMBOLS['batched_put'].fallback}")
         if not same:
             return self._no_put(f"its probe: it does not view aligned memory in place, or gives another "

@@ -66,7 +66,7 @@ def doctor_report() -> dict[str, Any]:
         try:
             jax.devices()
         except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
-            report["jax_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            report["jax_error"] = _core.first_line(exc)
             jax = None
     if jax is None:
         report["jax"] = None
