@@ -335,8 +335,6 @@ cdef int _rank(route):
     return 0 if action in _TAKES_NOTHING else 1
 
 
-
-
 cdef inline bint _tensor_type(v):
     """``v`` is a tensor by its type alone (a capsule, or a type with ``__dlpack__``, the
     C exchange API or a row of the producer table): a leaf, never a container."""

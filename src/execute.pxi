@@ -108,7 +108,7 @@ def repeated_capsule_error():
         "or the producer object instead (its __dlpack__ makes a capsule for every leaf).")
 
 
-# ---- the executors: (route, capsule, source, target, options) -> array ------------------
+# ---- the executors ----------------------------------------------------------------------
 
 def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
@@ -250,10 +250,6 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
     return tg.jax.device_put(arr, opts.sharding)
 
 
-def _ex_pass(Route route, cap, x, JaxTarget tg, opts):
-    return x
-
-
 def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
     """A jax.Array made row-major where it is in another layout (a copy on its device,
     committed as it was), then, where a place was asked for, put there (committed)."""
@@ -263,20 +259,16 @@ def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
 
-def _ex_array_copy(Route route, cap, x, JaxTarget tg, opts):
-    return x.copy()   # (typed PRNG key arrays too, which jnp.array refuses)
-
-
-def _ex_raise(Route route, cap, x, tg, opts):
-    _raise_route(route)
-
-
-#: One executor per action of a JAX route (routes.pxi).
+#: One executor per action of a JAX route (routes.pxi): (route, capsule, source, target,
+#: options) -> array.
 EXECUTORS = {
     IMPORT: _ex_import, HOST_COPY: _ex_host_copy, HOST_VIEW: _ex_host_view, EMPTY: _ex_empty,
     PRODUCER_COPY: _ex_producer_copy, NUMPY_PUT: _ex_numpy_put, NUMPY_COPY: _ex_numpy_copy,
-    SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread, PASS: _ex_pass,
-    ARRAY_PUT: _ex_array_put, ARRAY_COPY: _ex_array_copy, RAISE: _ex_raise,
+    SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread,
+    PASS: lambda route, cap, x, tg, opts: x, ARRAY_PUT: _ex_array_put,
+    # (a jax.Array's own copy: typed PRNG key arrays too, which jnp.array refuses)
+    ARRAY_COPY: lambda route, cap, x, tg, opts: x.copy(),
+    RAISE: lambda route, cap, x, tg, opts: _raise_route(route),
 }
 
 
@@ -344,11 +336,9 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
 # ---- host memory -----------------------------------------------------------
 
 cdef tuple _host_view(cap, TensorInfo info, read_only=None):
-    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it).
-
-    Vector lanes become a trailing axis. ``read_only`` None: a legacy capsule,
-    which cannot say, gives a read-only view, as NumPy does.
-    """
+    """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, and
+    the owner that frees it; ``read_only`` None: a legacy capsule, which cannot say, gives
+    a read-only view, as NumPy does."""
     if read_only is None:
         read_only = info.read_only is not False
     owner = take(cap, read_only, info)
@@ -428,10 +418,6 @@ cdef object _host_execute(Route route, cap, x):
     return HOST_EXECUTORS[route.action](route, cap, x)
 
 
-def _host_raise(Route route, cap, x):
-    _raise_route(route)
-
-
 def _host_producer_copy(Route route, cap, x):
     del cap
     out, tried = _copy_into_host(route, x, 64)
@@ -450,25 +436,12 @@ def _host_empty(Route route, cap, x):
     return _np_empty(info._host_shape(), info.numpy_dtype)
 
 
-def _host_unpack(Route route, cap, x):
-    return _unpack_subbyte(cap, route.info)
-
-
-def _host_copy_out(Route route, cap, x):
-    return _host_copy(cap, route.info)
-
-
-def _host_view_out(Route route, cap, x):
-    return _host_view(cap, route.info)[0]
-
-
-def _host_numpy_copy(Route route, cap, x):
-    return _native_copy(x)
-
-
-#: One executor per action of a host route.
+#: One executor per action of a host route: (route, capsule, source) -> array.
 HOST_EXECUTORS = {
-    RAISE: _host_raise, PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
-    UNPACK: _host_unpack, HOST_COPY: _host_copy_out, HOST_VIEW: _host_view_out,
-    NUMPY_COPY: _host_numpy_copy,
+    RAISE: lambda route, cap, x: _raise_route(route),
+    PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
+    UNPACK: lambda route, cap, x: _unpack_subbyte(cap, route.info),
+    HOST_COPY: lambda route, cap, x: _host_copy(cap, route.info),
+    HOST_VIEW: lambda route, cap, x: _host_view(cap, route.info)[0],
+    NUMPY_COPY: lambda route, cap, x: _native_copy(x),
 }

@@ -768,7 +768,8 @@ def export_host_copy(x):
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")
     except ProducerError as exc:
-        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised {first_line(exc.__cause__ or exc)}")
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
+                     f"{first_line(exc.__cause__ or exc)}")
     import numpy
     for name in host_methods(x):
         try:

@@ -320,7 +320,6 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
         raise
 
 
-
 @cython.binding(True)
 def to_host(x, copy=None):
     """A NumPy array of a DLPack tensor's values, zero-copy for host memory.

@@ -227,20 +227,10 @@ cdef dict _numpy_cache = {}
 
 
 def dtype_name(int code, int bits, int lanes=1):
-    """The NumPy / ml_dtypes name of a ``DLDataType``.
-
-    Parameters
-    ----------
-    code, bits, lanes : int
-        The three fields of ``DLDataType`` (DLPack ``dlpack.h``, ``DLDataType``).
-
-    Returns
-    -------
-    str
-        ``"float32"``, ``"bool"``, ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...;
-        a vector type (``lanes > 1``) is ``"float32x4"``; an opaque handle is
-        ``"opaque64"``; an unknown code is ``"DLDataType(code=42, bits=8)"``.
-    """
+    """The NumPy / ml_dtypes name of a ``DLDataType``: ``"float32"``, ``"bool"``,
+    ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...; ``"float32x4"`` for a vector type
+    (``lanes > 1``), ``"opaque64"`` for an opaque handle, ``"DLDataType(code=42, bits=8)"``
+    for an unknown code."""
     key = (code, bits, lanes)
     name = _names_cache.get(key)
     if name is not None:
@@ -279,12 +269,8 @@ cdef inline object _numpy_dtype(int code, int bits):
 
 
 def numpy_dtype(int code, int bits, int lanes=1):
-    """The NumPy dtype of one element, or None where none exists.
-
-    bfloat16, float8, float6, float4, int4/uint4 and int2/uint2 come from
-    ``ml_dtypes`` when it is installed; vector types (``lanes > 1``) and opaque
-    handles have no NumPy dtype.
-    """
+    """The NumPy dtype of one element, or None where none exists (vector types, opaque
+    handles); bfloat16, float8/6/4, int4/uint4, int2/uint2 from ``ml_dtypes`` if installed."""
     if lanes != 1:
         return None
     key = code | (bits << 8)
@@ -306,13 +292,8 @@ def numpy_dtype(int code, int bits, int lanes=1):
 
 
 def dldtype_from_numpy(dtype):
-    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype.
-
-    Raises
-    ------
-    ValueError
-        If DLPack has no code for the dtype (object, string, datetime...).
-    """
+    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype; ValueError where DLPack
+    has no code for it (object, string, datetime...)."""
     name = _np_dtype(dtype).name
     got = _DTYPE_BY_NAME.get(name)
     if got is not None:
