@@ -130,11 +130,9 @@ _IMPORT_SIGNATURES = (
 
 
 def _import_adapter(fn: Any) -> tuple[Callable[..., Any] | None, str]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature; or None.
-
-    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned
-    import may copy silently, which is why the alignment probe checks pointers.
-    """
+    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and how.
+    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned import may
+    copy silently, which is why the alignment probe checks pointers."""
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
     for names in _IMPORT_SIGNATURES:
         if not all(name in doc for name in names):
@@ -166,23 +164,11 @@ class _X64Flag:
 
 class JaxCaps:
     """Finds out what the installed JAX takes and builds its :class:`~dlinspect._core.JaxTarget`
-    (one instance per process); what ``dlinspect doctor`` reports comes from here too.
-
-    Attributes
-    ----------
-    mapping : dict
-        ``DLDeviceType`` value to platform name, as the installed jax maps them.
-    platforms : set of str
-        The platforms with devices addressable by this process.
-    direct : bool
-        jaxlib's own import function is used (False: the public API).
-    direct_reason : str
-        Which function, or why the public ``jax.dlpack.from_dlpack`` is used.
-    symbols : dict of str to SymbolStatus
-        What each entry of :data:`SYMBOLS` resolved to, by its name.
-    target : dlinspect._core.JaxTarget
-        What the decision (``needs``) and the fast path read.
-    """
+    (one instance per process); what ``dlinspect doctor`` reports comes from here too:
+    ``mapping`` (``DLDeviceType`` value to platform, as jax maps them), ``platforms`` (those
+    this process addresses), ``direct`` (jaxlib's own import function is used, else the
+    public API) and ``direct_reason`` (which, or why), ``symbols`` (what each entry of
+    :data:`SYMBOLS` resolved to, by name)."""
 
     def __init__(self) -> None:
         import jax
@@ -474,10 +460,9 @@ class JaxCaps:
 
     def _assembler(self) -> Callable[..., Any]:
         """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
-        arrays listed in the order of ``devices`` (the sharding's addressable devices, as
-        ``addressable_devices_indices_map`` lists them). jaxlib's ArrayImpl without its
-        re-check where the order is the sharding's own and a probe gives the same array as
-        the public function; else the public function."""
+        arrays in the order of ``devices`` (``addressable_devices_indices_map``'s): jaxlib's
+        ArrayImpl without its re-check where the order is the sharding's own and a probe gives
+        the public function's array; else the public function."""
         jax = self.jax
         public = jax.make_array_from_single_device_arrays
 
@@ -577,13 +562,8 @@ _caps_lock = threading.Lock()
 
 
 def caps() -> JaxCaps:
-    """The process-wide :class:`JaxCaps` (imports jax on first call).
-
-    Raises
-    ------
-    ImportError
-        jax is not installed; the message gives the install command.
-    """
+    """The process-wide :class:`JaxCaps` (imports jax on first call; ImportError with the
+    install command where jax is not installed)."""
     global _caps
     if _caps is None:
         with _caps_lock:
@@ -599,22 +579,14 @@ def caps() -> JaxCaps:
 
 
 def target() -> Any:
-    """The process-wide :class:`~dlinspect._core.JaxTarget` (imports jax on first call).
-
-    Raises
-    ------
-    ImportError
-        jax is not installed; the message gives the install command.
-    """
+    """The process-wide :class:`~dlinspect._core.JaxTarget` (as :func:`caps`)."""
     c = _caps if _caps is not None else caps()
     return c._target if c._target is not None else c.target
 
 
 def force_public_api(on: bool = True) -> None:
-    """Route every JAX import through the public ``jax.dlpack.from_dlpack``.
-
-    For testing the fallback path; ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up.
-    """
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
+    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
     caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
 
 
