@@ -34,9 +34,8 @@ from .errors import (
 )
 
 __all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain", "explain_one",
-           "explain_tree",
-           "describe", "narrowing_text", "device_fix", "allocation_error", "name_leaf",
-           "INSTALL_JAX"]
+           "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
+           "name_leaf", "INSTALL_JAX"]
 
 #: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
@@ -363,14 +362,9 @@ def _allocation(route: Any) -> Parts:
     return AllocationError, "", first, rest
 
 
-def _uneven(route: Any) -> Parts:
-    subject = _subject(route) or (_numpy_head(route.facts) if "array" in route.facts else "")
-    return ShardingError, subject, f"cannot be sharded: {_uneven_words(route.facts)}", ""
-
-
 def _shard(route: Any) -> Parts:
     dev, index, shard = route.facts["shard"]
-    _, _, first, rest = _parts(shard)
+    _, _, first, rest = PROBLEMS[shard.problem](shard)
     return (type(shard.error), _subject(route),
             f"cannot be sharded as asked: its shard {_index_text(index)} for {dev} (shape "
             f"{shard.info.shape}) {first}", rest)
@@ -420,19 +414,22 @@ def _copy_forbidden(route: Any) -> Parts:
             f"To fix: {', or '.join(['pass copy=None'] + fixes)}.")
 
 
-def _uneven_words(f: dict[str, Any]) -> str:
+def _uneven(route: Any) -> Parts:
+    f = route.facts
+    subject = _subject(route) or (_numpy_head(f) if "array" in f else "")
     sharding, u = f["sharding"], f["uneven"]
     if u[0] == "ndim":
         _, ndim, why = u
-        return (f"{sharding} does not fit a tensor of {ndim} dimensions ({why}). To fix: give "
-                f"this leaf a PartitionSpec with at most {ndim} entries, e.g. PartitionSpec() "
-                f"to replicate it.")
+        return (ShardingError, subject, f"cannot be sharded: {sharding} does not fit a tensor "
+                f"of {ndim} dimensions ({why}). To fix: give this leaf a PartitionSpec with at "
+                f"most {ndim} entries, e.g. PartitionSpec() to replicate it.", "")
     _, axis, size, count, ndevices = u
     where = "the batch axis (axis 0)" if axis == 0 else f"axis {axis}"
-    return (f"{where} has {size} elements, which do not split evenly into the {count} shards "
-            f"the sharding cuts it into ({ndevices} devices). To fix: make it a multiple of "
-            f"{count} (e.g. DataLoader(..., drop_last=True), or pad the last batch), or "
-            f"replicate this leaf with PartitionSpec().")
+    return (ShardingError, subject, f"cannot be sharded: {where} has {size} elements, which do "
+            f"not split evenly into the {count} shards the sharding cuts it into ({ndevices} "
+            f"devices). To fix: make it a multiple of {count} (e.g. DataLoader(..., "
+            f"drop_last=True), or pad the last batch), or replicate this leaf with "
+            f"PartitionSpec().", "")
 
 
 #: The words of every problem an error route carries ("raised": the producer's or the
@@ -446,11 +443,6 @@ PROBLEMS: dict[str, Callable[[Any], Parts]] = {
 }
 
 
-def _parts(route: Any) -> Parts:
-    """The error of an error route, in parts (see the module's doc)."""
-    return PROBLEMS[route.problem](route)
-
-
 def error(route: Any) -> Exception | None:
     """The exception executing ``route`` raises (None unless its kind is "error")."""
     if route.problem is None:
@@ -458,7 +450,7 @@ def error(route: Any) -> Exception | None:
     if route.problem == "raised":
         exc = route.facts["cause"]
     else:
-        cls, subject, first, rest = _parts(route)
+        cls, subject, first, rest = PROBLEMS[route.problem](route)
         exc = cls(" ".join(s for s in (subject, first, rest) if s))
         if route.problem == "shard":
             exc.__cause__ = route.facts["shard"][2].error
@@ -604,7 +596,7 @@ def reason(route: Any) -> str:
         dev, index, shard = route.facts["shard"]
         text = f"The shard {_index_text(index)} for {dev}: {shard.reason}"
     else:
-        _, subject, first, _ = _parts(route)
+        _, subject, first, _ = PROBLEMS[route.problem](route)
         text = f"{subject} {first}" if subject else first
     return f"{route.key_path}: {text}" if route.key_path else text
 

@@ -79,9 +79,7 @@ def doctor_report() -> dict[str, Any]:
             "devices": [str(d) for d in jax.devices()],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
             "cpu_alignment": target.cpu_align,
-            "dlpack_platforms": {str(dlinspect.DLDeviceType(k)) if k in
-                                 dlinspect.DLDeviceType._value2member_map_ else str(k): v
-                                 for k, v in sorted(c.mapping.items())},
+            "dlpack_platforms": {str(_core.as_device_type(k)): v for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
                                 for s in c.symbols.values()],
         }
