@@ -46,8 +46,6 @@ cdef JaxTarget _jax_target():
     return _TARGET
 
 
-# ---- the front door -------------------------------------------------------------
-
 @cython.binding(True)
 def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonly="copy",
            leaves="keep", narrow="warn"):

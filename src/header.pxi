@@ -146,7 +146,6 @@ cdef class TensorInfo:
         """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""
         return self._code | (self._bits << 8)
 
-    # -- identity --------------------------------------------------------
     @property
     def device_type(self):
         return as_device_type(self._dev_type)
@@ -165,7 +164,6 @@ cdef class TensorInfo:
     def host_accessible(self):
         return _host_accessible(self._dev_type)
 
-    # -- geometry --------------------------------------------------------
     @property
     def shape(self):
         return tuple([self._shape[i] for i in range(self.ndim)])
@@ -191,7 +189,6 @@ cdef class TensorInfo:
     cdef inline int64_t _itemsize(self) noexcept:
         return (<int64_t>self._bits * self._lanes + 7) // 8
 
-    # -- dtype -----------------------------------------------------------
     @property
     def dtype(self):
         return DLDataType(self._code, self._bits, self._lanes)
@@ -204,7 +201,6 @@ cdef class TensorInfo:
     def numpy_dtype(self):
         return numpy_dtype(self._code, self._bits, 1)
 
-    # -- memory ----------------------------------------------------------
     @property
     def data_ptr(self):
         return self._ptr()
@@ -219,7 +215,6 @@ cdef class TensorInfo:
             a <<= 1
         return a
 
-    # -- versioned header ------------------------------------------------
     @property
     def version(self):
         return (self._ver_major, self._ver_minor) if self._source == SRC_VERSIONED else None
@@ -243,7 +238,6 @@ cdef class TensorInfo:
     def source(self):
         return _SOURCE_NAMES[self._source]
 
-    # -- layout predicates -----------------------------------------------
     @property
     def is_c_contiguous(self):
         return self._contiguous(True)
@@ -314,7 +308,6 @@ cdef class TensorInfo:
                 return True
         return False
 
-    # -- derived headers ---------------------------------------------------
     def sliced(self, index):
         """The header of ``x[index]``, for basic slices, without touching memory.
 
@@ -382,7 +375,6 @@ cdef class TensorInfo:
                           self.flags, self._ver_major, self._ver_minor, self._dev_type,
                           self.device_id)
 
-    # -- presentation ----------------------------------------------------
     def _layout_word(self):
         if self.is_c_contiguous:
             return "C-contiguous"

@@ -88,10 +88,7 @@ cdef class LoaderReport:
     cdef bint _warned, _at_delivery
 
     def __init__(self, *, bint at_delivery=False):
-        self.batches = 0
-        self._leaves = {}
-        self._pending = []
-        self._staged = []
+        self.new_epoch()
         self._warned = False
         self._at_delivery = at_delivery
 

@@ -150,8 +150,6 @@ def stream_of(int device_type, jax_device):
     return _DEFAULT_STREAM[device_type] if stream == 0 else int(stream)
 
 
-# ---- dtypes ---------------------------------------------------------------------
-
 _DTYPE_CODES = (
     (kDLInt, "kDLInt"), (kDLUInt, "kDLUInt"), (kDLFloat, "kDLFloat"),
     (kDLOpaqueHandle, "kDLOpaqueHandle"), (kDLBfloat, "kDLBfloat"),

@@ -211,7 +211,6 @@ class JaxCaps:
         """What ``dlinspect doctor`` says of ``SYMBOLS[name]``."""
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
-    # -- devices ---------------------------------------------------------
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
         """``(device_type, device_id) -> jax.Device`` for this process's devices."""
         devices: dict[tuple[int, int], Any] = {}
@@ -233,7 +232,6 @@ class JaxCaps:
         """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
         return stream_of(device_type, self.devices.get((device_type, device_id)))
 
-    # -- what the target needs probed ------------------------------------
     @property
     def cpu_alignment(self) -> int:
         """Smallest alignment, in bytes, at which XLA:CPU imports without a copy."""
@@ -337,7 +335,6 @@ class JaxCaps:
                 return np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
         return np.dtype(numpy_dtype(*documented))
 
-    # -- the target ------------------------------------------------------
     @property
     def import_fn(self) -> Callable[..., Any]:
         """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""

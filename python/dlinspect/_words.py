@@ -44,8 +44,6 @@ _SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "in
 Parts = tuple[type[Exception], str, str, str]
 
 
-# ---- shared phrases ------------------------------------------------------------
-
 def describe(info: Any) -> str:
     """``"a float32 tensor of shape (2, 3) on kDLCPU:0"`` (``"an int64 ..."``)."""
     name = info.dtype_name
@@ -607,8 +605,6 @@ def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
     code, bits, ncode, nbits, _ = narrow
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
 
-
-# ---- explain -------------------------------------------------------------------
 
 def explain_tree(flat: Any) -> str:
     """``explain``'s text for a batch's routes (a :class:`dlinspect._tree.Flat` of them)."""
