@@ -413,11 +413,8 @@ cdef void _restore_versioned(object adapter, object original) noexcept:
 
 cdef object _import_legacy(object import_fn, object cap, object device, object stream,
                            object copy, int dl_device_type):
-    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter).
-
-    jaxlib renames the capsule only on success; on failure a versioned ``cap``
-    gets its name back, unconsumed.
-    """
+    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter): jaxlib
+    renames it only on success; on failure a versioned ``cap`` gets its name back."""
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
@@ -438,13 +435,9 @@ def import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:
-    """Owns one consumed DLPack tensor; its deleter runs when this object dies.
-
-    Exposes ``__array_interface__`` (version 3) over the tensor's bytes so that
-    ``numpy.asarray`` can view them without a copy; ``typestr`` is an unsigned
-    integer of one lane's size, for the caller to ``.view()`` as the real dtype.
-    A vector dtype (``lanes > 1``) becomes a trailing axis of length ``lanes``.
-    """
+    """Owns one consumed DLPack tensor (its deleter runs when this object dies), viewed by
+    ``numpy.asarray`` through ``__array_interface__``: unsigned integers of one lane's size
+    (for ``.view()`` as the real dtype), a vector dtype's lanes a trailing axis."""
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
     cdef readonly TensorInfo info

@@ -108,8 +108,6 @@ def repeated_capsule_error():
         "or the producer object instead (its __dlpack__ makes a capsule for every leaf).")
 
 
-# ---- the executors ----------------------------------------------------------------------
-
 def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
@@ -122,11 +120,9 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
-    """One copy of host memory, in one pass in C without the GIL, into aligned memory
-    (narrowed where JAX narrows; row-major whatever the source's layout), imported
-    without a second copy; the source is taken before it is read and freed right after.
-    (Vector lanes are copied by NumPy, as a trailing axis.) The memory is the one a
-    batch's decide half allocated (``_prepare``), else allocated here."""
+    """One copy of host memory into ``_copy_memory`` (a batch's, made by ``_prepare``), in
+    one pass in C without the GIL (vector lanes: by NumPy), imported without a second
+    copy; the source is taken before it is read and freed right after."""
     cdef TensorInfo info = route.info
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out = route._out if route._out is not None else _copy_memory(route, tg)
@@ -223,11 +219,10 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
-    """Host memory bound for CPU devices: one owner for the whole tensor, each device
-    imports its slice as decided (in one pass in C where every slice is viewed or
-    copied in C; else by each slice's own route); JAX assembles the array. The
-    producer's deleter runs when the last shard dies. A legacy capsule cannot say
-    read-only and is imported as writable, as ``to_jax`` does."""
+    """Host memory bound for CPU devices: one owner for the whole tensor (a legacy capsule's
+    imported writable), each device imports its slice by its own route (``_split_import``
+    where decided for one pass); JAX assembles the array; the producer's deleter runs when
+    the last shard dies."""
     cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
@@ -333,8 +328,6 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
         f"{_words().device_fix(info._dev_type, 'host', False)}.")
 
 
-# ---- host memory -----------------------------------------------------------
-
 cdef tuple _host_view(cap, TensorInfo info, read_only=None):
     """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, and
     the owner that frees it; ``read_only`` None: a legacy capsule, which cannot say, gives
@@ -411,8 +404,6 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
     return vals.view(info.numpy_dtype).reshape(shape).copy()
 
-
-# ---- host --------------------------------------------------------------------
 
 cdef object _host_execute(Route route, cap, x):
     return HOST_EXECUTORS[route.action](route, cap, x)

@@ -264,19 +264,13 @@ cdef bint _pinned_possible(_TypeEntry entry):
 
 
 def exchange_api_version(tp):
-    """``(major, minor)`` of the DLPack C exchange API a type defines, or None.
-
-    None also where the table exists but cannot be used (major version other
-    than 1, a NULL ``dltensor_from_py_object_no_sync`` or
-    ``managed_tensor_from_py_object_no_sync``), or is only inherited.
-    """
+    """``(major, minor)`` of the DLPack C exchange API a type defines itself and dlinspect
+    can use (major 1, both ``*_from_py_object_no_sync`` functions set), or None."""
     cdef _TypeEntry entry = _entry_for(tp)
     if entry.api == NULL:
         return None
     return (entry.api.header.version.major, entry.api.header.version.minor)
 
-
-# ---- producer errors -------------------------------------------------------
 
 _METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
 
@@ -303,8 +297,6 @@ cdef bint _about_keywords(BaseException exc):
     msg = str(exc)
     return "keyword" in msg or "max_version" in msg
 
-
-# ---- the calls -------------------------------------------------------------
 
 # contract: fills dev_type/dev_id (id_known False for a None id) or raises
 # ProducerError (the producer raised) or MalformedTensorError (not a device pair).
@@ -334,14 +326,10 @@ cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_know
 
 
 cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_copy):
-    """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``.
-
-    Called once; called again without the new keywords only when the TypeError
-    is about them (an older producer: numpy < 2.1, torch < 2.4) and no host copy
-    was asked for. Such a type is remembered and asked without them from then on.
-    """
+    """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``,
+    again without the new keywords only where its TypeError is about them (an older
+    producer: numpy < 2.1, torch < 2.4; no host copy asked), its type remembered for that."""
     cdef PyObject* args[5]
-    cdef size_t n = 1
     cdef tuple names
     args[0] = <PyObject*>x
     if entry.bare_only and not host_copy:
@@ -480,14 +468,10 @@ cdef int _refuse_dead_array(object x) except -1:
 
 
 def is_tensor(x):
-    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert).
-
-    True for a PyCapsule, a ``jax.Array`` and any object (not a class) whose type has
-    ``__dlpack__`` or the C exchange API, or is a tensor type of :data:`PRODUCERS`
-    with no DLPack form (converting those raises); False for everything else, and
-    for NumPy arrays and TensorFlow tensors of non-numeric dtypes (str, bytes,
-    object, datetime, structured; tf.string, tf.variant, tf.resource).
-    """
+    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert): a PyCapsule, a
+    ``jax.Array``, any object (not a class) whose type has ``__dlpack__`` or the C exchange
+    API or is a tensor type of :data:`PRODUCERS` with no DLPack form (converting those
+    raises); not NumPy, TensorFlow or pyarrow arrays of non-numeric dtypes."""
     if PyCapsule_CheckExact(x):
         return True
     if isinstance(x, type):

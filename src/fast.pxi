@@ -190,15 +190,12 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
                           JaxTarget tg):
-    """Consume ``cap`` into one owner and put each slice of a one-pass split
-    (``route_sharded``: ``(TensorInfo, needs)`` per slice) onto its device: viewed where
-    it needs nothing (or only VIA_CPU), else copied in C into aligned memory (narrowed
-    where JAX narrows: the route's warning was given before); one committed array over
-    ``sharding``. By jaxlib's batched put in one call where it views every slice that
-    needs nothing; else each slice imported and the array assembled. The producer's
-    deleter runs when the last viewed slice dies (at once when every slice is copied).
-    A legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
-    does."""
+    """Consume ``cap`` into one owner and put each slice of a one-pass split (``parts``:
+    ``(TensorInfo, needs)`` each) onto its device, viewed where it needs nothing but
+    VIA_CPU, else copied in C (narrowed where JAX narrows; warned before): one committed
+    array over ``sharding``, by one batched put where that views every slice needing
+    nothing, else each imported and assembled. The producer's deleter runs when the last
+    viewed slice dies; a legacy capsule, which cannot say read-only, is imported writable."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()

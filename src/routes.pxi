@@ -266,14 +266,9 @@ cdef bint _unpackable(TensorInfo info):
     return bits != 0 and 8 % bits == 0 and info._is_c_contiguous()
 
 
-# ---- JAX -------------------------------------------------------------------
-
 def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
-    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
-
-    ``source``: what the caller passed (a producer; a bare capsule, which has no
-    producer to ask for a host copy; or a TensorInfo).
-    """
+    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure); ``source``:
+    what the caller passed (a producer, a bare capsule, which has none, or a TensorInfo)."""
     return _fits(_route_jax(info, needs, tg, opts, source))
 
 
@@ -439,8 +434,6 @@ cdef object _copy_into(TensorInfo info, uint32_t needs, source):
     return _entry_for(type(source)).into
 
 
-# ---- NumPy -----------------------------------------------------------------
-
 def route_host(TensorInfo info, uint32_t needs, copy, source):
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
     return _fits(_route_host(info, needs, copy, source))
@@ -478,16 +471,11 @@ cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
 # ---- sharded: one decision per leaf ----------------------------------------
 
 def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
-    """The route of a tensor onto a multi-device ``sharding`` (pure): the one decision
-    for ``plan(x, sharding=)`` and ``to_jax(x, sharding=)`` alike.
-
-    Host memory bound for CPU devices is split in place: each slice's needs are
-    computed here, once. Where every slice is viewed as it is or, with ``copy=None``,
-    copied in one pass in C (needing only alignment, x64 narrowing, a writable copy or
-    a row-major layout), the route carries the slices (``facts["parts"]``) and is executed in one
-    pass; its ``shards`` are worded only when asked for. Otherwise each slice gets its
-    own route.
-    """
+    """The route of a tensor onto a multi-device ``sharding`` (pure), for ``plan`` and
+    ``to_jax`` alike. Host memory bound for CPU devices is split in place, each slice's
+    needs computed once: where every slice is viewed or, with ``copy=None``, copied in C
+    (``_c_copy``), the route carries them (``facts["parts"]``) for one pass, its
+    ``shards`` worded only when asked for; else each slice gets its own route."""
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
     lay = layout(sharding, info.shape)
