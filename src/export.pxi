@@ -64,32 +64,24 @@ _PYARROW_HINTS = (
     ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
 )
 
+
 class Producer(_NamedTuple):
     """One row of the producer table (:data:`PRODUCERS`): what dlinspect knows of one
     producer's tensor type."""
 
-    guard: int = GUARD_NONE
-    """The guard run before any export (see ``Guard`` in src/export.pxi)."""
-    hints: tuple = ()
-    """``(word, what to do)`` pairs matched against the producer's own refusals."""
-    fix: object = None
-    """For a tensor type with no DLPack form (refused, never kept as a non-tensor
-    leaf): what to do instead."""
+    guard: int = GUARD_NONE   # the guard run before any export (Guard)
+    hints: tuple = ()         # (word, what to do) pairs matched against its own refusals
+    fix: object = None        # a tensor type with no DLPack form (refused): what to do instead
+    # How it copies device memory into host memory dlinspect gives it ("torch": out.copy_(x);
+    # another string: the method x.NAME(out)): a host fallback's one copy, into memory JAX views.
     into: object = None
-    """How the producer copies device memory into host memory dlinspect gives it
-    ("torch": ``out.copy_(x)``; any other string: the method ``x.NAME(out)``), so that
-    a host fallback makes one copy, into memory JAX views."""
+    # (module, expression): how dlinspect doctor finds the tensor type (the module as m).
     doctor: object = None
-    """``(module, expression)``: how ``dlinspect doctor`` finds the tensor type (the
-    module as ``m``), where doctor reports on this producer."""
+    # How it converts a tensor to another dtype ({}: the dtype's name), for advice that
+    # names its own method (the array API's astype by default).
     astype: str = "xp.astype(x, xp.{})"
-    """How the producer converts a tensor to another dtype (``{}``: the dtype's name),
-    for advice that names the producer's own method (the array API's ``astype`` by
-    default)."""
-    other: str = "convert the tensor with its own library first"
-    """What to do when a refusal of this producer matches none of its hints."""
-    contiguous: str = ""
-    """How the producer makes a contiguous copy of a tensor (``""``: unknown)."""
+    other: str = "convert the tensor with its own library first"   # no hint matched: this
+    contiguous: str = ""      # how it makes a contiguous copy of a tensor ("": unknown)
 
 
 _LOADER_FIX = ("it is a data loader, not a batch: iterate it through "

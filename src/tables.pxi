@@ -20,23 +20,18 @@ class _SpecNamed(_enum.IntEnum):
 class Device(_NamedTuple):
     """What dlinspect knows of one ``DLDeviceType``: a row of :data:`DEVICES`."""
 
-    host: bool = False
-    """Host-accessible memory: NumPy views it and JAX's CPU backend imports it."""
-    pinned: bool = False
-    """Pinned host memory, which a producer may export with a kDLCPU header."""
-    platform: object = None
-    """The JAX platform its memory belongs to (None: none JAX has)."""
-    jax_maps: bool = True
-    """jax's own DLDeviceType map names the platform (its ``from_dlpack`` takes it there)."""
-    stream: bool = False
-    """``__dlpack__`` takes the consumer's stream (array API ``__dlpack__``, *stream*)."""
+    host: bool = False        # host-accessible: NumPy views it, JAX's CPU backend imports it
+    pinned: bool = False      # pinned host memory, which a producer may export as kDLCPU
+    platform: object = None   # the JAX platform its memory belongs to (None: none JAX has)
+    jax_maps: bool = True     # jax's own DLDeviceType map names it (its from_dlpack takes it)
+    stream: bool = False      # __dlpack__ takes the consumer's stream (array API, *stream*)
+    # The stream that means the device's default stream (CUDA: 1, as the array API gives
+    # 0 no meaning there; ROCm: 0).
     default_stream: int = 0
-    """The ``stream`` value that means the device's default stream (CUDA: 1, since the
-    array API gives 0 no meaning there; ROCm: 0)."""
+    # The fix words: how its own libraries move a tensor to host memory; what JAX needs
+    # to take the memory where it is.
     to_host: str = "torch: t.cpu()"
-    """How its own libraries move a tensor to host memory (the fix words)."""
     plugin: object = None
-    """What JAX needs to take the memory where it is (the fix words)."""
 
 
 #: The row of every device type without one of its own.
@@ -177,13 +172,11 @@ class DLDataType(_NamedTuple):
 class DType(_NamedTuple):
     """What dlinspect knows of one lane's ``(code, bits)``: a row of :data:`DTYPES`."""
 
-    name: str
-    """The NumPy / ml_dtypes name (``"float32"``, ``"bfloat16"``, ``"int4"``)."""
-    numpy: bool
-    """NumPy has it itself (False: ``ml_dtypes`` provides it, where installed)."""
+    name: str      # the NumPy / ml_dtypes name ("float32", "bfloat16", "int4")
+    numpy: bool    # NumPy has it itself (False: ml_dtypes provides it, where installed)
+    # (code, bits) JAX narrows it to when x64 is off (jax.numpy's documented rule: 64-bit
+    # integers and floats to 32 bits, complex128 to complex64), else None.
     x64_narrow: object = None
-    """``(code, bits)`` JAX narrows it to when x64 is off (jax.numpy's documented rule:
-    64-bit integers and floats to 32 bits, complex128 to complex64), else None."""
 
 
 # One row per (code, bits) with a NumPy or ml_dtypes dtype.
