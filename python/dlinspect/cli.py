@@ -1,23 +1,8 @@
-"""The ``dlinspect`` command (also ``python -m dlinspect``).
-
-Subcommands:
-
-``doctor``
-    What this installation can do: versions, JAX backends and devices, whether
-    jaxlib's import function is used directly or the public API, what
-    ``to_jax`` would do with a float32 tensor from every DLDeviceType, and which
-    array types offer the DLPack C exchange API. ``--json`` for machines.
-``inspect``
-    ``explain()`` of a ``.npy`` file (memory-mapped copy-on-write: the file is
-    never written, and the array is writable as ``np.load``'s would be) or of the
-    value of a Python expression (``--expr``, evaluated with ``np``, ``torch``,
-    ``jax``, ``jnp`` and ``dlinspect`` in scope). Exit code 0 when the route is
-    zero-copy, copy or host-fallback, 2 when it is an error, 1 when the file or
-    expression cannot be read or is not a tensor (and for any usage error).
-``bench``
-    The benchmark suites (see :mod:`dlinspect.bench`) against plain
-    ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
-    ``--markdown``; ``--quick`` runs fewer and shorter rounds (its figures are noisier).
+"""The ``dlinspect`` command (also ``python -m dlinspect``; docs/cli.md): ``doctor`` (what
+this installation can do; ``--json``), ``inspect`` (``explain()`` of a ``.npy`` file, read
+memory-mapped copy-on-write, or of ``--expr``; exit code 0 for a route that works, 2 for an
+error route, 1 for input that cannot be read or is not a tensor, and any usage error) and
+``bench`` (the benchmark suites of :mod:`dlinspect.bench` against plain ``from_dlpack``).
 """
 
 from __future__ import annotations
