@@ -171,15 +171,12 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 class _ToJax:
     """``to_jax`` of each element, with the options checked once, as a grain map; its
     warnings kept with the element (``emit=False``, on a prefetch thread) or shown at the
-    consumer's line.
-
-    ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
-    on a CPU-only JAX, what grain users pass) is converted as ``device=None``, which
-    takes to_jax's batch fast path (one call into the core for every leaf; with a
-    device given, each leaf takes the general route, about 60 µs more per leaf);
-    a leaf that is then not on that device (memory of another JAX device, a
-    ``jax.Array`` already elsewhere) is moved there with ``jax.device_put``, as
-    ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
+    consumer's line. ``device=`` the CPU device host memory is imported onto anyway
+    (``jax.devices()[0]`` on a CPU-only JAX, what grain users pass) is converted as
+    ``device=None``, to_jax's batch fast path (one call into the core for every leaf; with
+    a device, each leaf takes the general route, about 60 µs more per leaf); a leaf then
+    elsewhere (another JAX device's memory, a ``jax.Array``) is moved there with
+    ``jax.device_put``, as ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
 
     __slots__ = ("context", "emit", "move_to", "options", "report", "x64")
 
