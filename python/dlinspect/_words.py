@@ -127,16 +127,6 @@ def _narrowed(facts: dict[str, Any]) -> str:
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
 
 
-def _host_copy_words(methods: tuple[str, ...], into: str | None = None) -> str:
-    """How a host copy is asked for, in the order the executor tries."""
-    steps = [f"the producer copies it into aligned host memory dlinspect allocates "
-             f"({C.into_call(into)}), which is viewed"] if into else []
-    steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
-              "copy=True))"]
-    steps += [f"its own x.{name}()" for name in methods]
-    return ", else ".join(steps + ["numpy.asarray(x)"])
-
-
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
 _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
     (Need.LAYOUT, lambda r: (
@@ -484,15 +474,15 @@ _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as "
              "wrong")
 
 
-def _empty(route: Any) -> str:
-    return ("The tensor is empty: JAX gets a new empty array; no byte is copied."
-            if route.target == "jax" else "The tensor is empty: NumPy gets a new empty array.")
-
-
 def _producer_copy(route: Any) -> str:
     f = route.facts
     where = device_name(int(route.info.device_type))
-    words = _host_copy_words(f["methods"], f.get("into"))
+    # How a host copy is asked for, in the order the executor tries.
+    steps = [f"the producer copies it into aligned host memory dlinspect allocates "
+             f"({C.into_call(f['into'])}), which is viewed"] if f.get("into") else []
+    steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
+              "copy=True))"] + [f"its own x.{name}()" for name in f["methods"]]
+    words = ", else ".join(steps + ["numpy.asarray(x)"])
     if route.target == "host":
         return f"{where} memory is not host-accessible: {words}."
     narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
@@ -534,12 +524,6 @@ def _host_lanes(info: Any) -> str:
     return f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
 
 
-def _unpack_reason(route: Any) -> str:
-    bits = route.info.dtype.bits * route.info.dtype.lanes
-    return (f"{bits}-bit elements are packed; NumPy holds one per byte, so they are unpacked "
-            f"into a copy.")
-
-
 def _jax_view(route: Any) -> str:
     info = route.info
     if route.needs & Need.LANES:
@@ -558,28 +542,24 @@ def _jax_copy(route: Any) -> str:
     return f"A copy is needed: {'; '.join(reasons)}."
 
 
-def _host_copy(route: Any) -> str:
-    if route.target == "host":
-        return f"copy=True was asked for{_host_lanes(route.info)}."
-    return _jax_copy(route)
-
-
-def _host_view(route: Any) -> str:
-    if route.target == "host":
-        return (f"NumPy views the {device_name(int(route.info.device_type))} memory "
-                f"directly{_host_lanes(route.info)}.")
-    return _jax_view(route)
-
-
 #: The reason of every action a route that is not an error carries.
 REASONS: dict[str, Callable[[Any], str]] = {
     C.KEEP: _keep, C.PASS: _pass, C.ARRAY_PUT: _array_put,
     C.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
-    C.EMPTY: _empty, C.PRODUCER_COPY: _producer_copy,
+    C.EMPTY: lambda route: ("The tensor is empty: JAX gets a new empty array; no byte is copied."
+                            if route.target == "jax" else
+                            "The tensor is empty: NumPy gets a new empty array."),
+    C.PRODUCER_COPY: _producer_copy,
     C.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
-    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread,
-    C.PROCESS_LOCAL: _spread, C.UNPACK: _unpack_reason, C.HOST_COPY: _host_copy,
-    C.HOST_VIEW: _host_view,
+    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread, C.PROCESS_LOCAL: _spread,
+    C.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements "
+                             f"are packed; NumPy holds one per byte, so they are unpacked into a "
+                             f"copy."),
+    C.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
+                                if route.target == "host" else _jax_copy(route)),
+    C.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
+                                f"memory directly{_host_lanes(route.info)}."
+                                if route.target == "host" else _jax_view(route)),
     C.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
 }
 
