@@ -120,7 +120,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     if columns is None:
         flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
         for k in range(1, len(flats)):
-            if not first.same_structure(flats[k]):
+            if first.structure() != flats[k].structure():
                 raise StackError(
                     f"element {k} of the elements to stack has the structure {flats[k].describe()}, "
                     f"and element 0 {first.describe()}; a batch stacks leaves position by position, "

@@ -160,10 +160,6 @@ class Flat:
             (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
             for part in self.parts))
 
-    def same_structure(self, other: Flat) -> bool:
-        """``other`` has this batch's structure (see :meth:`structure`)."""
-        return self.structure() == other.structure()
-
     def describe(self) -> str:
         """The structure in words: JAX's treedef, and each container it does not walk
         with its type and keys."""
