@@ -17,57 +17,21 @@ ctypedef struct _AvalSlot:
 
 @cython.final
 cdef class JaxTarget:
-    """The installed JAX, as the decision and every route read it: the one object.
-
-    Built once per process by ``dlinspect._jaxcaps``, whose probes and private symbols
-    each attribute comes from (``dlinspect doctor`` reports how each was resolved);
-    everything is given as keywords.
-
-    Attributes
-    ----------
-    jax, jnp : module
-    import_fn : callable
-        ``import_fn(capsule, device, stream, copy, dl_device_type)`` imports a "dltensor"
-        capsule: jaxlib's own function where ``direct``, else the public API's.
-    cpu_device : jax.Device
-        Where kDLCPU:0 memory is imported.
-    cpu_align, copy_align : int
-        The alignment in bytes (a power of two) at which XLA:CPU views memory without a
-        copy (probed); dlinspect's copies are aligned to it, to at least 64 bytes, and to
-        ``put_align``.
-    x64, x64_context
-        ``x64.value``: ``jax_enable_x64`` as the calling thread sees it; ``x64_context(on)``
-        sets it for the calling thread (a worker converts under its caller's mode), or None.
-    devices, cpu_keys, platforms
-        ``(device_type, device_id)`` to ``jax.Device`` for every DLPack device this JAX
-        has; the keys of CPU devices; the platforms this process can address.
-    probe, hold : callable
-        ``probe(code, bits)``/``hold(code, bits)``: None if JAX's DLPack import takes one
-        lane of that dtype / JAX holds it from NumPy (asked only where the import refuses
-        it), else the reason; each asked once per dtype.
-    narrow : dict
-        ``code | bits << 8`` of a 64-bit dtype to that of the dtype JAX narrows it to with
-        x64 off and the DLInspectWarning text.
-    warn, stream_for, array_type
-        ``warn(text)``: a DLInspectWarning at the caller's line; ``stream_for(device_type,
-        device_id)``: the ``stream`` for ``__dlpack__`` of CUDA/ROCm memory;
-        ``jax.Array``'s concrete type, whose objects are not exported at all.
-    permuted_ok, unit_strides_ok : bool
-        JAX computes right with a permuted dense layout (jaxlib < 0.8 reads it as
-        row-major), or with extent-1 axes of other strides than row-major ones (jaxlib
-        0.4.30 infers a layout its jit refuses), imported without a copy (probed).
-    assemble, uncommit, row_major : callable
-        ``assemble(shape, sharding, devices, arrays)``: one sharded array from
-        single-device arrays in the order of ``devices``; ``uncommit(array)``: the DLPack
-        import's committed array, uncommitted (as it is where this JAX cannot);
-        ``row_major(array)``: a committed array is in JAX's default layout (True where
-        this JAX does not say).
-    put, put_align, make_aval, make_single
-        jaxlib's batched put, ``put(aval, sharding, arrays, devices, committed)`` (what
-        ``jax.device_put`` calls; None where a probe finds it does not view aligned
-        row-major memory in place or gives another array, or the public API is forced),
-        the alignment it views at, ``make_aval(shape, dtype, sharding=None)`` and
-        ``make_single(device)`` (both cached here).
+    """The installed JAX, as the decision and every route read it: the one object, built
+    once per process by ``dlinspect._jaxcaps.JaxCaps.target`` from its probes and private
+    symbols, whose docstrings say what each attribute is (``dlinspect doctor``: how each was
+    resolved). Everything is given as keywords: ``jax``, ``jnp``, ``import_fn(capsule,
+    device, stream, copy, dl_device_type)`` (``direct``: jaxlib's own), ``cpu_device``
+    (where kDLCPU:0 memory is imported), ``cpu_align`` (XLA:CPU's zero-copy alignment;
+    dlinspect's copies are aligned to ``copy_align``: it, at least 64 bytes, and
+    ``put_align``), ``x64`` and ``x64_context`` (the calling thread's x64 mode), ``devices``
+    (``(device_type, device_id)`` to ``jax.Device``), ``cpu_keys``, ``platforms``, the
+    dtype probes ``probe`` and ``hold`` (each asked once per dtype), ``narrow``, ``warn``,
+    ``stream_for``, ``array_type``, ``permuted_ok``, ``unit_strides_ok``, ``assemble``,
+    ``uncommit``, ``row_major``, and jaxlib's batched put, ``put(aval, sharding, arrays,
+    devices, committed)`` (None where it does not view aligned row-major memory in place or
+    gives another array than ``jax.device_put``), with ``put_align``, ``make_aval`` and
+    ``make_single`` (cached here).
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
