@@ -447,17 +447,6 @@ def error(route: Any) -> Exception | None:
 
 # ---- reasons: one function per action ------------------------------------------------
 
-def _keep(route: Any) -> str:
-    tp = route.facts["leaf_type"]
-    return f"Not a tensor ({tp.__module__}.{tp.__qualname__}): left as it is."
-
-
-def _pass(route: Any) -> str:
-    if "where" in route.facts:
-        return f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
-    return "It already is a jax.Array: returned as it is (no DLPack round trip)."
-
-
 def _array_put(route: Any) -> str:
     f = route.facts
     if route.zero_copy:
@@ -544,7 +533,12 @@ def _jax_copy(route: Any) -> str:
 
 #: The reason of every action a route that is not an error carries.
 REASONS: dict[str, Callable[[Any], str]] = {
-    C.KEEP: _keep, C.PASS: _pass, C.ARRAY_PUT: _array_put,
+    C.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
+                           f"{route.facts['leaf_type'].__qualname__}): left as it is."),
+    C.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
+                           if "where" in route.facts else
+                           "It already is a jax.Array: returned as it is (no DLPack round trip)."),
+    C.ARRAY_PUT: _array_put,
     C.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
     C.EMPTY: lambda route: ("The tensor is empty: JAX gets a new empty array; no byte is copied."
                             if route.target == "jax" else
