@@ -468,10 +468,8 @@ cdef class HostOwner:
 
 
 def take(cap, bint read_only, TensorInfo info=None):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``).
-
-    ``info``: the capsule's header as the export read it (not read again); None reads it.
-    """
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); ``info``:
+    its header as the export read it (not read again), None to read it."""
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
     owner.info = _peek_capsule(cap) if info is None else info

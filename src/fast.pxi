@@ -159,9 +159,8 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
 
 
 cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
-    """What can fail in the fast path's copy, done before anything is taken: its
-    narrowing warning given (the user's filters may make it an exception) and its memory
-    allocated (AllocationError). Returns that memory, for ``_copy_taken``."""
+    """``_prepare`` for the fast path's copy: its narrowing warning given and its memory
+    allocated before anything is taken; returns that memory, for ``_copy_taken``."""
     cdef int dst_key = info._key()
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[dst_key]
