@@ -1,25 +1,17 @@
 """The one pytree walker: how every entry point (plan, explain, to_jax, sharded to_jax,
 prefetch) finds the leaves of a batch and puts the batch back together.
 
-A batch is walked as JAX walks a pytree (``jax.tree_util``: dict, list, tuple,
-namedtuple, None and every registered node type), and further into the containers
-PyTorch and Hugging Face loaders make that JAX does not register, each rebuilt as its
-own type around the converted values, keeping every other value it had:
-
-- any ``collections.abc.Mapping`` (transformers' ``BatchEncoding`` and
-  ``BatchFeature`` are ``UserDict`` subclasses; ``dict`` subclasses), rebuilt as
-  ``type(m)(dict_of_values)``, as accelerate's ``send_to_device`` does;
-- dataclass instances, every field (``init=False`` ones too), rebuilt as a copy of the
-  instance with the new values set (``__init__`` and ``__post_init__`` are not run again);
-- subclasses of tuple and list that are not namedtuples (torch's ``torch.return_types``,
-  ``torch.Size``), rebuilt as ``type(x)(values)``;
-- ``types.SimpleNamespace``, rebuilt as ``type(x)(**values)``.
-
-Everything else is a leaf: tensors (see :func:`dlinspect._core.is_tensor`) and
-whatever is not a tensor (str, bytes, numbers, non-numeric NumPy arrays...). Each
-container is rebuilt once with its own values while the batch is walked, so a
-container that cannot be rebuilt is found before any leaf is converted: it becomes a
-leaf with its ContainerError (:attr:`Flat.errors`). What no walk ends: see :func:`flatten`.
+A batch is walked as JAX walks a pytree, and further into the containers PyTorch and
+Hugging Face loaders make that JAX does not register, each rebuilt as its own type around
+the converted values, keeping every other value it had (docs/loaders/index.md has the
+table): a ``Mapping`` as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device``),
+a dataclass as a copy with every field (``init=False`` ones too) set, not running
+``__init__`` again, a tuple or list subclass that is no namedtuple as ``type(x)(values)``,
+a ``SimpleNamespace`` as ``type(x)(**values)``. Everything else is a leaf, a tensor or not
+(:func:`dlinspect._core.is_tensor`). Each container is rebuilt once with its own values
+while the batch is walked, so one that cannot be rebuilt is found before any leaf is
+converted: it becomes a leaf with its ContainerError (:attr:`Flat.errors`). What no walk
+ends: see :func:`flatten`.
 """
 
 from __future__ import annotations
