@@ -83,19 +83,13 @@ cdef enum:
     _DEV_STREAM = 4
 cdef uint8_t _DEVICE_BITS[64]
 cdef int _DEFAULT_STREAM[64]
-
-
-cdef int _fill_device_bits() except -1:
-    memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
-    memset(_DEFAULT_STREAM, 0, sizeof(_DEFAULT_STREAM))
-    for value, _, row in _DEVICE_ROWS:
-        _DEVICE_BITS[value] = ((_DEV_HOST if row.host else 0) | (_DEV_PINNED if row.pinned else 0)
-                               | (_DEV_STREAM if row.stream else 0))
-        _DEFAULT_STREAM[value] = row.default_stream
-    return 0
-
-
-_fill_device_bits()
+memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
+memset(_DEFAULT_STREAM, 0, sizeof(_DEFAULT_STREAM))
+for _value, _, _row in _DEVICE_ROWS:
+    _DEVICE_BITS[_value] = ((_DEV_HOST if _row.host else 0) | (_DEV_PINNED if _row.pinned else 0)
+                            | (_DEV_STREAM if _row.stream else 0))
+    _DEFAULT_STREAM[_value] = _row.default_stream
+del _value, _, _row
 
 
 cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
