@@ -130,10 +130,6 @@ cdef class LoaderReport:
         self._pending.append((i, nbytes, reason))
         return 0
 
-    cdef int _drop(self) except -1:
-        self._pending = []
-        return 0
-
     cdef int _end(self, keys) except -1:
         """The batch converted: its leaves under ``keys(index)``, counted now or (at
         delivery) when the loader hands it over."""
