@@ -274,8 +274,7 @@ def capsule_of(arr, bint read_only=False):
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
-    cdef int64_t shape[_MAX_NDIM]
-    cdef int64_t strides[_MAX_NDIM]
+    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
     cdef int32_t i, ndim = arr.ndim
     cdef int64_t row = 1
     item = arr.itemsize
@@ -320,8 +319,7 @@ def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits,
     """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
     alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
     layout, another device type). ``shape`` and ``strides`` in elements."""
-    cdef int64_t dims[_MAX_NDIM]
-    cdef int64_t steps[_MAX_NDIM]
+    cdef int64_t dims[_MAX_NDIM], steps[_MAX_NDIM]
     cdef int32_t i, ndim = len(shape)
     if ndim > _MAX_NDIM or len(strides) != ndim:
         raise ValueError("shape and strides of one length, at most MAX_NDIM")

@@ -333,8 +333,7 @@ cdef class TensorInfo:
         ValueError
             ``index`` has more entries than ``ndim``.
         """
-        cdef int64_t shape_buf[_MAX_NDIM]
-        cdef int64_t strides_buf[_MAX_NDIM]
+        cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
         cdef int i
         cdef Py_ssize_t n, start, stop, step, count
         cdef int64_t item = self._itemsize(), move, delta = 0
@@ -445,8 +444,7 @@ def _rebuild_info(state):
     """Unpickle a TensorInfo: rebuild the header it describes and read it again."""
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
-    cdef int64_t shape_buf[_MAX_NDIM]
-    cdef int64_t strides_buf[_MAX_NDIM]
+    cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
     cdef int i
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
