@@ -17,14 +17,11 @@ _folders = {}   # "jax", "grain" -> the package's folder, once it is imported
 
 def warn(message, bint at_consumer=False):
     """A DLInspectWarning attributed to the first caller outside dlinspect and jax (and,
-    ``at_consumer``, grain: the line that iterates a grain pipeline).
-
-    Shown as Python's filters say (by default once per call site and message, that is,
-    per dtype narrowed): a message already shown at a call site whose filter hides
-    repeats is not handed to ``_warnings.warn`` again while the filters stay as they
-    were (a loader's step warns once, not every batch). On a thread collecting
-    warnings the message is kept instead (unless ``at_consumer``).
-    """
+    ``at_consumer``, grain: the line that iterates a grain pipeline), kept instead on a
+    thread collecting warnings (unless ``at_consumer``). Shown as Python's filters say (by
+    default once per call site and message, that is, per dtype narrowed): a message shown
+    at a call site whose filter hides repeats is not handed to ``_warnings.warn`` again
+    while the filters stay as they were (a loader's step warns once, not every batch)."""
     collected = None if at_consumer else getattr(collecting, "messages", None)
     if collected is not None:
         collected.append(message)

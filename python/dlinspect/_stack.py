@@ -256,9 +256,8 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
                allocate: Callable[..., Any], align: int = 0) -> Any:
-    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the
-    StackError that says NumPy can have no array of that shape, or the AllocationError
-    that says the memory cannot be had."""
+    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the StackError
+    of a shape NumPy has no array of, or the AllocationError of memory that cannot be had."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(e for e in shape if e)

@@ -62,11 +62,8 @@ def narrowing_text(name: str, narrowed: str) -> tuple[str, str]:
 
 
 def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
-    """What to do about memory on ``device_type`` that could not reach ``target``.
-
-    Never sends the user to an option that just failed: ``fallback="host"`` is named
-    only for ``to_jax`` with a producer (a bare capsule has none to ask).
-    """
+    """What to do about memory on ``device_type`` that could not reach ``target``; never
+    an option that just failed (``fallback="host"`` is for ``to_jax`` with a producer)."""
     row = device_row(int(device_type))
     parts = [f"move it to host memory with its own library first ({row.to_host})"]
     if bare_capsule:
@@ -90,12 +87,9 @@ def _allocation_words(nbytes: int, what: str, total: int | None) -> tuple[str, s
 
 
 def name_leaf(exc: Any, path: str) -> Any:
-    """``exc``, its message led by the pytree key path of the leaf it is about.
-
-    A DLInspectError's message starts with the path (``['inputs']['pixels']: ...``)
-    and it gets a ``key_path`` attribute; any other exception gets a note. The
-    empty path (the whole input is the leaf) changes nothing.
-    """
+    """``exc``, led by the pytree key path of the leaf it is about: a DLInspectError's
+    message starts with it (``['inputs']['pixels']: ...``), as its ``key_path`` attribute;
+    any other exception gets a note. The empty path (the whole input) changes nothing."""
     if not path:
         return exc
     if isinstance(exc, DLInspectError):
