@@ -22,9 +22,7 @@ def set_target(tg):
 
 
 def set_target_builder(build):
-    """Hand the core ``build()``, which finds out what the installed JAX takes and returns
-    its JaxTarget (dlinspect._jaxcaps calls it when it is imported, as the package is):
-    the core never imports upward."""
+    """Hand the core ``build()``, which returns the JaxTarget (see this module's doc)."""
     global _TARGET_BUILDER
     _TARGET_BUILDER = build
 

@@ -208,12 +208,7 @@ cdef class TensorInfo:
     @property
     def alignment(self):
         cdef uintptr_t p = self._ptr()
-        cdef uintptr_t a = 1
-        if p == 0:
-            return 4096
-        while a < 4096 and (p & a) == 0:
-            a <<= 1
-        return a
+        return min(p & (~p + 1), 4096) if p else 4096   # (p's lowest set bit)
 
     @property
     def version(self):

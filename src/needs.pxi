@@ -195,8 +195,7 @@ cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
 cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
-    """The one bound on a copy's size: what every route (_fits) and the fast path's copy
-    (_c_copy) check."""
+    """The one bound on a copy's size, for every route (_fits) and the fast path (_c_copy)."""
     return nbytes <= _PHYSICAL_BYTES
 
 
