@@ -80,7 +80,7 @@ class Producer(_NamedTuple):
     # How it converts a tensor to another dtype ({}: the dtype's name), for advice that
     # names its own method (the array API's astype by default).
     astype: str = "xp.astype(x, xp.{})"
-    other: str = "convert the tensor with its own library first"   # no hint matched: this
+    other: str = "convert the tensor with its own library first"   # where no hint matches
     contiguous: str = ""      # how it makes a contiguous copy of a tensor ("": unknown)
 
 
