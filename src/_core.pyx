@@ -1,34 +1,14 @@
 # cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
 """dlinspect._core: the one export, the header, the one decision, the fast path.
 
-The flow runs one way, one concern per included file::
+One concern per included file, in the order of the includes at the bottom (each file's
+head says what it holds). Below the core stand only dlinspect.errors, _options and _tree
+(imported here). The core never reaches up: dlinspect._words hands itself over at its
+import (set_words: a route's words) and dlinspect._jaxcaps its builder of the JaxTarget
+(set_target_builder).
 
-    tables.pxi   the DLPack enums and the tables read by everything below: devices,
-                 dtypes
-    warn.pxi     DLInspectWarning at the user's line (or kept for another thread)
-    export.pxi   the only code that calls a producer (__dlpack__, __dlpack_device__,
-                 the DLPack C exchange API) and applies every producer guard
-    header.pxi   TensorInfo: a header copied out and validated (every field untrusted)
-    target.pxi   JaxTarget: the installed JAX as the core reads it (built by _jaxcaps)
-    needs.pxi    what a TensorInfo needs to reach JAX or NumPy (one bit set)
-    capsules.pxi capsules dlinspect owns: host views, the test factory, the
-                 versioned->legacy adapter, consumed owners, aligned copies
-    shard.pxi    how a sharding cuts a tensor (geometry, cached per shape)
-    routes.pxi   the needs made into a Route of facts (the decision, pure)
-    put.pxi      host memory into JAX by jaxlib's batched put (jax.device_put's call):
-                 NumPy views and aligned copies, committed only where asked
-    fast.pxi     to_jax's fast path: export, needs, import when nothing is needed
-    report.pxi   LoaderReport: a loader's bytes zero-copy and copied, per key path, and why
-    execute.pxi  one executor per action
-    batch.pxi    the one batch engine: a batch decided whole into one plan, then run
-    front.pxi    the front doors (to_jax, plan, to_host) and the JaxTarget they read
-
-Below the core stand only dlinspect.errors, _options and _tree (imported here). The core
-never reaches up: dlinspect._words hands itself over at its import (set_words: a route's
-words) and dlinspect._jaxcaps its builder of the JaxTarget (set_target_builder).
-
-Pointer names follow one scheme throughout: ``dlm`` is a ``DLManagedTensor*``,
-``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
+Pointer names: ``dlm`` is a ``DLManagedTensor*``, ``dlm_ver`` a
+``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
 """
 
 cimport cython

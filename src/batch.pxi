@@ -100,7 +100,7 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
     leaves the others, bare capsules too, as they were), then the plan run; errors name
     the leaf's key path; ``report`` counts the batch once it is converted."""
     if report is not None:
-        report._drop()   # (what a failed batch noted)
+        report._pending = []   # (what a failed batch noted)
     parts, where = _parts(x, tg, opts, flags)
     cdef list plan
     try:
@@ -109,7 +109,7 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
     except BaseException:
         plan = None   # the exports let go of, with the error handled (see _convert)
         if report is not None:
-            report._drop()
+            report._pending = []
         raise
     if report is not None:
         report._end(_batch_keys(parts))
@@ -260,7 +260,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     cdef _Part part
     for m in range(1, n):
         if (<_Leaf>plan[m]).rank < (<_Leaf>plan[m - 1]).rank:   # out of order: sorted (stable)
-            plan.sort(key=_leaf_rank)
+            plan.sort(key=lambda leaf: (<_Leaf>leaf).rank)
             break
     for m in range(n):
         if (<_Leaf>plan[m]).rank != 0:
@@ -285,10 +285,6 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
             raise
         leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
     return 0
-
-
-def _leaf_rank(_Leaf leaf):
-    return leaf.rank
 
 
 cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
@@ -333,8 +329,6 @@ cdef int _rank(route):
     if action is DEVICE_PUT or action is PROCESS_LOCAL:
         action = (<Route>route).facts["whole"].action
     return 0 if action in _TAKES_NOTHING else 1
-
-
 
 
 cdef inline bint _tensor_type(v):

@@ -3,20 +3,22 @@
 # tensor. Nothing here calls a producer.
 
 cdef void _owned_capsule_destructor(object cap) noexcept:
-    # Called with the GIL held. Frees the tensor only while nobody consumed it; an error
-    # pending meanwhile is set aside (a producer's deleter may run Python code).
-    cdef DLManagedTensor* dlm
-    cdef DLManagedTensorVersioned* dlm_ver
+    # Called with the GIL held. Frees the tensor only while nobody consumed it.
+    if PyCapsule_IsValid(cap, LEGACY):
+        _delete(<DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY), NULL)
+    elif PyCapsule_IsValid(cap, VERSIONED):
+        _delete(NULL, <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED))
+
+
+cdef void _delete(DLManagedTensor* dlm, DLManagedTensorVersioned* dlm_ver) noexcept:
+    # Runs the deleters given; an error pending meanwhile is set aside (a producer's
+    # deleter may run Python code).
     cdef PyObject *err_type, *err_value, *err_tb
     PyErr_Fetch(&err_type, &err_value, &err_tb)
-    if PyCapsule_IsValid(cap, LEGACY):
-        dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
-        if dlm.deleter != NULL:
-            dlm.deleter(dlm)
-    elif PyCapsule_IsValid(cap, VERSIONED):
-        dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
-        if dlm_ver.deleter != NULL:
-            dlm_ver.deleter(dlm_ver)
+    if dlm != NULL and dlm.deleter != NULL:
+        dlm.deleter(dlm)
+    if dlm_ver != NULL and dlm_ver.deleter != NULL:
+        dlm_ver.deleter(dlm_ver)
     PyErr_Restore(err_type, err_value, err_tb)
 
 
@@ -95,6 +97,7 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
     cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
     cdef DLTensor* t = NULL
     cdef void* managed = NULL
+    cdef void* ptr = NULL
     if ctx == NULL:
         raise MemoryError()
     memset(ctx, 0, sizeof(_FactoryCtx))
@@ -103,18 +106,11 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         managed = _factory_managed(ctx, versioned, version_major, version_minor, flags,
                                    null_deleter, &t)
         if address is not None:
-            t.data = <void*><uintptr_t>address
+            ptr = <void*><uintptr_t>address
         elif ctx.has_view:
-            t.data = ctx.view.buf
-        t.device.device_type = device_type
-        t.device.device_id = device_id
-        t.ndim = nd
-        t.dtype.code = code
-        t.dtype.bits = bits
-        t.dtype.lanes = lanes
-        t.shape = ctx.shape
-        t.strides = ctx.strides
-        t.byte_offset = byte_offset
+            ptr = ctx.view.buf
+        t[0] = DLTensor(ptr, DLDevice(device_type, device_id), nd, c_DLDataType(code, bits, lanes),
+                        ctx.shape, ctx.strides, byte_offset)
         cname = (VERSIONED if versioned else LEGACY) if name is None else _static_name(name)
         cap = PyCapsule_New(managed, cname, _owned_capsule_destructor)
     except BaseException:
@@ -157,25 +153,21 @@ cdef void* _factory_managed(_FactoryCtx* ctx, bint versioned, int version_major,
                             DLTensor** t) except NULL:
     """A new zeroed ``DLManagedTensorVersioned`` (or legacy ``DLManagedTensor``) owned by
     ``ctx``; ``*t`` points at its DLTensor."""
-    cdef DLManagedTensorVersioned* dlm_ver
-    cdef DLManagedTensor* dlm
+    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+    cdef void* block = malloc(size)
+    if block == NULL:
+        raise MemoryError()
+    memset(block, 0, size)
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
     if versioned:
-        dlm_ver = <DLManagedTensorVersioned*>malloc(sizeof(DLManagedTensorVersioned))
-        if dlm_ver == NULL:
-            raise MemoryError()
-        memset(dlm_ver, 0, sizeof(DLManagedTensorVersioned))
-        dlm_ver.version.major = version_major
-        dlm_ver.version.minor = version_minor
+        dlm_ver.version = DLPackVersion(version_major, version_minor)
         dlm_ver.flags = flags
         dlm_ver.manager_ctx = ctx
         if not null_deleter:
             dlm_ver.deleter = _factory_deleter_ver
         t[0] = &dlm_ver.dl_tensor
         return dlm_ver
-    dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
-    if dlm == NULL:
-        raise MemoryError()
-    memset(dlm, 0, sizeof(DLManagedTensor))
     dlm.manager_ctx = ctx
     if not null_deleter:
         dlm.deleter = _factory_deleter
@@ -232,14 +224,9 @@ cdef tuple _numpy_form(object arr):
 
 
 def numpy_form(arr):
-    """How DLPack can describe NumPy array ``arr``: ``(form, why)``.
-
-    ``form`` is ``"exact"`` (a header can say exactly what the memory is), ``"copy"``
-    (numeric, but the byte order or the byte strides are beyond DLPack: only a copy
-    is right), ``"not-numeric"`` (no DLPack type: str, bytes, object, datetime,
-    structured) or ``"no-code"`` (numeric without a DLPack type code); ``why`` says
-    why in words (None for ``"exact"``).
-    """
+    """How DLPack can describe NumPy array ``arr`` (see ``NumpyForm``): ``(form, why)``,
+    ``form`` one of ``"exact"``, ``"copy"``, ``"not-numeric"``, ``"no-code"``; ``why`` in
+    words (None for ``"exact"``)."""
     form, why = _numpy_form(arr)
     return (("exact", "copy", "not-numeric", "no-code")[form], why)
 
@@ -275,29 +262,11 @@ cdef str _describe_ndarray(object x):
 
 
 def capsule_of(arr, bint read_only=False):
-    """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it).
-
-    Parameters
-    ----------
-    arr : numpy.ndarray
-        Any array DLPack describes exactly (see :func:`numpy_form`): a dtype with a
-        DLPack code, the ml_dtypes ones included (which ``ndarray.__dlpack__``
-        refuses; their sub-byte types, stored one element per byte, get the
-        ``IS_SUBBYTE_TYPE_PADDED`` flag), native byte order, byte strides that are
-        whole multiples of the item size.
-    read_only : bool
-        Set the READ_ONLY flag.
-
-    Returns
-    -------
-    PyCapsule
-        Owns the view until a consumer renames it; device ``(kDLCPU, 0)``.
-
-    Raises
-    ------
-    ValueError
-        DLPack cannot describe ``arr`` exactly (the message says why).
-    """
+    """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it) on
+    ``(kDLCPU, 0)``, owning the view until a consumer renames it; ``read_only`` sets the
+    READ_ONLY flag. ValueError (saying why) where DLPack cannot describe ``arr`` exactly
+    (:func:`numpy_form`); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
+    described (sub-byte ones, one element per byte, flagged IS_SUBBYTE_TYPE_PADDED)."""
     form, why = _numpy_form(arr)
     if form != NP_EXACT:
         raise ValueError(f"DLPack cannot describe this array exactly: {why}")
@@ -305,21 +274,19 @@ def capsule_of(arr, bint read_only=False):
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
-    cdef int64_t shape[_MAX_NDIM]
-    cdef int64_t strides[_MAX_NDIM]
+    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
     cdef int32_t i, ndim = arr.ndim
+    cdef int64_t row = 1
     item = arr.itemsize
-    for i, (extent, stride) in enumerate(zip(arr.shape, arr.strides)):
-        shape[i] = extent
-        strides[i] = stride // item if stride % item == 0 else 0   # (0: extent <= 1)
     # An axis of extent 1 may carry any stride (NumPy gives some 0); the header gets the
     # row-major one, from which JAX infers the row-major layout (jaxlib 0.4.30 takes a
     # stride-0 axis for the minor one: a layout its own jit then refuses).
-    cdef int64_t row = 1
     for i in range(ndim - 1, -1, -1):
+        shape[i], stride = arr.shape[i], arr.strides[i]
         if shape[i] <= 1:
             strides[i] = row
-        else:
+        else:   # (not a whole number of elements only in an empty array: 0)
+            strides[i] = stride // item if stride % item == 0 else 0
             row *= shape[i]
     return _view_capsule(arr, <void*><uintptr_t>arr.ctypes.data, ndim, shape, strides, code,
                          bits, lanes, flags, kDLCPU, 0)
@@ -339,11 +306,7 @@ def numpy_capsule(arr, refusal=None):
 
 def view_capsule(owner, TensorInfo info):
     """A "dltensor_versioned" capsule over memory ``owner`` keeps alive, as ``info``
-    describes it (a slice of the owner's tensor: ``TensorInfo.sliced``), flags kept.
-
-    The production capsule constructor (the test factory is ``_make_capsule``): one
-    allocation for header, shape and strides; the deleter drops ``owner``.
-    """
+    describes it (a slice of the owner's tensor: ``TensorInfo.sliced``), flags kept."""
     return _view_capsule(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                          info._code, info._bits, info._lanes,
                          info.flags & (DLPACK_FLAG_BITMASK_READ_ONLY
@@ -356,8 +319,7 @@ def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits,
     """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
     alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
     layout, another device type). ``shape`` and ``strides`` in elements."""
-    cdef int64_t dims[_MAX_NDIM]
-    cdef int64_t steps[_MAX_NDIM]
+    cdef int64_t dims[_MAX_NDIM], steps[_MAX_NDIM]
     cdef int32_t i, ndim = len(shape)
     if ndim > _MAX_NDIM or len(strides) != ndim:
         raise ValueError("shape and strides of one length, at most MAX_NDIM")
@@ -386,25 +348,13 @@ cdef object _view_capsule(object owner, void* data, int32_t ndim, const int64_t*
         raise MemoryError()
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
     cdef int64_t* dims = <int64_t*>(block + head)
-    memset(dlm_ver, 0, head)
     memcpy(dims, shape, ndim * sizeof(int64_t))
     memcpy(dims + ndim, strides, ndim * sizeof(int64_t))
-    dlm_ver.version.major = DLINSPECT_DLPACK_MAJOR
-    dlm_ver.version.minor = DLINSPECT_DLPACK_MINOR
-    dlm_ver.flags = flags
-    dlm_ver.dl_tensor.data = data
-    dlm_ver.dl_tensor.device.device_type = dev_type
-    dlm_ver.dl_tensor.device.device_id = dev_id
-    dlm_ver.dl_tensor.ndim = ndim
-    dlm_ver.dl_tensor.dtype.code = code
-    dlm_ver.dl_tensor.dtype.bits = bits
-    dlm_ver.dl_tensor.dtype.lanes = lanes
-    dlm_ver.dl_tensor.shape = dims
-    dlm_ver.dl_tensor.strides = dims + ndim
-    dlm_ver.dl_tensor.byte_offset = 0
     Py_INCREF(owner)
-    dlm_ver.manager_ctx = <void*>owner
-    dlm_ver.deleter = _view_deleter
+    dlm_ver[0] = DLManagedTensorVersioned(
+        DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR), <void*>owner, _view_deleter,
+        flags, DLTensor(data, DLDevice(dev_type, dev_id), ndim, c_DLDataType(code, bits, lanes),
+                        dims, dims + ndim, 0))
     try:
         return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
     except BaseException:
@@ -427,13 +377,9 @@ cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
 
 
 cdef object _legacy_from_versioned(object cap):
-    """Wrap a "dltensor_versioned" capsule in a zero-copy "dltensor" capsule.
-
-    Consumes ``cap`` (renames it ``used_dltensor_versioned``). The returned
-    capsule holds a ``DLManagedTensor`` sharing the same ``DLTensor`` fields; its
-    deleter calls the versioned deleter exactly once. Undo with
-    ``_restore_versioned`` while the new capsule is still unconsumed.
-    """
+    """A zero-copy "dltensor" capsule over "dltensor_versioned" ``cap``, which it consumes
+    (renamed ``used_dltensor_versioned``): its deleter calls the versioned one exactly
+    once. Undone by ``_restore_versioned`` while the new capsule is unconsumed."""
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
@@ -465,15 +411,12 @@ cdef void _restore_versioned(object adapter, object original) noexcept:
 
 cdef object _import_legacy(object import_fn, object cap, object device, object stream,
                            object copy, int dl_device_type):
-    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter).
-
-    jaxlib renames the capsule only on success; on failure a versioned ``cap``
-    gets its name back, unconsumed.
-    """
+    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter): jaxlib
+    renames it only on success; on failure a versioned ``cap`` gets its name back."""
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap))
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
     legacy = _legacy_from_versioned(cap)
     try:
         return import_fn(legacy, device, stream, copy, dl_device_type)
@@ -483,40 +426,23 @@ cdef object _import_legacy(object import_fn, object cap, object device, object s
 
 
 def import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
-    """Import a DLPack capsule with ``import_fn(capsule, device, stream, copy, dl_device_type)``.
-
-    A versioned capsule goes through a zero-copy legacy adapter (JAX imports
-    "dltensor" only); a failed import leaves ``cap`` unconsumed.
-    """
-    if not (PyCapsule_IsValid(cap, LEGACY) or PyCapsule_IsValid(cap, VERSIONED)):
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
+    """``_import_legacy``, for dlinspect's probes of what JAX takes."""
     return _import_legacy(import_fn, cap, device, stream, copy, dl_device_type)
 
 
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:
-    """Owns one consumed DLPack tensor; its deleter runs when this object dies.
-
-    Exposes ``__array_interface__`` (version 3) over the tensor's bytes so that
-    ``numpy.asarray`` can view them without a copy; ``typestr`` is an unsigned
-    integer of one lane's size, for the caller to ``.view()`` as the real dtype.
-    A vector dtype (``lanes > 1``) becomes a trailing axis of length ``lanes``.
-    """
+    """Owns one consumed DLPack tensor (its deleter runs when this object dies), viewed by
+    ``numpy.asarray`` through ``__array_interface__``: unsigned integers of one lane's size
+    (for ``.view()`` as the real dtype), a vector dtype's lanes a trailing axis."""
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
     cdef readonly TensorInfo info
     cdef readonly bint read_only
 
     def __dealloc__(self):
-        # An error pending meanwhile is set aside: a producer's deleter may run Python code.
-        cdef PyObject *err_type, *err_value, *err_tb
-        PyErr_Fetch(&err_type, &err_value, &err_tb)
-        if self.dlm != NULL and self.dlm.deleter != NULL:
-            self.dlm.deleter(self.dlm)
-        if self.dlm_ver != NULL and self.dlm_ver.deleter != NULL:
-            self.dlm_ver.deleter(self.dlm_ver)
-        PyErr_Restore(err_type, err_value, err_tb)
+        _delete(self.dlm, self.dlm_ver)
 
     @property
     def __array_interface__(self):
@@ -540,10 +466,8 @@ cdef class HostOwner:
 
 
 def take(cap, bint read_only, TensorInfo info=None):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``).
-
-    ``info``: the capsule's header as the export read it (not read again); None reads it.
-    """
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); ``info``:
+    its header as the export read it (not read again), None to read it."""
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
     owner.info = _peek_capsule(cap) if info is None else info

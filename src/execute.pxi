@@ -108,8 +108,6 @@ def repeated_capsule_error():
         "or the producer object instead (its __dlpack__ makes a capsule for every leaf).")
 
 
-# ---- the executors: (route, capsule, source, target, options) -> array ------------------
-
 def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
@@ -122,11 +120,9 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
-    """One copy of host memory, in one pass in C without the GIL, into aligned memory
-    (narrowed where JAX narrows; row-major whatever the source's layout), imported
-    without a second copy; the source is taken before it is read and freed right after.
-    (Vector lanes are copied by NumPy, as a trailing axis.) The memory is the one a
-    batch's decide half allocated (``_prepare``), else allocated here."""
+    """One copy of host memory into ``_copy_memory`` (a batch's, made by ``_prepare``), in
+    one pass in C without the GIL (vector lanes: by NumPy), imported without a second
+    copy; the source is taken before it is read and freed right after."""
     cdef TensorInfo info = route.info
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out = route._out if route._out is not None else _copy_memory(route, tg)
@@ -223,11 +219,10 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
-    """Host memory bound for CPU devices: one owner for the whole tensor, each device
-    imports its slice as decided (in one pass in C where every slice is viewed or
-    copied in C; else by each slice's own route); JAX assembles the array. The
-    producer's deleter runs when the last shard dies. A legacy capsule cannot say
-    read-only and is imported as writable, as ``to_jax`` does."""
+    """Host memory bound for CPU devices: one owner for the whole tensor (a legacy capsule's
+    imported writable), each device imports its slice by its own route (``_split_import``
+    where decided for one pass); JAX assembles the array; the producer's deleter runs when
+    the last shard dies."""
     cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
@@ -250,10 +245,6 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
     return tg.jax.device_put(arr, opts.sharding)
 
 
-def _ex_pass(Route route, cap, x, JaxTarget tg, opts):
-    return x
-
-
 def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
     """A jax.Array made row-major where it is in another layout (a copy on its device,
     committed as it was), then, where a place was asked for, put there (committed)."""
@@ -272,20 +263,15 @@ cdef object _array_copy(x, JaxTarget tg):
     return tg.jax.device_put(_np.asarray(x), x.sharding)
 
 
-def _ex_array_copy(Route route, cap, x, JaxTarget tg, opts):
-    return _array_copy(x, tg)
-
-
-def _ex_raise(Route route, cap, x, tg, opts):
-    _raise_route(route)
-
-
-#: One executor per action of a JAX route (routes.pxi).
+#: One executor per action of a JAX route (routes.pxi): (route, capsule, source, target,
+#: options) -> array.
 EXECUTORS = {
     IMPORT: _ex_import, HOST_COPY: _ex_host_copy, HOST_VIEW: _ex_host_view, EMPTY: _ex_empty,
     PRODUCER_COPY: _ex_producer_copy, NUMPY_PUT: _ex_numpy_put, NUMPY_COPY: _ex_numpy_copy,
-    SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread, PASS: _ex_pass,
-    ARRAY_PUT: _ex_array_put, ARRAY_COPY: _ex_array_copy, RAISE: _ex_raise,
+    SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread,
+    PASS: lambda route, cap, x, tg, opts: x, ARRAY_PUT: _ex_array_put,
+    ARRAY_COPY: lambda route, cap, x, tg, opts: _array_copy(x, tg),
+    RAISE: lambda route, cap, x, tg, opts: _raise_route(route),
 }
 
 
@@ -350,14 +336,10 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
         f"{_words().device_fix(info._dev_type, 'host', False)}.")
 
 
-# ---- host memory -----------------------------------------------------------
-
 cdef tuple _host_view(cap, TensorInfo info, read_only=None):
-    """Consume ``cap`` into a NumPy view of its memory (and the owner that frees it).
-
-    Vector lanes become a trailing axis. ``read_only`` None: a legacy capsule,
-    which cannot say, gives a read-only view, as NumPy does.
-    """
+    """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, and
+    the owner that frees it; ``read_only`` None: a legacy capsule, which cannot say, gives
+    a read-only view, as NumPy does."""
     if read_only is None:
         read_only = info.read_only is not False
     owner = take(cap, read_only, info)
@@ -431,14 +413,8 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     return vals.view(info.numpy_dtype).reshape(shape).copy()
 
 
-# ---- host --------------------------------------------------------------------
-
 cdef object _host_execute(Route route, cap, x):
     return HOST_EXECUTORS[route.action](route, cap, x)
-
-
-def _host_raise(Route route, cap, x):
-    _raise_route(route)
 
 
 def _host_producer_copy(Route route, cap, x):
@@ -459,25 +435,12 @@ def _host_empty(Route route, cap, x):
     return _np_empty(info._host_shape(), info.numpy_dtype)
 
 
-def _host_unpack(Route route, cap, x):
-    return _unpack_subbyte(cap, route.info)
-
-
-def _host_copy_out(Route route, cap, x):
-    return _host_copy(cap, route.info)
-
-
-def _host_view_out(Route route, cap, x):
-    return _host_view(cap, route.info)[0]
-
-
-def _host_numpy_copy(Route route, cap, x):
-    return _native_copy(x)
-
-
-#: One executor per action of a host route.
+#: One executor per action of a host route: (route, capsule, source) -> array.
 HOST_EXECUTORS = {
-    RAISE: _host_raise, PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
-    UNPACK: _host_unpack, HOST_COPY: _host_copy_out, HOST_VIEW: _host_view_out,
-    NUMPY_COPY: _host_numpy_copy,
+    RAISE: lambda route, cap, x: _raise_route(route),
+    PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
+    UNPACK: lambda route, cap, x: _unpack_subbyte(cap, route.info),
+    HOST_COPY: lambda route, cap, x: _host_copy(cap, route.info),
+    HOST_VIEW: lambda route, cap, x: _host_view(cap, route.info)[0],
+    NUMPY_COPY: lambda route, cap, x: _native_copy(x),
 }

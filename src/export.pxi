@@ -64,32 +64,24 @@ _PYARROW_HINTS = (
     ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
 )
 
+
 class Producer(_NamedTuple):
     """One row of the producer table (:data:`PRODUCERS`): what dlinspect knows of one
     producer's tensor type."""
 
-    guard: int = GUARD_NONE
-    """The guard run before any export (see ``Guard`` in src/export.pxi)."""
-    hints: tuple = ()
-    """``(word, what to do)`` pairs matched against the producer's own refusals."""
-    fix: object = None
-    """For a tensor type with no DLPack form (refused, never kept as a non-tensor
-    leaf): what to do instead."""
+    guard: int = GUARD_NONE   # the guard run before any export (Guard)
+    hints: tuple = ()         # (word, what to do) pairs matched against its own refusals
+    fix: object = None        # a tensor type with no DLPack form (refused): what to do instead
+    # How it copies device memory into host memory dlinspect gives it ("torch": out.copy_(x);
+    # another string: the method x.NAME(out)): a host fallback's one copy, into memory JAX views.
     into: object = None
-    """How the producer copies device memory into host memory dlinspect gives it
-    ("torch": ``out.copy_(x)``; any other string: the method ``x.NAME(out)``), so that
-    a host fallback makes one copy, into memory JAX views."""
+    # (module, expression): how dlinspect doctor finds the tensor type (the module as m).
     doctor: object = None
-    """``(module, expression)``: how ``dlinspect doctor`` finds the tensor type (the
-    module as ``m``), where doctor reports on this producer."""
+    # How it converts a tensor to another dtype ({}: the dtype's name), for advice that
+    # names its own method (the array API's astype by default).
     astype: str = "xp.astype(x, xp.{})"
-    """How the producer converts a tensor to another dtype (``{}``: the dtype's name),
-    for advice that names the producer's own method (the array API's ``astype`` by
-    default)."""
-    other: str = "convert the tensor with its own library first"
-    """What to do when a refusal of this producer matches none of its hints."""
-    contiguous: str = ""
-    """How the producer makes a contiguous copy of a tensor (``""``: unknown)."""
+    other: str = "convert the tensor with its own library first"   # where no hint matches
+    contiguous: str = ""      # how it makes a contiguous copy of a tensor ("": unknown)
 
 
 _LOADER_FIX = ("it is a data loader, not a batch: iterate it through "
@@ -264,19 +256,13 @@ cdef bint _pinned_possible(_TypeEntry entry):
 
 
 def exchange_api_version(tp):
-    """``(major, minor)`` of the DLPack C exchange API a type defines, or None.
-
-    None also where the table exists but cannot be used (major version other
-    than 1, a NULL ``dltensor_from_py_object_no_sync`` or
-    ``managed_tensor_from_py_object_no_sync``), or is only inherited.
-    """
+    """``(major, minor)`` of the DLPack C exchange API a type defines itself and dlinspect
+    can use (major 1, both ``*_from_py_object_no_sync`` functions set), or None."""
     cdef _TypeEntry entry = _entry_for(tp)
     if entry.api == NULL:
         return None
     return (entry.api.header.version.major, entry.api.header.version.minor)
 
-
-# ---- producer errors -------------------------------------------------------
 
 _METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
 
@@ -303,8 +289,6 @@ cdef bint _about_keywords(BaseException exc):
     msg = str(exc)
     return "keyword" in msg or "max_version" in msg
 
-
-# ---- the calls -------------------------------------------------------------
 
 # contract: fills dev_type/dev_id (id_known False for a None id) or raises
 # ProducerError (the producer raised) or MalformedTensorError (not a device pair).
@@ -334,14 +318,10 @@ cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_know
 
 
 cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_copy):
-    """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``.
-
-    Called once; called again without the new keywords only when the TypeError
-    is about them (an older producer: numpy < 2.1, torch < 2.4) and no host copy
-    was asked for. Such a type is remembered and asked without them from then on.
-    """
+    """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``,
+    again without the new keywords only where its TypeError is about them (an older
+    producer: numpy < 2.1, torch < 2.4; no host copy asked), its type remembered for that."""
     cdef PyObject* args[5]
-    cdef size_t n = 1
     cdef tuple names
     args[0] = <PyObject*>x
     if entry.bare_only and not host_copy:
@@ -479,24 +459,11 @@ cdef int _refuse_dead_array(object x) except -1:
     return 0
 
 
-def jax_array_problem(x):
-    """The error a ``jax.Array`` raises on every route (deleted or donated), or None."""
-    try:
-        _refuse_dead_array(x)
-    except ProducerError as exc:
-        return exc
-    return None
-
-
 def is_tensor(x):
-    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert).
-
-    True for a PyCapsule, a ``jax.Array`` and any object (not a class) whose type has
-    ``__dlpack__`` or the C exchange API, or is a tensor type of :data:`PRODUCERS`
-    with no DLPack form (converting those raises); False for everything else, and
-    for NumPy arrays and TensorFlow tensors of non-numeric dtypes (str, bytes,
-    object, datetime, structured; tf.string, tf.variant, tf.resource).
-    """
+    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert): a PyCapsule, a
+    ``jax.Array``, any object (not a class) whose type has ``__dlpack__`` or the C exchange
+    API or is a tensor type of :data:`PRODUCERS` with no DLPack form (converting those
+    raises); not NumPy, TensorFlow or pyarrow arrays of non-numeric dtypes."""
     if PyCapsule_CheckExact(x):
         return True
     if isinstance(x, type):
@@ -721,13 +688,8 @@ def peek(obj, /):
 
 
 def export(x, stream_for=None):
-    """Export ``x`` once for a consumer: ``(capsule, TensorInfo)``.
-
-    The one routine that calls producers (see this file's head). A bare capsule
-    is returned as it is, read but not consumed. ``stream_for(device_type,
-    device_id)`` gives the ``stream`` to pass for CUDA/ROCm memory (the
-    consumer's stream, array API ``__dlpack__``); None for every other device.
-    """
+    """Export ``x`` once for a consumer: ``(capsule, TensorInfo)`` (a bare capsule read, not
+    consumed); ``stream_for(device_type, device_id)``: the ``stream`` for CUDA/ROCm memory."""
     cdef PyObject* cap = NULL
     info = _export(x, MODE_TAKE, stream_for, &cap)
     return (_take_ref(cap), info)
@@ -743,12 +705,6 @@ def host_methods(x):
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
 
 
-def host_into(x):
-    """How ``x``'s producer copies into host memory dlinspect gives it (the producer
-    table's ``into``: "torch", or a method name), or None where it cannot."""
-    return _entry_for(type(x)).into
-
-
 def into_call(into):
     """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
     else ``x.NAME(out)``."""
@@ -756,14 +712,9 @@ def into_call(into):
 
 
 def export_host_copy_into(x, out):
-    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype,
-    C order): the one copy of a host fallback, into memory JAX can view.
-
-    Returns
-    -------
-    str or None
-        None when ``out`` holds the values; else what was tried and why it failed.
-    """
+    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype, C
+    order; the producer table's ``into``): None when ``out`` holds the values, else what
+    was tried and why it failed."""
     into = _entry_for(type(x)).into
     try:
         if into == "torch":
@@ -773,25 +724,15 @@ def export_host_copy_into(x, out):
         else:
             getattr(x, into)(out)
     except Exception as exc:
-        return f"{into_call(into)} raised {_first_line(exc)}"
+        return f"{into_call(into)} raised {first_line(exc)}"
     return None
 
 
 def export_host_copy(x):
-    """Ask the producer for a host copy of ``x``.
-
-    Tried in order: ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)``; the producer's
-    own documented to-host method (``x.asnumpy()``, ``x.numpy()``; see
-    :data:`HOST_METHODS`); the array protocol (``numpy.asarray(x)``).
-
-    Returns
-    -------
-    tuple
-        ``(capsule, TensorInfo)`` when ``__dlpack__`` serves host memory; else
-        ``(ndarray, None)`` from a method or the array protocol when that gives a
-        numeric array; else ``(None, tried)``, ``tried`` being a list of what was
-        tried and why it failed, in words.
-    """
+    """Ask the producer for a host copy of ``x``, in this order: ``(capsule, TensorInfo)``
+    from ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` where it serves host memory;
+    ``(ndarray, None)`` from :data:`HOST_METHODS` or ``numpy.asarray(x)`` where one gives
+    a numeric array; else ``(None, tried)``: what was tried and why it failed, in words."""
     cdef TensorInfo info
     cdef PyObject* p = NULL
     tried = []
@@ -803,13 +744,14 @@ def export_host_copy(x):
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")
     except ProducerError as exc:
-        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised {_first_line(exc.__cause__ or exc)}")
+        tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
+                     f"{first_line(exc.__cause__ or exc)}")
     import numpy
     for name in host_methods(x):
         try:
             arr = getattr(x, name)()
         except Exception as exc:
-            tried.append(f"x.{name}() raised {_first_line(exc)}")
+            tried.append(f"x.{name}() raised {first_line(exc)}")
             continue
         if isinstance(arr, numpy.ndarray) and arr.dtype != object:
             return (arr, None)
@@ -820,10 +762,12 @@ def export_host_copy(x):
             return (arr, None)
         tried.append("numpy.asarray gave an object array (the producer has no __array__)")
     except Exception as exc:
-        tried.append(f"numpy.asarray raised {_first_line(exc)}")
+        tried.append(f"numpy.asarray raised {first_line(exc)}")
     return (None, tried)
 
 
-cdef str _first_line(BaseException exc):
+def first_line(exc, typed=True):
+    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
     text = str(exc)
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if typed else line

@@ -5,60 +5,15 @@
 # dlinspect._options.Options.flags).
 
 def to_jax_fast(x, JaxTarget tg, int flags=0):
-    """Export ``x`` once and import it into JAX when nothing is needed.
-
-    Parameters
-    ----------
-    x : object with ``__dlpack__``, or PyCapsule
-        The tensor (a bare capsule is consumed only by a successful import). A
-        row-major ``jax.Array`` is returned as it is: it is not a foreign tensor.
-    tg : JaxTarget
-        The installed JAX.
-    flags : int
-        ``Options.flags`` (no ``COPY_ALWAYS`` or ``PLACED`` bit: those never take the
-        fast path). With ``copy=None``, host tensors of any size whose only needs
-        are ALIGN, NARROW, READ_ONLY and/or LAYOUT are copied in one pass in C into
-        ``tg.copy_align``-aligned memory (cast where JAX narrows, with its
-        DLInspectWarning unless ``narrow="ok"``) and imported; the source is freed
-        at once.
-
-    Returns
-    -------
-    jax.Array, tuple or None
-        The array; else ``(capsule, TensorInfo, needs)`` for the general route,
-        the capsule unconsumed; None for a ``jax.Array`` in another layout than
-        row-major (its route copies it: ``route_jax_array``).
-
-    Raises
-    ------
-    NotDLPackError, ProducerError, MalformedTensorError, UnsupportedVersionError, CapsuleConsumedError
-        From the export (see :func:`peek`); and whatever the import raises, with
-        the capsule left unconsumed.
-    """
+    """The fast path of one tensor (``_fast_one``), for tests: the array; else ``(capsule,
+    TensorInfo, needs)`` for the general route, the capsule unconsumed; None for a
+    ``jax.Array`` in another layout than row-major. ``flags``: ``Options.flags``."""
     return _fast_one(x, tg, flags)
 
 
 def to_jax_many(list leaves, JaxTarget tg, int flags=0):
-    """The fast path's decision for every leaf of a batch, in one call: each tensor leaf
-    exported once and its needs computed; nothing is imported or taken (the batch
-    engine, src/batch.pxi, runs the decision).
-
-    Returns
-    -------
-    (list, list)
-        ``out``: per leaf, the leaf itself where it is not a tensor to convert (not a
-        tensor, a jax.Array, an array of a non-numeric dtype), else None;
-        ``decided``: ``(index, capsule, TensorInfo, needs, fast)`` for every tensor
-        leaf, ``fast`` telling the fast import can take it; for NumPy memory DLPack
-        cannot describe, ``(index, None, NotDescribableError, 0, False)``; for a
-        jax.Array in another layout than row-major, ``(index, None, None, 0, False)``.
-
-    Raises
-    ------
-    Exception
-        What exporting a leaf raised, with the leaf's index in its
-        ``_dlinspect_leaf`` attribute (the caller names the leaf's key path).
-    """
+    """The fast path's decision for every leaf of a batch (``_fast_many``), for tests:
+    ``(out, [(index, capsule, TensorInfo, needs, fast)])``; nothing is imported or taken."""
     out, decided = _fast_many(leaves, tg, flags)
     cdef _Leaf leaf
     return out, [(leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast) for leaf in decided]
@@ -204,9 +159,8 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
 
 
 cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
-    """What can fail in the fast path's copy, done before anything is taken: its
-    narrowing warning given (the user's filters may make it an exception) and its memory
-    allocated (AllocationError). Returns that memory, for ``_copy_taken``."""
+    """``_prepare`` for the fast path's copy: its narrowing warning given and its memory
+    allocated before anything is taken; returns that memory, for ``_copy_taken``."""
     cdef int dst_key = info._key()
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[dst_key]
@@ -235,15 +189,12 @@ cdef object _fast_one(object x, JaxTarget tg, int flags):
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
                           JaxTarget tg):
-    """Consume ``cap`` into one owner and put each slice of a one-pass split
-    (``route_sharded``: ``(TensorInfo, needs)`` per slice) onto its device: viewed where
-    it needs nothing (or only VIA_CPU), else copied in C into aligned memory (narrowed
-    where JAX narrows: the route's warning was given before); one committed array over
-    ``sharding``. By jaxlib's batched put in one call where it views every slice that
-    needs nothing; else each slice imported and the array assembled. The producer's
-    deleter runs when the last viewed slice dies (at once when every slice is copied).
-    A legacy capsule cannot say read-only and is imported as writable, as ``to_jax``
-    does."""
+    """Consume ``cap`` into one owner and put each slice of a one-pass split (``parts``:
+    ``(TensorInfo, needs)`` each) onto its device, viewed where it needs nothing but
+    VIA_CPU, else copied in C (narrowed where JAX narrows; warned before): one committed
+    array over ``sharding``, by one batched put where that views every slice needing
+    nothing, else each imported and assembled. The producer's deleter runs when the last
+    viewed slice dies; a legacy capsule, which cannot say read-only, is imported writable."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()

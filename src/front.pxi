@@ -22,9 +22,7 @@ def set_target(tg):
 
 
 def set_target_builder(build):
-    """Hand the core ``build()``, which finds out what the installed JAX takes and returns
-    its JaxTarget (dlinspect._jaxcaps calls it when it is imported, as the package is):
-    the core never imports upward."""
+    """Hand the core ``build()``, which returns the JaxTarget (see this module's doc)."""
     global _TARGET_BUILDER
     _TARGET_BUILDER = build
 
@@ -45,8 +43,6 @@ cdef JaxTarget _jax_target():
         _TARGET = _TARGET_BUILDER()
     return _TARGET
 
-
-# ---- the front door -------------------------------------------------------------
 
 @cython.binding(True)
 def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonly="copy",
@@ -318,7 +314,6 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
         # producer's capsule destructor may run Python code (warp's is a ctypes callback).
         cap = got = None
         raise
-
 
 
 @cython.binding(True)

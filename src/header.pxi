@@ -146,7 +146,6 @@ cdef class TensorInfo:
         """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""
         return self._code | (self._bits << 8)
 
-    # -- identity --------------------------------------------------------
     @property
     def device_type(self):
         return as_device_type(self._dev_type)
@@ -165,7 +164,6 @@ cdef class TensorInfo:
     def host_accessible(self):
         return _host_accessible(self._dev_type)
 
-    # -- geometry --------------------------------------------------------
     @property
     def shape(self):
         return tuple([self._shape[i] for i in range(self.ndim)])
@@ -191,7 +189,6 @@ cdef class TensorInfo:
     cdef inline int64_t _itemsize(self) noexcept:
         return (<int64_t>self._bits * self._lanes + 7) // 8
 
-    # -- dtype -----------------------------------------------------------
     @property
     def dtype(self):
         return DLDataType(self._code, self._bits, self._lanes)
@@ -204,7 +201,6 @@ cdef class TensorInfo:
     def numpy_dtype(self):
         return numpy_dtype(self._code, self._bits, 1)
 
-    # -- memory ----------------------------------------------------------
     @property
     def data_ptr(self):
         return self._ptr()
@@ -212,43 +208,31 @@ cdef class TensorInfo:
     @property
     def alignment(self):
         cdef uintptr_t p = self._ptr()
-        cdef uintptr_t a = 1
-        if p == 0:
-            return 4096
-        while a < 4096 and (p & a) == 0:
-            a <<= 1
-        return a
+        return min(p & (~p + 1), 4096) if p else 4096   # (p's lowest set bit)
 
-    # -- versioned header ------------------------------------------------
     @property
     def version(self):
-        if self._source != SRC_VERSIONED:
-            return None
-        return (self._ver_major, self._ver_minor)
+        return (self._ver_major, self._ver_minor) if self._source == SRC_VERSIONED else None
 
     @property
     def read_only(self):
-        if self._source != SRC_VERSIONED:
-            return None
-        return (self.flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+        return self._flag(DLPACK_FLAG_BITMASK_READ_ONLY)
 
     @property
     def is_copied(self):
-        if self._source != SRC_VERSIONED:
-            return None
-        return (self.flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
+        return self._flag(DLPACK_FLAG_BITMASK_IS_COPIED)
+
+    cdef object _flag(self, uint64_t bit):
+        return (self.flags & bit) != 0 if self._source == SRC_VERSIONED else None
 
     @property
     def capsule_name(self):
-        if self._source == SRC_EXCHANGE:
-            return None
-        return _SOURCE_NAMES[self._source]
+        return None if self._source == SRC_EXCHANGE else _SOURCE_NAMES[self._source]
 
     @property
     def source(self):
         return _SOURCE_NAMES[self._source]
 
-    # -- layout predicates -----------------------------------------------
     @property
     def is_c_contiguous(self):
         return self._contiguous(True)
@@ -319,7 +303,6 @@ cdef class TensorInfo:
                 return True
         return False
 
-    # -- derived headers ---------------------------------------------------
     def sliced(self, index):
         """The header of ``x[index]``, for basic slices, without touching memory.
 
@@ -345,8 +328,7 @@ cdef class TensorInfo:
         ValueError
             ``index`` has more entries than ``ndim``.
         """
-        cdef int64_t shape_buf[_MAX_NDIM]
-        cdef int64_t strides_buf[_MAX_NDIM]
+        cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
         cdef int i
         cdef Py_ssize_t n, start, stop, step, count
         cdef int64_t item = self._itemsize(), move, delta = 0
@@ -357,9 +339,8 @@ cdef class TensorInfo:
         n = PyTuple_GET_SIZE(index)
         if n > self.ndim:
             raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")
-        for i in range(self.ndim):
-            shape_buf[i] = self._shape[i]
-            strides_buf[i] = self._strides[i]
+        memcpy(shape_buf, self._shape, self.ndim * sizeof(int64_t))
+        memcpy(strides_buf, self._strides, self.ndim * sizeof(int64_t))
         for i in range(n):
             sl = index[i]
             if not PySlice_Check(sl):
@@ -388,7 +369,6 @@ cdef class TensorInfo:
                           self.flags, self._ver_major, self._ver_minor, self._dev_type,
                           self.device_id)
 
-    # -- presentation ----------------------------------------------------
     def _layout_word(self):
         if self.is_c_contiguous:
             return "C-contiguous"
@@ -459,8 +439,7 @@ def _rebuild_info(state):
     """Unpickle a TensorInfo: rebuild the header it describes and read it again."""
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
-    cdef int64_t shape_buf[_MAX_NDIM]
-    cdef int64_t strides_buf[_MAX_NDIM]
+    cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
     cdef int i
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
@@ -479,21 +458,17 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
                            int64_t* strides, uint64_t byte_offset, Source source,
                            uint64_t flags, int ver_major, int ver_minor, int32_t dev_type,
                            int32_t dev_id):
-    cdef DLTensor t
-    t.data = <void*>data
-    t.device.device_type = cap_dev_type
-    t.device.device_id = cap_dev_id
-    t.ndim = ndim
-    t.dtype.code = code
-    t.dtype.bits = bits
-    t.dtype.lanes = lanes
-    t.shape = shape
-    t.strides = strides
-    t.byte_offset = byte_offset
+    cdef DLTensor t = DLTensor(<void*>data, DLDevice(cap_dev_type, cap_dev_id), ndim,
+                               c_DLDataType(code, bits, lanes), shape, strides, byte_offset)
     cdef TensorInfo info = _new_info(&t, source, flags)
     info._ver_major, info._ver_minor = ver_major, ver_minor
     info._dev_type, info.device_id = dev_type, dev_id
     return info
+
+
+cdef object _corrupt(str fault):
+    """The MalformedTensorError of a header field the producer got wrong."""
+    return MalformedTensorError(f"{fault} The producer wrote a corrupt header.")
 
 
 cdef str _ints_text(const int64_t* values, int32_t n):
@@ -533,21 +508,17 @@ cdef int _check_fields(const DLTensor* t) except -1:
     plus byte_offset within the address space, at least one lane."""
     cdef int32_t ndim = t.ndim
     if ndim < 0 or ndim > _MAX_NDIM:
-        raise MalformedTensorError(
-            f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
-            f"(dlinspect.MAX_NDIM). The producer wrote a corrupt header.")
+        raise _corrupt(f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
+                       f"(dlinspect.MAX_NDIM).")
     if t.shape == NULL and ndim > 0:
-        raise MalformedTensorError(
-            f"DLTensor.shape is NULL but DLTensor.ndim is {ndim}; shape may be NULL "
-            f"only when ndim is 0. The producer wrote a corrupt header.")
+        raise _corrupt(f"DLTensor.shape is NULL but DLTensor.ndim is {ndim}; shape may be NULL "
+                       f"only when ndim is 0.")
     if t.byte_offset > <uint64_t>(UINTPTR_MAX - <uintptr_t>t.data):
-        raise MalformedTensorError(
-            f"DLTensor.data {<uintptr_t>t.data:#x} plus DLTensor.byte_offset {t.byte_offset} "
-            f"passes the end of the address space. The producer wrote a corrupt header.")
+        raise _corrupt(f"DLTensor.data {<uintptr_t>t.data:#x} plus DLTensor.byte_offset "
+                       f"{t.byte_offset} passes the end of the address space.")
     if t.dtype.lanes == 0:
-        raise MalformedTensorError(
-            f"DLDataType.lanes is 0 (code={t.dtype.code}, bits={t.dtype.bits}); every element "
-            f"has at least one lane. The producer wrote a corrupt header.")
+        raise _corrupt(f"DLDataType.lanes is 0 (code={t.dtype.code}, bits={t.dtype.bits}); "
+                       f"every element has at least one lane.")
     return 0
 
 
@@ -559,23 +530,18 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
     cdef bint zero = False
     for i in range(ndim):
         if t.shape[i] < 0:
-            raise MalformedTensorError(
-                f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0. "
-                f"The producer wrote a corrupt header.")
+            raise _corrupt(f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0.")
         info._shape[i] = t.shape[i]
         zero = zero or t.shape[i] == 0
     if zero:
         return 0
     for i in range(ndim):
         if dl_mul_overflow(size, info._shape[i], &size):
-            raise MalformedTensorError(
-                f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than 2**63-1 "
-                f"elements. The producer wrote a corrupt header.")
+            raise _corrupt(f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than "
+                           f"2**63-1 elements.")
     if t.data == NULL:
-        raise MalformedTensorError(
-            f"DLTensor.data is NULL but the shape {_ints_text(t.shape, ndim)} holds {size} "
-            f"element(s); only zero-size tensors may have NULL data. The producer wrote a "
-            f"corrupt header.")
+        raise _corrupt(f"DLTensor.data is NULL but the shape {_ints_text(t.shape, ndim)} holds "
+                       f"{size} element(s); only zero-size tensors may have NULL data.")
     return size
 
 
@@ -601,14 +567,11 @@ cdef int64_t _count_bytes(int64_t size, int64_t bits_total, uint64_t flags,
     cdef int64_t nbytes
     if bits_total < 8 and not (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
         if dl_mul_overflow(size, bits_total, &nbytes):
-            raise MalformedTensorError(
-                f"{size} elements of {bits_total} bits overflow int64. "
-                f"The producer wrote a corrupt header.")
+            raise _corrupt(f"{size} elements of {bits_total} bits overflow int64.")
         return (nbytes + 7) // 8
     if dl_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
-        raise MalformedTensorError(
-            f"DLTensor.shape {_ints_text(t.shape, t.ndim)} times {(bits_total + 7) // 8} "
-            f"bytes per element overflows int64. The producer wrote a corrupt header.")
+        raise _corrupt(f"DLTensor.shape {_ints_text(t.shape, t.ndim)} times "
+                       f"{(bits_total + 7) // 8} bytes per element overflows int64.")
     return nbytes
 
 
@@ -620,14 +583,11 @@ cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
         if (info._strides[i] == DLINSPECT_INT64_MIN
                 or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &reach)
                 or dl_add_overflow(span, reach, &span)):
-            raise MalformedTensorError(
-                f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
-                f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements. "
-                f"The producer wrote a corrupt header.")
+            raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
+                           f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements.")
     if dl_mul_overflow(span, item_bytes, &span):
-        raise MalformedTensorError(
-            f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more than "
-            f"2**63-1 bytes. The producer wrote a corrupt header.")
+        raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more "
+                       f"than 2**63-1 bytes.")
     return 0
 
 

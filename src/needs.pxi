@@ -201,28 +201,15 @@ cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
 cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
-    """The one bound on a copy's size: what every route (_fits) and the fast path's copy
-    (_c_copy) check."""
+    """The one bound on a copy's size, for every route (_fits) and the fast path (_c_copy)."""
     return nbytes <= _PHYSICAL_BYTES
 
 
 def stack_column(list column, Py_ssize_t alignment):
-    """``np.stack(column)`` in new ``alignment``-byte aligned memory, a ``memcpy`` per array,
-    where all are C-contiguous NumPy arrays of ``column[0]``'s shape and native, unstructured,
-    non-object dtype, within physical memory; else None (the caller's path stacks it).
-
-    Parameters
-    ----------
-    column : list of numpy.ndarray
-        The leaves of one position, one per element (``n >= 1``).
-    alignment : int
-        In bytes, a power of two.
-
-    Returns
-    -------
-    numpy.ndarray or None
-        Shape ``(n,) + column[0].shape`` (in elements), C-contiguous, writable.
-    """
+    """``np.stack(column)`` (shape ``(n,) + column[0].shape``, C-contiguous, writable) in
+    new ``alignment``-byte aligned memory, a ``memcpy`` per array, where all are
+    C-contiguous NumPy arrays of ``column[0]``'s shape and native, unstructured, non-object
+    dtype, within physical memory; else None (the caller's path stacks it)."""
     cdef Py_buffer src
     cdef Py_ssize_t k, n = len(column)
     if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
@@ -262,23 +249,8 @@ cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
-    """What ``info`` needs to reach JAX (``target``) or NumPy (``target=None``).
-
-    Parameters
-    ----------
-    info : TensorInfo
-        The header (see :func:`peek`).
-    target : JaxTarget or None
-        The installed JAX's abilities; None for host memory (NumPy).
-    share_readonly : bool
-        The caller imports read-only memory without a copy (``readonly="share"``).
-
-    Returns
-    -------
-    int
-        A set of ``NEED_BITS``; 0 means JAX (or NumPy) views the memory as it is.
-        For NumPy only DEVICE, DTYPE, LANES, PACKED and EMPTY apply.
-    """
+    """What ``info`` needs to reach JAX (``target``) or NumPy (``target=None``), as the
+    bits of :class:`Need` (0: viewed as it is); ``share_readonly``: ``readonly="share"``."""
     if target is None:
         return _needs_host(info)
     return _needs_jax(info, target, share_readonly)

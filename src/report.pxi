@@ -88,10 +88,7 @@ cdef class LoaderReport:
     cdef bint _warned, _at_delivery
 
     def __init__(self, *, bint at_delivery=False):
-        self.batches = 0
-        self._leaves = {}
-        self._pending = []
-        self._staged = []
+        self.new_epoch()
         self._warned = False
         self._at_delivery = at_delivery
 
@@ -131,10 +128,6 @@ cdef class LoaderReport:
         else:
             reason = _copy_reason(route._needs, forced) or "sharding"
         self._pending.append((i, nbytes, reason))
-        return 0
-
-    cdef int _drop(self) except -1:
-        self._pending = []
         return 0
 
     cdef int _end(self, keys) except -1:

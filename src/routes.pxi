@@ -193,17 +193,13 @@ def _plain(value):
     return isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items())
 
 
-def _pickles(value):
-    try:
-        _pickle.dumps(value)
-    except Exception:
-        return False
-    return True
-
-
 def _picklable_error(error):
     """``error`` itself where it pickles; else a DLInspectError with its words."""
-    return error if error is None or _pickles(error) else DLInspectError(str(error))
+    try:
+        _pickle.dumps(error)
+    except Exception:
+        return DLInspectError(str(error))
+    return error
 
 
 def _device_ref(device):
@@ -270,14 +266,9 @@ cdef bint _unpackable(TensorInfo info):
     return bits != 0 and 8 % bits == 0 and info._is_c_contiguous()
 
 
-# ---- JAX -------------------------------------------------------------------
-
 def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
-    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure).
-
-    ``source``: what the caller passed (a producer; a bare capsule, which has no
-    producer to ask for a host copy; or a TensorInfo).
-    """
+    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure); ``source``:
+    what the caller passed (a producer, a bare capsule, which has none, or a TensorInfo)."""
     return _fits(_route_jax(info, needs, tg, opts, source))
 
 
@@ -440,10 +431,8 @@ cdef object _copy_into(TensorInfo info, uint32_t needs, source):
     same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
     if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None:
         return None
-    return host_into(source)
+    return _entry_for(type(source)).into
 
-
-# ---- NumPy -----------------------------------------------------------------
 
 def route_host(TensorInfo info, uint32_t needs, copy, source):
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
@@ -482,16 +471,11 @@ cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
 # ---- sharded: one decision per leaf ----------------------------------------
 
 def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
-    """The route of a tensor onto a multi-device ``sharding`` (pure): the one decision
-    for ``plan(x, sharding=)`` and ``to_jax(x, sharding=)`` alike.
-
-    Host memory bound for CPU devices is split in place: each slice's needs are
-    computed here, once. Where every slice is viewed as it is or, with ``copy=None``,
-    copied in one pass in C (needing only alignment, x64 narrowing, a writable copy or
-    a row-major layout), the route carries the slices (``facts["parts"]``) and is executed in one
-    pass; its ``shards`` are worded only when asked for. Otherwise each slice gets its
-    own route.
-    """
+    """The route of a tensor onto a multi-device ``sharding`` (pure), for ``plan`` and
+    ``to_jax`` alike. Host memory bound for CPU devices is split in place, each slice's
+    needs computed once: where every slice is viewed or, with ``copy=None``, copied in C
+    (``_c_copy``), the route carries them (``facts["parts"]``) for one pass, its
+    ``shards`` worded only when asked for; else each slice gets its own route."""
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
     lay = layout(sharding, info.shape)
@@ -566,9 +550,10 @@ def route_jax_array(x, opts, JaxTarget tg):
     only ``device_put`` or a copy; a deleted or donated one is an error route. One in
     another layout than JAX's row-major default (``jax.dlpack.from_dlpack`` of a
     transpose) is copied into it first: ``jax.device_put`` moves such an array wrong."""
-    dead = jax_array_problem(x)
-    if dead is not None:
-        return failed(dead, "jax")
+    try:
+        _refuse_dead_array(x)
+    except ProducerError as exc:
+        return failed(exc, "jax")
     try:
         nbytes = x.nbytes
     except Exception:   # typed PRNG keys on jax 0.4: "Cannot call abstract method nbytes"

@@ -34,48 +34,38 @@ def layout(sharding, shape):
     return got
 
 
-def tiling(sharding, ndim):
-    """How many shards ``sharding`` cuts each of ``ndim`` axes into (JAX's own answer)."""
-    n = len(sharding.device_set)
-    # Every per-axis shard count divides the device count, so a shape of n
-    # along each axis splits evenly, and n / shard extent is that count.
-    return tuple(n // extent for extent in sharding.shard_shape((n,) * ndim))
-
-
 def uneven(shape, sharding):
     """Why ``sharding`` cannot split ``shape`` evenly, as facts, or None:
     ``("ndim", ndim, jax's words)`` when the sharding has more axes than the tensor,
     ``("axis", axis, size, shard count, device count)`` for an axis that does not divide."""
     try:
-        counts = tiling(sharding, len(shape))
+        # The shards per axis, JAX's own answer: each count divides the device count n, so
+        # a shape of n along each axis splits evenly, and n / shard extent is that count.
+        n = len(sharding.device_set)
+        counts = [n // extent for extent in sharding.shard_shape((n,) * len(shape))]
     except (ValueError, TypeError, IndexError) as exc:
-        return ("ndim", len(shape), (str(exc).splitlines() or [""])[0])
+        return ("ndim", len(shape), first_line(exc, False))
     for axis, (size, count) in enumerate(zip(shape, counts)):
         if size % count:
-            return ("axis", axis, size, count, len(sharding.device_set))
+            return ("axis", axis, size, count, n)
     return None
 
 
-_plain_devices = {}   # id(sharding) -> (sharding, plain_device of it); a module global
+_plain_devices = {}   # id(sharding) -> (sharding, _is_plain_device of it); a module global
 
 
 cdef bint _is_plain_device(sharding) except -1:
-    """``plain_device(check_sharding(sharding))``, remembered per sharding object (a
-    loader passes the same one every step)."""
+    """A SingleDeviceSharding in the device's default memory (the same as ``device=``),
+    remembered per sharding object (a loader passes the same one every step)."""
     got = _plain_devices.get(id(sharding))
     if got is not None and (<tuple>got)[0] is sharding:
         return (<tuple>got)[1]
-    plain = plain_device(check_sharding(sharding))
+    single = _options_module.jax_module("jax.sharding").SingleDeviceSharding
+    plain = type(check_sharding(sharding)) is single and default_memory(sharding)
     if len(_plain_devices) >= 256:
         _plain_devices.clear()
     _plain_devices[id(sharding)] = (sharding, plain)
     return plain
-
-
-def plain_device(sharding):
-    """A SingleDeviceSharding in the device's default memory: the same as ``device=``."""
-    single = _options_module.jax_module("jax.sharding").SingleDeviceSharding
-    return type(sharding) is single and default_memory(sharding)
 
 
 def default_memory(sharding):

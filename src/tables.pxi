@@ -20,23 +20,18 @@ class _SpecNamed(_enum.IntEnum):
 class Device(_NamedTuple):
     """What dlinspect knows of one ``DLDeviceType``: a row of :data:`DEVICES`."""
 
-    host: bool = False
-    """Host-accessible memory: NumPy views it and JAX's CPU backend imports it."""
-    pinned: bool = False
-    """Pinned host memory, which a producer may export with a kDLCPU header."""
-    platform: object = None
-    """The JAX platform its memory belongs to (None: none JAX has)."""
-    jax_maps: bool = True
-    """jax's own DLDeviceType map names the platform (its ``from_dlpack`` takes it there)."""
-    stream: bool = False
-    """``__dlpack__`` takes the consumer's stream (array API ``__dlpack__``, *stream*)."""
+    host: bool = False        # host-accessible: NumPy views it, JAX's CPU backend imports it
+    pinned: bool = False      # pinned host memory, which a producer may export as kDLCPU
+    platform: object = None   # the JAX platform its memory belongs to (None: none JAX has)
+    jax_maps: bool = True     # jax's own DLDeviceType map names it (its from_dlpack takes it)
+    stream: bool = False      # __dlpack__ takes the consumer's stream (array API, *stream*)
+    # The stream that means the device's default stream (CUDA: 1, as the array API gives
+    # 0 no meaning there; ROCm: 0).
     default_stream: int = 0
-    """The ``stream`` value that means the device's default stream (CUDA: 1, since the
-    array API gives 0 no meaning there; ROCm: 0)."""
+    # The fix words: how its own libraries move a tensor to host memory; what JAX needs
+    # to take the memory where it is.
     to_host: str = "torch: t.cpu()"
-    """How its own libraries move a tensor to host memory (the fix words)."""
     plugin: object = None
-    """What JAX needs to take the memory where it is (the fix words)."""
 
 
 #: The row of every device type without one of its own.
@@ -88,19 +83,13 @@ cdef enum:
     _DEV_STREAM = 4
 cdef uint8_t _DEVICE_BITS[64]
 cdef int _DEFAULT_STREAM[64]
-
-
-cdef int _fill_device_bits() except -1:
-    memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
-    memset(_DEFAULT_STREAM, 0, sizeof(_DEFAULT_STREAM))
-    for value, _, row in _DEVICE_ROWS:
-        _DEVICE_BITS[value] = ((_DEV_HOST if row.host else 0) | (_DEV_PINNED if row.pinned else 0)
-                               | (_DEV_STREAM if row.stream else 0))
-        _DEFAULT_STREAM[value] = row.default_stream
-    return 0
-
-
-_fill_device_bits()
+memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
+memset(_DEFAULT_STREAM, 0, sizeof(_DEFAULT_STREAM))
+for _value, _, _row in _DEVICE_ROWS:
+    _DEVICE_BITS[_value] = ((_DEV_HOST if _row.host else 0) | (_DEV_PINNED if _row.pinned else 0)
+                            | (_DEV_STREAM if _row.stream else 0))
+    _DEFAULT_STREAM[_value] = _row.default_stream
+del _value, _, _row
 
 
 cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
@@ -150,8 +139,6 @@ def stream_of(int device_type, jax_device):
     return _DEFAULT_STREAM[device_type] if stream == 0 else int(stream)
 
 
-# ---- dtypes ---------------------------------------------------------------------
-
 _DTYPE_CODES = (
     (kDLInt, "kDLInt"), (kDLUInt, "kDLUInt"), (kDLFloat, "kDLFloat"),
     (kDLOpaqueHandle, "kDLOpaqueHandle"), (kDLBfloat, "kDLBfloat"),
@@ -179,13 +166,11 @@ class DLDataType(_NamedTuple):
 class DType(_NamedTuple):
     """What dlinspect knows of one lane's ``(code, bits)``: a row of :data:`DTYPES`."""
 
-    name: str
-    """The NumPy / ml_dtypes name (``"float32"``, ``"bfloat16"``, ``"int4"``)."""
-    numpy: bool
-    """NumPy has it itself (False: ``ml_dtypes`` provides it, where installed)."""
+    name: str      # the NumPy / ml_dtypes name ("float32", "bfloat16", "int4")
+    numpy: bool    # NumPy has it itself (False: ml_dtypes provides it, where installed)
+    # (code, bits) JAX narrows it to when x64 is off (jax.numpy's documented rule: 64-bit
+    # integers and floats to 32 bits, complex128 to complex64), else None.
     x64_narrow: object = None
-    """``(code, bits)`` JAX narrows it to when x64 is off (jax.numpy's documented rule:
-    64-bit integers and floats to 32 bits, complex128 to complex64), else None."""
 
 
 # One row per (code, bits) with a NumPy or ml_dtypes dtype.
@@ -227,20 +212,10 @@ cdef dict _numpy_cache = {}
 
 
 def dtype_name(int code, int bits, int lanes=1):
-    """The NumPy / ml_dtypes name of a ``DLDataType``.
-
-    Parameters
-    ----------
-    code, bits, lanes : int
-        The three fields of ``DLDataType`` (DLPack ``dlpack.h``, ``DLDataType``).
-
-    Returns
-    -------
-    str
-        ``"float32"``, ``"bool"``, ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...;
-        a vector type (``lanes > 1``) is ``"float32x4"``; an opaque handle is
-        ``"opaque64"``; an unknown code is ``"DLDataType(code=42, bits=8)"``.
-    """
+    """The NumPy / ml_dtypes name of a ``DLDataType``: ``"float32"``, ``"bool"``,
+    ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...; ``"float32x4"`` for a vector type
+    (``lanes > 1``), ``"opaque64"`` for an opaque handle, ``"DLDataType(code=42, bits=8)"``
+    for an unknown code."""
     key = (code, bits, lanes)
     name = _names_cache.get(key)
     if name is not None:
@@ -279,12 +254,8 @@ cdef inline object _numpy_dtype(int code, int bits):
 
 
 def numpy_dtype(int code, int bits, int lanes=1):
-    """The NumPy dtype of one element, or None where none exists.
-
-    bfloat16, float8, float6, float4, int4/uint4 and int2/uint2 come from
-    ``ml_dtypes`` when it is installed; vector types (``lanes > 1``) and opaque
-    handles have no NumPy dtype.
-    """
+    """The NumPy dtype of one element, or None where none exists (vector types, opaque
+    handles); bfloat16, float8/6/4, int4/uint4, int2/uint2 from ``ml_dtypes`` if installed."""
     if lanes != 1:
         return None
     key = code | (bits << 8)
@@ -306,13 +277,8 @@ def numpy_dtype(int code, int bits, int lanes=1):
 
 
 def dldtype_from_numpy(dtype):
-    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype.
-
-    Raises
-    ------
-    ValueError
-        If DLPack has no code for the dtype (object, string, datetime...).
-    """
+    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype; ValueError where DLPack
+    has no code for it (object, string, datetime...)."""
     name = _np_dtype(dtype).name
     got = _DTYPE_BY_NAME.get(name)
     if got is not None:

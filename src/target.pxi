@@ -17,86 +17,21 @@ ctypedef struct _AvalSlot:
 
 @cython.final
 cdef class JaxTarget:
-    """The installed JAX, as the decision and every route read it: the one object.
-
-    Built once per process by ``dlinspect._jaxcaps`` (which also keeps, for
-    ``dlinspect doctor``, how each private symbol was resolved); everything is
-    given as keywords.
-
-    Attributes
-    ----------
-    jax, jnp : module
-        ``jax`` and ``jax.numpy``.
-    import_fn : callable
-        ``import_fn(capsule, device, stream, copy, dl_device_type)`` imports a
-        "dltensor" capsule (jaxlib's own function, or a wrapper over the public API).
-    direct : bool
-        ``import_fn`` is jaxlib's own (False: the public ``jax.dlpack.from_dlpack``).
-    cpu_device : jax.Device
-        Where kDLCPU:0 memory is imported.
-    cpu_align : int
-        The smallest alignment, in bytes (a power of two), at which XLA:CPU views
-        memory without a copy (probed); dlinspect's copies are aligned to it, and
-        to at least 64 bytes (``copy_align``).
-    x64 : object
-        ``.value`` is ``jax_enable_x64`` as the calling thread sees it.
-    x64_context : callable or None
-        ``x64_context(on)``: a context manager setting it for the calling thread
-        (a worker thread converts under its caller's mode); None where jax has none.
-    devices : dict
-        ``(device_type, device_id)`` to ``jax.Device`` for every DLPack device this
-        JAX has a device for (as jax maps DLDeviceType to platforms).
-    platforms : frozenset of str
-        The platforms with devices this process can address.
-    cpu_keys : set
-        The keys of ``devices`` whose device is a CPU device.
-    probe : callable
-        ``probe(code, bits)``: None if JAX's DLPack import takes one lane of that
-        dtype, else JAX's reason; called once per dtype.
-    hold : callable
-        ``hold(code, bits)``: None if JAX holds a NumPy (ml_dtypes) array of that
-        dtype (``jax.device_put``), else the reason; called once per dtype, only for
-        dtypes the DLPack import refuses.
-    narrow : dict
-        ``code | bits << 8`` of a 64-bit dtype to ``(code | bits << 8 of the dtype
-        JAX narrows it to with x64 off, the DLInspectWarning text)``.
-    warn : callable
-        ``warn(text)`` emits a DLInspectWarning at the caller's line.
-    stream_for : callable
-        ``stream_for(device_type, device_id)``: the ``stream`` for ``__dlpack__``
-        of CUDA/ROCm memory (array API ``__dlpack__``, *stream*).
-    array_type : type
-        ``jax.Array``'s concrete type: such objects are not exported at all.
-    permuted_ok : bool
-        JAX computes right with a permutation of a dense layout (a transpose, F order)
-        imported without a copy, committed (probed by computations on it; jaxlib < 0.8
-        reads such memory as row-major, so it needs a copy).
-    unit_strides_ok : bool
-        JAX computes right with row-major memory whose extent-1 axes carry other strides
-        (DLPack allows any), imported without a copy (probed: jaxlib 0.4.30 infers a
-        layout from them that its own jit refuses, so such memory needs a copy).
-    assemble : callable
-        ``assemble(shape, sharding, devices, arrays)``: one sharded array from its
-        single-device arrays, listed in the order of ``devices``.
-    put : callable or None
-        jaxlib's batched put, ``put(aval, sharding, arrays, devices, committed)``: one
-        array from host NumPy arrays, one per device (what ``jax.device_put`` calls);
-        None where it does not view aligned row-major memory in place, or gives another
-        array than ``jax.device_put`` (probed), or the public API is forced.
-    put_align : int
-        The smallest alignment, in bytes, at which ``put`` views memory in place.
-    make_aval : callable
-        ``make_aval(shape, dtype, sharding=None)``: the abstract value ``jax.device_put``
-        gives a NumPy array of that shape and dtype, put on one device or over
-        ``sharding`` (cached here).
-    make_single : callable
-        ``make_single(device)``: the device's ``SingleDeviceSharding`` (cached here).
-    uncommit : callable
-        ``uncommit(array)``: the same array, uncommitted (a single-device array from the
-        DLPack import, which commits it); the array itself where this JAX cannot.
-    row_major : callable
-        ``row_major(array)``: a committed ``jax.Array`` is in JAX's default (row-major)
-        layout (True where this JAX does not say).
+    """The installed JAX, as the decision and every route read it: the one object, built
+    once per process by ``dlinspect._jaxcaps.JaxCaps.target`` from its probes and private
+    symbols, whose docstrings say what each attribute is (``dlinspect doctor``: how each was
+    resolved). Everything is given as keywords: ``jax``, ``jnp``, ``import_fn(capsule,
+    device, stream, copy, dl_device_type)`` (``direct``: jaxlib's own), ``cpu_device``
+    (where kDLCPU:0 memory is imported), ``cpu_align`` (XLA:CPU's zero-copy alignment;
+    dlinspect's copies are aligned to ``copy_align``: it, at least 64 bytes, and
+    ``put_align``), ``x64`` and ``x64_context`` (the calling thread's x64 mode), ``devices``
+    (``(device_type, device_id)`` to ``jax.Device``), ``cpu_keys``, ``platforms``, the
+    dtype probes ``probe`` and ``hold`` (each asked once per dtype), ``narrow``, ``warn``,
+    ``stream_for``, ``array_type``, ``permuted_ok``, ``unit_strides_ok``, ``assemble``,
+    ``uncommit``, ``row_major``, and jaxlib's batched put, ``put(aval, sharding, arrays,
+    devices, committed)`` (None where it does not view aligned row-major memory in place or
+    gives another array than ``jax.device_put``), with ``put_align``, ``make_aval`` and
+    ``make_single`` (cached here).
     """
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
@@ -148,7 +83,7 @@ cdef class JaxTarget:
         self.make_aval = make_aval
         self.make_single = make_single
         self.uncommit = uncommit if uncommit is not None else _same
-        self.row_major = row_major if row_major is not None else _row_major_unknown
+        self.row_major = row_major if row_major is not None else lambda arr: True
         if self.put is not None and put_align > self.copy_align:
             self.copy_align = put_align
         memset(self._known, 0, sizeof(self._known))
@@ -173,13 +108,7 @@ cdef class JaxTarget:
                 if (slot.aval != NULL and slot.ndim == ndim and slot.descr == <PyObject*>descr
                         and memcmp(slot.shape, shape, ndim * sizeof(int64_t)) == 0):
                     return <object>slot.aval
-        dims = tuple([shape[i] for i in range(ndim)])
-        key = (dims, descr)
-        got = self._avals.get(key)
-        if got is None:
-            if len(self._avals) >= 1024:
-                self._avals.clear()
-            got = self._avals[key] = self.make_aval(dims, descr)
+        got = self.sharded_aval(tuple([shape[i] for i in range(ndim)]), descr, None)
         cdef PyObject* old_aval
         cdef PyObject* old_descr
         if ndim <= _INLINE_NDIM:
@@ -199,7 +128,7 @@ cdef class JaxTarget:
 
     cdef object sharded_aval(self, tuple shape, object descr, sharding):
         """The abstract value ``jax.device_put`` gives an array of ``shape`` and ``descr``
-        put over a multi-device ``sharding`` (its mesh included; cached)."""
+        put over ``sharding`` (its mesh included; None: one device), cached."""
         key = (shape, descr, sharding)
         got = self._avals.get(key)
         if got is None:
@@ -257,7 +186,3 @@ cdef class JaxTarget:
 
 def _same(arr):
     return arr
-
-
-def _row_major_unknown(arr):
-    return True

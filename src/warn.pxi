@@ -12,26 +12,24 @@ collecting = _threading.local()
 # dlinspect's own Python files (the package's folder: an editable install keeps the
 # extension elsewhere).
 _HERE = _os.path.dirname(_sys.modules["dlinspect"].__file__) + _os.sep
-_jax_here = None
+_folders = {}   # "jax", "grain" -> the package's folder, once it is imported
 
 
-def warn(message):
-    """A DLInspectWarning attributed to the first caller outside dlinspect and jax.
-
-    Shown as Python's filters say (by default once per call site and message, that is,
-    per dtype narrowed): a message already shown at a call site whose filter hides
-    repeats is not handed to ``_warnings.warn`` again while the filters stay as they
-    were (a loader's step warns once, not every batch). On a thread collecting
-    warnings the message is kept instead.
-    """
-    collected = getattr(collecting, "messages", None)
+def warn(message, bint at_consumer=False):
+    """A DLInspectWarning attributed to the first caller outside dlinspect and jax (and,
+    ``at_consumer``, grain: the line that iterates a grain pipeline), kept instead on a
+    thread collecting warnings (unless ``at_consumer``). Shown as Python's filters say (by
+    default once per call site and message, that is, per dtype narrowed): a message shown
+    at a call site whose filter hides repeats is not handed to ``_warnings.warn`` again
+    while the filters stay as they were (a loader's step warns once, not every batch)."""
+    collected = None if at_consumer else getattr(collecting, "messages", None)
     if collected is not None:
         collected.append(message)
         return
     # The innermost Python frame (compiled functions have none) is _warnings.warn's
     # stacklevel 1; dlinspect's own and jax's frames are passed over.
     level, frame_or_none = 1, _sys._getframe(0)
-    while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename):
+    while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename, at_consumer):
         level, frame_or_none = level + 1, frame_or_none.f_back
     if frame_or_none is None:
         _warnings.warn(message, DLInspectWarning, stacklevel=level)
@@ -65,16 +63,18 @@ def _repeats_hidden(frame, message):
     return True
 
 
-def _internal(filename):
-    global _jax_here
+def _internal(filename, bint grain):
     if filename.startswith(_HERE):
         return True
-    if _jax_here is None:
-        jax_file = getattr(_sys.modules.get("jax"), "__file__", None)
-        if jax_file is None:
-            return False
-        _jax_here = _os.path.dirname(jax_file) + _os.sep
-    return filename.startswith(_jax_here)
+    for name in ("jax", "grain") if grain else ("jax",):
+        if name not in _folders:
+            file = getattr(_sys.modules.get(name), "__file__", None)
+            if file is None:
+                continue
+            _folders[name] = _os.path.dirname(file) + _os.sep
+        if filename.startswith(_folders[name]):
+            return True
+    return False
 
 
 # The words (dlinspect._words) are handed to the core at the package's import.

@@ -76,7 +76,7 @@ def test_the_core_never_reaches_up():
 #: The most lines Python + core hold today (scripts/layout.py counts them: the package
 #: without its benchmark suites, src/, include/). A ratchet toward layout.BUDGET: it only
 #: ever moves down, so what a change adds it takes out elsewhere.
-CEILING = 10238
+CEILING = 9787
 
 
 def test_python_and_core_do_not_grow():

@@ -28,21 +28,8 @@ from .errors import *  # noqa: F403  (every error and warning: errors.__all__)
 __version__ = "0.1.0"   # the package's version, read from here by the build (pyproject.toml)
 
 __all__ = [
-    "peek",
-    "plan",
-    "explain",
-    "to_jax",
-    "to_host",
-    "stack",
-    "prefetch_to_jax",
-    "PrefetchLoader",
-    "LoaderReport",
-    "Route",
-    "Need",
-    "TensorInfo",
-    "MAX_NDIM",
-    "DLDeviceType",
-    "DLDataTypeCode",
-    "DLDataType",
+    "peek", "plan", "explain", "to_jax", "to_host", "stack", "prefetch_to_jax",
+    "PrefetchLoader", "LoaderReport", "Route", "Need", "TensorInfo", "MAX_NDIM",
+    "DLDeviceType", "DLDataTypeCode", "DLDataType",
 ]
 __all__ += errors.__all__

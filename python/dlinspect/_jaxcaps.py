@@ -130,11 +130,9 @@ _IMPORT_SIGNATURES = (
 
 
 def _import_adapter(fn: Any) -> tuple[Callable[..., Any] | None, str]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature; or None.
-
-    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned
-    import may copy silently, which is why the alignment probe checks pointers.
-    """
+    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and how.
+    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned import may
+    copy silently, which is why the alignment probe checks pointers."""
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
     for names in _IMPORT_SIGNATURES:
         if not all(name in doc for name in names):
@@ -166,23 +164,11 @@ class _X64Flag:
 
 class JaxCaps:
     """Finds out what the installed JAX takes and builds its :class:`~dlinspect._core.JaxTarget`
-    (one instance per process); what ``dlinspect doctor`` reports comes from here too.
-
-    Attributes
-    ----------
-    mapping : dict
-        ``DLDeviceType`` value to platform name, as the installed jax maps them.
-    platforms : set of str
-        The platforms with devices addressable by this process.
-    direct : bool
-        jaxlib's own import function is used (False: the public API).
-    direct_reason : str
-        Which function, or why the public ``jax.dlpack.from_dlpack`` is used.
-    symbols : dict of str to SymbolStatus
-        What each entry of :data:`SYMBOLS` resolved to, by its name.
-    target : dlinspect._core.JaxTarget
-        What the decision (``needs``) and the fast path read.
-    """
+    (one instance per process); what ``dlinspect doctor`` reports comes from here too:
+    ``mapping`` (``DLDeviceType`` value to platform, as jax maps them), ``platforms`` (those
+    this process addresses), ``direct`` (jaxlib's own import function is used, else the
+    public API) and ``direct_reason`` (which, or why), ``symbols`` (what each entry of
+    :data:`SYMBOLS` resolved to, by name)."""
 
     def __init__(self) -> None:
         import jax
@@ -225,7 +211,6 @@ class JaxCaps:
         """What ``dlinspect doctor`` says of ``SYMBOLS[name]``."""
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
-    # -- devices ---------------------------------------------------------
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
         """``(device_type, device_id) -> jax.Device`` for this process's devices."""
         devices: dict[tuple[int, int], Any] = {}
@@ -247,7 +232,6 @@ class JaxCaps:
         """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
         return stream_of(device_type, self.devices.get((device_type, device_id)))
 
-    # -- what the target needs probed ------------------------------------
     @property
     def cpu_alignment(self) -> int:
         """Smallest alignment, in bytes, at which XLA:CPU imports without a copy."""
@@ -311,7 +295,7 @@ class JaxCaps:
         try:
             _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
-            return (str(exc).splitlines() or [""])[0]
+            return _core.first_line(exc, False)
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
@@ -351,7 +335,6 @@ class JaxCaps:
                 return np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
         return np.dtype(numpy_dtype(*documented))
 
-    # -- the target ------------------------------------------------------
     @property
     def import_fn(self) -> Callable[..., Any]:
         """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
@@ -412,8 +395,7 @@ class JaxCaps:
                 and np.asarray(a).tolist() == x.tolist() for a in ours)
                 and ours[0]._committed is False and ours[1]._committed is True)
         except Exception as exc:   # another signature, another array: not used
-            first = (str(exc).splitlines() or [""])[0]
-            return self._no_put(f"its probe failed ({type(exc).__name__}: {first}); "
+            return self._no_put(f"its probe failed ({_core.first_line(exc)}); "
                                 f"using {SYMBOLS['batched_put'].fallback}")
         if not same:
             return self._no_put(f"its probe: it does not view aligned memory in place, or gives another "
@@ -431,10 +413,7 @@ class JaxCaps:
         uncommitted array ``jnp.asarray`` would give (jaxlib's result handler, one per
         abstract value and sharding, checked by a probe); else the array as it is."""
         handler_fn, shaped_array = self._handler_fn, self._assembly[1]
-
-        def as_is(arr: Any) -> Any:
-            return arr
-
+        as_is = _core._same   # (the same function as JaxTarget's default)
         if handler_fn is None or shaped_array is None or not self.direct:
             if not self.direct:
                 self._note("result_handler", None,
@@ -475,10 +454,9 @@ class JaxCaps:
 
     def _assembler(self) -> Callable[..., Any]:
         """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
-        arrays listed in the order of ``devices`` (the sharding's addressable devices, as
-        ``addressable_devices_indices_map`` lists them). jaxlib's ArrayImpl without its
-        re-check where the order is the sharding's own and a probe gives the same array as
-        the public function; else the public function."""
+        arrays in the order of ``devices`` (``addressable_devices_indices_map``'s): jaxlib's
+        ArrayImpl without its re-check where the order is the sharding's own and a probe gives
+        the public function's array; else the public function."""
         jax = self.jax
         public = jax.make_array_from_single_device_arrays
 
@@ -578,13 +556,8 @@ _caps_lock = threading.Lock()
 
 
 def caps() -> JaxCaps:
-    """The process-wide :class:`JaxCaps` (imports jax on first call).
-
-    Raises
-    ------
-    ImportError
-        jax is not installed; the message gives the install command.
-    """
+    """The process-wide :class:`JaxCaps` (imports jax on first call; ImportError with the
+    install command where jax is not installed)."""
     global _caps
     if _caps is None:
         with _caps_lock:
@@ -600,22 +573,14 @@ def caps() -> JaxCaps:
 
 
 def target() -> Any:
-    """The process-wide :class:`~dlinspect._core.JaxTarget` (imports jax on first call).
-
-    Raises
-    ------
-    ImportError
-        jax is not installed; the message gives the install command.
-    """
+    """The process-wide :class:`~dlinspect._core.JaxTarget` (as :func:`caps`)."""
     c = _caps if _caps is not None else caps()
     return c._target if c._target is not None else c.target
 
 
 def force_public_api(on: bool = True) -> None:
-    """Route every JAX import through the public ``jax.dlpack.from_dlpack``.
-
-    For testing the fallback path; ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up.
-    """
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
+    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
     caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
 
 

@@ -46,24 +46,9 @@ LEAVES_RAISE = 64     # leaves="raise"
 class Options:
     """What the caller of :func:`~dlinspect.to_jax`, :func:`~dlinspect.plan`,
     :func:`~dlinspect.prefetch_to_jax` or :func:`dlinspect.grain.device_put` asked for
-    (see ``to_jax`` for each meaning); built by :func:`options`, which checks it.
-
-    Attributes
-    ----------
-    device : jax.Device or None
-        The one destination device (a single-device sharding is resolved to it).
-    copy : bool or None
-        The array API's ``copy``.
-    sharding : jax.sharding.Sharding, pytree of them, or None
-        Spread over several devices (never together with ``device``).
-    fallback : {"host", "raise"}
-    readonly : {"copy", "share"}
-    leaves : {"keep", "raise"}
-    narrow : {"warn", "ok"}
-        64-bit dtypes JAX narrows with x64 off: with a DLInspectWarning, or quietly.
-    flags : int
-        The same wishes as the bits the core reads (0 for every default).
-    """
+    (see ``to_jax`` for each meaning); built by :func:`options`, which checks it. ``device``
+    is the one destination device (a single-device sharding resolved to it), never given
+    with ``sharding``; ``flags`` the same wishes as the bits the core reads (0: defaults)."""
 
     device: Any = None
     copy: bool | None = None
@@ -109,15 +94,9 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None,
             fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
             narrow: Narrow = "warn") -> Options:
     """Check the options and make them one object (the same object for the same options:
-    a loop passing ``sharding=`` checks it once).
-
-    Raises
-    ------
-    ValueError
-        An option outside its documented values, or ``device`` together with ``sharding``.
-    TypeError
-        ``device`` is neither a ``jax.Device`` nor a single-device sharding.
-    """
+    a loop passing ``sharding=`` checks it once). ValueError for an option outside its
+    values or ``device`` with ``sharding``; TypeError for a ``device`` that is neither a
+    ``jax.Device`` nor a single-device sharding."""
     # (type(copy) in the key: copy=1 equals copy=True, and is refused)
     key: tuple[Any, ...] | None = (device, copy, type(copy), sharding, fallback, readonly,
                                    leaves, narrow)

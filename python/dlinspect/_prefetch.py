@@ -23,8 +23,7 @@ __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 _BATCH, _FAILED, _DONE = 0, 1, 2
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
 _JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
-# thread=None: never a worker on JAX CPU devices (prefetch_to_jax's docstring says why); elsewhere
-# the first _PROBE batches are timed on the consumer's thread, and a worker if both medians > _OVERLAP_S.
+# thread=None off JAX CPU devices: the first _PROBE batches timed, a worker if both medians > _OVERLAP_S.
 _PROBE = 4
 _OVERLAP_S = 0.0005
 

@@ -120,7 +120,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     if columns is None:
         flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
         for k in range(1, len(flats)):
-            if not first.same_structure(flats[k]):
+            if first.structure() != flats[k].structure():
                 raise StackError(
                     f"element {k} of the elements to stack has the structure {flats[k].describe()}, "
                     f"and element 0 {first.describe()}; a batch stacks leaves position by position, "
@@ -256,9 +256,8 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
                allocate: Callable[..., Any], align: int = 0) -> Any:
-    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the
-    StackError that says NumPy can have no array of that shape, or the AllocationError
-    that says the memory cannot be had."""
+    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the StackError
+    of a shape NumPy has no array of, or the AllocationError of memory that cannot be had."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(e for e in shape if e)

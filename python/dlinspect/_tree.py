@@ -1,25 +1,17 @@
 """The one pytree walker: how every entry point (plan, explain, to_jax, sharded to_jax,
 prefetch) finds the leaves of a batch and puts the batch back together.
 
-A batch is walked as JAX walks a pytree (``jax.tree_util``: dict, list, tuple,
-namedtuple, None and every registered node type), and further into the containers
-PyTorch and Hugging Face loaders make that JAX does not register, each rebuilt as its
-own type around the converted values, keeping every other value it had:
-
-- any ``collections.abc.Mapping`` (transformers' ``BatchEncoding`` and
-  ``BatchFeature`` are ``UserDict`` subclasses; ``dict`` subclasses), rebuilt as
-  ``type(m)(dict_of_values)``, as accelerate's ``send_to_device`` does;
-- dataclass instances, every field (``init=False`` ones too), rebuilt as a copy of the
-  instance with the new values set (``__init__`` and ``__post_init__`` are not run again);
-- subclasses of tuple and list that are not namedtuples (torch's ``torch.return_types``,
-  ``torch.Size``), rebuilt as ``type(x)(values)``;
-- ``types.SimpleNamespace``, rebuilt as ``type(x)(**values)``.
-
-Everything else is a leaf: tensors (see :func:`dlinspect._core.is_tensor`) and
-whatever is not a tensor (str, bytes, numbers, non-numeric NumPy arrays...). Each
-container is rebuilt once with its own values while the batch is walked, so a
-container that cannot be rebuilt is found before any leaf is converted: it becomes a
-leaf with its ContainerError (:attr:`Flat.errors`). What no walk ends: see :func:`flatten`.
+A batch is walked as JAX walks a pytree, and further into the containers PyTorch and
+Hugging Face loaders make that JAX does not register, each rebuilt as its own type around
+the converted values, keeping every other value it had (docs/loaders/index.md has the
+table): a ``Mapping`` as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device``),
+a dataclass as a copy with every field (``init=False`` ones too) set, not running
+``__init__`` again, a tuple or list subclass that is no namedtuple as ``type(x)(values)``,
+a ``SimpleNamespace`` as ``type(x)(**values)``. Everything else is a leaf, a tensor or not
+(:func:`dlinspect._core.is_tensor`). Each container is rebuilt once with its own values
+while the batch is walked, so one that cannot be rebuilt is found before any leaf is
+converted: it becomes a leaf with its ContainerError (:attr:`Flat.errors`). What no walk
+ends: see :func:`flatten`.
 """
 
 from __future__ import annotations
@@ -79,17 +71,10 @@ def _tree_util() -> Any:
 
 
 class Flat:
-    """A pytree flattened once: its leaves, how to put it back, each leaf's key path.
-
-    Attributes
-    ----------
-    leaves : list
-        The leaves, in ``jax.tree_util`` order, with the leaves of the containers JAX
-        does not register in place of the container.
-    errors : dict of int to ContainerError
-        Leaves that are containers which cannot be rebuilt, by index (empty
-        normally); their messages do not yet name the key path (see :meth:`keystr`).
-    """
+    """A pytree flattened once: its ``leaves`` (in ``jax.tree_util`` order, the leaves of a
+    container JAX does not register in its place), how to put it back, each leaf's key
+    path; ``errors``: by index, leaves that are containers which cannot be rebuilt (their
+    messages do not yet name the key path: see :meth:`keystr`)."""
 
     __slots__ = ("x", "leaves", "treedef", "parts", "errors", "is_leaf")
 
@@ -105,14 +90,9 @@ class Flat:
         self.errors = errors
 
     def unflatten(self, values: list[Any]) -> Any:
-        """The pytree with ``values`` (one per leaf) in place of the leaves.
-
-        Raises
-        ------
-        ContainerError
-            A container that cannot be rebuilt (a ``TypeError``); a walked batch has
-            none (see :attr:`errors`) unless a constructor fails for the new values.
-        """
+        """The pytree with ``values`` (one per leaf) in place of the leaves; ContainerError
+        where a container cannot be rebuilt (in a walked batch only a constructor failing
+        for the new values: see :attr:`errors`)."""
         if self.parts is None:
             return self.treedef.unflatten(values)
         outer, pos = [], 0
@@ -132,15 +112,9 @@ class Flat:
 
     def check_rebuild(self, values: list[Any]) -> None:
         """Rebuild the batch with ``values`` in place of its leaves (arrays of the
-        conversion's type where tensors stand) and let the result go: what the
-        conversion's own rebuild will meet, tried before any leaf is taken.
-
-        Raises
-        ------
-        ContainerError
-            A container of the batch refuses them (a ``TypeError``), naming its type,
-            its key path and what it raised.
-        """
+        conversion's type where tensors stand) and let the result go: what the conversion's
+        own rebuild will meet, tried before any leaf is taken. ContainerError where a
+        container refuses them, naming its type, its key path and what it raised."""
         try:
             self.unflatten(values)
         except Exception as exc:
@@ -178,10 +152,6 @@ class Flat:
             (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
             for part in self.parts))
 
-    def same_structure(self, other: Flat) -> bool:
-        """``other`` has this batch's structure (see :meth:`structure`)."""
-        return self.structure() == other.structure()
-
     def describe(self) -> str:
         """The structure in words: JAX's treedef, and each container it does not walk
         with its type and keys."""
@@ -196,20 +166,14 @@ class Flat:
 
 
 def flatten(x: Any, text_lists: bool = False) -> Flat:
-    """Flatten batch ``x`` once (see this module's doc for what is walked).
+    """Flatten batch ``x`` once (see this module's doc for what is walked). ``text_lists``:
+    a list or tuple of plain scalars (:func:`text_leaf`) is one leaf (a list as a new
+    list), as the conversions take it; :func:`~dlinspect.plan` walks into it.
 
-    ``text_lists``: a list or tuple of plain scalars (str, bytes, numbers, None: a
-    batch's string ids) is one leaf, not walked into (see :func:`text_leaf`; a list
-    comes back as a new list); what the conversions take, where nothing in such a list
-    can change. :func:`~dlinspect.plan` walks into it, one route per scalar.
-
-    Raises
-    ------
-    ContainerError
-        The batch nests deeper than :data:`MAX_DEPTH`, contains itself, or holds a
-        dict whose keys do not sort (JAX sorts a dict's keys to walk it; a ``TypeError``);
-        the message names where. It is looked for before JAX walks the batch: jaxlib's walk
-        of such a batch fails leaving the interpreter unable to go on.
+    ContainerError (naming where) for a batch that nests deeper than :data:`MAX_DEPTH`,
+    contains itself, or holds a dict whose keys do not sort (JAX sorts a dict's keys to
+    walk it): looked for before JAX walks the batch, as jaxlib's walk of such a batch
+    fails leaving the interpreter unable to go on.
     """
     is_leaf = text_leaf if text_lists else None
     level = _one_level(x, text_lists)

@@ -34,9 +34,8 @@ from .errors import (
 )
 
 __all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain", "explain_one",
-           "explain_tree",
-           "describe", "narrowing_text", "device_fix", "allocation_error", "name_leaf",
-           "INSTALL_JAX"]
+           "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
+           "name_leaf", "INSTALL_JAX"]
 
 #: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
@@ -44,8 +43,6 @@ INSTALL_JAX = "pip install 'dlinspect[jax]'"
 _SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
 Parts = tuple[type[Exception], str, str, str]
 
-
-# ---- shared phrases ------------------------------------------------------------
 
 def describe(info: Any) -> str:
     """``"a float32 tensor of shape (2, 3) on kDLCPU:0"`` (``"an int64 ..."``)."""
@@ -65,11 +62,8 @@ def narrowing_text(name: str, narrowed: str) -> tuple[str, str]:
 
 
 def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
-    """What to do about memory on ``device_type`` that could not reach ``target``.
-
-    Never sends the user to an option that just failed: ``fallback="host"`` is named
-    only for ``to_jax`` with a producer (a bare capsule has none to ask).
-    """
+    """What to do about memory on ``device_type`` that could not reach ``target``; never
+    an option that just failed (``fallback="host"`` is for ``to_jax`` with a producer)."""
     row = device_row(int(device_type))
     parts = [f"move it to host memory with its own library first ({row.to_host})"]
     if bare_capsule:
@@ -93,12 +87,9 @@ def _allocation_words(nbytes: int, what: str, total: int | None) -> tuple[str, s
 
 
 def name_leaf(exc: Any, path: str) -> Any:
-    """``exc``, its message led by the pytree key path of the leaf it is about.
-
-    A DLInspectError's message starts with the path (``['inputs']['pixels']: ...``)
-    and it gets a ``key_path`` attribute; any other exception gets a note. The
-    empty path (the whole input is the leaf) changes nothing.
-    """
+    """``exc``, led by the pytree key path of the leaf it is about: a DLInspectError's
+    message starts with it (``['inputs']['pixels']: ...``), as its ``key_path`` attribute;
+    any other exception gets a note. The empty path (the whole input) changes nothing."""
     if not path:
         return exc
     if isinstance(exc, DLInspectError):
@@ -128,16 +119,6 @@ def _strides_word(info: Any) -> str:
 def _narrowed(facts: dict[str, Any]) -> str:
     code, bits, ncode, nbits, _ = facts["narrow"]
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
-
-
-def _host_copy_words(methods: tuple[str, ...], into: str | None = None) -> str:
-    """How a host copy is asked for, in the order the executor tries."""
-    steps = [f"the producer copies it into aligned host memory dlinspect allocates "
-             f"({C.into_call(into)}), which is viewed"] if into else []
-    steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
-              "copy=True))"]
-    steps += [f"its own x.{name}()" for name in methods]
-    return ", else ".join(steps + ["numpy.asarray(x)"])
 
 
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
@@ -365,14 +346,9 @@ def _allocation(route: Any) -> Parts:
     return AllocationError, "", first, rest
 
 
-def _uneven(route: Any) -> Parts:
-    subject = _subject(route) or (_numpy_head(route.facts) if "array" in route.facts else "")
-    return ShardingError, subject, f"cannot be sharded: {_uneven_words(route.facts)}", ""
-
-
 def _shard(route: Any) -> Parts:
     dev, index, shard = route.facts["shard"]
-    _, _, first, rest = _parts(shard)
+    _, _, first, rest = PROBLEMS[shard.problem](shard)
     return (type(shard.error), _subject(route),
             f"cannot be sharded as asked: its shard {_index_text(index)} for {dev} (shape "
             f"{shard.info.shape}) {first}", rest)
@@ -422,19 +398,22 @@ def _copy_forbidden(route: Any) -> Parts:
             f"To fix: {', or '.join(['pass copy=None'] + fixes)}.")
 
 
-def _uneven_words(f: dict[str, Any]) -> str:
+def _uneven(route: Any) -> Parts:
+    f = route.facts
+    subject = _subject(route) or (_numpy_head(f) if "array" in f else "")
     sharding, u = f["sharding"], f["uneven"]
     if u[0] == "ndim":
         _, ndim, why = u
-        return (f"{sharding} does not fit a tensor of {ndim} dimensions ({why}). To fix: give "
-                f"this leaf a PartitionSpec with at most {ndim} entries, e.g. PartitionSpec() "
-                f"to replicate it.")
+        return (ShardingError, subject, f"cannot be sharded: {sharding} does not fit a tensor "
+                f"of {ndim} dimensions ({why}). To fix: give this leaf a PartitionSpec with at "
+                f"most {ndim} entries, e.g. PartitionSpec() to replicate it.", "")
     _, axis, size, count, ndevices = u
     where = "the batch axis (axis 0)" if axis == 0 else f"axis {axis}"
-    return (f"{where} has {size} elements, which do not split evenly into the {count} shards "
-            f"the sharding cuts it into ({ndevices} devices). To fix: make it a multiple of "
-            f"{count} (e.g. DataLoader(..., drop_last=True), or pad the last batch), or "
-            f"replicate this leaf with PartitionSpec().")
+    return (ShardingError, subject, f"cannot be sharded: {where} has {size} elements, which do "
+            f"not split evenly into the {count} shards the sharding cuts it into ({ndevices} "
+            f"devices). To fix: make it a multiple of {count} (e.g. DataLoader(..., "
+            f"drop_last=True), or pad the last batch), or replicate this leaf with "
+            f"PartitionSpec().", "")
 
 
 #: The words of every problem an error route carries ("raised": the producer's or the
@@ -448,11 +427,6 @@ PROBLEMS: dict[str, Callable[[Any], Parts]] = {
 }
 
 
-def _parts(route: Any) -> Parts:
-    """The error of an error route, in parts (see the module's doc)."""
-    return PROBLEMS[route.problem](route)
-
-
 def error(route: Any) -> Exception | None:
     """The exception executing ``route`` raises (None unless its kind is "error")."""
     if route.problem is None:
@@ -460,7 +434,7 @@ def error(route: Any) -> Exception | None:
     if route.problem == "raised":
         exc = route.facts["cause"]
     else:
-        cls, subject, first, rest = _parts(route)
+        cls, subject, first, rest = PROBLEMS[route.problem](route)
         exc = cls(" ".join(s for s in (subject, first, rest) if s))
         if route.problem == "shard":
             exc.__cause__ = route.facts["shard"][2].error
@@ -468,17 +442,6 @@ def error(route: Any) -> Exception | None:
 
 
 # ---- reasons: one function per action ------------------------------------------------
-
-def _keep(route: Any) -> str:
-    tp = route.facts["leaf_type"]
-    return f"Not a tensor ({tp.__module__}.{tp.__qualname__}): left as it is."
-
-
-def _pass(route: Any) -> str:
-    if "where" in route.facts:
-        return f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
-    return "It already is a jax.Array: returned as it is (no DLPack round trip)."
-
 
 def _array_put(route: Any) -> str:
     f = route.facts
@@ -496,15 +459,15 @@ _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as "
              "wrong")
 
 
-def _empty(route: Any) -> str:
-    return ("The tensor is empty: JAX gets a new empty array; no byte is copied."
-            if route.target == "jax" else "The tensor is empty: NumPy gets a new empty array.")
-
-
 def _producer_copy(route: Any) -> str:
     f = route.facts
     where = device_name(int(route.info.device_type))
-    words = _host_copy_words(f["methods"], f.get("into"))
+    # How a host copy is asked for, in the order the executor tries.
+    steps = [f"the producer copies it into aligned host memory dlinspect allocates "
+             f"({C.into_call(f['into'])}), which is viewed"] if f.get("into") else []
+    steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
+              "copy=True))"] + [f"its own x.{name}()" for name in f["methods"]]
+    words = ", else ".join(steps + ["numpy.asarray(x)"])
     if route.target == "host":
         return f"{where} memory is not host-accessible: {words}."
     narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
@@ -546,12 +509,6 @@ def _host_lanes(info: Any) -> str:
     return f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
 
 
-def _unpack_reason(route: Any) -> str:
-    bits = route.info.dtype.bits * route.info.dtype.lanes
-    return (f"{bits}-bit elements are packed; NumPy holds one per byte, so they are unpacked "
-            f"into a copy.")
-
-
 def _jax_view(route: Any) -> str:
     info = route.info
     if route.needs & Need.LANES:
@@ -570,28 +527,29 @@ def _jax_copy(route: Any) -> str:
     return f"A copy is needed: {'; '.join(reasons)}."
 
 
-def _host_copy(route: Any) -> str:
-    if route.target == "host":
-        return f"copy=True was asked for{_host_lanes(route.info)}."
-    return _jax_copy(route)
-
-
-def _host_view(route: Any) -> str:
-    if route.target == "host":
-        return (f"NumPy views the {device_name(int(route.info.device_type))} memory "
-                f"directly{_host_lanes(route.info)}.")
-    return _jax_view(route)
-
-
 #: The reason of every action a route that is not an error carries.
 REASONS: dict[str, Callable[[Any], str]] = {
-    C.KEEP: _keep, C.PASS: _pass, C.ARRAY_PUT: _array_put,
+    C.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
+                           f"{route.facts['leaf_type'].__qualname__}): left as it is."),
+    C.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
+                           if "where" in route.facts else
+                           "It already is a jax.Array: returned as it is (no DLPack round trip)."),
+    C.ARRAY_PUT: _array_put,
     C.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
-    C.EMPTY: _empty, C.PRODUCER_COPY: _producer_copy,
+    C.EMPTY: lambda route: ("The tensor is empty: JAX gets a new empty array; no byte is copied."
+                            if route.target == "jax" else
+                            "The tensor is empty: NumPy gets a new empty array."),
+    C.PRODUCER_COPY: _producer_copy,
     C.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
-    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread,
-    C.PROCESS_LOCAL: _spread, C.UNPACK: _unpack_reason, C.HOST_COPY: _host_copy,
-    C.HOST_VIEW: _host_view,
+    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread, C.PROCESS_LOCAL: _spread,
+    C.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements "
+                             f"are packed; NumPy holds one per byte, so they are unpacked into a "
+                             f"copy."),
+    C.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
+                                if route.target == "host" else _jax_copy(route)),
+    C.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
+                                f"memory directly{_host_lanes(route.info)}."
+                                if route.target == "host" else _jax_view(route)),
     C.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
 }
 
@@ -606,7 +564,7 @@ def reason(route: Any) -> str:
         dev, index, shard = route.facts["shard"]
         text = f"The shard {_index_text(index)} for {dev}: {shard.reason}"
     else:
-        _, subject, first, _ = _parts(route)
+        _, subject, first, _ = PROBLEMS[route.problem](route)
         text = f"{subject} {first}" if subject else first
     return f"{route.key_path}: {text}" if route.key_path else text
 
@@ -617,8 +575,6 @@ def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
     code, bits, ncode, nbits, _ = narrow
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
 
-
-# ---- explain -------------------------------------------------------------------
 
 def explain_tree(flat: Any) -> str:
     """``explain``'s text for a batch's routes (a :class:`dlinspect._tree.Flat` of them)."""

@@ -1,23 +1,8 @@
-"""The ``dlinspect`` command (also ``python -m dlinspect``).
-
-Subcommands:
-
-``doctor``
-    What this installation can do: versions, JAX backends and devices, whether
-    jaxlib's import function is used directly or the public API, what
-    ``to_jax`` would do with a float32 tensor from every DLDeviceType, and which
-    array types offer the DLPack C exchange API. ``--json`` for machines.
-``inspect``
-    ``explain()`` of a ``.npy`` file (memory-mapped copy-on-write: the file is
-    never written, and the array is writable as ``np.load``'s would be) or of the
-    value of a Python expression (``--expr``, evaluated with ``np``, ``torch``,
-    ``jax``, ``jnp`` and ``dlinspect`` in scope). Exit code 0 when the route is
-    zero-copy, copy or host-fallback, 2 when it is an error, 1 when the file or
-    expression cannot be read or is not a tensor (and for any usage error).
-``bench``
-    The benchmark suites (see :mod:`dlinspect.bench`) against plain
-    ``from_dlpack``; prints medians and targets, ``--json``, ``--plot`` (matplotlib),
-    ``--markdown``; ``--quick`` runs fewer and shorter rounds (its figures are noisier).
+"""The ``dlinspect`` command (also ``python -m dlinspect``; docs/cli.md): ``doctor`` (what
+this installation can do; ``--json``), ``inspect`` (``explain()`` of a ``.npy`` file, read
+memory-mapped copy-on-write, or of ``--expr``; exit code 0 for a route that works, 2 for an
+error route, 1 for input that cannot be read or is not a tensor, and any usage error) and
+``bench`` (the benchmark suites of :mod:`dlinspect.bench` against plain ``from_dlpack``).
 """
 
 from __future__ import annotations
@@ -66,7 +51,7 @@ def doctor_report() -> dict[str, Any]:
         try:
             jax.devices()
         except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
-            report["jax_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            report["jax_error"] = _core.first_line(exc)
             jax = None
     if jax is None:
         report["jax"] = None
@@ -79,9 +64,7 @@ def doctor_report() -> dict[str, Any]:
             "devices": [str(d) for d in jax.devices()],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
             "cpu_alignment": target.cpu_align,
-            "dlpack_platforms": {str(dlinspect.DLDeviceType(k)) if k in
-                                 dlinspect.DLDeviceType._value2member_map_ else str(k): v
-                                 for k, v in sorted(c.mapping.items())},
+            "dlpack_platforms": {str(_core.as_device_type(k)): v for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
                                 for s in c.symbols.values()],
         }

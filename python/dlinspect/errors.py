@@ -12,24 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "DLInspectError",
-    "NotDLPackError",
-    "NotNumericError",
-    "CapsuleConsumedError",
-    "UnsupportedVersionError",
-    "MalformedTensorError",
-    "UnsupportedDeviceError",
-    "UnsupportedDTypeError",
-    "UnsupportedShapeError",
-    "CopyRequiredError",
-    "ProducerError",
-    "NotDescribableError",
-    "ShardingError",
-    "ContainerError",
-    "SourceExhaustedError",
-    "StackError",
-    "AllocationError",
-    "DLInspectWarning",
+    "DLInspectError", "NotDLPackError", "NotNumericError", "CapsuleConsumedError",
+    "UnsupportedVersionError", "MalformedTensorError", "UnsupportedDeviceError",
+    "UnsupportedDTypeError", "UnsupportedShapeError", "CopyRequiredError", "ProducerError",
+    "NotDescribableError", "ShardingError", "ContainerError", "SourceExhaustedError",
+    "StackError", "AllocationError", "DLInspectWarning",
 ]
 
 

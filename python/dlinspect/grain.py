@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
-import sys
-import warnings
 from typing import Any
 
-from ._core import LoaderReport, collecting, convert
+from ._core import LoaderReport, collecting, convert, warn
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
 from ._options import options as check_options
-from .errors import DLInspectWarning
 
 __all__ = ["device_put"]
 
@@ -175,15 +171,12 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 class _ToJax:
     """``to_jax`` of each element, with the options checked once, as a grain map; its
     warnings kept with the element (``emit=False``, on a prefetch thread) or shown at the
-    consumer's line.
-
-    ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
-    on a CPU-only JAX, what grain users pass) is converted as ``device=None``, which
-    takes to_jax's batch fast path (one call into the core for every leaf; with a
-    device given, each leaf takes the general route, about 60 µs more per leaf);
-    a leaf that is then not on that device (memory of another JAX device, a
-    ``jax.Array`` already elsewhere) is moved there with ``jax.device_put``, as
-    ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
+    consumer's line. ``device=`` the CPU device host memory is imported onto anyway
+    (``jax.devices()[0]`` on a CPU-only JAX, what grain users pass) is converted as
+    ``device=None``, to_jax's batch fast path (one call into the core for every leaf; with
+    a device, each leaf takes the general route, about 60 µs more per leaf); a leaf then
+    elsewhere (another JAX device's memory, a ``jax.Array``) is moved there with
+    ``jax.device_put``, as ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
 
     __slots__ = ("context", "emit", "move_to", "options", "report", "x64")
 
@@ -216,11 +209,8 @@ class _ToJax:
         del element
         if self.move_to is not None:
             out = _move(out, self.move_to)
-        if self.emit:
-            for message in messages:
-                _warn_at_consumer(message)
-            return out
-        return _Converted(out, messages)
+        item = _Converted(out, messages)
+        return _emit(item) if self.emit else item
 
     def __repr__(self) -> str:
         given = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(Options)
@@ -261,26 +251,8 @@ class _Converted:
 def _emit(item: _Converted) -> Any:
     """On the consumer's thread: the element, after its conversion's warnings."""
     for message in item.messages:
-        _warn_at_consumer(message)
+        warn(message, True)   # at the line that iterates the dataset
     return item.out
-
-
-_SKIP: tuple[str, ...] = ()
-
-
-def _warn_at_consumer(message: str) -> None:
-    """A DLInspectWarning at the first frame outside dlinspect, grain and jax: the
-    line that iterates the dataset."""
-    global _SKIP
-    if not _SKIP:
-        files = (getattr(sys.modules.get(name), "__file__", None)
-                 for name in ("dlinspect", "grain", "jax"))
-        _SKIP = tuple(os.path.dirname(f) + os.sep for f in files if f)
-    level = 2
-    frame: Any = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, DLInspectWarning, stacklevel=level)
 
 
 def _grain() -> tuple[Any, Any]:

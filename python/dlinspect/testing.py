@@ -210,11 +210,7 @@ class FakeProducer:
         self.served: list[np.ndarray] = []
 
     def __dlpack_device__(self) -> tuple[DLDeviceType | int, int | None]:
-        dev = self.device[0]
-        try:
-            return (DLDeviceType(dev), self.device[1])
-        except ValueError:
-            return (dev, self.device[1])
+        return (_core.as_device_type(self.device[0]), self.device[1])
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
         if self.legacy_only and kwargs:
