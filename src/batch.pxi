@@ -77,7 +77,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags):
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f"sharding= must be a jax.sharding.Sharding or a pytree of them whose structure "
-            f"is a prefix of the batch's: {str(exc).splitlines()[0]}") from None
+            f"is a prefix of the batch's: {first_line(exc, False)}") from None
     cdef list parts = []
 
     def part_of(path, s, sub):

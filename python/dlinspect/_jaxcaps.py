@@ -310,7 +310,7 @@ class JaxCaps:
         try:
             self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
         except Exception as exc:   # e.g. "Invalid XLA PrimitiveType: 36 (F6E2M3FN)"
-            return f"this JAX has no {dtype.name} arrays ({str(exc).splitlines()[0]})"
+            return f"this JAX has no {dtype.name} arrays ({_core.first_line(exc, False)})"
         return None
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
