@@ -91,7 +91,11 @@ cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) exc
     if not entry.has_dlpack and entry.api == NULL:
         return False
     if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
-        _refuse_dead_array_at(leaf, i)
+        try:
+            _refuse_dead_array(leaf)
+        except BaseException as exc:
+            _mark_leaf(exc, i)
+            raise
         return not _row_major_array(leaf, tg)   # (exported: no; routed: where not row-major)
     return True
 
@@ -101,15 +105,6 @@ cdef inline bint _plain_scalar(v):
     tp = type(v)
     return (v is None or tp is str or tp is int or tp is float or tp is bool or tp is bytes
             or tp is complex)
-
-
-cdef int _refuse_dead_array_at(object leaf, Py_ssize_t i) except -1:
-    try:
-        _refuse_dead_array(leaf)
-    except BaseException as exc:
-        _mark_leaf(exc, i)
-        raise
-    return 0
 
 
 cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:

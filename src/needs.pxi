@@ -122,7 +122,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
         return n | NEED_EMPTY | _shape_needs(info)
     if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         n |= NEED_SHAPE
-    if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
+    if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
     elif not tg.unit_strides_ok and _odd_unit_strides(info):

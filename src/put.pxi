@@ -165,7 +165,7 @@ cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
     """jaxlib's batched put views this host memory in place (probed: row-major, whole
     bytes per element, aligned as it needs); else the DLPack import views it."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
-            and info._is_c_contiguous() and (info._ptr() & (tg.put_align - 1)) == 0)
+            and info._contiguous(True) and (info._ptr() & (tg.put_align - 1)) == 0)
 
 
 cdef object _put(JaxTarget tg, list arrays, TensorInfo info, descr, sharding, list devices,
