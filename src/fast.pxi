@@ -211,12 +211,13 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
                               _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))
             else:
-                copy = _copy_of(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+                copy = _aligned_array(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+                _fill(copy, part)
                 arrays.append(copy if by_put else _put_host(tg, copy, devices[i], True))
                 del copy
-        if by_put:
-            return _put(tg, arrays, info, _numpy_dtype(dst_key & 0xFF, dst_key >> 8), sharding,
-                        devices, True)
+        if by_put:   # (devices: the sharding's addressable ones, in its own order)
+            return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
+                                          sharding), sharding, arrays, devices, True)
         return tg.assemble(info.shape, sharding, devices, arrays)
     except BaseException:
         arrays = None

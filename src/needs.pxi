@@ -243,7 +243,7 @@ cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     """The one rule of the fast path's copy: host memory of any layout, whole bytes per
     element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
-    fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
+    fits in physical memory: copied in one pass in C (put.pxi, ``_fill``)."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
             and _fits_in_memory(info.nbytes))
 
