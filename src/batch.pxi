@@ -180,8 +180,10 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                     _mark_leaf(leaf.route.error, leaf.index)
                     _raise_route(leaf.route)
                 leaf.rank = _rank(leaf.route)
-            if report is not None:
-                _note(report, part.offset + leaf.index, leaf)
+            if report is not None and leaf.route is None:
+                report._note(part.offset + leaf.index, (<TensorInfo>leaf.info).nbytes, leaf.needs)
+            elif report is not None:
+                report._note_route(part.offset + leaf.index, leaf.route, False)
             plan.append(leaf)
     except BaseException:
         # The exports let go of with the error handled, not pending: a producer's capsule
@@ -207,14 +209,6 @@ cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
 
 
 cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
-
-
-cdef int _note(LoaderReport report, Py_ssize_t i, _Leaf leaf) except -1:
-    if leaf.route is None:
-        report._note(i, (<TensorInfo>leaf.info).nbytes, leaf.needs)
-    else:
-        report._note_route(i, leaf.route, False)
-    return 0
 
 
 cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,

@@ -283,13 +283,6 @@ cdef object _producer_error(object obj, BaseException exc, str what):
         f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 
-cdef bint _about_keywords(BaseException exc):
-    """A TypeError that says the producer does not take the array API's newer
-    keywords (an older producer), not one about the tensor (pyarrow's nulls)."""
-    msg = str(exc)
-    return "keyword" in msg or "max_version" in msg
-
-
 # contract: fills dev_type/dev_id (id_known False for a None id) or raises
 # ProducerError (the producer raised) or MalformedTensorError (not a device pair).
 cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_known) except -1:
@@ -341,7 +334,10 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
     try:
         return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
     except Exception as exc:
-        if host_copy or not isinstance(exc, TypeError) or not _about_keywords(exc):
+        # Only a TypeError that says the producer does not take the newer keywords (an
+        # older producer), not one about the tensor (pyarrow's nulls).
+        if (host_copy or not isinstance(exc, TypeError)
+                or not ("keyword" in str(exc) or "max_version" in str(exc))):
             raise _producer_error(x, exc, "__dlpack__()") from exc
     entry.bare_only = True
     return _call_bare(x, stream)
@@ -353,16 +349,6 @@ cdef object _call_bare(object x, object stream):
         return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
     except Exception as exc:
         raise _producer_error(x, exc, "__dlpack__()") from exc
-
-
-cdef int _refuse_lazy_negation(object x) except -1:
-    """torch exports a tensor with the lazy negative bit without applying it."""
-    if x.is_neg():
-        raise ProducerError(
-            f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
-            f"__dlpack__ exports without applying: the values would arrive negated. To fix: "
-            f"call .resolve_neg() first.")
-    return 0
 
 
 cdef object _torch_take(object x, _TypeEntry entry):
@@ -409,8 +395,11 @@ cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
     cdef Guard g = entry.guard
     if g == GUARD_TORCH:
-        if mode != MODE_PEEK:
-            _refuse_lazy_negation(x)
+        if mode != MODE_PEEK and x.is_neg():
+            raise ProducerError(
+                f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
+                f"__dlpack__ exports without applying: the values would arrive negated. To fix: "
+                f"call .resolve_neg() first.")
     elif g == GUARD_TF:
         name = x.dtype.name
         if name in _TF_NOT_NUMERIC:

@@ -91,7 +91,11 @@ cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) exc
     if not entry.has_dlpack and entry.api == NULL:
         return False
     if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
-        _refuse_dead_array_at(leaf, i)
+        try:
+            _refuse_dead_array(leaf)
+        except BaseException as exc:
+            _mark_leaf(exc, i)
+            raise
         return not _row_major_array(leaf, tg)   # (exported: no; routed: where not row-major)
     return True
 
@@ -101,15 +105,6 @@ cdef inline bint _plain_scalar(v):
     tp = type(v)
     return (v is None or tp is str or tp is int or tp is float or tp is bool or tp is bytes
             or tp is complex)
-
-
-cdef int _refuse_dead_array_at(object leaf, Py_ssize_t i) except -1:
-    try:
-        _refuse_dead_array(leaf)
-    except BaseException as exc:
-        _mark_leaf(exc, i)
-        raise
-    return 0
 
 
 cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
@@ -216,12 +211,13 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
                               _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))
             else:
-                copy = _copy_of(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+                copy = _aligned_array(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
+                _fill(copy, part)
                 arrays.append(copy if by_put else _put_host(tg, copy, devices[i], True))
                 del copy
-        if by_put:
-            return _put(tg, arrays, info, _numpy_dtype(dst_key & 0xFF, dst_key >> 8), sharding,
-                        devices, True)
+        if by_put:   # (devices: the sharding's addressable ones, in its own order)
+            return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
+                                          sharding), sharding, arrays, devices, True)
         return tg.assemble(info.shape, sharding, devices, arrays)
     except BaseException:
         arrays = None

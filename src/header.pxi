@@ -10,10 +10,6 @@ cdef enum Source:
 _SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api")
 
 
-cdef inline int64_t _abs64(int64_t v) noexcept nogil:
-    return -v if v < 0 else v
-
-
 @cython.freelist(32)
 @cython.final
 cdef class TensorInfo:
@@ -240,9 +236,6 @@ cdef class TensorInfo:
     @property
     def is_f_contiguous(self):
         return self._contiguous(False)
-
-    cdef inline bint _is_c_contiguous(self) noexcept:
-        return self._contiguous(True)
 
     cdef bint _contiguous(self, bint c_order) noexcept:
         cdef int64_t expected = 1
@@ -578,10 +571,11 @@ cdef int64_t _count_bytes(int64_t size, int64_t bits_total, uint64_t flags,
 cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
     """The byte span the strides reach fits in int64 (a non-empty tensor)."""
     cdef int32_t i
-    cdef int64_t reach, span = 0
+    cdef int64_t reach, stride, span = 0
     for i in range(info.ndim):
-        if (info._strides[i] == DLINSPECT_INT64_MIN
-                or dl_mul_overflow(info._shape[i] - 1, _abs64(info._strides[i]), &reach)
+        stride = info._strides[i]
+        if (stride == DLINSPECT_INT64_MIN
+                or dl_mul_overflow(info._shape[i] - 1, -stride if stride < 0 else stride, &reach)
                 or dl_add_overflow(span, reach, &span)):
             raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
                            f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements.")

@@ -122,7 +122,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
         return n | NEED_EMPTY | _shape_needs(info)
     if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         n |= NEED_SHAPE
-    if not info._is_c_contiguous():   # (vector lanes: a trailing axis of row-major memory)
+    if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
     elif not tg.unit_strides_ok and _odd_unit_strides(info):
@@ -243,7 +243,7 @@ cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     """The one rule of the fast path's copy: host memory of any layout, whole bytes per
     element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
-    fits in physical memory: copied in one pass in C (put.pxi, ``_copy_of``)."""
+    fits in physical memory: copied in one pass in C (put.pxi, ``_fill``)."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
             and _fits_in_memory(info.nbytes))
 

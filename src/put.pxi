@@ -78,14 +78,6 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
                     _numpy_dtype(dst_code, dst_bits), True)
 
 
-cdef object _copy_of(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
-    """One copy of ``info``'s host memory (taken already: see :func:`_copy_taken`) into a
-    new row-major ``align``-byte aligned NumPy array of dtype ``(dst_code, dst_bits)``."""
-    out = _aligned_array(info, dst_code, dst_bits, align)
-    _fill(out, info)
-    return out
-
-
 cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device,
                         bint committed):
     """Copy the host memory of ``cap`` (header ``info``) into ``out`` (aligned row-major
@@ -165,17 +157,7 @@ cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
     """jaxlib's batched put views this host memory in place (probed: row-major, whole
     bytes per element, aligned as it needs); else the DLPack import views it."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
-            and info._is_c_contiguous() and (info._ptr() & (tg.put_align - 1)) == 0)
-
-
-cdef object _put(JaxTarget tg, list arrays, TensorInfo info, descr, sharding, list devices,
-                 bint committed):
-    """One array of ``info``'s shape and dtype ``descr`` over ``sharding`` from host
-    arrays, one per device of ``devices`` (the sharding's addressable devices, in its own
-    order), by jaxlib's batched put: viewed where the memory allows, copied by jaxlib
-    otherwise."""
-    return tg.put(tg.sharded_aval(info.shape, descr, sharding), sharding, arrays, devices,
-                  committed)
+            and info._contiguous(True) and (info._ptr() & (tg.put_align - 1)) == 0)
 
 
 cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):

@@ -134,7 +134,9 @@ cdef class Route:
     @property
     def shards(self):
         if self._shards is None:   # a split decided in one pass: each slice's route, worded
-            self._shards = _slice_routes(self)
+            f = self.facts
+            self._shards = _shard_routes(f["devices"], f["indices"], f["parts"], f["tg"],
+                                         f["opts"], f["source"])
         return self._shards
 
     @property
@@ -263,7 +265,7 @@ cdef bint _lanes_share_bytes(TensorInfo info):
 
 cdef bint _unpackable(TensorInfo info):
     cdef int bits = info._bits * info._lanes
-    return bits != 0 and 8 % bits == 0 and info._is_c_contiguous()
+    return bits != 0 and 8 % bits == 0 and info._contiguous(True)
 
 
 def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
@@ -534,13 +536,6 @@ cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, o
     """``(device, index, route)`` of every slice: each slice's own route onto its device."""
     return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
                   for dev, index, (part, n) in zip(devices, indices, parts)])
-
-
-cdef tuple _slice_routes(Route route):
-    """The worded routes of a split decided in one pass (for plan's ``shards``)."""
-    f = route.facts
-    return _shard_routes(f["devices"], f["indices"], f["parts"], f["tg"], f["opts"],
-                         f["source"])
 
 
 # ---- jax.Array and leaves that are not tensors --------------------------------

@@ -14,12 +14,11 @@
  *      destination's row-major strides are derived.
  *   2. Where the destination's innermost axis i walks the source with a stride wider than
  *      that of some other axis j (a transpose: x.T, NCHW -> NHWC), the (j, i) plane is
- *      copied in blocks (dl_plane_copy, dl_tile_simd): panels of 4 KiB of source run by
- *      128 destination bytes, blocks of one cache line each way, and SSE2 register
- *      transposes of 16-byte rows (4x4 floats, 8x8 halves, 16x16 bytes, 2x2 doubles;
- *      narrowing converts 32 source bytes per row first). Large destinations are
- *      written with streaming stores, a whole line at a time from a staging block in L1.
- *      An odometer walks the other axes; the plane's edges go one element at a time.
+ *      copied in panels and blocks (DL_PANEL_J, dl_plane_copy, dl_tile_simd) by SSE2
+ *      register transposes of 16-byte rows (4x4 floats, 8x8 halves, 16x16 bytes, 2x2
+ *      doubles; narrowing converts 32 source bytes per row first), large destinations
+ *      with streaming stores. An odometer walks the other axes; the plane's edges go one
+ *      element at a time.
  *   3. Elsewhere the destination is written row by row (dl_row): a memcpy for a dense
  *      run, SSE2 loops for reversed, every-other and broadcast runs, a scalar loop else.
  * SSE2 is baseline on x86-64; DL_COPY_NO_SIMD (or any other target) compiles the plain C
@@ -60,7 +59,7 @@ typedef enum {
 /* Below this many destination bytes a second thread costs more than it saves (measured on
  * a 2-core x86-64 VM, both cores idle: two halves take 1.1-2x the time of one at 1 MiB,
  * 0.6-1.35x at 2 MiB, 0.5-0.65x from 4 MiB for transposes and from 8 MiB for
- * memory-bound rows; a thread pool's wake-up costs 10-120 us). See dl_gather_part. */
+ * memory-bound rows; a thread pool's wake-up costs 10-120 us). */
 #define DL_COPY_PARALLEL_MIN ((size_t)4 << 20)
 
 /* From this many destination bytes a transposing copy stores with streaming
@@ -291,14 +290,6 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
   return dst + count * sz;
 }
 
-/* contract: writes `count` elements of `src_size` bytes from `src` (a run with a
- * stride of `step` elements) into `dst` packed, as `cast` says; returns the end of what
- * it wrote. dst and src do not overlap. */
-static inline char* dl_copy_run(char* restrict dst, const char* restrict src, int64_t count,
-                                int64_t step, size_t src_size, dl_copy_cast cast) {
-  return dl_row(dst, src, count, step * (int64_t)src_size, src_size, cast);
-}
-
 /* ---------------------------------------------------------------------------------- */
 /* Tiles: a transposed plane                                                          */
 
@@ -349,6 +340,13 @@ DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
  * dst + m * dj. */
 #define DL_LD(k) _mm_loadu_si128((const __m128i*)(src + (k) * si))
 #define DL_ST(m, v) dl_store16(dst + (m) * dj, v, nt)
+#define DL_ST4(m, a, b, c, d) \
+  do {                        \
+    DL_ST(m, a);              \
+    DL_ST((m) + 1, b);        \
+    DL_ST((m) + 2, c);        \
+    DL_ST((m) + 3, d);        \
+  } while (0)
 
 /* contract: one microtile of w x w elements (w = 16 / size for DL_COPY_SAME, 32 / size
  * narrowed): dst + m * dj + k * out gets the element at src + k * si + m * size (as cast
@@ -362,10 +360,7 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
     __m128i r2 = dl_narrow4(src + 2 * si, cast), r3 = dl_narrow4(src + 3 * si, cast);
     DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
     DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-    DL_ST(2, r2);
-    DL_ST(3, r3);
+    DL_ST4(0, r0, r1, r2, r3);
   } else if (cast != DL_COPY_SAME) { /* 2 x 2: 2 complex per source row, 8 bytes out */
     __m128i r0 = dl_narrow4(src, cast), r1 = dl_narrow4(src + si, cast);
     DL_ZIP2(_mm_unpacklo_epi64, _mm_unpackhi_epi64, r0, r1);
@@ -382,24 +377,15 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
     __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
     DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
     DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-    DL_ST(2, r2);
-    DL_ST(3, r3);
+    DL_ST4(0, r0, r1, r2, r3);
   } else if (size == 2) {
     __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
     __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
     DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
     DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
     DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-    DL_ST(2, r2);
-    DL_ST(3, r3);
-    DL_ST(4, r4);
-    DL_ST(5, r5);
-    DL_ST(6, r6);
-    DL_ST(7, r7);
+    DL_ST4(0, r0, r1, r2, r3);
+    DL_ST4(4, r4, r5, r6, r7);
   } else { /* 1 byte: 16 x 16, as two 8-row halves per stage */
     __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
     __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
@@ -418,26 +404,15 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
       r0 = t0, r1 = t1, r2 = t2, r3 = t3, r4 = t4, r5 = t5, r6 = t6, r7 = t7;
       r8 = t8, r9 = t9, r10 = t10, r11 = t11, r12 = t12, r13 = t13, r14 = t14, r15 = t15;
     }
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-    DL_ST(2, r2);
-    DL_ST(3, r3);
-    DL_ST(4, r4);
-    DL_ST(5, r5);
-    DL_ST(6, r6);
-    DL_ST(7, r7);
-    DL_ST(8, r8);
-    DL_ST(9, r9);
-    DL_ST(10, r10);
-    DL_ST(11, r11);
-    DL_ST(12, r12);
-    DL_ST(13, r13);
-    DL_ST(14, r14);
-    DL_ST(15, r15);
+    DL_ST4(0, r0, r1, r2, r3);
+    DL_ST4(4, r4, r5, r6, r7);
+    DL_ST4(8, r8, r9, r10, r11);
+    DL_ST4(12, r12, r13, r14, r15);
   }
 }
 #undef DL_LD
 #undef DL_ST
+#undef DL_ST4
 
 /* contract: the nj x ni elements (both multiples of w) of a plane as dl_plane says,
  * with a source dense along j (sj = size), by microtiles, panel by panel. */
@@ -492,26 +467,19 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
  * registers). */
 static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  if (cast == DL_COPY_F64_F32) {
-    if (size == 8) {
-      dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_F64_F32, nt);
-    } else {
-      dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_F64_F32, nt);
-    }
-  } else if (cast == DL_COPY_U64_U32) {
-    if (size == 8) {
-      dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_U64_U32, nt);
-    } else {
-      dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_U64_U32, nt);
-    }
-  } else {
-    switch (size) {
-      case 1: dl_tile_simd(dst, src, nj, ni, si, dj, 1, DL_COPY_SAME, nt); break;
-      case 2: dl_tile_simd(dst, src, nj, ni, si, dj, 2, DL_COPY_SAME, nt); break;
-      case 4: dl_tile_simd(dst, src, nj, ni, si, dj, 4, DL_COPY_SAME, nt); break;
-      case 8: dl_tile_simd(dst, src, nj, ni, si, dj, 8, DL_COPY_SAME, nt); break;
-      default: dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_SAME, nt); break;
-    }
+  /* narrowed: 8 or 16 bytes (a double, a complex128); the bytes as they are: 1 .. 16 */
+  const size_t key = cast == DL_COPY_SAME ? size : size == 8 ? 8 + cast : 16 + cast;
+  switch (key) {
+#define DL_TILE(S, C)                                              \
+  case (S) + (C):                                                  \
+    dl_tile_simd(dst, src, nj, ni, si, dj, S, C, nt);              \
+    break;
+    DL_TILE(1, DL_COPY_SAME) DL_TILE(2, DL_COPY_SAME) DL_TILE(4, DL_COPY_SAME)
+    DL_TILE(8, DL_COPY_SAME) DL_TILE(8, DL_COPY_F64_F32) DL_TILE(8, DL_COPY_U64_U32)
+    DL_TILE(16, DL_COPY_F64_F32) DL_TILE(16, DL_COPY_U64_U32)
+#undef DL_TILE
+    default:
+      dl_tile_simd(dst, src, nj, ni, si, dj, 16, DL_COPY_SAME, nt);
   }
 }
 #endif
@@ -671,11 +639,13 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
   return 1;
 }
 
-/* contract: writes part `part` of `nparts` (0 <= part < nparts) of the copy dl_gather
- * makes: the destination is cut along one canonical axis into nparts slices of
- * near-equal size, and this call writes slice `part`. The parts write disjoint bytes
- * and read only the source, so that threads may run them at once; together they write
- * what dl_gather writes. Two parts pay from about DL_COPY_PARALLEL_MIN bytes. */
+/* contract: copies the `ndim`-d tensor at `src` (extents `shape`, strides `strides` in
+ * elements of `src_size` bytes; ndim <= 64, TensorInfo's bound) into `dst`, which holds
+ * every element, in row-major order, each element as `cast` says; an empty tensor writes
+ * nothing. Of that copy, this call writes part `part` of `nparts` (0 <= part < nparts):
+ * the destination cut along one canonical axis into nparts slices of near-equal size.
+ * The parts write disjoint bytes and read only the source, so threads may run them at
+ * once. */
 static inline void dl_gather_part(char* restrict dst, const char* restrict src, int ndim,
                                   const int64_t* shape, const int64_t* strides,
                                   size_t src_size, dl_copy_cast cast, int part, int nparts) {
@@ -704,9 +674,8 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
     }
     if (si <= 2 * (int64_t)L.size) tj = -1; /* a broadcast row, or a nearly dense one */
   }
-  /* Streaming stores for a large transpose (decided on the whole copy, not the part):
-   * except where the destination is likely fresh pages (as large as glibc's mmap'd
-   * blocks) that a band of the plane fills while the kernel's zeroes are still cached. */
+  /* Streaming stores for a large transpose, decided on the whole copy, not the part (but
+   * for fresh pages a narrow band fills: DL_COPY_FRESH_MIN). */
   stream = 0;
   if (tj >= 0 && L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN) {
     const int64_t rows = (int64_t)(DL_PANEL_J / L.size) < L.ext[tj] ? (int64_t)(DL_PANEL_J / L.size)
@@ -775,16 +744,6 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
 #if DL_COPY_SSE2
   if (stream) _mm_sfence(); /* the streaming stores, ordered before what follows */
 #endif
-}
-
-/* contract: copies the `ndim`-d tensor at `src` (extents `shape`, strides `strides` in
- * elements of `src_size` bytes) into `dst` in row-major order, each element as `cast`
- * says; `dst` holds every element. ndim <= 64 (TensorInfo's bound); an empty tensor
- * writes nothing. */
-static inline void dl_gather(char* restrict dst, const char* restrict src, int ndim,
-                             const int64_t* shape, const int64_t* strides, size_t src_size,
-                             dl_copy_cast cast) {
-  dl_gather_part(dst, src, ndim, shape, strides, src_size, cast, 0, 1);
 }
 
 #endif /* DLINSPECT_COPY_H_ */

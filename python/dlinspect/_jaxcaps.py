@@ -256,17 +256,6 @@ class JaxCaps:
                     return align
         return 4096
 
-    def _probe_permuted(self) -> bool:
-        """Whether JAX computes right with a permuted order (a 2x3 array stored column-major)
-        imported and kept committed, as the route leaves it (Need.PERMUTED). jaxlib < 0.8 reads
-        every layout as row-major."""
-        return self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T)
-
-    def _probe_unit_strides(self) -> bool:
-        """Whether JAX computes right with a 2x1 row-major array whose extent-1 axis has stride 2.
-        jaxlib 0.4.30 infers a layout from it that its own jit refuses."""
-        return self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1))
-
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...],
                   want: Any) -> bool:
         """JAX's import (no copy) of float32 memory 0, 1, 2... with this header computes as
@@ -358,8 +347,13 @@ class JaxCaps:
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
-                array_type=self.array_type, permuted_ok=self._probe_permuted(),
-                unit_strides_ok=self._probe_unit_strides(),
+                array_type=self.array_type,
+                # a permuted order (2x3 stored column-major) kept committed, as the route leaves
+                # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
+                permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
+                # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
+                # from it that its own jit refuses
+                unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
                 assemble=self._assembler(), uncommit=self._uncommitter(),
                 row_major=_row_major, **self._put())
             _core.set_target(self._target)

@@ -106,26 +106,21 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None,
         made = key = None
     if made is not None:
         return made
-    made = _check(device, copy, sharding, fallback, readonly, leaves, narrow)
-    if key is not None:
-        if len(_made) >= 64:
-            _made.clear()
-        _made[key] = made
-    return made
-
-
-def _check(device: Any, copy: Any, sharding: Any, fallback: Any, readonly: Any, leaves: Any,
-           narrow: Any) -> Options:
     if copy is not None and copy is not True and copy is not False:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
-    given = {"fallback": fallback, "readonly": readonly, "leaves": leaves, "narrow": narrow}
-    for name, value in given.items():
+    for name, value in (("fallback", fallback), ("readonly", readonly), ("leaves", leaves),
+                        ("narrow", narrow)):
         if value not in _CHOICES[name]:
             allowed = " or ".join(repr(c) for c in _CHOICES[name])
             raise ValueError(f"{name} must be {allowed}, not {value!r}")
     if sharding is not None and device is not None:
         raise ValueError("pass device= or sharding=, not both: one of them.")
-    return Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
+    made = Options(single_device(device), copy, sharding, fallback, readonly, leaves, narrow)
+    if key is not None:
+        if len(_made) >= 64:
+            _made.clear()
+        _made[key] = made
+    return made
 
 
 def single_device(device: Any) -> Any:

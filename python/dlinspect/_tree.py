@@ -383,14 +383,8 @@ def _unwalkable(x: Any) -> ContainerError | None:
         on_path.append(id(node))
         keys.append(key)
         stack.extend((child, k, depth + 1) for k, child in reversed(children)
-                     if _may_hold(child))
+                     if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
     return None
-
-
-def _may_hold(v: Any) -> bool:
-    """``v`` may be a container a walk descends into (not a tensor, a scalar or None)."""
-    tp = type(v)
-    return not (tp in _PLAIN_TYPES or _tensor_type(tp))
 
 
 _DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2

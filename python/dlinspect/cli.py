@@ -212,16 +212,6 @@ def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
     return eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
 
 
-def _writable(path: str) -> str | None:
-    """Why ``path`` cannot be written, or None."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"{path}: the folder {folder} does not exist"
-    if not os.access(folder, os.W_OK):
-        return f"{path}: the folder {folder} is not writable"
-    return None
-
-
 def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[str]) -> str | None:
     """What is wrong with a bench command line, checked before a run that may take
     minutes (everything the output needs included); None when nothing is."""
@@ -230,9 +220,12 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in (args.json, args.plot, args.markdown):
-        if path and (problem := _writable(path)):
-            return f"cannot write {problem}"
+    for path in filter(None, (args.json, args.plot, args.markdown)):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"cannot write {path}: the folder {folder} does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"cannot write {path}: the folder {folder} is not writable"
     if not args.plot:
         return None
     if "sweep" not in suites:

@@ -19,23 +19,13 @@ from ._core import FLAG_IS_COPIED, FLAG_IS_SUBBYTE_TYPE_PADDED, FLAG_READ_ONLY  
 __all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
 
 
-def make_capsule(
-    data: Any = None,
-    *,
-    shape: Sequence[int] | None = None,
-    dtype: Any = None,
-    device: tuple[int, int] = (DLDeviceType.kDLCPU, 0),
-    strides: Sequence[int] | None = None,
-    byte_offset: int = 0,
-    versioned: bool = True,
-    version: tuple[int, int] = (1, 3),
-    flags: int = 0,
-    ndim: int | None = None,
-    address: int | None = None,
-    counter: DeleterCounter | None = None,
-    name: str | None = None,
-    null_deleter: bool = False,
-) -> Any:
+def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype: Any = None,
+                 device: tuple[int, int] = (DLDeviceType.kDLCPU, 0),
+                 strides: Sequence[int] | None = None, byte_offset: int = 0,
+                 versioned: bool = True, version: tuple[int, int] = (1, 3), flags: int = 0,
+                 ndim: int | None = None, address: int | None = None,
+                 counter: DeleterCounter | None = None, name: str | None = None,
+                 null_deleter: bool = False) -> Any:
     """Build a DLPack capsule whose header says exactly what you ask.
 
     Parameters
@@ -115,11 +105,10 @@ def make_capsule(
         shape = tuple(int(s) for s in shape)
     if strides is not None:
         strides = tuple(int(s) for s in strides)
-    return _core._make_capsule(
-        data, address, shape, ndim, strides, code, bits, lanes,
-        int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
-        int(version[0]), int(version[1]), int(flags), counter, name, bool(null_deleter),
-    )
+    return _core._make_capsule(data, address, shape, ndim, strides, code, bits, lanes,
+                               int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
+                               int(version[0]), int(version[1]), int(flags), counter, name,
+                               bool(null_deleter))
 
 
 class FakeProducer:
