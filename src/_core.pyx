@@ -34,7 +34,6 @@ cdef extern from "Python.h":
     int Py_IsInitialized() nogil
     PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
-    PyObject* PyErr_Occurred()
     void PyErr_Clear()
     Py_ssize_t PyTuple_GET_SIZE(object t)
     bint PyIndex_Check(object o)

@@ -356,8 +356,7 @@ cdef bint _plain_values(list values, bint text_lists) except -1:
 
 cdef list _container_values(x, type tp, list keys):
     """The values of a plain dict, list or tuple in ``jax.tree_util``'s order (a dict's
-    sorted keys, put in ``keys``); None where a dict's keys do not sort (the batch's
-    walker takes it)."""
+    sorted keys, put in ``keys``); None where a dict's keys do not sort (_tree walks it)."""
     if tp is dict:
         keys.extend(<dict>x)
         try:

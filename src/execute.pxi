@@ -37,16 +37,14 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
 
 
 cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=False):
-    """Carry out ``route`` (its narrowing warning first, before anything is consumed:
-    ``-W error`` then leaves a caller's capsule as it was; ``prepared``: a batch's decide
-    half gave it, see ``_prepare``). A tensor's new array is committed exactly where the
+    """Carry out ``route``, ``_prepare``d first unless a batch's decide half did
+    (``prepared``): its narrowing warning before anything is consumed, so ``-W error``
+    leaves a caller's capsule as it was. A tensor's new array is committed exactly where the
     caller named a device or a sharding, as ``jax.device_put`` commits; otherwise
     uncommitted, as ``jnp.asarray``'s (put.pxi)."""
+    if not prepared:
+        _prepare(route, tg)
     action = route.action
-    if not prepared and action is not PRODUCER_COPY and action is not RAISE:
-        text = route.warning
-        if text is not None:
-            warn(text)
     out = EXECUTORS[action](route, cap, x, tg, opts)
     if action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED:
         return tg.uncommit(out)
@@ -61,11 +59,10 @@ cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMP
 
 
 cdef int _prepare(Route route, JaxTarget tg) except -1:
-    """What can fail in executing ``route``, done in a batch's decide half, once every
-    leaf is decided and before any is taken: its narrowing warning given (the user's
-    filters may make it an exception) and a copy's memory allocated (AllocationError).
-    A producer's host copy, which takes nothing of the caller's and runs first, warns
-    once the copy is in hand."""
+    """What can fail in executing ``route``, done before anything is taken (in a batch,
+    once every leaf is decided): its narrowing warning given (the user's filters may make
+    it an exception) and a copy's memory allocated (AllocationError). A producer's host
+    copy, which takes nothing of the caller's, warns once the copy is in hand."""
     action = route.action
     if action is PRODUCER_COPY or action is RAISE:
         return 0

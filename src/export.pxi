@@ -50,8 +50,7 @@ _TORCH_HINTS = (
      "nothing to move or view; make a tensor that has data first, e.g. "
      "torch.zeros_like(t, device=\"cpu\")"),
     ("device", "move it to host memory first: t.cpu()"),
-    ("conjugate", "call .resolve_conj() first (the conjugate bit is set lazily)"),
-    ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),
+    ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),   # conjugate too
     ("negative bit", "call .resolve_neg() first"),
     ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
     ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),

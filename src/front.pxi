@@ -61,10 +61,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     device : jax.Device or single-device Sharding, optional
         Destination; a device other than the source's means import, then ``device_put``.
     copy : bool or None
-        Array API ``copy`` (``from_dlpack``): True always copies; False never does
-        and raises ``CopyRequiredError`` naming why a copy is needed (alignment,
-        strides, read-only, device transfer, dtype narrowing); None copies only
-        where needed.
+        Array API ``copy`` (``from_dlpack``): True always copies; False never does and
+        raises ``CopyRequiredError`` naming why a copy is needed (alignment, strides,
+        read-only, device transfer, dtype narrowing); None only where needed.
     sharding : jax.sharding.Sharding or pytree of them, optional
         Spread each leaf over several devices (instead of ``device``), e.g.
         ``NamedSharding(mesh, PartitionSpec("data"))`` splits the leading (batch)
@@ -124,8 +123,7 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         An axis does not divide evenly into the shards ``sharding`` cuts it
         into (a ``ValueError``); names the size, the shard count and the fix.
     AllocationError
-        A copy the route needs cannot be allocated (a ``MemoryError``); nothing
-        is consumed.
+        A copy the route needs cannot be had (a ``MemoryError``); nothing is consumed.
     ContainerError
         A container of the batch cannot be rebuilt around its converted values
         (a ``TypeError``), found before anything is taken: each container is
@@ -215,12 +213,11 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         ``kind``, ``reason``, ``needs``, ``copy_bytes``, ``jax_device``, ``error``;
         for a pytree, one Route per leaf in the same structure, each error's
         message led by its leaf's key path (``['inputs']['pixels']: ...``).
-        ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error``
-        when the kind is ``"error"``, and shares memory exactly when it is
-        ``"zero-copy"``. A ``"host-fallback"`` route rests on the producer's answer
-        to a host-copy request, which plan does not make: executing it raises
-        ``UnsupportedDeviceError`` (listing what was tried) when no host copy can
-        be had.
+        ``to_jax(x)`` (``to_host(x)``) does exactly this: it raises ``route.error`` when
+        the kind is ``"error"``, and shares memory exactly when it is ``"zero-copy"``. A
+        ``"host-fallback"`` route rests on a host copy plan does not ask the producer
+        for: executing it raises ``UnsupportedDeviceError`` (listing what was tried)
+        when none can be had.
 
     Raises
     ------

@@ -12,7 +12,8 @@ ADVISE_MIN_BYTES = 64 * 1024
 cdef tuple _REASONS = (
     (NEED_DEVICE, "foreign device"), (NEED_DTYPE, "dtype"), (NEED_NUMPY_PUT, "dtype"),
     (NEED_PACKED, "dtype"), (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"),
-    (NEED_PERMUTED, "permuted order"), (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
+    (NEED_PERMUTED, "permuted order"), (NEED_READ_ONLY, "read-only"),
+    (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
 )
 # Why a copy with one reason is made, and what removes it, where the user can.
 cdef dict _REMEDIES = {
@@ -59,9 +60,9 @@ cdef class LoaderReport:
     ", " where one copy serves them all). ``prefetch_to_jax`` counts a batch once it is
     handed to the user (batches converted ahead and never asked for do not count), each
     epoch in a report of its own; ``dlinspect.grain.device_put`` counts an element once
-    it is converted. A failed batch counts not at all. ``str(report)`` is a table;
-    :meth:`as_dict` the same figures. What a recipe copied before dlinspect saw the
-    batch (``stack`` of Arrow data, say) is the recipe's, and not in the report.
+    it is converted; a failed batch not at all. ``str(report)`` is a table, :meth:`as_dict`
+    the same figures. What a recipe copied before dlinspect saw the batch (``stack`` of
+    Arrow data, say) is the recipe's, not the report's.
 
     After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
     of them only for reasons the user can remove (alignment, read-only, strides, a
@@ -76,9 +77,8 @@ cdef class LoaderReport:
 
     Notes
     -----
-    A loader makes its own (``LoaderReport(at_delivery=True)`` counts a converted batch
-    only when the loader says it was handed over; the default, as soon as it is
-    converted).
+    A loader makes its own: ``LoaderReport(at_delivery=True)`` counts a converted batch
+    only when the loader says it was handed over, the default as soon as it is converted.
     """
 
     cdef public Py_ssize_t batches

@@ -1,7 +1,6 @@
-# routes.pxi: the one decision (needs) made into a Route of facts: its kind, the action
-# that carries it out, the needs, the bytes it copies, the devices, and, for an error,
-# the problem and the facts it rests on. Pure: nothing here imports or copies. No words
-# are written here: dlinspect._words turns a route into its reason, error and warning.
+# routes.pxi: the one decision (needs) made into a Route of facts: its kind, action, needs,
+# bytes copied, devices and, for an error, the problem and its facts. Pure: nothing here
+# imports, copies or words (dlinspect._words turns a route into its reason, error, warning).
 
 import pickle as _pickle
 
@@ -101,9 +100,7 @@ cdef class Route:
     cdef object _shards
     cdef public str key_path
     cdef object _error, _reason
-    # The memory a copy route copies into, allocated by a batch's decide half before
-    # anything is taken (execute.pxi, _prepare); let go of once used.
-    cdef object _out
+    cdef object _out   # a copy's memory, allocated before anything is taken (_prepare)
 
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
@@ -171,9 +168,7 @@ cdef class Route:
     def __repr__(self):
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
-    def __reduce__(self):
-        # A plan travels (a loader's worker logs it in another process): its words go
-        # as text; devices as (platform, id), found again where it is unpickled.
+    def __reduce__(self):   # (see Notes: a plan a loader's worker logs travels)
         state = dict(kind=self.kind, action=self.action, info=self.info, target=self.target,
                      needs=self._needs, copy_bytes=self.copy_bytes,
                      import_type=self.import_type, key_path=self.key_path,
@@ -220,8 +215,7 @@ def _found_device(ref):
 
 
 def _restored_route(dict state):
-    """Unpickle a Route: the same kind, action, header, needs, bytes and words; devices
-    found again by platform and id (None where this process has no such device)."""
+    """Unpickle a Route (see Route's Notes)."""
     facts = state["facts"]
     cdef Route route = Route(state["kind"], state["action"], state["info"], state["target"],
                   needs=state["needs"], copy_bytes=state["copy_bytes"],
@@ -275,8 +269,7 @@ def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
 
 
 cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
-    # What rules the tensor out whatever its memory, then where the memory is, then how
-    # JAX takes it.
+    # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
     if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
@@ -337,9 +330,8 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
-    """``(src, dest)``: the JAX device that imports the memory, and the one the array
-    ends on (``device`` where asked for). Host memory bound for another CPU device is
-    imported there: every CPU device views it as it is."""
+    """``(src, dest)``: the JAX device that imports the memory (host memory bound for a CPU
+    device: that one, which views it as it is) and the one the array ends on (``device``)."""
     src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info.device_id)
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
@@ -365,9 +357,8 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
-    """A dtype JAX holds but does not import through DLPack, in host memory: a NumPy
-    view (sub-byte elements unpacked into one per byte where packed), copied by
-    ``jax.device_put``."""
+    """A dtype JAX holds but does not import, in host memory: a NumPy view (packed
+    sub-byte elements unpacked, one per byte), copied by ``jax.device_put``."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
     padded = info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED

@@ -27,8 +27,7 @@ from ._words import narrowing_text
 
 __all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
 
-# The map jax 0.4-0.12 uses (the device table's platforms); only where jax does not
-# expose its own.
+# The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
                       if row.platform is not None and row.jax_maps}
 

@@ -50,9 +50,9 @@ class PrefetchLoader:
     own worker thread where one is used; ``len()`` is the source's, where it has
     one. Not thread-safe: one consumer per epoch. A source that is an iterator
     (``iter(source) is source``: a generator, tf.data's ``as_numpy_iterator()``)
-    gives one epoch (the one that exhausts it, or that stops early and closes it):
-    a new ``iter()`` then raises ``SourceExhaustedError`` instead of an epoch of no
-    batches, as it does at once for a generator another loop already finished.
+    gives one epoch (the one that exhausts it, or stops early and closes it); a new
+    ``iter()``, or one over a generator another loop finished, raises
+    ``SourceExhaustedError`` instead of giving an epoch of no batches.
 
     Attributes
     ----------
@@ -68,10 +68,9 @@ class PrefetchLoader:
         The :func:`to_jax` options for every batch, checked once.
     report : LoaderReport
         Per key path, the bytes the batches handed over in the latest epoch begun
-        imported zero-copy and copied, and why (``print(loader.report)``,
-        ``loader.report.as_dict()``; an epoch still running alongside keeps its own); one
-        ``DLInspectWarning`` per loader where a leaf is copied in every batch for a
-        reason the user can remove.
+        imported zero-copy and copied, and why (``print(loader.report)``; an epoch
+        still running alongside keeps its own); one ``DLInspectWarning`` per loader
+        where a leaf is copied in every batch for a reason the user can remove.
     """
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
@@ -134,13 +133,11 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     iterable : iterable of pytrees of tensors
         Batches: a ``torch.utils.data.DataLoader``, a list, anything whose items
         :func:`to_jax` takes. Each ``iter()`` of the returned loader calls
-        ``iter(iterable)`` again, so a DataLoader gives one epoch per pass; a
-        generator, which cannot start again, gives its items once (a second epoch
-        over it raises ``SourceExhaustedError``).
+        ``iter(iterable)`` again: a DataLoader gives one epoch per pass, a generator
+        its items once (a second epoch over it raises ``SourceExhaustedError``).
     size : int
-        How many converted batches may wait ahead of the consumer (>= 1). Each
-        holds its memory (for zero-copy batches, the producer's) until yielded
-        and dropped.
+        How many converted batches may wait ahead of the consumer (>= 1), each holding
+        its memory (a zero-copy batch's: the producer's) until dropped.
     device, sharding, copy, fallback, readonly, leaves, narrow
         Passed to :func:`to_jax` for every batch (``narrow="ok"``: int64 labels
         narrowed with x64 off, without a warning per batch); ``sharding`` (e.g.
@@ -152,14 +149,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
         to ``size`` ahead, while the consumer works. False: each batch is loaded
         and converted on the consumer's thread when asked for (a plain ``to_jax``
         loop). None (the default): False when the batches go to JAX CPU devices
-        (the jitted step then keeps the host's cores busy, and a worker thread
-        only competes with it: measured slower, see the loader suite of the published
-        benchmark run, BENCHMARKS.md);
-        elsewhere each epoch times its first 4 batches on the consumer's thread,
-        and a worker thread takes over only when loading a batch and the
-        consumer's own work between batches both take over 0.5 ms (medians):
-        work to overlap that is worth more than handing each batch across
-        threads under the GIL.
+        (the jitted step then keeps the host's cores busy, and a worker thread only
+        competes with it: measured slower, BENCHMARKS.md's loader suite); elsewhere
+        each epoch times its first 4 batches on the consumer's thread, and a worker
+        thread takes over only when loading a batch and the consumer's own work
+        between batches both take over 0.5 ms (medians): work to overlap that is
+        worth more than handing each batch across threads under the GIL.
     progress : bool
         Show a tqdm progress bar (``pip install tqdm``) per epoch, with a total
         when ``len(iterable)`` exists.
@@ -197,11 +192,10 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     epoch's iterator), the worker is told to stop, converted batches still
     waiting are dropped (their producers' deleters run), the worker thread is
     joined, and the source's iterator is closed if it has ``close()``. A worker
-    blocked inside ``next()`` of a slow source is waited for up to 5 s; past
-    that it is left to finish (a daemon thread), with a ``DLInspectWarning``.
-    Live workers are stopped and joined at interpreter exit. The worker converts
-    under the caller's x64 mode at the time of ``iter()`` (``jax.enable_x64`` is
-    thread-local).
+    blocked inside ``next()`` of a slow source is waited for up to 5 s, then left
+    to finish (a daemon thread), with a ``DLInspectWarning``. Live workers are
+    stopped and joined at interpreter exit. The worker converts under the caller's
+    x64 mode at ``iter()`` (``jax.enable_x64`` is thread-local).
 
     Examples
     --------

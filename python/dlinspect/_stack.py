@@ -80,8 +80,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
         An element contains itself, nests deeper than ``dlinspect._tree.MAX_DEPTH``,
         or holds a dict whose keys do not sort (a ``TypeError``; names the element).
     AllocationError
-        A batched leaf's memory cannot be allocated (a ``MemoryError``; names the
-        bytes).
+        A batched leaf's memory cannot be had (a ``MemoryError``; names the bytes).
     ProducerError, UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedShapeError
         A tensor leaf cannot be read into host memory (see :func:`to_host`); the
         message names the key path and the element.

@@ -1,13 +1,11 @@
-"""The words of a route: its reason, its error and its warning (and ``explain``'s lines),
-made from the facts the core's decision put in it (``dlinspect._core.Route``). Nothing
-here decides; nothing parses a message.
-
-Two tables: :data:`PROBLEMS` words the error of each problem an error route can carry
-(one function each), :data:`REASONS` the reason of each action. An error's text is built
-from three parts: the tensor it is about (``subject``), the first sentence (what was
-found and why it cannot go there) and the rest (what to do). A route's ``reason`` is the
-subject and the first sentence; a shard's error inside a sharded tensor's error is its
-first sentence and the rest, after the whole tensor.
+"""The words of a route (its reason, error and warning; ``explain``'s lines), made from the
+facts the core's decision put in it (``dlinspect._core.Route``); nothing here decides or
+parses a message. :data:`PROBLEMS` words the error of each problem an error route can
+carry (one function each), :data:`REASONS` the reason of each action. An error is three
+parts: the tensor it is about (``subject``), the first sentence (what was found, why it
+cannot go there) and the rest (what to do). A route's ``reason`` is the subject and the
+first sentence; a shard's error inside a sharded tensor's is its first sentence and the
+rest, after the whole tensor.
 """
 
 from __future__ import annotations
@@ -661,9 +659,8 @@ def explain(x: Any, target: Target = "jax", **options: Any) -> str:
     Raises
     ------
     ValueError, TypeError, ContainerError
-        What :func:`plan` raises: an option outside its values, a batch that cannot
-        be walked. A producer's refusal or a bad header is shown as an error route,
-        not raised.
+        What :func:`plan` raises: an option outside its values, a batch that cannot be
+        walked. A producer's refusal or a bad header is an error route, not raised.
 
     Examples
     --------

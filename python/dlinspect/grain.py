@@ -35,39 +35,33 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
     Parameters
     ----------
     ds : grain.IterDataset or grain.MapDataset
-        The pipeline, typically ending in ``.batch(n)``; a ``MapDataset`` is
-        first made an ``IterDataset`` with ``ds.to_iter_dataset()``. Each element
-        is a pytree (dict, tuple, list, dataclass, Mapping...) of arrays of shape
-        ``(n, ...)``: NumPy arrays from ``np.stack``, grain's
-        ``SharedMemoryArray`` from worker processes (``ds.mp_prefetch(...)``), or
-        any DLPack tensor. A ``grain.DataLoader`` is not a dataset: iterate it
-        through :func:`dlinspect.prefetch_to_jax` (``prefetch_to_jax(loader,
-        ...)``, one epoch per ``iter()``; ``len()`` raises ``TypeError``, as a
-        DataLoader has no length).
+        The pipeline, typically ending in ``.batch(n)`` (a ``MapDataset`` is made an
+        ``IterDataset`` by ``ds.to_iter_dataset()``). Each element is a pytree (dict,
+        tuple, list, dataclass, Mapping...) of arrays of shape ``(n, ...)``: NumPy
+        arrays from ``np.stack``, grain's ``SharedMemoryArray`` from worker processes
+        (``ds.mp_prefetch(...)``), or any DLPack tensor. A ``grain.DataLoader`` is not
+        a dataset: iterate it through :func:`dlinspect.prefetch_to_jax` (one epoch per
+        ``iter()``; ``len()`` raises ``TypeError``, as a DataLoader has no length).
     device : jax.Device, jax.sharding.Sharding, pytree of them, or None
         Where each element goes, as in ``jax.device_put`` (and grain's
-        ``device_put``): a device, a single-device sharding (that device), a
-        sharding over several devices (taken as ``sharding=``), or a pytree of
-        shardings and devices, a prefix of the element's structure (taken as
-        ``sharding=``). None: JAX's default device.
+        ``device_put``): a device, a single-device sharding (that device), or, taken
+        as ``sharding=``, a sharding over several devices or a pytree of shardings
+        and devices, a prefix of the element's structure. None: JAX's default device.
     sharding : jax.sharding.Sharding or pytree of them, optional
         Spread each leaf over several devices, as :func:`dlinspect.to_jax`'s
-        ``sharding=`` (e.g. ``NamedSharding(mesh, PartitionSpec("data"))`` splits
-        the leading, batch, axis: ``n`` must divide evenly). Not together with a
-        ``device``.
+        ``sharding=`` (``NamedSharding(mesh, PartitionSpec("data"))`` splits the
+        leading, batch, axis: ``n`` must divide evenly). Not with a ``device``.
     cpu_buffer_size : int
         Elements of ``ds`` prefetched on the host by a thread (>= 0; 0: no
         thread, elements are produced when the conversion asks for them).
     device_buffer_size : int
         Converted elements held ahead of the consumer by a second thread (>= 0;
-        0: no thread, each element is converted on the consumer's thread when
-        asked for, after the host buffer). Each converted element holds its
-        memory until it is consumed and dropped (for a zero-copy leaf, the
-        batch's own memory). On JAX CPU devices too the second thread is worth
-        keeping, although the conversion is only a view or one copy in C:
-        without it the conversion shares the consumer's thread with the step's
-        dispatch (``benchmarks/bench_grain.py --variants`` times both, end to end
-        into a jitted step).
+        0: no thread, each element converted on the consumer's thread when asked
+        for, after the host buffer); each holds its memory (a zero-copy leaf's: the
+        batch's own) until consumed and dropped. Worth keeping on JAX CPU devices
+        too, although the conversion is only a view or one copy in C: without it,
+        it shares the consumer's thread with the step's dispatch
+        (``benchmarks/bench_grain.py --variants`` times both, into a jitted step).
     copy, fallback, readonly, leaves, narrow
         Passed to :func:`dlinspect.to_jax` for every element: ``copy=False``
         never copies (``CopyRequiredError`` naming the reason and the key path);
@@ -84,11 +78,11 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         other leaf as it was. Iterating it gives grain's ``DatasetIterator``,
         with ``get_state``/``set_state`` as the source's (checkpointing works as
         through grain's ``device_put``); each ``iter()`` is a new epoch. Its
-        ``report`` attribute is a :class:`~dlinspect._core.LoaderReport` counting,
-        per key path, the bytes imported zero-copy and copied by reason, over every
-        element converted (all epochs; ``report.new_epoch()`` starts again), with
-        one ``DLInspectWarning`` where a leaf is copied in every element for a
-        reason the user can remove.
+        ``report`` is a :class:`~dlinspect._core.LoaderReport` of every element
+        converted (all epochs; ``report.new_epoch()`` starts again): per key path,
+        the bytes imported zero-copy and copied by reason, and one
+        ``DLInspectWarning`` where a leaf is copied in every element for a reason
+        the user can remove.
 
     Raises
     ------
@@ -101,9 +95,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         :func:`dlinspect.prefetch_to_jax`); ``device`` is not a device, sharding
         or pytree of them.
     ValueError
-        A buffer size that is not an int >= 0, an invalid ``fallback`` /
-        ``readonly`` / ``leaves`` / ``narrow`` / ``copy``, or both ``device``
-        and ``sharding``.
+        A buffer size that is not an int >= 0, an invalid ``fallback`` / ``readonly`` /
+        ``leaves`` / ``narrow`` / ``copy``, or ``device`` with ``sharding``.
     DLInspectError
         While iterating, at the element where it happened (earlier elements are
         yielded first): what :func:`dlinspect.to_jax` raises for that element
@@ -120,15 +113,14 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
     Notes
     -----
-    Zero-copy: a leaf whose memory JAX can view is not copied: the
-    ``jax.Array`` reads the batch's memory, which it keeps alive (``plan(batch)``
-    says which leaves: ``"zero-copy"``). grain's batches from worker processes
-    (``mp_prefetch``, a ``DataLoader`` with ``worker_count > 0``) are page-aligned
-    shared memory and import zero-copy; ``np.stack`` in this process gives memory
-    that is only 16-byte aligned for sure (``malloc``'s), which XLA:CPU does not
-    view, so those leaves are copied once, in C, into 64-byte aligned memory
-    (where they happen to be 64-byte aligned, viewed). ``jax.device_put`` views
-    the same aligned memory and copies the same unaligned memory.
+    A leaf whose memory JAX can view is not copied: the ``jax.Array`` reads the
+    batch's memory, which it keeps alive (``plan(batch)`` says which leaves:
+    ``"zero-copy"``). grain's batches from worker processes (``mp_prefetch``, a
+    ``DataLoader`` with ``worker_count > 0``) are page-aligned shared memory and
+    import zero-copy; ``np.stack`` in this process gives memory only 16-byte aligned
+    for sure (``malloc``'s), which XLA:CPU does not view, so those leaves are copied
+    once, in C, into 64-byte aligned memory (viewed where they happen to be 64-byte
+    aligned), as ``jax.device_put`` views and copies the same memory.
 
     On a second thread (``device_buffer_size > 0``) the conversion runs under
     JAX's x64 mode as the caller saw it when ``device_put`` was called

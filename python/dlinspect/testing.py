@@ -152,9 +152,8 @@ class FakeProducer:
     counter : DeleterCounter or None
         Shared by every capsule it serves; a new one by default.
     host_align : int
-        The alignment of its host copies' memory, in bytes (a power of two up to 64):
-        64 by default, as torch's and dpnp's are; 16 is malloc's, memory XLA:CPU does
-        not view.
+        The alignment of its host copies' memory, in bytes (a power of two up to 64): 64
+        by default, as torch's and dpnp's; 16 is malloc's, which XLA:CPU does not view.
     host_values : numpy.ndarray or None
         What its host copies hold (``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` and
         ``numpy()``), where it differs from ``array``: a faulty producer whose host copy
