@@ -218,11 +218,11 @@ def stacks(old: str = "") -> str:
 def requirements(old: str = "") -> str:
     """What pyproject.toml declares: Python, the dependency and each extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    out = ["| install | requires |", "| --- | --- |",
-           f"| `pip install dlinspect` | Python {project['requires-python']}, "
+    out = ["| install, in a clone of the repository | requires |", "| --- | --- |",
+           f"| `pip install .` | Python {project['requires-python']}, "
            + ", ".join(f"`{d}`" for d in project["dependencies"]) + " |"]
     for extra, specs in project["optional-dependencies"].items():
-        out.append(f"| `pip install \"dlinspect[{extra}]\"` | "
+        out.append(f"| `pip install \".[{extra}]\"` | "
                    + ", ".join(f"`{s}`" for s in specs) + " |")
     return "\n".join(out) + "\n"
 

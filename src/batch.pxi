@@ -112,7 +112,7 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
             report._pending = []
         raise
     if report is not None:
-        report._end(_batch_keys(parts))
+        report._end(_batch_leaf(parts))
     if where is None:
         return (<_Part>parts[0]).rebuild()
     done = [(<_Part>part).rebuild() for part in parts]
@@ -181,7 +181,7 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                     _raise_route(leaf.route)
                 leaf.rank = _rank(leaf.route)
             if report is not None and leaf.route is None:
-                report._note(part.offset + leaf.index, (<TensorInfo>leaf.info).nbytes, leaf.needs)
+                report._note(part.offset + leaf.index, <TensorInfo>leaf.info, leaf.needs)
             elif report is not None:
                 report._note_route(part.offset + leaf.index, leaf.route, False)
             plan.append(leaf)
@@ -230,7 +230,7 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
             leaf = _new_leaf(i, cap, info, 0, False)
             leaf.part, leaf.split = k, route
             if report is not None:
-                report._note(part.offset + i, (<TensorInfo>info).nbytes, 0)
+                report._note(part.offset + i, <TensorInfo>info, 0)
             plan.append(leaf)
             continue
         if route.problem is not None:
@@ -294,17 +294,16 @@ cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
     return 0
 
 
-cdef object _batch_keys(list parts):
-    """Leaf index (among the batch's) to key path, for a loader's report."""
-    if len(parts) == 1:
-        return (<_Part>parts[0]).keystr
-
-    def keystr(Py_ssize_t i):
+cdef object _batch_leaf(list parts):
+    """Leaf index (among the batch's) to ``(key path, source, result)``, for a loader's
+    report."""
+    def leaf(Py_ssize_t i):
         cdef _Part part
         for part in reversed(parts):
             if i >= part.offset:
-                return part.keystr(i - part.offset)
-    return keystr
+                i -= part.offset
+                return part.keystr(i), part.leaves[i], part.out[i]
+    return leaf
 
 
 # Routes whose execution takes nothing of the caller's (a producer's host copy, NumPy's

@@ -7,6 +7,8 @@ ADVISE_AFTER = 8
 #: Bytes per batch below which a leaf's copy is not worth a warning (it costs less than
 #: the call that makes it).
 ADVISE_MIN_BYTES = 64 * 1024
+# Why a loader copied a leaf it first imported zero-copy (its ``reuse="copy"``).
+cdef str _REUSED = "reused memory"
 
 # Need bits, in the words of the report (one reason per bit a copy can come from).
 cdef tuple _REASONS = (
@@ -57,7 +59,8 @@ cdef class LoaderReport:
     as ``Route.copy_bytes`` counts them): imported zero-copy, or copied for its reasons
     (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"permuted
     order"``, ``"foreign device"``, ``"dtype"``, ``"copy=True"``; several joined with
-    ", " where one copy serves them all). ``prefetch_to_jax`` counts a batch once it is
+    ", " where one copy serves them all; ``"reused memory"``: a zero-copy leaf the loader
+    copied, its source having handed the memory over again, see ``reuse=``). ``prefetch_to_jax`` counts a batch once it is
     handed to the user (batches converted ahead and never asked for do not count), each
     epoch in a report of its own; ``dlinspect.grain.device_put`` counts an element once
     it is converted; a failed batch not at all. ``str(report)`` is a table, :meth:`as_dict`
@@ -83,8 +86,10 @@ cdef class LoaderReport:
 
     cdef public Py_ssize_t batches
     cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
-    cdef list _pending    # (leaf index, bytes, reason or None) of the batch being converted
+    cdef list _pending    # (leaf index, bytes, reason or None, TensorInfo) of the batch
     cdef list _staged     # converted batches' rows (key, bytes, reason), not yet handed over
+    cdef list _last       # the latest converted batch's rows
+    cdef list _views      # the latest converted batch's zero-copy leaves (see _end)
     cdef bint _warned, _at_delivery
 
     def __init__(self, *, bint at_delivery=False):
@@ -98,6 +103,8 @@ cdef class LoaderReport:
         self._leaves = {}
         self._pending = []
         self._staged = []
+        self._last = []
+        self._views = []
 
     def _next_epoch(self):
         """A report for a new epoch of the same loader (the one warning stays given):
@@ -111,35 +118,71 @@ cdef class LoaderReport:
         if self._staged:
             self._count(self._staged.pop(0))
 
-    cdef int _note(self, Py_ssize_t i, int64_t nbytes, uint32_t needs) except -1:
+    cdef int _note(self, Py_ssize_t i, TensorInfo info, uint32_t needs) except -1:
         """A leaf the fast path decided: copied where it needs anything but a view."""
-        self._pending.append((i, nbytes, _copy_reason(needs, False)))
+        self._pending.append((i, info.nbytes, _copy_reason(needs, False), info))
         return 0
 
     cdef int _note_route(self, Py_ssize_t i, Route route, bint forced) except -1:
         """A leaf of the general route: copied where its route copies (``forced``:
         ``copy=True`` was asked for)."""
-        cdef int64_t nbytes = ((<TensorInfo>route.info).nbytes if route.info is not None
-                               else route.copy_bytes)
+        info = route.info
+        cdef int64_t nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
         if not route.copy_bytes:
             reason = None
         elif route.info is None:   # NumPy memory DLPack cannot describe
             reason = "byte order or byte strides"
         else:
             reason = _copy_reason(route._needs, forced) or "sharding"
-        self._pending.append((i, nbytes, reason))
+        self._pending.append((i, nbytes, reason, info))
         return 0
 
-    cdef int _end(self, keys) except -1:
-        """The batch converted: its leaves under ``keys(index)``, counted now or (at
-        delivery) when the loader hands it over."""
-        cdef list rows = [(keys(i), nbytes, reason) for i, nbytes, reason in self._pending]
+    cdef int _end(self, leaf) except -1:
+        """The batch converted (``leaf(index)``: its leaf's key path, source and result):
+        counted now or (at delivery) when the loader hands it over. ``_views``: its
+        zero-copy and read-only leaves, ``(key path, source, result, address space, start,
+        end, zero-copy)`` (bytes; the space 0 for host memory, else ``(device type, id)``),
+        for the loaders' reuse check."""
+        cdef list rows = [], views = []
+        cdef TensorInfo info
+        for i, nbytes, reason, info in self._pending:
+            key, src, out = leaf(i)
+            rows.append((key, nbytes, reason))
+            # (a read-only leaf: a copy, as the loader marks a NumPy array a batch views)
+            if ((reason is None or reason == "read-only") and nbytes and info is not None
+                    and src is not out):
+                start = info._data + info.byte_offset
+                space = (info._dev_type, info.device_id)
+                if _host_accessible(info._dev_type):
+                    space = 0
+                views.append((key, src, out, space, start, start + nbytes, reason is None))
         self._pending = []
+        self._views = views
+        self._last = rows
         if self._at_delivery:
             self._staged.append(rows)
         else:
             self._count(rows)
         return 0
+
+    def _taken_views(self):
+        """The latest batch's zero-copy leaves (see ``_end``), let go of here."""
+        views, self._views = self._views, []
+        return views
+
+    def _reused(self, keys):
+        """The latest batch's zero-copy leaves under ``keys`` copied after all, their
+        memory handed over again (a loader's ``reuse="copy"``): "reused memory"."""
+        cdef list rows = self._last
+        for k, (key, nbytes, reason) in enumerate(rows):
+            if reason is None and key in keys:
+                rows[k] = (key, nbytes, _REUSED)
+                if not self._at_delivery:   # counted already: moved
+                    entry = self._leaves[key]
+                    entry[1] -= nbytes
+                    got = entry[2].setdefault(_REUSED, [0, 0])
+                    got[0] += nbytes
+                    got[1] += 1
 
     cdef int _count(self, list rows) except -1:
         cdef list entry

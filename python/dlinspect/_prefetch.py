@@ -14,8 +14,9 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport, collecting, convert, warn
+from ._core import LoaderReport, collecting, warn
 from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
+from ._reuse import ReuseGuard, check_reuse
 from .errors import DLInspectWarning, SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
@@ -66,6 +67,9 @@ class PrefetchLoader:
         :func:`prefetch_to_jax`, ``thread``).
     options : Options
         The :func:`to_jax` options for every batch, checked once.
+    reuse : str
+        ``"error"`` or ``"copy"``: what a source that reuses memory gets (see
+        :func:`prefetch_to_jax`).
     report : LoaderReport
         Per key path, the bytes the batches handed over in the latest epoch begun
         imported zero-copy and copied, and why (``print(loader.report)``; an epoch
@@ -74,8 +78,9 @@ class PrefetchLoader:
     """
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
-                 options: Options, progress: bool) -> None:
+                 options: Options, progress: bool, reuse: str = "error") -> None:
         self.source = source
+        self.reuse = reuse
         self.size = size
         self.thread = thread
         self.options = options
@@ -108,24 +113,27 @@ class PrefetchLoader:
             self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
         self.report = report = self.report._next_epoch()
+        guard = ReuseGuard(self.reuse, protect=True)
+        it = guard.watch(it)
         if self.thread is False:
-            return _inline(it, bar, self.options, report)
+            return _inline(it, bar, self.options, report, guard)
         from ._jaxcaps import target
         # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
         x64 = bool(target().x64.value)
         if self.thread is None:
-            return _auto(it, self.size, bar, self.options, x64, report)
-        return _prefetch(it, self.size, bar, self.options, x64, report)
+            return _auto(it, self.size, bar, self.options, x64, report, guard)
+        return _prefetch(it, self.size, bar, self.options, x64, report, guard)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
-                f"thread={self.thread}>")
+                f"thread={self.thread}, reuse={self.reuse!r}>")
 
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
                     sharding: Any = None, copy: bool | None = None, fallback: Fallback = "host",
                     readonly: ReadOnly = "copy", leaves: Leaves = "keep", narrow: Narrow = "warn",
-                    thread: bool | None = None, progress: bool = False) -> PrefetchLoader:
+                    thread: bool | None = None, progress: bool = False,
+                    reuse: str = "error") -> PrefetchLoader:
     """A loader yielding each batch of ``iterable`` as JAX arrays, converted ahead.
 
     Parameters
@@ -158,6 +166,14 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     progress : bool
         Show a tqdm progress bar (``pip install tqdm``) per epoch, with a total
         when ``len(iterable)`` exists.
+    reuse : {"error", "copy"}
+        What to do about a source that hands over memory a batch it gave earlier still
+        views zero-copy (a buffer refilled in place): ``"error"`` (the default) raises
+        ``MemoryReuseError``; ``"copy"`` gives one ``DLInspectWarning`` and from then
+        on copies the leaves whose memory came back (``loader.report``: ``"reused
+        memory"``). A NumPy array a live batch views is marked read-only meanwhile
+        (``"error"``), so that a source's write into it fails before any batch changes.
+        See docs/loaders/index.md, "Zero-copy and memory a source reuses".
 
     Returns
     -------
@@ -169,12 +185,16 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     Raises
     ------
     ValueError
-        ``size < 1`` or an invalid ``fallback`` / ``readonly`` / ``leaves``.
+        ``size < 1`` or an invalid ``fallback`` / ``readonly`` / ``leaves`` / ``reuse``.
     ImportError
         ``progress=True`` without tqdm installed.
     SourceExhaustedError
         At ``iter()`` of a loader whose source is an iterator an earlier epoch
         went over (a ``RuntimeError``).
+    MemoryReuseError
+        While iterating, with ``reuse="error"``: the source wrote into, or handed over
+        again, memory a live batch views (a ``BufferError``; names the batches, their
+        key paths and the fix).
     Exception
         While iterating: whatever ``iterable`` or the conversion raised,
         re-raised (same object, same traceback) when the consumer reaches the
@@ -213,7 +233,7 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
     return PrefetchLoader(iterable, size, None if thread is None else bool(thread), opts,
-                          progress)
+                          progress, check_reuse(reuse))
 
 
 def _progress_bar(iterable: Any) -> Any:
@@ -232,7 +252,7 @@ def _progress_bar(iterable: Any) -> Any:
 
 
 def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
-          report: LoaderReport) -> Iterator[Any]:
+          report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
     """The first batches on the consumer's thread, timed; then a worker thread only if
     both sides have work to overlap (see ``_OVERLAP_S``)."""
     load: list[float] = []
@@ -244,7 +264,7 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
             if batch is _END:
                 _close(it, bar)
                 return
-            out = convert(batch, options, None, report)
+            out = guard.convert(batch, options, report)
             del batch
             load.append(time.perf_counter() - start)
             if bar is not None:
@@ -259,8 +279,8 @@ def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
         raise
     threaded = (not _on_cpu(options)
                 and min(statistics.median(load), statistics.median(consume)) > _OVERLAP_S)
-    yield from (_prefetch(it, size, bar, options, x64, report) if threaded
-                else _inline(it, bar, options, report))
+    yield from (_prefetch(it, size, bar, options, x64, report, guard) if threaded
+                else _inline(it, bar, options, report, guard))
 
 
 _END = object()
@@ -285,10 +305,10 @@ def _close(it: Iterator[Any] | None, bar: Any) -> None:
 
 
 def _inline(it: Iterator[Any], bar: Any, options: Options,
-            report: LoaderReport) -> Iterator[Any]:
+            report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
     try:
         for batch in it:
-            out = convert(batch, options, None, report)
+            out = guard.convert(batch, options, report)
             del batch
             if bar is not None:
                 bar.update(1)
@@ -300,7 +320,7 @@ def _inline(it: Iterator[Any], bar: Any, options: Options,
 
 
 def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
-              report: LoaderReport) -> Iterator[Any]:
+              report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
     ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
     stop = threading.Event()
     # Held here: a generator still alive at interpreter exit is finalized after the
@@ -324,7 +344,7 @@ def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: boo
                     # Warnings (x64 narrowing) are kept with the batch and emitted on
                     # the consumer's thread, at the consumer's line.
                     collecting.messages = []
-                    converted = convert(batch, options, None, report)
+                    converted = guard.convert(batch, options, report)
                     if stop.is_set() or not put((_BATCH, (converted, collecting.messages))):
                         return
                     del batch

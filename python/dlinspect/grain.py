@@ -13,9 +13,10 @@ import dataclasses
 import importlib
 from typing import Any
 
-from ._core import LoaderReport, collecting, convert, warn
+from ._core import LoaderReport, collecting, warn
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
 from ._options import options as check_options
+from ._reuse import ReuseGuard, check_reuse
 
 __all__ = ["device_put"]
 
@@ -23,7 +24,7 @@ __all__ = ["device_put"]
 def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
                device_buffer_size: int = 2, copy: bool | None = None,
                fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
-               narrow: Narrow = "warn") -> Any:
+               narrow: Narrow = "warn", reuse: str = "error") -> Any:
     """Put each element of a grain dataset into JAX through :func:`dlinspect.to_jax`, prefetching.
 
     The stage ``grain.experimental.device_put(ds, device, cpu_buffer_size=...,
@@ -68,6 +69,14 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         ``readonly="share"`` views read-only memory; ``leaves="raise"`` refuses
         leaves that are not tensors (grain's string arrays, Python numbers);
         ``narrow="ok"`` narrows 64-bit leaves with x64 off without a warning.
+    reuse : {"error", "copy"}
+        An element whose memory an earlier element still views zero-copy (a source
+        refilling one buffer): ``"error"`` raises ``MemoryReuseError`` at that element
+        (the earlier one may hold its values already); ``"copy"`` warns once and copies
+        those leaves from then on (the report's ``"reused memory"``). grain's own
+        ``.batch()`` and worker processes put each element in new memory. With
+        ``cpu_buffer_size > 0`` such a source runs ahead and refills before an element
+        is converted, so no copy can save it: only a source that allocates per element.
 
     Returns
     -------
@@ -96,11 +105,12 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         or pytree of them.
     ValueError
         A buffer size that is not an int >= 0, an invalid ``fallback`` / ``readonly`` /
-        ``leaves`` / ``narrow`` / ``copy``, or ``device`` with ``sharding``.
+        ``leaves`` / ``narrow`` / ``copy`` / ``reuse``, or ``device`` with ``sharding``.
     DLInspectError
         While iterating, at the element where it happened (earlier elements are
         yielded first): what :func:`dlinspect.to_jax` raises for that element
-        (``CopyRequiredError``, ``ShardingError``, ``ProducerError``...), its
+        (``CopyRequiredError``, ``ShardingError``, ``ProducerError``...) or
+        ``MemoryReuseError`` (see ``reuse``), its
         message starting with the leaf's key path (``['image']``), as
         ``jax.tree_util.keystr`` writes it. Exceptions of ``ds`` itself are
         grain's, re-raised as grain re-raises them.
@@ -145,16 +155,17 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
             raise ValueError(f"{name} must be an int >= 0 (elements buffered), not {size!r}")
     device, sharding = _placement(device, sharding)
     opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    guard = ReuseGuard(check_reuse(reuse), protect=False, what="element")
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
     from ._jaxcaps import target
     tg = target()
     report = LoaderReport()
     if not device_buffer_size:
-        ds = ds.map(_ToJax(opts, None, None, True, tg.cpu_device, report))
+        ds = ds.map(_ToJax(opts, None, None, True, tg.cpu_device, report, guard))
     else:
         ds = ds.map(_ToJax(opts, bool(tg.x64.value), tg.x64_context, False, tg.cpu_device,
-                           report))
+                           report, guard))
         ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(_emit)
     ds.report = report
     return ds
@@ -170,10 +181,10 @@ class _ToJax:
     elsewhere (another JAX device's memory, a ``jax.Array``) is moved there with
     ``jax.device_put``, as ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
 
-    __slots__ = ("context", "emit", "move_to", "options", "report", "x64")
+    __slots__ = ("context", "emit", "guard", "move_to", "options", "report", "x64")
 
     def __init__(self, options: Options, x64: bool | None, context: Any,
-                 emit: bool, cpu_device: Any, report: LoaderReport) -> None:
+                 emit: bool, cpu_device: Any, report: LoaderReport, guard: ReuseGuard) -> None:
         self.move_to = None
         if cpu_device is not None and options.device == cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
@@ -185,6 +196,7 @@ class _ToJax:
         self.context = context
         self.emit = emit
         self.report = report
+        self.guard = guard
 
     def __call__(self, element: Any) -> Any:
         before = getattr(collecting, "messages", None)
@@ -192,10 +204,10 @@ class _ToJax:
         collecting.messages = messages
         try:
             if self.context is None:
-                out = convert(element, self.options, None, self.report)
+                out = self.guard.convert(element, self.options, self.report)
             else:
                 with self.context(self.x64):
-                    out = convert(element, self.options, None, self.report)
+                    out = self.guard.convert(element, self.options, self.report)
         finally:
             collecting.messages = before
         del element

@@ -556,3 +556,35 @@ def test_a_transposing_map_computes_right():
     plain = list(ds)
     for k, got in enumerate(dlinspect.grain.device_put(ds, **quiet())):
         assert_computes_like(got["image"], plain[k]["image"], f"batch {k}")
+
+
+class Refilled:
+    """A map that puts every element into one aligned buffer, refilled in place: a
+    source that reuses its memory."""
+
+    def __init__(self):
+        self.buf = aligned_empty((4, 3, 8, 8), np.float32, 64)
+
+    def __call__(self, b):
+        self.buf[...] = b["image"]
+        return {"image": self.buf, "label": b["label"]}
+
+
+@pytest.mark.parametrize("device_buffer_size", [0, 2])
+def test_a_source_that_refills_one_buffer_never_changes_a_kept_element(device_buffer_size):
+    """Kept elements: either the MemoryReuseError by the second element, or every kept
+    element holds its own values (checked by computation); copy=True keeps them all
+    (with no host buffer: one lets the source run ahead and refill before any copy)."""
+    want = [b["image"].copy() for b in grain.MapDataset.source(Examples(16)).batch(4)]
+    # (the map after to_iter_dataset: a MapDataset's own maps run ahead on threads)
+    ds = grain.MapDataset.source(Examples(16)).batch(4).to_iter_dataset().map(Refilled())
+    kept = []
+    with pytest.raises(dlinspect.MemoryReuseError, match="element 1's leaf \\['image'\\]"):
+        for element in dlinspect.grain.device_put(ds, device_buffer_size=device_buffer_size,
+                                                  cpu_buffer_size=0, narrow="ok"):
+            kept.append(element)
+    assert len(kept) <= 1
+    ds = grain.MapDataset.source(Examples(16)).batch(4).to_iter_dataset().map(Refilled())
+    kept = list(dlinspect.grain.device_put(ds, copy=True, device_buffer_size=device_buffer_size,
+                                           cpu_buffer_size=0, narrow="ok"))
+    assert [float(jax.numpy.sum(k["image"] + 0)) for k in kept] == [float(w.sum()) for w in want]

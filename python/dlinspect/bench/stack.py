@@ -8,10 +8,15 @@ int32}`` (n = 8, 64, 256):
     collate stack      one epoch of a torch DataLoader over 256 examples, batch_size 32,
                        collate_fn=dlinspect.stack (8 batches)
     collate np.stack   the same with a collate_fn that np.stacks each key's column
+    stack + to_jax     the dlinspect.stack epoch, each batch then to_jax
+    default + to_jax   the same DataLoader with torch's default collate (torch tensors),
+                       each batch then to_jax: what a user compares with
+    default + asarray  torch's default collate, each batch then jnp.asarray per leaf
 
 Both statements of a pair take turns in every round (``time_cases``). Targets: stack
-at most 1.10x np.stack for every n, and as a collate_fn at most 1.10x the np.stack
-collate. torch is optional (the collate rows are skipped without it).
+at most 1.10x np.stack for every n, as a collate_fn at most 1.10x the np.stack collate,
+and, with the conversion into JAX, at most 1.0x torch's default collate followed by
+to_jax and by jnp.asarray. torch is optional (the collate rows are skipped without it).
 """
 
 from __future__ import annotations
@@ -57,10 +62,23 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
         data: Any = examples(256)   # (a list is a map-style dataset to DataLoader)
         ns["ours"] = DataLoader(data, batch_size=32, collate_fn=dlinspect.stack)
         ns["theirs"] = DataLoader(data, batch_size=32, collate_fn=np_collate)
+        ns["default"] = DataLoader(data, batch_size=32)
+        ns["to_jax"] = dlinspect.to_jax
+        jax = optional("jax")
         cases += [("collate stack", "for _ in ours: pass", True),
                   ("collate np.stack", "for _ in theirs: pass", True)]
         targets.append((f"stack as a torch collate_fn <= {LIMIT:g}x np.stack's (time per "
                         f"epoch)", "collate stack", "collate np.stack", LIMIT))
+        if jax is not None:
+            ns["asarray"] = lambda b: jax.tree_util.tree_map(jax.numpy.asarray, b)
+            cases += [("stack + to_jax", "for b in ours: to_jax(b)", True),
+                      ("default + to_jax", "for b in default: to_jax(b)", True),
+                      ("default + asarray", "for b in default: asarray(b)", True)]
+            targets += [("stack collate + to_jax <= 1x torch's default collate + to_jax "
+                         "(time per epoch)", "stack + to_jax", "default + to_jax", 1.0),
+                        ("stack collate + to_jax <= 1x torch's default collate + "
+                         "jnp.asarray (time per epoch)", "stack + to_jax", "default + asarray",
+                         1.0)]
     rows, checked = time_cases("stack", cases, ns, repeat, quick, tick, targets)
     return {"title": "stack", "unit": "µs per call", "rows": rows, "repeat": repeat,
             "targets": checked, "notes": ["examples: {'image': 3x32x32 float32, 'label': "
