@@ -219,7 +219,8 @@ def test_benchmark_scripts_are_entry_points():
 
 def test_bench_stack_times_each_size_and_the_collate(tmp_path):
     """The stack suite pairs dlinspect.stack with np.stack for every size (and, with
-    torch, as a DataLoader's collate_fn), each pair judged against its baseline."""
+    torch, as a DataLoader's collate_fn, and with the conversion into JAX against torch's
+    default collate + to_jax and + jnp.asarray), each pair judged against its baseline."""
     proc = cli("bench", "stack", "--quick", "--no-progress", "--json", str(tmp_path / "s.json"))
     assert proc.returncode == 0, proc.stderr
     suite = json.loads((tmp_path / "s.json").read_text())["suites"]["stack"]
@@ -227,5 +228,7 @@ def test_bench_stack_times_each_size_and_the_collate(tmp_path):
     names = {r["name"] for r in suite["rows"]}
     assert {f"stack(e{n})" for n in SIZES} | {f"np.stack(e{n})" for n in SIZES} <= names
     judged = [t for t in suite["targets"] if t["status"] != "SKIP"]
-    assert len(judged) == len(SIZES) + ("collate stack" in names)
+    assert len(judged) == len(SIZES) + ("collate stack" in names) + 2 * ("stack + to_jax" in names)
+    if "collate stack" in names:
+        assert {"stack + to_jax", "default + to_jax", "default + asarray"} <= names
     assert all(t["value"] > 0 for t in judged)

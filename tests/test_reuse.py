@@ -16,7 +16,6 @@ import pytest
 jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
 jnp = jax.numpy
 
-import dlinspect  # noqa: E402
 from dlinspect import DLInspectWarning, MemoryReuseError, prefetch_to_jax  # noqa: E402
 from dlinspect.testing import aligned_empty  # noqa: E402
 

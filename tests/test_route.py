@@ -261,6 +261,12 @@ class TestCopies:
             with pytest.warns(DLInspectWarning) as record:
                 call()
             assert {w.filename for w in record} == {__file__}
+            # the two ways out: 64 bits, or the narrowing asked for, without the warning
+            assert all('jax_enable_x64' in str(w.message) and 'narrow="ok"' in str(w.message)
+                       for w in record)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert to_jax(x, narrow="ok").dtype == np.int32
 
     def test_x64_enabled_keeps_64_bits(self):
         with enable_x64(True):

@@ -171,8 +171,11 @@ def test_what_does_not_stack_says_where():
         stack([{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 1}])
     with pytest.raises(StackError, match=r"^\['b'\]\[1\]: element 1 has shape \(3,\).*\(2,\)"):
         stack([{"a": 0, "b": [0, np.ones(2)]}, {"a": 0, "b": [0, np.ones(3)]}])
-    with pytest.raises(ValueError, match=r"^element 1 has shape \(3,\)"):   # as np.stack
+    with pytest.raises(ValueError, match=r"^element 1 has shape \(3,\) at the examples' top "
+                                         r"level, and element 0 \(2,\)"):   # as np.stack
         stack([np.ones(2), np.ones(3)])   # (a leaf at the top: no key path before it)
+    with pytest.raises(StackError, match=r"^\['b'\]\[1\]: element 1 has shape \(3,\) there"):
+        stack([{"a": 0, "b": [0, np.ones(2)]}, {"a": 0, "b": [0, np.ones(3)]}])
     assert issubclass(StackError, dlinspect.DLInspectError)
 
 

@@ -234,7 +234,8 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
     for k in range(1, len(arrays)):
         if arrays[k].shape != a0.shape:
             raise StackError(
-                f"{_where(first, j)}element {k} has shape {arrays[k].shape} there, and "
+                f"{_where(first, j)}element {k} has shape {arrays[k].shape} {_there(first, j)}, "
+                f"and "
                 f"element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
     dtypes = {a.dtype for a in arrays}
@@ -243,7 +244,8 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
     except (TypeError, ValueError) as exc:
         k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
         raise StackError(
-            f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} there, and element 0 "
+            f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} {_there(first, j)}, "
+            f"and element 0 "
             f"{a0.dtype}, which have no common dtype ({exc}). To fix: give the leaf one dtype "
             f"in every element (x.astype(...)) before batching.") from None
     shape = (len(arrays),) + a0.shape
@@ -287,7 +289,8 @@ def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
         raise StackError(
             f"{_where(first, j)}element {k} has a {type(leaf).__module__}."
-            f"{type(leaf).__qualname__} there, where element 0 has a leaf; a batch stacks "
+            f"{type(leaf).__qualname__} {_there(first, j)}, where element 0 has a leaf; a "
+            f"batch stacks "
             f"leaves position by position, so every element needs the same structure. To "
             f"fix: give every element the same keys and nesting.")
     if is_tensor(leaf):
@@ -313,6 +316,12 @@ def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray
 def _where(first: _tree.Flat | None, j: int) -> str:
     path = first.keystr(j) if first is not None else ""
     return f"{path}: " if path else ""
+
+
+def _there(first: _tree.Flat | None, j: int) -> str:
+    """Where the leaf is, after its key path led the message: "there", or, for examples
+    that are leaves themselves, their top level."""
+    return "there" if first is not None and first.keystr(j) else "at the examples' top level"
 
 
 def _pinned_allocator() -> Callable[..., Any]:

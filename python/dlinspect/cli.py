@@ -27,8 +27,9 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def doctor_report() -> dict[str, Any]:
-    """Everything ``dlinspect doctor`` prints, as a JSON-able dict.
+def doctor_report(producers: bool = True) -> dict[str, Any]:
+    """Everything ``dlinspect doctor`` prints, as a JSON-able dict (``producers=False``:
+    without the producers' probes, which take a few seconds).
 
     Keys: ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
     ``direct_reason``, ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``:
@@ -80,11 +81,12 @@ def doctor_report() -> dict[str, Any]:
             row.update(route=route.kind, reason=route.reason)
         rows.append(row)
     report["device_types"] = rows
-    report["producers"] = producers_report()
+    if producers:
+        report["producers"] = producers_report()
     return report
 
 
-def producers_report() -> dict[str, Any]:
+def producers_report(each: Any = None) -> dict[str, Any]:
     """Per DLPack producer importable here: its tensor type, the DLPack C exchange API
     version it offers, and which of ``__dlpack__``'s keywords it takes.
 
@@ -92,6 +94,7 @@ def producers_report() -> dict[str, Any]:
     another: paddlepaddle after tensorflow crashes). Values: ``{"type", "exchange_api",
     "max_version", "dl_device", "copy"}`` (True, False or None where the signature is
     not readable), or ``{"error": ...}``; producers not installed are left out.
+    ``each(module, row)``, where given, is called as each probe ends.
     """
     import subprocess
 
@@ -109,6 +112,8 @@ def producers_report() -> dict[str, Any]:
                            else {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]})
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
             out[module] = {"error": f"{type(exc).__name__}: {exc}"}
+        if each is not None:
+            each(module, out[module])
     return out
 
 
@@ -152,16 +157,19 @@ def _print_doctor(r: dict[str, Any]) -> None:
     width = max(len(row["name"]) for row in r["device_types"])
     for row in r["device_types"]:
         print(f"  {row['name']:<{width}} ({row['value']:>2})  {row['route']:<13} {row['reason']}")
-    print("\nDLPack producers here (each in its own process): C exchange API, __dlpack__ keywords")
-    for name, row in r["producers"].items():
-        if "error" in row:
-            print(f"  {name}: cannot be imported here ({row['error']})")
-            continue
-        api = row["exchange_api"]
-        words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"]
-        for key in ("max_version", "dl_device", "copy"):
-            words.append(f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}")
-        print(f"  {row['type']}: " + ", ".join(words))
+    print("\nDLPack producers here (each in its own process): C exchange API, __dlpack__ keywords",
+          flush=True)
+
+
+def _print_producer(name: str, row: dict[str, Any]) -> None:
+    if "error" in row:
+        print(f"  {name}: cannot be imported here ({row['error']})", flush=True)
+        return
+    api = row["exchange_api"]
+    words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"]
+    for key in ("max_version", "dl_device", "copy"):
+        words.append(f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}")
+    print(f"  {row['type']}: " + ", ".join(words), flush=True)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -174,6 +182,10 @@ def _inspect(args: argparse.Namespace) -> int:
     try:
         x = _load_subject(args, np, dlinspect)
     except Exception as exc:  # the user's file or expression: report it, no traceback
+        if args.path is not None and not _is_npy(args.path):
+            return _fail(f"inspect: {args.path} is not a .npy file (it does not start with "
+                         f"NumPy's magic string \\x93NUMPY); give a file np.save wrote, or "
+                         f"--expr EXPRESSION")
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not dlinspect._core.is_tensor(x):
@@ -195,6 +207,14 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_ERROR_ROUTE
     print(dlinspect.explain(x, args.target, **options))
     return EXIT_ERROR_ROUTE if route.kind == "error" else 0
+
+
+def _is_npy(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:
+        return True   # (not readable: np.load's own words say why)
 
 
 def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
@@ -288,7 +308,11 @@ def _parser() -> argparse.ArgumentParser:
     from dlinspect import __version__
     parser.add_argument("--version", action="version", version=f"dlinspect {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="what this installation can do")
+    p = sub.add_parser("doctor", help="what this installation can do",
+                       description="Print what this installation can do: versions, JAX's "
+                                   "platforms and devices, how dlinspect imports into JAX, the "
+                                   "route of a tensor from each DLDeviceType, and each "
+                                   "installed DLPack producer (probed in its own process).")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p = sub.add_parser(
         "inspect", help="explain the route of a .npy file or an expression",
@@ -306,7 +330,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="for devices this JAX has no backend for: through host memory, or an error")
     p.add_argument("--readonly", choices=("copy", "share"), default="copy",
                    help="read-only memory: copy it (default) or import it without a copy")
-    p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack")
+    p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack",
+                       description="Time dlinspect against plain from_dlpack, jax.device_put, "
+                                   "jnp.asarray and NumPy's own copy, and check each target "
+                                   "(a ratio against a baseline measured in the same run).")
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help="suites to run (default: peek, to_jax, sweep, loader); also "
                         "instructions, copies, stack")
@@ -348,11 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "doctor":
-            report = doctor_report()
             if args.json:
-                print(json.dumps(report, indent=2))
-            else:
-                _print_doctor(report)
+                print(json.dumps(doctor_report(), indent=2))
+            else:   # each part as soon as it is known
+                _print_doctor(doctor_report(producers=False))
+                producers_report(_print_producer)
             return 0
         if args.command == "inspect":
             return _inspect(args)
