@@ -32,12 +32,12 @@ def check_reuse(reuse: Any) -> str:
 class _Span:
     """Memory a live zero-copy leaf views: ``[start, end)`` bytes of one address space."""
 
-    __slots__ = ("batch", "end", "key", "ref", "source", "start", "version")
+    __slots__ = ("batch", "end", "key", "protected", "ref", "source", "start", "version")
 
     def __init__(self, start: int, end: int, batch: int, key: str, ref: Any,
-                 source: Any) -> None:
+                 source: Any, protected: bool) -> None:
         self.start, self.end, self.batch, self.key, self.ref = start, end, batch, key, ref
-        self.source = source
+        self.source, self.protected = source, protected
         self.version = getattr(source, "_version", None)   # torch's in-place write counter
 
     def unchanged(self, source: Any) -> bool:
@@ -59,7 +59,7 @@ class ReuseGuard:
     marked read-only while JAX views it (writable again when the view dies), so that a
     source's refill through it fails in the source instead of changing a batch."""
 
-    __slots__ = ("__weakref__", "_copying", "_dead", "_guarded", "_longest", "_spans", "_warned",
+    __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_self", "_spans", "_starts", "_warned",
                  "batches", "mode", "protect", "what")
 
     def __init__(self, mode: str, protect: bool, what: str = "batch") -> None:
@@ -68,11 +68,12 @@ class ReuseGuard:
         self.what = what           # (grain's stage: "element")
         self.batches = 0
         self._spans: dict[Any, list[_Span]] = {}
-        self._longest: dict[Any, int] = {}   # per space, the longest span's bytes
+        self._starts: dict[Any, list[int]] = {}   # per space, the spans' starts (sorted)
+        self._longest: dict[Any, int] = {}        # per space, the longest span's bytes
         self._dead = False
         self._copying: set[str] = set()   # (reuse="copy") key paths copied from now on
         self._warned = False
-        self._guarded = 0                 # NumPy arrays marked read-only and still viewed
+        self._self = weakref.ref(self)
 
     def convert(self, batch: Any, options: Options, report: LoaderReport) -> Any:
         """``convert`` of one batch, then its zero-copy leaves checked against the memory
@@ -103,7 +104,9 @@ class ReuseGuard:
         try:
             yield from it
         except ValueError as exc:
-            if not self._guarded or "read-only" not in str(exc):
+            if "read-only" not in str(exc) or not any(
+                    span.protected and span.ref() is not None
+                    for spans in self._spans.values() for span in spans):
                 raise
             live = sorted({span.name(self.what) for spans in self._spans.values() for span in spans
                            if span.ref() is not None}, key=lambda n: (len(n), n))
@@ -120,9 +123,10 @@ class ReuseGuard:
         live = self._spans.get(space)
         if not live:
             return None
+        starts = self._starts[space]
         reach = start - self._longest[space]   # a span starting before this ends by start
-        j = bisect.bisect_left(live, end, key=_start) - 1
-        while j >= 0 and live[j].start > reach:
+        j = bisect.bisect_left(starts, end) - 1
+        while j >= 0 and starts[j] > reach:
             span = live[j]
             if start < span.end and span.ref() is not None and not span.unchanged(src):
                 return span
@@ -130,22 +134,24 @@ class ReuseGuard:
         return None
 
     def _add(self, key: str, src: Any, arr: Any, space: Any, start: int, end: int) -> None:
-        ref = weakref.ref(arr, self._died)
-        self._longest[space] = max(self._longest.get(space, 0), end - start)
-        bisect.insort(self._spans.setdefault(space, []),
-                      _Span(start, end, self.batches, key, ref, src), key=_start)
-        if (self.protect and type(src).__module__ == "numpy" and src.flags.writeable):
+        protect = (self.protect and type(src).__module__ == "numpy" and src.flags.writeable)
+        ref = weakref.ref(arr, _gone)
+        _WATCHED[id(ref)] = (ref, self._self, src if protect else None)
+        if space not in self._spans:
+            self._spans[space], self._starts[space], self._longest[space] = [], [], 0
+        starts = self._starts[space]
+        k = bisect.bisect_right(starts, start)
+        starts.insert(k, start)
+        self._spans[space].insert(k, _Span(start, end, self.batches, key, ref, src, protect))
+        self._longest[space] = max(self._longest[space], end - start)
+        if protect:
             src.flags.writeable = False
-            self._guarded += 1
-            weakref.finalize(arr, _restore, src, weakref.ref(self))
-
-    def _died(self, _: Any) -> None:
-        self._dead = True
 
     def _purge(self) -> None:
         self._dead = False
         for space, live in self._spans.items():
-            self._spans[space] = [span for span in live if span.ref() is not None]
+            live = self._spans[space] = [span for span in live if span.ref() is not None]
+            self._starts[space] = [span.start for span in live]
 
     def _reused(self, out: Any, again: dict[str, tuple[Any, Any]], report: LoaderReport) -> Any:
         """Leaves whose memory a live leaf views (or that came back once before, with
@@ -194,16 +200,20 @@ def _sealed(arr: Any) -> bool:
     return True
 
 
-def _start(span: _Span) -> int:
-    return span.start
+# Every live zero-copy leaf a guard watches: id(weakref) -> (the weakref, a weakref to
+# its guard, the NumPy array marked read-only for it or None). Module-level, so that an
+# array outliving its loader's epoch still has its source made writable when it dies.
+_WATCHED: dict[int, tuple[Any, Any, Any]] = {}
 
 
-def _restore(src: Any, guard: Any) -> None:
-    """A NumPy source array no batch views any more: writable again."""
-    try:
-        src.flags.writeable = True
-    except ValueError:   # (its base was made read-only since: it stays so)
-        pass
-    owner = guard()
+def _gone(ref: Any) -> None:
+    """A watched leaf died: its guard told, its NumPy source writable again."""
+    _, guard, src = _WATCHED.pop(id(ref), (None, None, None))
+    owner = guard() if guard is not None else None
     if owner is not None:
-        owner._guarded -= 1
+        owner._dead = True
+    if src is not None:
+        try:
+            src.flags.writeable = True
+        except ValueError:   # (its base was made read-only since: it stays so)
+            pass
