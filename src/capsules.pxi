@@ -223,14 +223,6 @@ cdef tuple _numpy_form(object arr):
     return (NP_EXACT, None)
 
 
-def numpy_form(arr):
-    """How DLPack can describe NumPy array ``arr`` (see ``NumpyForm``): ``(form, why)``,
-    ``form`` one of ``"exact"``, ``"copy"``, ``"not-numeric"``, ``"no-code"``; ``why`` in
-    words (None for ``"exact"``)."""
-    form, why = _numpy_form(arr)
-    return (("exact", "copy", "not-numeric", "no-code")[form], why)
-
-
 cdef str _type_name(object obj):
     tp = type(obj)
     return f"{tp.__module__}.{tp.__qualname__}"
@@ -265,7 +257,7 @@ def capsule_of(arr, bint read_only=False):
     """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it) on
     ``(kDLCPU, 0)``, owning the view until a consumer renames it; ``read_only`` sets the
     READ_ONLY flag. ValueError (saying why) where DLPack cannot describe ``arr`` exactly
-    (:func:`numpy_form`); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
+    (``_numpy_form``); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
     described (sub-byte ones, one element per byte, flagged IS_SUBBYTE_TYPE_PADDED)."""
     form, why = _numpy_form(arr)
     if form != NP_EXACT:
