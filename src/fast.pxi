@@ -4,21 +4,6 @@
 # with the same export and the same answer. Options arrive as one flags value (the bits of
 # dlinspect._options.Options.flags).
 
-def to_jax_fast(x, JaxTarget tg, int flags=0):
-    """The fast path of one tensor (``_fast_one``), for tests: the array; else ``(capsule,
-    TensorInfo, needs)`` for the general route, the capsule unconsumed; None for a
-    ``jax.Array`` in another layout than row-major. ``flags``: ``Options.flags``."""
-    return _fast_one(x, tg, flags)
-
-
-def to_jax_many(list leaves, JaxTarget tg, int flags=0):
-    """The fast path's decision for every leaf of a batch (``_fast_many``), for tests:
-    ``(out, [(index, capsule, TensorInfo, needs, fast)])``; nothing is imported or taken."""
-    out, decided = _fast_many(leaves, tg, flags)
-    cdef _Leaf leaf
-    return out, [(leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast) for leaf in decided]
-
-
 @cython.final
 cdef class _Leaf:
     """One tensor leaf of a batch's plan (src/batch.pxi): what the decision found, and,
@@ -164,7 +149,10 @@ cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 
-cdef object _fast_one(object x, JaxTarget tg, int flags):
+cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0):
+    """The fast path of one tensor: the array; else ``(capsule, TensorInfo, needs)`` for the
+    general route, the capsule unconsumed; None for a ``jax.Array`` in another layout than
+    row-major. ``flags``: ``Options.flags``."""
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
