@@ -187,14 +187,9 @@ TYPES_MAX = 256
 cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
 
 
-def _types_len():
-    """How many types the per-type table holds now (for tests)."""
-    return len(_types)
-
-
-def _forget_types():
-    """Empty the per-type table (tests change what a type offers)."""
-    _types.clear()
+def _types_table():
+    """The per-type table itself (for tests: its size; emptied where a type changes)."""
+    return _types
 
 
 cdef object _producer_row(object tp):
