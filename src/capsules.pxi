@@ -368,10 +368,17 @@ cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
     free(dlm)
 
 
-cdef object _legacy_from_versioned(object cap):
-    """A zero-copy "dltensor" capsule over "dltensor_versioned" ``cap``, which it consumes
-    (renamed ``used_dltensor_versioned``): its deleter calls the versioned one exactly
-    once. Undone by ``_restore_versioned`` while the new capsule is unconsumed."""
+cpdef object import_capsule(object import_fn, object cap, object device, object stream,
+                            object copy, int dl_device_type):
+    """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
+    zero-copy "dltensor" adapter, which consumes it (renamed ``used_dltensor_versioned``: the
+    adapter's deleter calls the versioned one exactly once). jaxlib renames a capsule only on
+    success: on failure ``cap`` gets its name back and owns the tensor again, and the
+    unconsumed adapter frees only itself."""
+    if PyCapsule_IsValid(cap, LEGACY):
+        return import_fn(cap, device, stream, copy, dl_device_type)
+    if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
@@ -380,46 +387,20 @@ cdef object _legacy_from_versioned(object cap):
     dlm.manager_ctx = dlm_ver
     dlm.deleter = _adapter_deleter
     try:
-        out = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
+        legacy = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
     except BaseException:
         free(dlm)
         raise
     PyCapsule_SetName(cap, VERSIONED_USED)
-    return out
-
-
-cdef void _restore_versioned(object adapter, object original) noexcept:
-    """Undo ``_legacy_from_versioned`` after a failed import: ``original`` gets its
-    name back and owns the tensor again; the (unconsumed) adapter frees only itself."""
-    if not PyCapsule_IsValid(adapter, LEGACY) or not PyCapsule_IsValid(original, VERSIONED_USED):
-        return
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>PyCapsule_GetPointer(adapter, LEGACY)
-    if dlm.deleter != _adapter_deleter:
-        return
-    dlm.manager_ctx = NULL
-    dlm.deleter = _free_only_deleter
-    PyCapsule_SetName(original, VERSIONED)
-
-
-cdef object _import_legacy(object import_fn, object cap, object device, object stream,
-                           object copy, int dl_device_type):
-    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter): jaxlib
-    renames it only on success; on failure a versioned ``cap`` gets its name back."""
-    if PyCapsule_IsValid(cap, LEGACY):
-        return import_fn(cap, device, stream, copy, dl_device_type)
-    if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
-    legacy = _legacy_from_versioned(cap)
     try:
         return import_fn(legacy, device, stream, copy, dl_device_type)
     except BaseException:
-        _restore_versioned(legacy, cap)
+        if (PyCapsule_IsValid(legacy, LEGACY) and PyCapsule_IsValid(cap, VERSIONED_USED)
+                and dlm.deleter == _adapter_deleter):   # the adapter unconsumed: undone
+            dlm.manager_ctx = NULL
+            dlm.deleter = _free_only_deleter
+            PyCapsule_SetName(cap, VERSIONED)
         raise
-
-
-def import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
-    """``_import_legacy``, for dlinspect's probes of what JAX takes."""
-    return _import_legacy(import_fn, cap, device, stream, copy, dl_device_type)
 
 
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------

@@ -109,7 +109,7 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
                                                                 route.info.device_id)
-    arr = _import_legacy(tg.import_fn, cap, route.import_device, stream, route.import_copy,
+    arr = import_capsule(tg.import_fn, cap, route.import_device, stream, route.import_copy,
                          route.import_type)
     if route.facts["relayout"]:   # device memory in a permuted order: made row-major there
         arr = arr.copy()

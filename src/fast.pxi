@@ -124,13 +124,13 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
         if info._dev_type == kDLCPU and info.device_id == 0:
             if _viewable_by_put(info, tg):
                 return _put_view(tg, cap, x, info, tg.cpu_device)
-            arr = _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+            arr = import_capsule(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
         else:
             # The consumer's stream, as the export asked the producer (array API
             # __dlpack__): none for a bare capsule, whose producer was never asked.
             stream = (None if PyCapsule_CheckExact(x)
                       else tg.stream_for(info._dev_type, info.device_id))
-            arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
+            arr = import_capsule(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
                                  stream, None, info._dev_type)
         return tg.uncommit(arr)
     if out is None:
@@ -196,7 +196,7 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
             part, n = parts[i]
             if n & ~NEED_VIA_CPU == 0:
                 arrays.append(_view_of(owner, part, writeable) if by_put else
-                              _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
+                              import_capsule(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))
             else:
                 copy = _aligned_array(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)

@@ -175,7 +175,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
         return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device],
                       committed)
     if view:
-        out = _import_legacy(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
+        out = import_capsule(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
                              device, None, None, kDLCPU)
     else:
         out = tg.jax.device_put(arr, device)
