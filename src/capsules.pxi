@@ -95,16 +95,33 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
-    cdef DLTensor* t = NULL
-    cdef void* managed = NULL
+    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+    cdef void* managed = NULL   # a zeroed DLManagedTensorVersioned (or legacy DLManagedTensor)
+    cdef DLManagedTensorVersioned* dlm_ver
+    cdef DLManagedTensor* dlm
+    cdef DLTensor* t
     cdef void* ptr = NULL
     if ctx == NULL:
         raise MemoryError()
     memset(ctx, 0, sizeof(_FactoryCtx))
     try:
         nd = _fill_factory_ctx(ctx, data, address, shape, ndim, strides, counter)
-        managed = _factory_managed(ctx, versioned, version_major, version_minor, flags,
-                                   null_deleter, &t)
+        managed = malloc(size)
+        if managed == NULL:
+            raise MemoryError()
+        memset(managed, 0, size)
+        dlm_ver, dlm = <DLManagedTensorVersioned*>managed, <DLManagedTensor*>managed
+        if versioned:
+            dlm_ver.version = DLPackVersion(version_major, version_minor)
+            dlm_ver.flags, dlm_ver.manager_ctx = flags, ctx
+            if not null_deleter:
+                dlm_ver.deleter = _factory_deleter_ver
+            t = &dlm_ver.dl_tensor
+        else:
+            dlm.manager_ctx = ctx
+            if not null_deleter:
+                dlm.deleter = _factory_deleter
+            t = &dlm.dl_tensor
         if address is not None:
             ptr = <void*><uintptr_t>address
         elif ctx.has_view:
@@ -146,33 +163,6 @@ cdef int32_t _fill_factory_ctx(_FactoryCtx* ctx, data, address, shape, ndim, str
         Py_INCREF(counter)
         ctx.counter = <PyObject*>counter
     return nd
-
-
-cdef void* _factory_managed(_FactoryCtx* ctx, bint versioned, int version_major,
-                            int version_minor, uint64_t flags, bint null_deleter,
-                            DLTensor** t) except NULL:
-    """A new zeroed ``DLManagedTensorVersioned`` (or legacy ``DLManagedTensor``) owned by
-    ``ctx``; ``*t`` points at its DLTensor."""
-    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
-    cdef void* block = malloc(size)
-    if block == NULL:
-        raise MemoryError()
-    memset(block, 0, size)
-    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
-    if versioned:
-        dlm_ver.version = DLPackVersion(version_major, version_minor)
-        dlm_ver.flags = flags
-        dlm_ver.manager_ctx = ctx
-        if not null_deleter:
-            dlm_ver.deleter = _factory_deleter_ver
-        t[0] = &dlm_ver.dl_tensor
-        return dlm_ver
-    dlm.manager_ctx = ctx
-    if not null_deleter:
-        dlm.deleter = _factory_deleter
-    t[0] = &dlm.dl_tensor
-    return dlm
 
 
 #: make_capsule backs a forged ndim with at most this many shape/stride entries.
@@ -311,15 +301,11 @@ def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits,
     """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
     alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
     layout, another device type). ``shape`` and ``strides`` in elements."""
-    cdef int64_t dims[_MAX_NDIM], steps[_MAX_NDIM]
-    cdef int32_t i, ndim = len(shape)
-    if ndim > _MAX_NDIM or len(strides) != ndim:
+    if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise ValueError("shape and strides of one length, at most MAX_NDIM")
-    for i in range(ndim):
-        dims[i] = shape[i]
-        steps[i] = strides[i]
-    return _view_capsule(owner, <void*>address, ndim, dims, steps, code, bits, lanes, flags,
-                         device_type, device_id)
+    return _make_capsule(owner, address, shape, None, strides, code, bits, lanes, device_type,
+                         device_id, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
+                         flags, None, None, False)
 
 
 cdef void _view_deleter(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
