@@ -392,45 +392,19 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:
-    """Owns one consumed DLPack tensor (its deleter runs when this object dies), viewed by
-    ``numpy.asarray`` through ``__array_interface__``: unsigned integers of one lane's size
-    (for ``.view()`` as the real dtype), a vector dtype's lanes a trailing axis."""
+    """Owns one consumed DLPack tensor (its deleter runs when this object dies): the base
+    of the NumPy arrays over its memory (put.pxi, ``_ndarray``)."""
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
-    cdef readonly TensorInfo info
-    cdef readonly bint read_only
 
     def __dealloc__(self):
         _delete(self.dlm, self.dlm_ver)
 
-    @property
-    def __array_interface__(self):
-        cdef TensorInfo info = self.info
-        cdef int64_t lane = (info._bits + 7) // 8 if info._lanes > 1 else info._itemsize()
-        # An extent-1 dimension may carry any stride (DLPack allows it); NumPy
-        # never steps along it, so 0 keeps the interface within its int64 range.
-        strides = [0 if info._shape[i] <= 1 else info._strides[i] * info._itemsize()
-                   for i in range(info.ndim)]
-        shape = list(info.shape)
-        if info._lanes > 1:
-            shape.append(info._lanes)
-            strides.append(lane)
-        return {
-            "version": 3,
-            "shape": tuple(shape),
-            "typestr": f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}",
-            "data": (info._ptr(), bool(self.read_only)),
-            "strides": tuple(strides),
-        }
 
-
-def take(cap, bint read_only, TensorInfo info=None):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); ``info``:
-    its header as the export read it (not read again), None to read it."""
+def take(cap):
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
-    owner.info = _peek_capsule(cap) if info is None else info
-    owner.read_only = read_only
     if name != NULL and strcmp(name, VERSIONED) == 0:
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         PyCapsule_SetName(cap, VERSIONED_USED)
@@ -452,22 +426,6 @@ cdef int _untake(HostOwner owner, object cap) except -1:
         owner.dlm = NULL
         PyCapsule_SetName(cap, LEGACY)
     return 0
-
-
-cdef class ByteView:
-    """A read-only ``uint8`` NumPy-compatible view of the first ``nbytes`` of an
-    owner's data (packed sub-byte tensors are unpacked from it)."""
-    cdef readonly HostOwner owner
-    cdef Py_ssize_t nbytes
-
-    def __cinit__(self, HostOwner owner, Py_ssize_t nbytes):
-        self.owner = owner
-        self.nbytes = nbytes
-
-    @property
-    def __array_interface__(self):
-        return {"version": 3, "shape": (self.nbytes,), "typestr": "|u1",
-                "data": (self.owner.info._ptr(), True)}
 
 
 # ---- aligned memory, and aligned copies made without the GIL -----------------

@@ -189,7 +189,7 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
             dst_key = tg.narrow[info._key()][0]
         if n & ~NEED_VIA_CPU == 0 and not _viewable_by_put(part, tg):
             by_put = False
-    owner = take(cap, info.read_only is True, info)
+    owner = take(cap)
     cdef bint writeable = info.read_only is not True
     try:
         for i in range(len(parts)):
@@ -324,7 +324,7 @@ cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget t
     cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
     cdef bint writeable = info.read_only is not True
     cdef TensorInfo part
-    owner = take(cap, not writeable, info)
+    owner = take(cap)
     try:
         arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
                            part._strides, part._bits // 8, s.descr, writeable)

@@ -85,7 +85,7 @@ cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, d
     ``device``: ``cap`` is taken first, then read (never before: another thread that took
     it would free it mid-copy), then the copy is put. The producer's deleter runs right
     after; a failed copy or put gives ``cap`` back unconsumed."""
-    owner = take(cap, True, info)
+    owner = take(cap)
     try:
         _fill(out, info)
         arr = _put_host(tg, out, device, committed)
@@ -191,7 +191,7 @@ cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, devic
     aval = tg.aval(info.ndim, info._shape, descr)
     if type(x) is _np_ndarray:
         return tg.put(aval, tg.single(device), [x], [device], False)
-    owner = take(cap, info.read_only is True, info)
+    owner = take(cap)
     try:
         return tg.put(aval, tg.single(device), [_view_of(owner, info, info.read_only is not True)],
                       [device], False)
