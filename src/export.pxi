@@ -182,14 +182,10 @@ cdef class _TypeEntry:
     cdef object into               # how the producer copies into given host memory, or None
 
 cdef dict _types = {}
+_TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
 #: Most types remembered at once; past it the table starts again (types made in a loop).
 TYPES_MAX = 256
 cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
-
-
-def _types_table():
-    """The per-type table itself (for tests: its size; emptied where a type changes)."""
-    return _types
 
 
 cdef object _producer_row(object tp):
