@@ -220,13 +220,14 @@ cdef str _type_name(object obj):
 
 cdef object _numpy_error(object x, int form, str why):
     """The error for NumPy array ``x`` that DLPack cannot describe exactly."""
+    what = f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
     if form == NP_NOT_NUMERIC:
         return NotNumericError(
-            f"{_describe_ndarray(x)} is not a numeric tensor: {why}. Inside a batch it is a "
+            f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
             f"leaf kept as it is (leaves='keep').")
     if form == NP_COPY:
         exc = NotDescribableError(
-            f"{_describe_ndarray(x)} cannot be described by DLPack: {why}, so NumPy refused "
+            f"{what} cannot be described by DLPack: {why}, so NumPy refused "
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
             f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
@@ -234,13 +235,9 @@ cdef object _numpy_error(object x, int form, str why):
         exc.why = why
         return exc
     return UnsupportedDTypeError(
-        f"{_describe_ndarray(x)} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+        f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
         f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
         f"x.astype(numpy.float32).")
-
-
-cdef str _describe_ndarray(object x):
-    return f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
 
 
 def capsule_of(arr, bint read_only=False):

@@ -139,9 +139,8 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     if info._lanes != 1 or info._bits % 8:
         dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
         return _allocate(info._host_shape(), dtype, tg.copy_align, info)
-    if narrow is None:
-        return _aligned_array(info, info._code, info._bits, tg.copy_align)
-    return _aligned_array(info, narrow[2], narrow[3], tg.copy_align)
+    code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
+    return _aligned_array(info, code, bits, tg.copy_align)
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
