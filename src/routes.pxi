@@ -278,7 +278,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
                     astype=_producer_row(type(source)).astype)
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.device_for(info._dev_type, info.device_id) or tg.cpu_device
+        dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     host = _host_accessible(info._dev_type)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
@@ -328,7 +328,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
     """``(src, dest)``: the JAX device that imports the memory (host memory bound for a CPU
     device: that one, which views it as it is) and the one the array ends on (``device``)."""
-    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info.device_id)
+    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
         src = device
@@ -348,8 +348,8 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
     it does, and whether the caller hears of it (``narrow="warn"``); else None."""
     if not needs & NEED_NARROW:
         return None
-    ncode, nbits, _ = tg.narrowing(code, bits)
-    return (code, bits, ncode, nbits, opts.narrow == "warn")
+    cdef int key = tg.narrow[code | (bits << 8)][0]   # (code | bits << 8 of the narrow dtype)
+    return (code, bits, key & 0xFF, key >> 8, opts.narrow == "warn")
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
@@ -362,7 +362,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts)
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
     dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
-                           else tg.device_for(info._dev_type, info.device_id))
+                           else tg.devices.get((info._dev_type, info.device_id)))
     return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, refusal=refusal)
 
