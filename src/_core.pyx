@@ -20,8 +20,7 @@ from libc.string cimport strcmp, memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
-from cpython.buffer cimport (
-    PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE)
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS
 from cpython.slice cimport PySlice_AdjustIndices, PySlice_Check, PySlice_Unpack
 from cpython.pycapsule cimport (
     PyCapsule_CheckExact, PyCapsule_GetName, PyCapsule_GetPointer, PyCapsule_IsValid,

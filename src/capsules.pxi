@@ -95,16 +95,33 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
-    cdef DLTensor* t = NULL
-    cdef void* managed = NULL
+    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+    cdef void* managed = NULL   # a zeroed DLManagedTensorVersioned (or legacy DLManagedTensor)
+    cdef DLManagedTensorVersioned* dlm_ver
+    cdef DLManagedTensor* dlm
+    cdef DLTensor* t
     cdef void* ptr = NULL
     if ctx == NULL:
         raise MemoryError()
     memset(ctx, 0, sizeof(_FactoryCtx))
     try:
         nd = _fill_factory_ctx(ctx, data, address, shape, ndim, strides, counter)
-        managed = _factory_managed(ctx, versioned, version_major, version_minor, flags,
-                                   null_deleter, &t)
+        managed = malloc(size)
+        if managed == NULL:
+            raise MemoryError()
+        memset(managed, 0, size)
+        dlm_ver, dlm = <DLManagedTensorVersioned*>managed, <DLManagedTensor*>managed
+        if versioned:
+            dlm_ver.version = DLPackVersion(version_major, version_minor)
+            dlm_ver.flags, dlm_ver.manager_ctx = flags, ctx
+            if not null_deleter:
+                dlm_ver.deleter = _factory_deleter_ver
+            t = &dlm_ver.dl_tensor
+        else:
+            dlm.manager_ctx = ctx
+            if not null_deleter:
+                dlm.deleter = _factory_deleter
+            t = &dlm.dl_tensor
         if address is not None:
             ptr = <void*><uintptr_t>address
         elif ctx.has_view:
@@ -146,33 +163,6 @@ cdef int32_t _fill_factory_ctx(_FactoryCtx* ctx, data, address, shape, ndim, str
         Py_INCREF(counter)
         ctx.counter = <PyObject*>counter
     return nd
-
-
-cdef void* _factory_managed(_FactoryCtx* ctx, bint versioned, int version_major,
-                            int version_minor, uint64_t flags, bint null_deleter,
-                            DLTensor** t) except NULL:
-    """A new zeroed ``DLManagedTensorVersioned`` (or legacy ``DLManagedTensor``) owned by
-    ``ctx``; ``*t`` points at its DLTensor."""
-    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
-    cdef void* block = malloc(size)
-    if block == NULL:
-        raise MemoryError()
-    memset(block, 0, size)
-    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
-    if versioned:
-        dlm_ver.version = DLPackVersion(version_major, version_minor)
-        dlm_ver.flags = flags
-        dlm_ver.manager_ctx = ctx
-        if not null_deleter:
-            dlm_ver.deleter = _factory_deleter_ver
-        t[0] = &dlm_ver.dl_tensor
-        return dlm_ver
-    dlm.manager_ctx = ctx
-    if not null_deleter:
-        dlm.deleter = _factory_deleter
-    t[0] = &dlm.dl_tensor
-    return dlm
 
 
 #: make_capsule backs a forged ndim with at most this many shape/stride entries.
@@ -223,14 +213,6 @@ cdef tuple _numpy_form(object arr):
     return (NP_EXACT, None)
 
 
-def numpy_form(arr):
-    """How DLPack can describe NumPy array ``arr`` (see ``NumpyForm``): ``(form, why)``,
-    ``form`` one of ``"exact"``, ``"copy"``, ``"not-numeric"``, ``"no-code"``; ``why`` in
-    words (None for ``"exact"``)."""
-    form, why = _numpy_form(arr)
-    return (("exact", "copy", "not-numeric", "no-code")[form], why)
-
-
 cdef str _type_name(object obj):
     tp = type(obj)
     return f"{tp.__module__}.{tp.__qualname__}"
@@ -238,13 +220,14 @@ cdef str _type_name(object obj):
 
 cdef object _numpy_error(object x, int form, str why):
     """The error for NumPy array ``x`` that DLPack cannot describe exactly."""
+    what = f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
     if form == NP_NOT_NUMERIC:
         return NotNumericError(
-            f"{_describe_ndarray(x)} is not a numeric tensor: {why}. Inside a batch it is a "
+            f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
             f"leaf kept as it is (leaves='keep').")
     if form == NP_COPY:
         exc = NotDescribableError(
-            f"{_describe_ndarray(x)} cannot be described by DLPack: {why}, so NumPy refused "
+            f"{what} cannot be described by DLPack: {why}, so NumPy refused "
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
             f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
@@ -252,20 +235,16 @@ cdef object _numpy_error(object x, int form, str why):
         exc.why = why
         return exc
     return UnsupportedDTypeError(
-        f"{_describe_ndarray(x)} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+        f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
         f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
         f"x.astype(numpy.float32).")
-
-
-cdef str _describe_ndarray(object x):
-    return f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
 
 
 def capsule_of(arr, bint read_only=False):
     """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it) on
     ``(kDLCPU, 0)``, owning the view until a consumer renames it; ``read_only`` sets the
     READ_ONLY flag. ValueError (saying why) where DLPack cannot describe ``arr`` exactly
-    (:func:`numpy_form`); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
+    (``_numpy_form``); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
     described (sub-byte ones, one element per byte, flagged IS_SUBBYTE_TYPE_PADDED)."""
     form, why = _numpy_form(arr)
     if form != NP_EXACT:
@@ -319,15 +298,11 @@ def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits,
     """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
     alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
     layout, another device type). ``shape`` and ``strides`` in elements."""
-    cdef int64_t dims[_MAX_NDIM], steps[_MAX_NDIM]
-    cdef int32_t i, ndim = len(shape)
-    if ndim > _MAX_NDIM or len(strides) != ndim:
+    if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise ValueError("shape and strides of one length, at most MAX_NDIM")
-    for i in range(ndim):
-        dims[i] = shape[i]
-        steps[i] = strides[i]
-    return _view_capsule(owner, <void*>address, ndim, dims, steps, code, bits, lanes, flags,
-                         device_type, device_id)
+    return _make_capsule(owner, address, shape, None, strides, code, bits, lanes, device_type,
+                         device_id, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
+                         flags, None, None, False)
 
 
 cdef void _view_deleter(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
@@ -376,10 +351,17 @@ cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
     free(dlm)
 
 
-cdef object _legacy_from_versioned(object cap):
-    """A zero-copy "dltensor" capsule over "dltensor_versioned" ``cap``, which it consumes
-    (renamed ``used_dltensor_versioned``): its deleter calls the versioned one exactly
-    once. Undone by ``_restore_versioned`` while the new capsule is unconsumed."""
+cpdef object import_capsule(object import_fn, object cap, object device, object stream,
+                            object copy, int dl_device_type):
+    """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
+    zero-copy "dltensor" adapter, which consumes it (renamed ``used_dltensor_versioned``: the
+    adapter's deleter calls the versioned one exactly once). jaxlib renames a capsule only on
+    success: on failure ``cap`` gets its name back and owns the tensor again, and the
+    unconsumed adapter frees only itself."""
+    if PyCapsule_IsValid(cap, LEGACY):
+        return import_fn(cap, device, stream, copy, dl_device_type)
+    if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
@@ -388,90 +370,38 @@ cdef object _legacy_from_versioned(object cap):
     dlm.manager_ctx = dlm_ver
     dlm.deleter = _adapter_deleter
     try:
-        out = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
+        legacy = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
     except BaseException:
         free(dlm)
         raise
     PyCapsule_SetName(cap, VERSIONED_USED)
-    return out
-
-
-cdef void _restore_versioned(object adapter, object original) noexcept:
-    """Undo ``_legacy_from_versioned`` after a failed import: ``original`` gets its
-    name back and owns the tensor again; the (unconsumed) adapter frees only itself."""
-    if not PyCapsule_IsValid(adapter, LEGACY) or not PyCapsule_IsValid(original, VERSIONED_USED):
-        return
-    cdef DLManagedTensor* dlm = <DLManagedTensor*>PyCapsule_GetPointer(adapter, LEGACY)
-    if dlm.deleter != _adapter_deleter:
-        return
-    dlm.manager_ctx = NULL
-    dlm.deleter = _free_only_deleter
-    PyCapsule_SetName(original, VERSIONED)
-
-
-cdef object _import_legacy(object import_fn, object cap, object device, object stream,
-                           object copy, int dl_device_type):
-    """``import_fn`` on a "dltensor" capsule (a versioned one through the adapter): jaxlib
-    renames it only on success; on failure a versioned ``cap`` gets its name back."""
-    if PyCapsule_IsValid(cap, LEGACY):
-        return import_fn(cap, device, stream, copy, dl_device_type)
-    if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
-    legacy = _legacy_from_versioned(cap)
     try:
         return import_fn(legacy, device, stream, copy, dl_device_type)
     except BaseException:
-        _restore_versioned(legacy, cap)
+        if (PyCapsule_IsValid(legacy, LEGACY) and PyCapsule_IsValid(cap, VERSIONED_USED)
+                and dlm.deleter == _adapter_deleter):   # the adapter unconsumed: undone
+            dlm.manager_ctx = NULL
+            dlm.deleter = _free_only_deleter
+            PyCapsule_SetName(cap, VERSIONED)
         raise
-
-
-def import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
-    """``_import_legacy``, for dlinspect's probes of what JAX takes."""
-    return _import_legacy(import_fn, cap, device, stream, copy, dl_device_type)
 
 
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:
-    """Owns one consumed DLPack tensor (its deleter runs when this object dies), viewed by
-    ``numpy.asarray`` through ``__array_interface__``: unsigned integers of one lane's size
-    (for ``.view()`` as the real dtype), a vector dtype's lanes a trailing axis."""
+    """Owns one consumed DLPack tensor (its deleter runs when this object dies): the base
+    of the NumPy arrays over its memory (put.pxi, ``_ndarray``)."""
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
-    cdef readonly TensorInfo info
-    cdef readonly bint read_only
 
     def __dealloc__(self):
         _delete(self.dlm, self.dlm_ver)
 
-    @property
-    def __array_interface__(self):
-        cdef TensorInfo info = self.info
-        cdef int64_t lane = (info._bits + 7) // 8 if info._lanes > 1 else info._itemsize()
-        # An extent-1 dimension may carry any stride (DLPack allows it); NumPy
-        # never steps along it, so 0 keeps the interface within its int64 range.
-        strides = [0 if info._shape[i] <= 1 else info._strides[i] * info._itemsize()
-                   for i in range(info.ndim)]
-        shape = list(info.shape)
-        if info._lanes > 1:
-            shape.append(info._lanes)
-            strides.append(lane)
-        return {
-            "version": 3,
-            "shape": tuple(shape),
-            "typestr": f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}",
-            "data": (info._ptr(), bool(self.read_only)),
-            "strides": tuple(strides),
-        }
 
-
-def take(cap, bint read_only, TensorInfo info=None):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); ``info``:
-    its header as the export read it (not read again), None to read it."""
+def take(cap):
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
-    owner.info = _peek_capsule(cap) if info is None else info
-    owner.read_only = read_only
     if name != NULL and strcmp(name, VERSIONED) == 0:
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         PyCapsule_SetName(cap, VERSIONED_USED)
@@ -493,22 +423,6 @@ cdef int _untake(HostOwner owner, object cap) except -1:
         owner.dlm = NULL
         PyCapsule_SetName(cap, LEGACY)
     return 0
-
-
-cdef class ByteView:
-    """A read-only ``uint8`` NumPy-compatible view of the first ``nbytes`` of an
-    owner's data (packed sub-byte tensors are unpacked from it)."""
-    cdef readonly HostOwner owner
-    cdef Py_ssize_t nbytes
-
-    def __cinit__(self, HostOwner owner, Py_ssize_t nbytes):
-        self.owner = owner
-        self.nbytes = nbytes
-
-    @property
-    def __array_interface__(self):
-        return {"version": 3, "shape": (self.nbytes,), "typestr": "|u1",
-                "data": (self.owner.info._ptr(), True)}
 
 
 # ---- aligned memory, and aligned copies made without the GIL -----------------

@@ -109,7 +109,7 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
                                                                 route.info.device_id)
-    arr = _import_legacy(tg.import_fn, cap, route.import_device, stream, route.import_copy,
+    arr = import_capsule(tg.import_fn, cap, route.import_device, stream, route.import_copy,
                          route.import_type)
     if route.facts["relayout"]:   # device memory in a permuted order: made row-major there
         arr = arr.copy()
@@ -139,15 +139,13 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     if info._lanes != 1 or info._bits % 8:
         dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
         return _allocate(info._host_shape(), dtype, tg.copy_align, info)
-    if narrow is None:
-        return _aligned_array(info, info._code, info._bits, tg.copy_align)
-    return _aligned_array(info, narrow[2], narrow[3], tg.copy_align)
+    code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
+    return _aligned_array(info, code, bits, tg.copy_align)
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
     """Host memory viewed through NumPy (vector lanes as a trailing axis), imported."""
-    view, _owner = _host_view(cap, route.info)
-    return _finish(tg, _put_host(tg, view, route.import_device,
+    return _finish(tg, _put_host(tg, _host_view(cap, route.info), route.import_device,
                                  (<int>opts.flags) & _OPT_PLACED), route)
 
 
@@ -157,7 +155,7 @@ def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
     compiles a fill, and XLA:CPU aborts the process compiling one for float6 (jaxlib
     0.12.0.1), a dtype ``jax.device_put`` takes."""
     cdef TensorInfo info = route.info
-    take(cap, True, info)
+    take(cap)
     dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
     return _put_host(tg, _np_empty(info._host_shape(), dtype), route.jax_device,
                      (<int>opts.flags) & _OPT_PLACED, False)
@@ -197,7 +195,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
     (unpacked where packed), put into JAX as ``jax.device_put`` puts it (which copies
     these dtypes): the producer's memory is freed here, not when jaxlib lets go of it."""
     host = (_unpack_subbyte(cap, route.info) if route._needs & NEED_PACKED
-            else _np.array(_host_view(cap, route.info)[0]))
+            else _np.array(_host_view(cap, route.info)))
     return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
 
 
@@ -224,7 +222,7 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
         return _split_import(cap, info, f["parts"], f["devices"], f["sharding"], tg)
-    owner = take(cap, info.read_only is True, info)
+    owner = take(cap)
     devices, arrays = [], []
     for dev, _, shard in route._shards:
         part = view_capsule(owner, shard.info)
@@ -333,14 +331,22 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
         f"{_words().device_fix(info._dev_type, 'host', False)}.")
 
 
-cdef tuple _host_view(cap, TensorInfo info, read_only=None):
-    """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, and
-    the owner that frees it; ``read_only`` None: a legacy capsule, which cannot say, gives
-    a read-only view, as NumPy does."""
-    if read_only is None:
-        read_only = info.read_only is not False
-    owner = take(cap, read_only, info)
-    return _np.asarray(owner).view(info.numpy_dtype), owner
+cdef object _host_view(cap, TensorInfo info):
+    """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, whose
+    base owns the tensor; read-only where the header says so or cannot say (a legacy
+    capsule), as NumPy does."""
+    cdef int64_t shape[_MAX_NDIM + 1], strides[_MAX_NDIM + 1]
+    cdef int64_t lane = info._itemsize() // info._lanes   # (a vector dtype's: whole bytes)
+    cdef int32_t i, n = info.ndim
+    for i in range(n):   # (strides in lanes)
+        shape[i] = info._shape[i]
+        strides[i] = info._strides[i] * info._lanes if info._shape[i] > 1 else 0
+    shape[n], strides[n] = info._lanes, 1
+    descr = _numpy_dtype(info._code, info._bits)
+    if descr is None:   # (no NumPy dtype: unsigned integers of a lane's size)
+        descr = _np_dtype(f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}")
+    return _ndarray(take(cap), <void*>info._ptr(), n + (info._lanes != 1), shape, strides,
+                    lane, descr, info.read_only is False)
 
 
 cdef object _host_copy(cap, TensorInfo info, out=None):
@@ -350,9 +356,9 @@ cdef object _host_copy(cap, TensorInfo info, out=None):
     (AllocationError leaves it as it was)."""
     if out is None:
         out = _allocate(info._host_shape(), info.numpy_dtype, 64, info)
-    view, owner = _host_view(cap, info)
+    view = _host_view(cap, info)
     _copy_values(out, view)
-    del view, owner  # the producer's deleter runs here, right after the copy
+    del view   # the producer's deleter runs here, right after the copy
     return out
 
 
@@ -394,9 +400,11 @@ cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
 
 cdef object _unpack_subbyte(cap, TensorInfo info):
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
-    owner = take(cap, True, info)
     cdef int bits = info._bits
-    raw = _np.asarray(ByteView(owner, info.nbytes))
+    cdef int64_t span[2]   # (the bytes, one apart)
+    span[0], span[1] = info.nbytes, 1
+    raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8),
+                   False)
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
     vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
@@ -428,7 +436,7 @@ def _host_producer_copy(Route route, cap, x):
 
 def _host_empty(Route route, cap, x):
     cdef TensorInfo info = route.info
-    take(cap, True, info)
+    take(cap)
     return _np_empty(info._host_shape(), info.numpy_dtype)
 
 
@@ -438,6 +446,6 @@ HOST_EXECUTORS = {
     PRODUCER_COPY: _host_producer_copy, EMPTY: _host_empty,
     UNPACK: lambda route, cap, x: _unpack_subbyte(cap, route.info),
     HOST_COPY: lambda route, cap, x: _host_copy(cap, route.info),
-    HOST_VIEW: lambda route, cap, x: _host_view(cap, route.info)[0],
+    HOST_VIEW: lambda route, cap, x: _host_view(cap, route.info),
     NUMPY_COPY: lambda route, cap, x: _native_copy(x),
 }

@@ -182,19 +182,10 @@ cdef class _TypeEntry:
     cdef object into               # how the producer copies into given host memory, or None
 
 cdef dict _types = {}
+_TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
 #: Most types remembered at once; past it the table starts again (types made in a loop).
 TYPES_MAX = 256
 cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
-
-
-def _types_len():
-    """How many types the per-type table holds now (for tests)."""
-    return len(_types)
-
-
-def _forget_types():
-    """Empty the per-type table (tests change what a type offers)."""
-    _types.clear()
 
 
 cdef object _producer_row(object tp):

@@ -4,21 +4,6 @@
 # with the same export and the same answer. Options arrive as one flags value (the bits of
 # dlinspect._options.Options.flags).
 
-def to_jax_fast(x, JaxTarget tg, int flags=0):
-    """The fast path of one tensor (``_fast_one``), for tests: the array; else ``(capsule,
-    TensorInfo, needs)`` for the general route, the capsule unconsumed; None for a
-    ``jax.Array`` in another layout than row-major. ``flags``: ``Options.flags``."""
-    return _fast_one(x, tg, flags)
-
-
-def to_jax_many(list leaves, JaxTarget tg, int flags=0):
-    """The fast path's decision for every leaf of a batch (``_fast_many``), for tests:
-    ``(out, [(index, capsule, TensorInfo, needs, fast)])``; nothing is imported or taken."""
-    out, decided = _fast_many(leaves, tg, flags)
-    cdef _Leaf leaf
-    return out, [(leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast) for leaf in decided]
-
-
 @cython.final
 cdef class _Leaf:
     """One tensor leaf of a batch's plan (src/batch.pxi): what the decision found, and,
@@ -139,13 +124,13 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
         if info._dev_type == kDLCPU and info.device_id == 0:
             if _viewable_by_put(info, tg):
                 return _put_view(tg, cap, x, info, tg.cpu_device)
-            arr = _import_legacy(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
+            arr = import_capsule(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU)
         else:
             # The consumer's stream, as the export asked the producer (array API
             # __dlpack__): none for a bare capsule, whose producer was never asked.
             stream = (None if PyCapsule_CheckExact(x)
                       else tg.stream_for(info._dev_type, info.device_id))
-            arr = _import_legacy(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
+            arr = import_capsule(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
                                  stream, None, info._dev_type)
         return tg.uncommit(arr)
     if out is None:
@@ -164,7 +149,10 @@ cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 
-cdef object _fast_one(object x, JaxTarget tg, int flags):
+cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0):
+    """The fast path of one tensor: the array; else ``(capsule, TensorInfo, needs)`` for the
+    general route, the capsule unconsumed; None for a ``jax.Array`` in another layout than
+    row-major. ``flags``: ``Options.flags``."""
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
@@ -201,14 +189,14 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
             dst_key = tg.narrow[info._key()][0]
         if n & ~NEED_VIA_CPU == 0 and not _viewable_by_put(part, tg):
             by_put = False
-    owner = take(cap, info.read_only is True, info)
+    owner = take(cap)
     cdef bint writeable = info.read_only is not True
     try:
         for i in range(len(parts)):
             part, n = parts[i]
             if n & ~NEED_VIA_CPU == 0:
                 arrays.append(_view_of(owner, part, writeable) if by_put else
-                              _import_legacy(tg.import_fn, view_capsule(owner, part), devices[i],
+                              import_capsule(tg.import_fn, view_capsule(owner, part), devices[i],
                                              None, None, kDLCPU))
             else:
                 copy = _aligned_array(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
@@ -336,7 +324,7 @@ cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget t
     cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
     cdef bint writeable = info.read_only is not True
     cdef TensorInfo part
-    owner = take(cap, not writeable, info)
+    owner = take(cap)
     try:
         arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
                            part._strides, part._bits // 8, s.descr, writeable)

@@ -293,7 +293,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
             route, cap, _ = _decide_leaf(x, tg, opts)
             return _execute(route, cap, x, tg, opts)
         try:
-            got = _fast_one(x, tg, flags)
+            got = to_jax_fast(x, tg, flags)
         except NotDescribableError as exc:
             return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
         except NotDLPackError:

@@ -118,10 +118,9 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
         else:
             n |= NEED_DEVICE
             on_cpu = False
+    n |= _shape_needs(info)
     if info.size == 0:
-        return n | NEED_EMPTY | _shape_needs(info)
-    if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
-        n |= NEED_SHAPE
+        return n | NEED_EMPTY
     if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
         n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
               else NEED_LAYOUT)
@@ -160,10 +159,9 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES
+    n |= _shape_needs(info)
     if info.size == 0:
-        return n | NEED_EMPTY | _shape_needs(info)
-    if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
-        n |= NEED_SHAPE
+        return n | NEED_EMPTY
     if _packed(info):
         n |= NEED_PACKED
     return n
@@ -175,13 +173,13 @@ cdef int _NUMPY_MAX_NDIM = NUMPY_MAX_NDIM
 
 
 cdef uint32_t _shape_needs(TensorInfo info) noexcept:
-    """NEED_SHAPE where no array can have an empty tensor's shape (see Need.SHAPE; a
-    tensor with elements has its bytes within int64 already: TensorInfo checks it)."""
+    """NEED_SHAPE where no array can have the shape (Need.SHAPE): too many dimensions, or an
+    empty tensor's nonzero extents past int64 in bytes (TensorInfo checks a nonempty one's)."""
     cdef int64_t nbytes = info._lanes * ((info._bits + 7) // 8)
     cdef int i
     if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         return NEED_SHAPE
-    for i in range(info.ndim):
+    for i in range(info.ndim if info.size == 0 else 0):
         if info._shape[i] and dl_mul_overflow(nbytes, info._shape[i], &nbytes):
             return NEED_SHAPE
     return 0

@@ -85,7 +85,7 @@ cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, d
     ``device``: ``cap`` is taken first, then read (never before: another thread that took
     it would free it mid-copy), then the copy is put. The producer's deleter runs right
     after; a failed copy or put gives ``cap`` back unconsumed."""
-    owner = take(cap, True, info)
+    owner = take(cap)
     try:
         _fill(out, info)
         arr = _put_host(tg, out, device, committed)
@@ -175,7 +175,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
         return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device],
                       committed)
     if view:
-        out = _import_legacy(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
+        out = import_capsule(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
                              device, None, None, kDLCPU)
     else:
         out = tg.jax.device_put(arr, device)
@@ -191,7 +191,7 @@ cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, devic
     aval = tg.aval(info.ndim, info._shape, descr)
     if type(x) is _np_ndarray:
         return tg.put(aval, tg.single(device), [x], [device], False)
-    owner = take(cap, info.read_only is True, info)
+    owner = take(cap)
     try:
         return tg.put(aval, tg.single(device), [_view_of(owner, info, info.read_only is not True)],
                       [device], False)

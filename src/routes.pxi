@@ -262,13 +262,9 @@ cdef bint _unpackable(TensorInfo info):
     return bits != 0 and 8 % bits == 0 and info._contiguous(True)
 
 
-def route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
+cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
     """The route of a tensor with header ``info`` and ``needs`` into JAX (pure); ``source``:
     what the caller passed (a producer, a bare capsule, which has none, or a TensorInfo)."""
-    return _fits(_route_jax(info, needs, tg, opts, source))
-
-
-cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
@@ -282,17 +278,17 @@ cdef Route _route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
                     astype=_producer_row(type(source)).astype)
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.device_for(info._dev_type, info.device_id) or tg.cpu_device
+        dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     host = _host_accessible(info._dev_type)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        return _route_through_host(info, needs, tg, opts, source, narrow)
+        return _fits(_route_through_host(info, needs, tg, opts, source, narrow))
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
     if needs & NEED_NUMPY_PUT:
-        return _route_numpy_put(info, needs, tg, opts)
-    return _route_import(info, needs, tg, opts, narrow, host)
+        return _fits(_route_numpy_put(info, needs, tg, opts))
+    return _fits(_route_import(info, needs, tg, opts, narrow, host))
 
 
 cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow,
@@ -332,7 +328,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
     """``(src, dest)``: the JAX device that imports the memory (host memory bound for a CPU
     device: that one, which views it as it is) and the one the array ends on (``device``)."""
-    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.device_for(info._dev_type, info.device_id)
+    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
         src = device
@@ -352,8 +348,8 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
     it does, and whether the caller hears of it (``narrow="warn"``); else None."""
     if not needs & NEED_NARROW:
         return None
-    ncode, nbits, _ = tg.narrowing(code, bits)
-    return (code, bits, ncode, nbits, opts.narrow == "warn")
+    cdef int key = tg.narrow[code | (bits << 8)][0]   # (code | bits << 8 of the narrow dtype)
+    return (code, bits, key & 0xFF, key >> 8, opts.narrow == "warn")
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
@@ -366,7 +362,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts)
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
     dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
-                           else tg.device_for(info._dev_type, info.device_id))
+                           else tg.devices.get((info._dev_type, info.device_id)))
     return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, refusal=refusal)
 
@@ -427,12 +423,8 @@ cdef object _copy_into(TensorInfo info, uint32_t needs, source):
     return _entry_for(type(source)).into
 
 
-def route_host(TensorInfo info, uint32_t needs, copy, source):
+cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
-    return _fits(_route_host(info, needs, copy, source))
-
-
-cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
     # What the memory's structure rules out comes first: it holds whatever dtypes exist.
     if needs & NEED_SHAPE:
         return fail("shape", info, "host", needs)
@@ -449,15 +441,15 @@ cdef Route _route_host(TensorInfo info, uint32_t needs, copy, source):
             return fail("no-device", info, "host", needs, bare=True)
         if copy is False:
             return fail("copy-forbidden", info, "host", needs, through_host=True)
-        return Route(HOST_FALLBACK, PRODUCER_COPY, info, "host", needs=needs,
-                     copy_bytes=info.nbytes, methods=tuple(host_methods(source)),
-                     into=_copy_into(info, needs, source))
+        return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, "host", needs=needs,
+                           copy_bytes=info.nbytes, methods=tuple(host_methods(source)),
+                           into=_copy_into(info, needs, source)))
     if needs & NEED_PACKED:
         if copy is False:
             return fail("copy-forbidden", info, "host", needs)
-        return Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info.nbytes)
+        return _fits(Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info.nbytes))
     if copy:
-        return Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info.nbytes)
+        return _fits(Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info.nbytes))
     return Route(ZERO_COPY, HOST_VIEW, info, "host", needs=needs)
 
 

@@ -139,19 +139,13 @@ def stream_of(int device_type, jax_device):
     return _DEFAULT_STREAM[device_type] if stream == 0 else int(stream)
 
 
-_DTYPE_CODES = (
-    (kDLInt, "kDLInt"), (kDLUInt, "kDLUInt"), (kDLFloat, "kDLFloat"),
-    (kDLOpaqueHandle, "kDLOpaqueHandle"), (kDLBfloat, "kDLBfloat"),
-    (kDLComplex, "kDLComplex"), (kDLBool, "kDLBool"), (kDLFloat8_e3m4, "kDLFloat8_e3m4"),
-    (kDLFloat8_e4m3, "kDLFloat8_e4m3"), (kDLFloat8_e4m3b11fnuz, "kDLFloat8_e4m3b11fnuz"),
-    (kDLFloat8_e4m3fn, "kDLFloat8_e4m3fn"), (kDLFloat8_e4m3fnuz, "kDLFloat8_e4m3fnuz"),
-    (kDLFloat8_e5m2, "kDLFloat8_e5m2"), (kDLFloat8_e5m2fnuz, "kDLFloat8_e5m2fnuz"),
-    (kDLFloat8_e8m0fnu, "kDLFloat8_e8m0fnu"), (kDLFloat6_e2m3fn, "kDLFloat6_e2m3fn"),
-    (kDLFloat6_e3m2fn, "kDLFloat6_e3m2fn"), (kDLFloat4_e2m1fn, "kDLFloat4_e2m1fn"),
-)
-
-DLDataTypeCode = _SpecNamed("DLDataTypeCode", [(name, value) for value, name in _DTYPE_CODES],
-                            module=__name__, qualname="DLDataTypeCode")
+# Every DLDataTypeCode of DLPack 1.3, in the header's order: their values are 0, 1, 2...
+DLDataTypeCode = _SpecNamed("DLDataTypeCode", [(name, value) for value, name in enumerate((
+    "kDLInt", "kDLUInt", "kDLFloat", "kDLOpaqueHandle", "kDLBfloat", "kDLComplex", "kDLBool",
+    "kDLFloat8_e3m4", "kDLFloat8_e4m3", "kDLFloat8_e4m3b11fnuz", "kDLFloat8_e4m3fn",
+    "kDLFloat8_e4m3fnuz", "kDLFloat8_e5m2", "kDLFloat8_e5m2fnuz", "kDLFloat8_e8m0fnu",
+    "kDLFloat6_e2m3fn", "kDLFloat6_e3m2fn", "kDLFloat4_e2m1fn"))], module=__name__,
+    qualname="DLDataTypeCode")
 DLDataTypeCode.__doc__ = """Type codes of DLPack 1.3 (``DLDataTypeCode``, stored in ``DLDataType.code``)."""
 
 

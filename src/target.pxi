@@ -164,10 +164,6 @@ cdef class JaxTarget:
             return None
         return self.bad[code | (bits << 8) | (held << 16)]
 
-    def device_for(self, int device_type, int device_id):
-        """The ``jax.Device`` JAX imports this DLPack device's memory onto, or None."""
-        return self.devices.get((device_type, device_id))
-
     def refuse_device(self, x, int device_type, int device_id):
         """``fallback="raise"``'s judgement of a producer's device before it is asked to
         export (``__dlpack_device__``'s answer): an UnsupportedDeviceError naming the
@@ -177,12 +173,6 @@ cdef class JaxTarget:
             return
         raise UnsupportedDeviceError(_words().not_asked(x, device_type, device_id,
                                                         self.platforms))
-
-    def narrowing(self, int code, int bits):
-        """``(code, bits, warning)`` JAX narrows this 64-bit dtype to with x64 off, or None."""
-        got = self.narrow.get(code | (bits << 8))
-        return None if got is None else (got[0] & 0xFF, got[0] >> 8, got[1])
-
 
 def _same(arr):
     return arr

@@ -202,7 +202,7 @@ class TestProducerErrors:
     def test_lazy_negation_with_a_pinned_capable_producer(self, torch, monkeypatch):  # C21
         """The guard holds when __dlpack_device__ is asked too (a pinned-capable torch)."""
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        _core._forget_types()
+        _core._TYPES.clear()
         try:
             t = torch.arange(4.0)._neg_view()
             with pytest.raises(ProducerError, match="resolve_neg"):
@@ -210,7 +210,7 @@ class TestProducerErrors:
             assert to_jax(torch.arange(4.0)).tolist() == [0, 1, 2, 3]
         finally:
             monkeypatch.undo()
-            _core._forget_types()
+            _core._TYPES.clear()
 
     def test_not_dlpack(self):
         with pytest.raises(NotDLPackError):
@@ -458,7 +458,7 @@ class TestProducerProtocol:
         for i in range(2 * _core.TYPES_MAX):
             tp = type(f"T{i}", (FakeProducer,), {})
             dlinspect.peek(tp(np.ones(1)))
-        assert _core._types_len() <= _core.TYPES_MAX
+        assert len(_core._TYPES) <= _core.TYPES_MAX
 
 
 # Capsule names live as long as the capsules that carry them.
