@@ -64,6 +64,8 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
     cdef int64_t n = 1
     cdef int d
     cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
+    if nbytes >= (<size_t>4 << 20):   # whole 2 MiB pages: _fill's dl_advise_huge covers all
+        align = max(align, <uintptr_t>2 << 20)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
     if block.ptr == NULL:
@@ -102,8 +104,9 @@ cdef int _fill(object out, TensorInfo info) except -1:
     a transpose in cache tiles where it is permuted): the bytes as they are where ``out``
     has the source's element size, else each element narrowed as NumPy's unsafe cast and
     JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). From
-    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB), on a machine of several cores, one half is
-    copied by a worker thread while this one copies the other. The memory must be the
+    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB) for a transpose, twice that for rows the source
+    holds in order, on a machine of several cores, one half is copied by a worker thread
+    while this one copies the other. The memory must be the
     caller's while this runs (a taken capsule's, or a view's)."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
@@ -113,7 +116,10 @@ cdef int _fill(object out, TensorInfo info) except -1:
         cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
     with nogil:
         dl_advise_huge(dst, dst_bytes)
-    if dst_bytes < DL_COPY_PARALLEL_MIN or _CORES < 2:
+    cdef size_t at_least = DL_COPY_PARALLEL_MIN
+    if info.ndim and info._strides[info.ndim - 1] == 1:   # rows (no transpose): twice that
+        at_least *= 2
+    if dst_bytes < at_least or _CORES < 2:
         _gather(dst, info, cast, 0, 1)
         return 0
     half = _halves().submit(_gather_half, <uintptr_t>dst, info, cast)

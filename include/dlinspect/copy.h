@@ -23,7 +23,8 @@
  *      run, SSE2 loops for reversed, every-other and broadcast runs, a scalar loop else.
  * SSE2 is baseline on x86-64; DL_COPY_NO_SIMD (or any other target) compiles the plain C
  * loops alone, which write the same bytes. Two threads may each run one half
- * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more. */
+ * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more (put.pxi: twice that
+ * where the destination's rows are the source's, in order). */
 #ifndef DLINSPECT_COPY_H_
 #define DLINSPECT_COPY_H_
 
