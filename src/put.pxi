@@ -64,8 +64,6 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
     cdef int64_t n = 1
     cdef int d
     cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
-    if nbytes >= (<size_t>4 << 20):   # whole 2 MiB pages: _fill's dl_advise_huge covers all
-        align = max(align, <uintptr_t>2 << 20)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
     if block.ptr == NULL:
