@@ -42,34 +42,36 @@ cdef class _Part:
         return _rebuilt(self.tp, self.keys, self.out)
 
 
-cdef _Part _part(x, tuple prefix, opts):
+cdef _Part _part(x, tuple prefix, opts, bint planned):
     """The part of sub-tree ``x``: a plain dict (keys that sort), list or tuple whose values
-    are all tensors or plain scalars is walked here; anything else by dlinspect._tree."""
+    are all tensors or plain scalars is walked here; anything else by dlinspect._tree
+    (``planned``: every leaf of a list of text a route of its own, as :func:`plan` gives)."""
     cdef _Part part = _Part.__new__(_Part)
     part.prefix = prefix
     part.opts = opts
     part.flags = opts.flags
     part.keys = []
+    cdef bint text_lists = not (planned or part.flags & _OPT_LEAVES_RAISE)
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
         values = _container_values(x, tp, part.keys)
-        if values is not None and _plain_values(values, not part.flags & _OPT_LEAVES_RAISE):
+        if values is not None and _plain_values(values, text_lists):
             part.tp, part.leaves = tp, values
             return part
-    part.flat = _tree.flatten(x, not part.flags & _OPT_LEAVES_RAISE)
+    part.flat = _tree.flatten(x, text_lists)
     part.leaves = part.flat.leaves
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, opts, int flags):
+cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
     """``(parts, where)``: the batch's parts, and for a pytree of shardings the tree of
-    part indices in its place (None for one part)."""
+    part indices in its place (None for one part). The one walker of to_jax and plan."""
     sharding = opts.sharding
-    if not flags & _OPT_PLACED or sharding is None:
-        return [_part(x, (), opts)], None
+    if tg is None or not flags & _OPT_PLACED or sharding is None:
+        return [_part(x, (), opts, planned)], None
     Sharding = tg.jax.sharding.Sharding
     if isinstance(sharding, Sharding):
-        return [_part(x, (), _leaf_options(opts, sharding))], None
+        return [_part(x, (), _leaf_options(opts, sharding), planned)], None
     tree_util = tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -82,7 +84,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags):
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.with_sharding(s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s)))
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where

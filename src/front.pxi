@@ -189,10 +189,11 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     copy : bool or None
         Array API ``copy``: True always copies, False never (a needed copy becomes a
         ``CopyRequiredError`` route), None copies only where needed.
-    sharding : jax.sharding.Sharding, optional
+    sharding : jax.sharding.Sharding or pytree of them, optional
         Plan the split over several devices (see :func:`to_jax`); the route's
         ``shards`` then give each device's index and route, and an uneven split
-        is a ``ShardingError`` route.
+        is a ``ShardingError`` route. A pytree of shardings is matched against the
+        batch as :func:`to_jax` matches it (a ValueError where it does not fit).
     fallback : {"host", "raise"}
         What to do with memory on a device JAX has no backend for: go through host
         memory, or an ``UnsupportedDeviceError`` route.
@@ -249,26 +250,45 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     tg = _jax_target() if target == "jax" else None
-    if isinstance(x, TensorInfo) or is_tensor(x):
+    if isinstance(x, TensorInfo) or is_tensor(x) and _one_place(opts, tg):
         return plan_one(x, tg, target, opts)
-    flat = _tree.flatten(x)
-    if tg is not None:   # (to_jax's check: a container that refuses JAX arrays)
-        _check_rebuild(flat, [i for i, leaf in enumerate(flat.leaves)
-                              if i not in flat.errors and is_tensor(leaf)], tg)
-    cdef list routes = []
-    cdef Py_ssize_t i, repeated = repeated_capsule(flat.leaves)
-    for i, leaf in enumerate(flat.leaves):
-        if i in flat.errors:   # a container that cannot be rebuilt: its error, in its place
-            route = failed(flat.errors[i], target)
+    parts, where = _parts(x, tg, opts, opts.flags, True)
+    cdef set seen = set()
+    for part in parts:
+        _plan_part(part, tg, target, seen)
+    if where is None:
+        return (<_Part>parts[0]).rebuild()
+    done = [(<_Part>part).rebuild() for part in parts]
+    return tg.jax.tree_util.tree_map(done.__getitem__, where)
+
+
+cdef bint _one_place(opts, JaxTarget tg) except -1:
+    """No sharding, or one sharding (not a pytree of them) for the whole input."""
+    return (opts.sharding is None or tg is None
+            or isinstance(opts.sharding, tg.jax.sharding.Sharding))
+
+
+cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
+    """Every leaf's route of one part, in ``part.out``: each decided as to_jax decides it."""
+    flat = part.flat
+    errors = {} if flat is None else flat.errors
+    if tg is not None and flat is not None:   # (to_jax's check: a container refusing JAX arrays)
+        _check_rebuild(flat, [i for i, leaf in enumerate(part.leaves)
+                              if i not in errors and is_tensor(leaf)], tg)
+    cdef Py_ssize_t i, repeated = repeated_capsule(part.leaves, seen)
+    part.out = []
+    for i, leaf in enumerate(part.leaves):
+        if i in errors:   # a container that cannot be rebuilt: its error, in its place
+            route = failed(errors[i], target)
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), target)
         else:
-            route = (plan_one(leaf, tg, target, opts) if is_tensor(leaf)
-                     else untouched(leaf, target, opts))
+            route = (plan_one(leaf, tg, target, part.opts) if is_tensor(leaf)
+                     else untouched(leaf, target, part.opts))
         if route.problem is not None:
-            route.key_path = flat.keystr(i)
-        routes.append(route)
-    return flat.unflatten(routes)
+            route.key_path = part.keystr(i)
+        part.out.append(route)
+    return 0
 
 
 def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):

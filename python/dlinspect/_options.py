@@ -149,7 +149,7 @@ def jax_module(name: str) -> Any:
 def check_sharding(s: Any) -> Any:
     """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
     if not isinstance(s, jax_module("jax.sharding").Sharding):
-        raise TypeError(f"sharding must be a jax.sharding.Sharding (or, for to_jax, a pytree of "
-                        f"them), not {type(s).__name__}; e.g. NamedSharding(mesh, "
+        raise TypeError(f"sharding must be a jax.sharding.Sharding (or a pytree of them), "
+                        f"not {type(s).__name__}; e.g. NamedSharding(mesh, "
                         f"PartitionSpec('data')).")
     return s

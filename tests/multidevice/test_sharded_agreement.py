@@ -13,6 +13,7 @@ over the 1 MiB that is copied in C, and copy=None/False/True, readonly="copy"/"s
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -28,6 +29,8 @@ import dlinspect  # noqa: E402
 from dlinspect import DLInspectWarning  # noqa: E402
 from dlinspect.testing import FLAG_READ_ONLY, DeleterCounter, aligned_empty, make_capsule  # noqa: E402
 
+#: The property tests' depth (.ci/run's version stacks draw a quarter).
+SCALE = float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1"))
 MESH_1D = Mesh(np.array(jax.devices()), ("data",))
 MESH_2D = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
 SPECS = [
@@ -133,3 +136,53 @@ def test_numpy_memory_dlpack_cannot_describe(rows):
     np.testing.assert_array_equal(np.asarray(y), x.astype("=f4"))
     with pytest.raises(dlinspect.CopyRequiredError):
         dlinspect.to_jax(x, sharding=sharding, copy=False)
+
+
+@st.composite
+def sharding_trees(draw):
+    """A pytree of shardings for the batch ``{"a": ..., "b": ..., "id": str}``: one
+    sharding for all of it, or one (or None: the default device) per key."""
+    one = st.one_of(st.none(), st.sampled_from(SPECS))
+    if draw(st.booleans()):
+        return draw(st.sampled_from(SPECS))
+    return {"a": draw(one), "b": draw(one), "id": None}
+
+
+@settings(max_examples=max(10, int(150 * SCALE)), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(a=leaves(), b=leaves(), sharding=sharding_trees(),
+       copy=st.sampled_from([None, False, True]), readonly=st.sampled_from(["copy", "share"]),
+       narrow=st.sampled_from(["warn", "ok"]), leaves_=st.sampled_from(["keep", "raise"]))
+def test_plan_of_a_batch_is_what_to_jax_does(a, b, sharding, copy, readonly, narrow, leaves_):
+    """plan and to_jax take the same pytree of shardings and every option; each leaf's
+    route says what to_jax does with it, and a failed batch takes no capsule."""
+    built = {"a": build(a), "b": build(b)}
+    options = dict(sharding=sharding, copy=copy, readonly=readonly, narrow=narrow,
+                   leaves=leaves_)
+    infos = {k: dlinspect.peek(make()) for k, (make, _, _) in built.items()}
+    routes = dlinspect.plan({"a": built["a"][0](), "b": built["b"][0](), "id": "x"}, **options)
+    batch = {"a": built["a"][0](), "b": built["b"][0](), "id": "x"}
+    errors = [r.error for r in routes.values() if r.kind == "error"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DLInspectWarning)
+        try:
+            out = dlinspect.to_jax(batch, **options)
+        except dlinspect.DLInspectError as exc:
+            assert type(exc) in {type(e) for e in errors}, (routes, exc)
+            for k in ("a", "b"):   # nothing taken
+                assert dlinspect._core.capsule_name(batch[k]) == "dltensor_versioned"
+            return
+    assert not errors, routes
+    assert out["id"] == "x" and routes["id"].kind == "untouched"
+    warned = [w for w in caught if issubclass(w.category, DLInspectWarning)]
+    assert len(warned) == sum(routes[k].warning is not None for k in ("a", "b")), routes
+    for k in ("a", "b"):
+        y, reference = out[k], built[k][1]
+        assert shares(y, infos[k]) == (routes[k].kind == "zero-copy"), (k, routes[k].reason)
+        where = sharding if not isinstance(sharding, dict) else sharding[k]
+        if where is not None:
+            assert y.sharding.is_equivalent_to(where, y.ndim)
+        expected = reference
+        if routes[k].warning is not None or (narrow == "ok" and reference.dtype == np.int64):
+            expected = np.asarray(jax.numpy.asarray(reference))
+        np.testing.assert_array_equal(np.asarray(y + 0), expected)
