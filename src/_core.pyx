@@ -19,6 +19,8 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject
+from cpython.type cimport PyType_Check
+cimport numpy as cnp
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS
 from cpython.slice cimport PySlice_AdjustIndices, PySlice_Check, PySlice_Unpack

@@ -443,15 +443,22 @@ def is_tensor(x):
     ``jax.Array``, any object (not a class) whose type has ``__dlpack__`` or the C exchange
     API or is a tensor type of :data:`PRODUCERS` with no DLPack form (converting those
     raises); not NumPy, TensorFlow or pyarrow arrays of non-numeric dtypes."""
+    return _is_tensor(x)
+
+
+cdef inline bint _is_tensor(x) except -1:
+    """:func:`is_tensor`: the one test of "is this a tensor" (the hot path's too)."""
     if PyCapsule_CheckExact(x):
         return True
-    if isinstance(x, type):
+    if PyType_Check(x):
         return False
     cdef _TypeEntry entry = _entry_for(type(x))
     if not entry.has_dlpack and entry.api == NULL:
         return False
+    cdef cnp.dtype dt
     if entry.guard == GUARD_NUMPY:
-        return x.dtype.kind in "biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
+        dt = <cnp.dtype><PyObject*>cnp.PyArray_DESCR(<cnp.ndarray>x)
+        return dt.kind in b"biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
     if entry.guard == GUARD_TF:
         return x.dtype.name not in _TF_NOT_NUMERIC
     if entry.guard == GUARD_PYARROW:
@@ -515,25 +522,12 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
         return _handing(_peek_capsule(x), x, cap_out)
     if entry is None:
         entry = _entry_for(type(x))
-    if not entry.has_dlpack and entry.api == NULL:
-        raise NotDLPackError(
-            f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
-            f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
-            f"CuPy...) or the capsule its __dlpack__() returns.")
-    if entry.guard > GUARD_NUMPY:
-        _guard(x, entry, mode)
+    _exportable(x, entry, mode)
     cdef _Asked dev
     dev.dev_type = dev.dev_id = 0
     dev.asked, dev.id_known = False, True
-    if entry.api != NULL and mode == MODE_TAKE and entry.is_torch:
-        # Taking through the API skips every refusal of the producer's __dlpack__: only
-        # for types whose refusals dlinspect checks itself (torch); others (paddle,
-        # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
-        cap = _torch_take(x, entry)
-        if cap is not None:
-            return _handing(_peek_capsule(cap), cap, cap_out)
-    elif entry.api != NULL and mode != MODE_HOST_COPY:
-        info = _exchange_header(x, entry, mode, &dev)
+    if entry.api != NULL:
+        info = _api_header(x, entry, mode, &dev, cap_out)
         if info is not None:
             return info
     if not dev.asked and entry.has_device and mode != MODE_HOST_COPY:
@@ -546,6 +540,32 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     if dev.asked and mode != MODE_HOST_COPY:
         _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known, entry)
     return _handing(info, cap, cap_out)
+
+
+cdef int _exportable(object x, _TypeEntry entry, Mode mode) except -1:
+    """NotDLPackError where ``x`` has no DLPack form at all; the guard of its type."""
+    if not entry.has_dlpack and entry.api == NULL:
+        raise NotDLPackError(
+            f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
+            f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
+            f"CuPy...) or the capsule its __dlpack__() returns.")
+    if entry.guard > GUARD_NUMPY:
+        _guard(x, entry, mode)
+    return 0
+
+
+cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
+                            PyObject** cap_out):
+    """The header through the DLPack C exchange API, or None (then ``__dlpack__``)."""
+    if mode == MODE_TAKE and entry.is_torch:
+        # Taking through the API skips every refusal of the producer's __dlpack__: only
+        # for types whose refusals dlinspect checks itself (torch); others (paddle,
+        # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
+        cap = _torch_take(x, entry)
+        return None if cap is None else _handing(_peek_capsule(cap), cap, cap_out)
+    if mode != MODE_HOST_COPY:
+        return _exchange_header(x, entry, mode, dev)
+    return None
 
 
 cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev):

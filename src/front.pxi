@@ -250,7 +250,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     tg = _jax_target() if target == "jax" else None
-    if isinstance(x, TensorInfo) or is_tensor(x) and _one_place(opts, tg):
+    if isinstance(x, TensorInfo) or _is_tensor(x) and _one_place(opts, tg):
         return plan_one(x, tg, target, opts)
     parts, where = _parts(x, tg, opts, opts.flags, True)
     cdef set seen = set()
@@ -274,7 +274,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
     errors = {} if flat is None else flat.errors
     if tg is not None and flat is not None:   # (to_jax's check: a container refusing JAX arrays)
         _check_rebuild(flat, [i for i, leaf in enumerate(part.leaves)
-                              if i not in errors and is_tensor(leaf)], tg)
+                              if i not in errors and _is_tensor(leaf)], tg)
     cdef Py_ssize_t i, repeated = repeated_capsule(part.leaves, seen)
     part.out = []
     for i, leaf in enumerate(part.leaves):
@@ -283,7 +283,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), target)
         else:
-            route = (plan_one(leaf, tg, target, part.opts) if is_tensor(leaf)
+            route = (plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
                      else untouched(leaf, target, part.opts))
         if route.problem is not None:
             route.key_path = part.keystr(i)
@@ -301,12 +301,12 @@ def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
 
 
 cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
+    """The one engine's entry: a lone tensor is the one-leaf case, by the fast path (which
+    allocates nothing more); anything else a batch (a container, or a leaf kept as it is)."""
     tp = type(x)
     if (tp is dict or tp is list or tp is tuple or report is not None
-            or flags & _OPT_PLACED and opts.sharding is not None):
+            or flags & _OPT_PLACED and opts.sharding is not None or not _is_tensor(x)):
         return _convert_batch(x, tg, opts, flags, report)
-    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED) and not is_tensor(x):
-        return _convert_batch(x, tg, opts, flags)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
@@ -316,10 +316,6 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
             got = to_jax_fast(x, tg, flags)
         except NotDescribableError as exc:
             return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
-        except NotDLPackError:
-            if is_tensor(x):
-                raise
-            return _convert_batch(x, tg, opts, flags)   # a batch JAX does not register, or a leaf
         if got is None:   # a jax.Array in another layout than row-major
             return _execute(route_jax_array(x, opts, tg), None, x, tg, opts)
         if type(got) is not tuple:

@@ -104,28 +104,11 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
 # dtype probe raises.
 cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
     cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info.flags)
-    cdef int32_t dt = info._dev_type
-    cdef bint on_cpu
-    if dt == kDLCPU and info.device_id == 0:
-        on_cpu = True       # JAX always has its CPU backend
-    else:
-        key = (dt, info.device_id)
-        if key in tg.devices:
-            on_cpu = key in tg.cpu_keys
-        elif _host_accessible(dt):
-            n |= NEED_VIA_CPU
-            on_cpu = True
-        else:
-            n |= NEED_DEVICE
-            on_cpu = False
-    n |= _shape_needs(info)
+    cdef bint on_cpu = True
+    n |= _device_needs(info, tg, &on_cpu) | _shape_needs(info)
     if info.size == 0:
         return n | NEED_EMPTY
-    if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
-        n |= (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
-              else NEED_LAYOUT)
-    elif not tg.unit_strides_ok and _odd_unit_strides(info):
-        n |= NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
+    n |= _layout_needs(info, tg)
     if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
@@ -133,6 +116,31 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
     if _packed(info):
         n |= NEED_PACKED
     return n
+
+
+cdef inline uint32_t _device_needs(TensorInfo info, JaxTarget tg, bint* on_cpu) except? 0xFFFFFFFF:
+    """Where the memory is: NEED_VIA_CPU, NEED_DEVICE or nothing; ``on_cpu``: whether a
+    JAX CPU device views it (left True by the caller)."""
+    cdef int32_t dt = info._dev_type
+    if dt == kDLCPU and info.device_id == 0:
+        return 0   # JAX always has its CPU backend
+    key = (dt, info.device_id)
+    if key in tg.devices:
+        on_cpu[0] = key in tg.cpu_keys
+        return 0
+    if _host_accessible(dt):
+        return NEED_VIA_CPU
+    on_cpu[0] = False
+    return NEED_DEVICE
+
+
+cdef inline uint32_t _layout_needs(TensorInfo info, JaxTarget tg) except? 0xFFFFFFFF:
+    if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
+        return (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
+                else NEED_LAYOUT)
+    if not tg.unit_strides_ok and _odd_unit_strides(info):
+        return NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
+    return 0
 
 
 cdef bint _odd_unit_strides(TensorInfo info) noexcept:
@@ -212,12 +220,9 @@ def stack_column(list column, Py_ssize_t alignment):
     cdef Py_ssize_t k, n = len(column)
     if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
         return None   # (a batch of 65 dimensions: the caller's path says why not)
+    if not _uniform_column(column):
+        return None
     shape, dtype = column[0].shape, column[0].dtype
-    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
-        return None   # (np.stack packs a structured dtype: the caller's path)
-    for a in column:
-        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
-            return None
     total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
     if total == 0 or total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
         return None   # (empty: its extents may pass what NumPy holds; the caller's path)
@@ -232,6 +237,18 @@ def stack_column(list column, Py_ssize_t alignment):
             memcpy(dst + k * src.len, src.buf, src.len)   # (one shape, one dtype: one len)
         PyBuffer_Release(&src)
     return out
+
+
+cdef bint _uniform_column(list column) except -1:
+    """Every array a NumPy array of ``column[0]``'s shape and dtype, a native, unstructured,
+    non-object one (np.stack packs a structured dtype: the caller's path)."""
+    shape, dtype = column[0].shape, column[0].dtype
+    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
+        return False
+    for a in column:
+        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
+            return False
+    return True
 
 
 cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT

@@ -7,7 +7,7 @@
 # dlinspect._jaxcaps), the DLPack import carries the tensor and ``JaxTarget.uncommit``
 # makes its array uncommitted.
 
-cimport numpy as cnp
+
 from cpython.object cimport PyTypeObject
 
 cdef extern from "numpy/arrayobject.h":

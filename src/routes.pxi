@@ -305,8 +305,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
     # and device moves happen after import, except that host memory is narrowed by the
     # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
-    cdef bint bytes_copy = bool(needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN)
-                                or (needs & NEED_NARROW and host)) or bool(copy)
+    cdef bint bytes_copy = _bytes_copy(needs, host) or bool(copy)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
@@ -323,6 +322,11 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
                  jax_device=dest, import_type=import_type, import_device=src,
                  import_copy=True if bytes_copy and not relayout else None,
                  copy_true=bool(copy), **facts)
+
+
+cdef inline bint _bytes_copy(uint32_t needs, bint host) noexcept:
+    return bool(needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN)
+                or (needs & NEED_NARROW and host))
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
@@ -481,7 +485,9 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
-cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts, source):
+cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
+    """``(parts, copy_bytes, narrow, one_pass)``: each slice's header and needs, the bytes
+    copied, the narrowing, and whether C views or copies every slice in one pass."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
@@ -498,6 +504,11 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
             one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
+    return parts, copy_bytes, narrow, one_pass
+
+
+cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts, source):
+    parts, copy_bytes, narrow, one_pass = _split_parts(info, tg, lay, opts)
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
                            needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
