@@ -165,7 +165,8 @@ def pipelines(names: list[str], chosen: list[str] | None, variants: bool, n: int
                else batched(name))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked; ``--quick`` applied."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15, help="rounds (median, quartiles)")
     parser.add_argument("--batches", type=int, default=24, help="batches per epoch")
@@ -189,10 +190,33 @@ def main(argv: list[str] | None = None) -> int:
         args.repeat, args.batches, args.warmup = 3, 12, 4
     if args.batches <= args.warmup:
         parser.error("--batches must exceed --warmup")
-    names = args.pipelines.split(",")
-    unknown = set(names) - set(PIPELINES)
+    unknown = set(args.pipelines.split(",")) - set(PIPELINES)
     if unknown:
         parser.error(f"unknown pipelines: {', '.join(sorted(unknown))}")
+    return args
+
+
+def _target(name: str, r: dict[str, Any], quick: bool) -> dict[str, Any] | None:
+    """Pipeline ``name``'s target (printed) from its results ``r``: None where its baseline
+    is not grain device_put or dlinspect device_put was not run."""
+    ratio = r["methods"].get("dlinspect device_put", {}).get("ratio")
+    if r["baseline"] != "grain device_put" or ratio is None:
+        return None
+    status = "PASS" if ratio["median"] >= 1.0 else "FAIL"
+    if status == "FAIL" and quick and ratio["q3"] >= 1.0:
+        status = "NOISY"   # a quick run whose paired ratios straddle the target
+    target = {"target": f"dlinspect device_put >= 1.0x grain device_put "
+                        f"({name}; median of paired ratios)",
+              "value": ratio["median"], "quartiles": [ratio["q1"], ratio["q3"]],
+              "ratio_of_medians": ratio["of_medians"], "status": status}
+    print(f"{status:<5} {target['target']}: {ratio['median']:.3f} (quartiles "
+          f"{ratio['q1']:.3f}-{ratio['q3']:.3f}; ratio of the medians "
+          f"{ratio['of_medians']:.3f})")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     import dlinspect
     warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
     print("versions: " + ", ".join(f"{k} {v}" for k, v in bl.versions().items() if v))
@@ -202,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.methods.split(",") if args.methods else None
     results: dict[str, Any] = {}
     targets = []
-    built = pipelines(names, chosen, args.variants, args.batches)
+    built = pipelines(args.pipelines.split(","), chosen, args.variants, args.batches)
     for p in built:
         try:
             results[p.name] = r = bl.run_pipeline(p, args.repeat, args.warmup, args.quick,
@@ -212,18 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                 p.close()
             gc.collect()
         print(bl.text_report(p.name, r), flush=True)
-        ratio = r["methods"].get("dlinspect device_put", {}).get("ratio")
-        if r["baseline"] == "grain device_put" and ratio is not None:
-            status = "PASS" if ratio["median"] >= 1.0 else "FAIL"
-            if status == "FAIL" and args.quick and ratio["q3"] >= 1.0:
-                status = "NOISY"   # a quick run whose paired ratios straddle the target
-            targets.append({"target": f"dlinspect device_put >= 1.0x grain device_put "
-                                      f"({p.name}; median of paired ratios)",
-                            "value": ratio["median"], "quartiles": [ratio["q1"], ratio["q3"]],
-                            "ratio_of_medians": ratio["of_medians"], "status": status})
-            print(f"{status:<5} {targets[-1]['target']}: {ratio['median']:.3f} (quartiles "
-                  f"{ratio['q1']:.3f}-{ratio['q3']:.3f}; ratio of the medians "
-                  f"{ratio['of_medians']:.3f})")
+        target = _target(p.name, r, args.quick)
+        if target is not None:
+            targets.append(target)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"versions": bl.versions(), "machine": bl.machine(),

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MIN_TEXT = 200
 # Pages whose main part is a form or an index filled by script, not prose.
 SPARSE = {"search.html", "genindex.html", "py-modindex.html"}
+#: The tags whose ``href`` or ``src`` is a link to check.
+LINKING = {"a", "link", "img", "script", "iframe", "source"}
 
 
 @dataclass
@@ -49,18 +51,14 @@ class _Reader(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
-        for key in ("id", "name" if tag == "a" else ""):
-            if key and a.get(key):
-                self.page.ids.add(a[key] or "")
-        for key in ("href", "src"):
-            value = a.get(key)
-            if value and tag in ("a", "link", "img", "script", "iframe", "source"):
-                self.page.links.append(value)
+        self.page.ids.update(v for v in (a.get("id"), a.get("name") if tag == "a" else None) if v)
+        if tag in LINKING:
+            self.page.links.extend(v for v in (a.get("href"), a.get("src")) if v)
         if tag in ("script", "style"):
             self._skip += 1
         if self._main_depth:
             self._main_depth += 1
-        elif tag == "main" or (tag == "article" and "bd-article" in (a.get("class") or "")):
+        elif _opens_main(tag, a):
             self._main_depth = 1
         if tag == "h1" and not self.page.title:
             self._heading = True
@@ -80,6 +78,11 @@ class _Reader(HTMLParser):
             self.page.main_text += data
         if self._heading:
             self.page.title += data
+
+
+def _opens_main(tag: str, attrs: dict[str, str | None]) -> bool:
+    """The tag opens the page's main part: ``<main>``, or the theme's article."""
+    return tag == "main" or (tag == "article" and "bd-article" in (attrs.get("class") or ""))
 
 
 def dump_dom(browser: str, path: Path) -> str:
@@ -106,27 +109,31 @@ def problems(build: Path, pages: dict[Path, Page]) -> list[str]:
     for path, page in sorted(pages.items()):
         rel = path.relative_to(build)
         text = " ".join(page.main_text.split())
-        if path.name not in SPARSE:
-            if len(text) < MIN_TEXT:
-                out.append(f"{rel}: its main text has {len(text)} characters (blank page?)")
-            if not page.title.strip():
-                out.append(f"{rel}: no title (h1)")
-        for link in page.links:
-            parts = urlsplit(link)
-            if parts.scheme or parts.netloc or link.startswith(("mailto:", "javascript:")):
-                continue
-            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
-            if target.is_dir():
-                target = target / "index.html"
-            if not target.is_file() or build.resolve() not in target.parents:
-                out.append(f"{rel}: link {link!r} names no file of the build")
-                continue
-            if parts.fragment and target.suffix == ".html":
-                ids = pages[target].ids if target in pages else set()
-                if unquote(parts.fragment) not in ids:
-                    out.append(f"{rel}: link {link!r}: no id {parts.fragment!r} in "
-                               f"{target.relative_to(build.resolve())}")
+        if path.name not in SPARSE and len(text) < MIN_TEXT:
+            out.append(f"{rel}: its main text has {len(text)} characters (blank page?)")
+        if path.name not in SPARSE and not page.title.strip():
+            out.append(f"{rel}: no title (h1)")
+        out += [f"{rel}: link {link!r}{why}" for link in page.links
+                if (why := _broken(build, pages, path, link))]
     return out
+
+
+def _broken(build: Path, pages: dict[Path, Page], path: Path, link: str) -> str:
+    """What is wrong with ``link`` of page ``path`` (after the link in the message), or
+    "" where nothing is (and for links to other sites, not followed)."""
+    parts = urlsplit(link)
+    if parts.scheme or parts.netloc or link.startswith(("mailto:", "javascript:")):
+        return ""
+    target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_file() or build.resolve() not in target.parents:
+        return " names no file of the build"
+    if not parts.fragment or target.suffix != ".html":
+        return ""
+    if unquote(parts.fragment) in (pages[target].ids if target in pages else set()):
+        return ""
+    return f": no id {parts.fragment!r} in {target.relative_to(build.resolve())}"
 
 
 def main(argv: list[str]) -> int:

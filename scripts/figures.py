@@ -323,35 +323,41 @@ def pipelines(old: str = "", path: Path = LOADERS) -> str:
             "| zero-copy per batch | copied per batch (why) |",
             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for name, pipe in report["pipelines"].items():
-        first = True
-        for method, row in pipe["methods"].items():
-            e2e, ratio, conv, got = row["end_to_end"], row["ratio"], row["conversion"], row["bytes"]
-            cells = [name if first else "",
+        for i, (method, row) in enumerate(pipe["methods"].items()):
+            e2e, ratio = row["end_to_end"], row["ratio"]
+            cells = [name if i == 0 else "",
                      f"`{method}`" + (" (own path)" if method == pipe["baseline"] else ""),
                      with_spread(e2e["median"], e2e["q1"], e2e["q3"]),
                      "1" if ratio is None else with_spread(ratio["median"], ratio["q1"],
-                                                           ratio["q3"], ratio=True)]
-            if conv is None:
-                cells.append("")
-            else:
-                r, text = conv["ratio"], f"{conv['us_per_batch']:,.0f}"
-                if r is not None:
-                    text += f", ×{with_spread(r['median'], r['q1'], r['q3'], ratio=True)}"
-                    if conv["against"] != pipe["baseline"]:
-                        text += f" against `{conv['against']}`"
-                cells.append(text)
-            if got is None:
-                cells += ["", ""]
-            else:
-                cells.append(_size(got["zero_copy"]))
-                copied = sorted(got["copied"].items(), key=lambda kv: -kv[1])
-                cells.append("; ".join(f"{_size(b)} ({why})" for why, b in copied if b) or "0")
+                                                           ratio["q3"], ratio=True),
+                     _conversion_cell(row["conversion"], pipe["baseline"]),
+                     *_bytes_cells(row["bytes"])]
             out.append("| " + " | ".join(cells) + " |")
-            first = False
     if report["skipped"]:
         out += ["", "Not run: " + "; ".join(f"{name} ({why})"
                                             for name, why in report["skipped"].items()) + "."]
     return "\n".join(out) + "\n"
+
+
+def _conversion_cell(conv: dict[str, Any] | None, baseline: str) -> str:
+    """A method's conversion time per batch, and its paired ratio (against the baseline,
+    or the method it names)."""
+    if conv is None:
+        return ""
+    r, text = conv["ratio"], f"{conv['us_per_batch']:,.0f}"
+    if r is None:
+        return text
+    text += f", ×{with_spread(r['median'], r['q1'], r['q3'], ratio=True)}"
+    return text + (f" against `{conv['against']}`" if conv["against"] != baseline else "")
+
+
+def _bytes_cells(got: dict[str, Any] | None) -> list[str]:
+    """A method's bytes per batch imported zero-copy, and copied (most first, with why)."""
+    if got is None:
+        return ["", ""]
+    copied = sorted(got["copied"].items(), key=lambda kv: -kv[1])
+    return [_size(got["zero_copy"]),
+            "; ".join(f"{_size(b)} ({why})" for why, b in copied if b) or "0"]
 
 
 SETUP = ROOT / "benchmarks" / "setup.json"

@@ -160,19 +160,19 @@ def test_lint_clean():
 PYTHON_CODE = [PACKAGE, ROOT / "benchmarks", ROOT / "scripts"]
 
 
-def test_no_function_graded_d_or_worse():
+def test_no_function_above_complexity_15():
     """No function of the package (its benchmark suites included), the benchmarks or the
-    scripts has a cyclomatic complexity of 21 or more (radon's grade D): decisions are
-    tables and small steps. The compiled core is held to the same limit below."""
+    scripts has a cyclomatic complexity above 15 (radon's count; issue 38): decisions are
+    tables and small steps. The compiled core is held to radon's grade D (21 or more) below."""
     import pytest
     complexity = pytest.importorskip("radon.complexity", reason="radon is not installed")
-    graded = []
+    above = []
     for path in sorted(p for folder in PYTHON_CODE for p in folder.rglob("*.py")):
         for block in complexity.cc_visit(path.read_text(encoding="utf-8")):
-            if block.complexity > 20:
-                graded.append(f"{path.relative_to(ROOT)}:{block.lineno} {block.name} "
-                              f"({block.complexity})")
-    assert not graded, graded
+            if block.complexity > 15:
+                above.append(f"{path.relative_to(ROOT)}:{block.lineno} {block.name} "
+                             f"({block.complexity})")
+    assert not above, above
 
 
 DEF_LINE = re.compile(r"^(\s*)(?:cdef|cpdef|def)\s+(?!class\b|enum\b|struct\b|extern\b)"

@@ -108,8 +108,7 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None,
         return made
     if copy is not None and copy is not True and copy is not False:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
-    for name, value in (("fallback", fallback), ("readonly", readonly), ("leaves", leaves),
-                        ("narrow", narrow)):
+    for name, value in zip(_CHOICES, (fallback, readonly, leaves, narrow)):
         if value not in _CHOICES[name]:
             allowed = " or ".join(repr(c) for c in _CHOICES[name])
             raise ValueError(f"{name} must be {allowed}, not {value!r}")

@@ -108,9 +108,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     ((4, 3), [1, 1, 1, 1], 0)
     """
     align = _alignment(alignment)
-    allocate: Callable[..., Any] = aligned_empty
-    if pinned:
-        allocate = _pinned_allocator()
+    allocate: Callable[..., Any] = _pinned_allocator() if pinned else aligned_empty
     items = _elements(elements)
     if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
         return _stack_leaf(None, 0, items, align, allocate)
@@ -136,21 +134,19 @@ def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | Non
     its leaves (what a loader's examples mostly are) and every element is one of the same
     type and keys; else None (each element is walked). A value of another element that
     is no leaf is found when its column is stacked (``_as_array``)."""
-    e0 = items[0]
-    tp = type(e0)
-    if first.parts is None and len(first.leaves) == 1 and first.leaves[0] is e0:
+    e0, tp = items[0], type(items[0])
+    if first.parts is not None:
+        return None
+    if len(first.leaves) == 1 and first.leaves[0] is e0:
         return [items]   # each element one leaf (an array, a tensor): one column
-    if first.parts is not None or not (tp is dict or tp is list or tp is tuple):
+    if tp not in (dict, list, tuple) or len(first.leaves) != len(e0):
         return None
     keys: Any = sorted(e0) if tp is dict else range(len(e0))
-    n = len(e0)
-    if len(first.leaves) != n:
-        return None
     for leaf, key in zip(first.leaves, keys):   # (loops: generators cost more here)
         if leaf is not e0[key]:
             return None   # None values, nodes JAX walks: not one leaf per value
     for e in items:
-        if type(e) is not tp or len(e) != n:
+        if type(e) is not tp or len(e) != len(e0):
             return None
     try:   # (as many keys as element 0, each of its keys: the same keys)
         return [[e[key] for e in items] for key in keys]
@@ -219,8 +215,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
         if stacked is not None:
             return stacked
     t0 = type(column[0])
-    if t0 is not np.ndarray and (t0 in _SCALARS or issubclass(t0, np.generic)) and all(
-            type(leaf) is t0 for leaf in column):
+    if (t0 in _SCALARS or issubclass(t0, np.generic)) and all(type(leaf) is t0 for leaf in column):
         # Scalars of one type (labels): NumPy reads them in one call, with np.stack's dtype.
         values = np.array(column)
         if values.dtype.hasobject:
@@ -230,29 +225,32 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
         return out
     arrays = [leaf if type(leaf) is np.ndarray else _as_array(first, j, k, leaf)
               for k, leaf in enumerate(column)]
+    dtype = _stack_dtype(first, j, arrays)
+    shape = (len(arrays),) + arrays[0].shape
+    if dtype.hasobject:   # (references, not values: np.stack's own array)
+        return _allocated(first, j, shape, dtype, lambda *_: np.stack(arrays))
+    out = _allocated(first, j, shape, dtype, allocate, align)
+    return np.stack(arrays, out=out)
+
+
+def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> np.dtype[Any]:
+    """np.stack's dtype for ``arrays`` (native byte order; a structured one packed); or the
+    StackError of arrays of different shapes, or of dtypes with no common dtype."""
     a0 = arrays[0]
     for k in range(1, len(arrays)):
         if arrays[k].shape != a0.shape:
             raise StackError(
                 f"{_where(first, j)}element {k} has shape {arrays[k].shape} {_there(first, j)}, "
-                f"and "
-                f"element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
+                f"and element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
-    dtypes = {a.dtype for a in arrays}
-    try:   # np.stack's dtype (native byte order; a structured one packed)
-        dtype = np.result_type(*dtypes, a0.dtype)
+    try:
+        return np.result_type(*{a.dtype for a in arrays}, a0.dtype)
     except (TypeError, ValueError) as exc:
         k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
         raise StackError(
             f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} {_there(first, j)}, "
-            f"and element 0 "
-            f"{a0.dtype}, which have no common dtype ({exc}). To fix: give the leaf one dtype "
-            f"in every element (x.astype(...)) before batching.") from None
-    shape = (len(arrays),) + a0.shape
-    if dtype.hasobject:   # (references, not values: np.stack's own array)
-        return _allocated(first, j, shape, dtype, lambda *_: np.stack(arrays))
-    out = _allocated(first, j, shape, dtype, allocate, align)
-    return np.stack(arrays, out=out)
+            f"and element 0 {a0.dtype}, which have no common dtype ({exc}). To fix: give the "
+            f"leaf one dtype in every element (x.astype(...)) before batching.") from None
 
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
@@ -290,9 +288,8 @@ def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray
         raise StackError(
             f"{_where(first, j)}element {k} has a {type(leaf).__module__}."
             f"{type(leaf).__qualname__} {_there(first, j)}, where element 0 has a leaf; a "
-            f"batch stacks "
-            f"leaves position by position, so every element needs the same structure. To "
-            f"fix: give every element the same keys and nesting.")
+            f"batch stacks leaves position by position, so every element needs the same "
+            f"structure. To fix: give every element the same keys and nesting.")
     if is_tensor(leaf):
         if type(leaf) is _CAPSULE:
             raise StackError(

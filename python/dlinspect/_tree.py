@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,9 @@ __all__ = ["Flat", "flatten", "is_leaf", "text_leaf", "MAX_DEPTH"]
 MAX_DEPTH = 200
 
 _LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
+_DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2   # a key as (kind, name): see _where
+_KEY_KIND = {_MAPPING: _DICT_KEY, _DATACLASS: _ATTR_KEY, _SEQUENCE: _SEQUENCE_KEY,
+             _NAMESPACE: _ATTR_KEY}
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _FIX = ("register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a "
@@ -66,8 +70,7 @@ def _kind(tp: type) -> int:
     return _classify(tp) if kind is None else kind
 
 
-def _tree_util() -> Any:
-    return jax_module("jax.tree_util")
+_tree_util = functools.partial(jax_module, "jax.tree_util")
 
 
 class Flat:
@@ -242,42 +245,41 @@ def _flatten(x: Any, is_leaf: Any = None) -> Flat:
     outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
     if is_leaf is not None:   # (a list JAX gives as a leaf is one is_leaf kept whole)
         outer = [list(v) if type(v) is list else v for v in outer]
-    if all(_kind(tp) == _LEAF or (is_leaf is not None and (tp is list or tp is tuple))
-           for tp in set(map(type, outer))):
+    if all(_leaf_kind(tp, is_leaf) == _LEAF for tp in set(map(type, outer))):
         return Flat(x, outer, treedef, None, {}, is_leaf)
     leaves: list[Any] = []
     parts: list[Any] = []
     errors: dict[int, ContainerError] = {}
     for leaf in outer:
-        kind = _kind(type(leaf))
-        if is_leaf is not None and (type(leaf) is list or type(leaf) is tuple):
-            kind = _LEAF
+        kind = _leaf_kind(type(leaf), is_leaf)
         part = None if kind == _LEAF else _container(kind, leaf, is_leaf)
-        if part is None or isinstance(part, ContainerError):
-            if part is not None:
-                errors[len(leaves)] = part
-            parts.append(None)
+        if isinstance(part, ContainerError):
+            errors[len(leaves)] = part
+            part = None
+        parts.append(part)
+        if part is None:
             leaves.append(leaf)
             continue
         for sub in part[4]:
             errors.update((len(leaves) + i, e) for i, e in sub.errors.items())
             leaves.extend(sub.leaves)
-        parts.append(part)
     return Flat(x, leaves, treedef, parts, errors, is_leaf)
+
+
+def _leaf_kind(tp: type, is_leaf: Any) -> int:
+    """:func:`_kind`, where a list or tuple ``is_leaf`` (:func:`text_leaf`) kept whole is a leaf."""
+    return _LEAF if is_leaf is not None and (tp is list or tp is tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
     """``(kind, obj, keys, names, subs)`` of a container JAX does not walk, or the
     ContainerError that says it cannot be rebuilt (tried with its own values)."""
-    tree_util = _tree_util()
     names, values = _named_values(kind, obj)
-    make = (tree_util.DictKey if kind == _MAPPING else tree_util.SequenceKey
-            if kind == _SEQUENCE else tree_util.GetAttrKey)
-    keys = [make(n) for n in names]
     try:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
+    keys = [_jax_key((_KEY_KIND[kind], n)) for n in names]
     return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
 
 
@@ -330,11 +332,8 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [(_ATTR_KEY if kind in (_DATACLASS, _NAMESPACE) else
-                 _DICT_KEY if kind == _MAPPING else _SEQUENCE_KEY, n) for n in names]
-
-        def rebuild(new: list[Any]) -> Any:
-            return _rebuild(kind, x, names, new)
+        keys = [(_KEY_KIND[kind], n) for n in names]
+        rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
     for key, value in zip(keys, values):
@@ -387,42 +386,39 @@ def _unwalkable(x: Any) -> ContainerError | None:
     return None
 
 
-_DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2
-
-
 def _where(raw: tuple[Any, ...]) -> str:
     """A key path (of ``(kind, name)`` pairs) in words, as ``jax.tree_util.keystr``
     writes it, its middle left out when it is long."""
     tree_util = _tree_util()
     if not raw:
         return "the top of the batch"
-    make = (tree_util.DictKey, tree_util.SequenceKey, tree_util.GetAttrKey)
-    path = tuple(make[kind](name) for kind, name in raw)
+    path = tuple(map(_jax_key, raw))
     if len(path) <= 8:
         return tree_util.keystr(path)
     return (f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, "
             f"{len(path)} levels down")
 
 
+def _jax_key(raw: tuple[int, Any]) -> Any:
+    """A ``(kind, name)`` key as the jax key it stands for."""
+    return getattr(_tree_util(), ("DictKey", "SequenceKey", "GetAttrKey")[raw[0]])(raw[1])
+
+
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
     """``[((kind, name), child)]`` of a container (``[]`` for anything else), or the
     ContainerError of a dict whose keys do not sort."""
-    if type(node) is dict or isinstance(node, Mapping):
-        try:
-            names = sorted(node) if type(node) is dict else list(node)
-        except TypeError:
-            kinds = sorted({type(k).__name__ for k in node})
-            return ContainerError(
-                f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
-                f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
-                f"converted. To fix: give its keys one type (e.g. str(key)).")
-        return [((_DICT_KEY, k), node[k]) for k in names]
-    if isinstance(node, (list, tuple)):
-        if set(map(type, node)) <= _PLAIN_TYPES:   # (a batch's string ids: nothing inside)
-            return []
-        return [((_SEQUENCE_KEY, i), v) for i, v in enumerate(node)]
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return [((_ATTR_KEY, f.name), getattr(node, f.name)) for f in dataclasses.fields(node)]
-    if isinstance(node, types.SimpleNamespace):
-        return [((_ATTR_KEY, k), v) for k, v in vars(node).items()]
-    return []
+    kind = _kind(type(node))
+    if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
+        return []   # (a list of plain scalars: a batch's string ids, nothing inside)
+    if kind != _MAPPING:
+        names, values = _named_values(kind, node)
+        return [((_KEY_KIND[kind], n), v) for n, v in zip(names, values)]
+    try:
+        names = sorted(node) if type(node) is dict else list(node)
+    except TypeError:
+        kinds = sorted({type(k).__name__ for k in node})
+        return ContainerError(
+            f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
+            f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
+            f"converted. To fix: give its keys one type (e.g. str(key)).")
+    return [((_DICT_KEY, k), node[k]) for k in names]

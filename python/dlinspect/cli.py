@@ -54,9 +54,8 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
         except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
             report["jax_error"] = _core.first_line(exc)
             jax = None
-    if jax is None:
-        report["jax"] = None
-    else:
+    report["jax"] = None
+    if jax is not None:
         from dlinspect._jaxcaps import caps
         c = caps()
         target = c.target   # built: its probes say which private symbols are used
@@ -166,9 +165,9 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
         print(f"  {name}: cannot be imported here ({row['error']})", flush=True)
         return
     api = row["exchange_api"]
-    words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"]
-    for key in ("max_version", "dl_device", "copy"):
-        words.append(f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}")
+    words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"] + [
+        f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}"
+        for key in ("max_version", "dl_device", "copy")]
     print(f"  {row['type']}: " + ", ".join(words), flush=True)
 
 

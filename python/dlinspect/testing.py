@@ -87,28 +87,29 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
     1
     """
     if isinstance(data, np.ndarray):
-        arr = data
-        if shape is None:
-            shape = arr.shape
-        if dtype is None:
-            dtype = arr.dtype
-        if strides is None and not arr.flags.c_contiguous:
-            strides = tuple(s // arr.itemsize for s in arr.strides)
-        if not (arr.flags.c_contiguous or arr.flags.f_contiguous) and address is None:
-            address = arr.ctypes.data  # first element; `arr` itself is kept alive
+        shape = data.shape if shape is None else shape
+        dtype = data.dtype if dtype is None else dtype
+        if strides is None and not data.flags.c_contiguous:
+            strides = _element_strides(data)
+        if not (data.flags.c_contiguous or data.flags.f_contiguous) and address is None:
+            address = data.ctypes.data  # first element; `data` itself is kept alive
     if isinstance(dtype, tuple):   # (code, bits[, lanes])
         code, bits, *rest = dtype
         code, bits, lanes = int(code), int(bits), int(rest[0]) if rest else 1
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
-    if shape is not None:
-        shape = tuple(int(s) for s in shape)
-    if strides is not None:
-        strides = tuple(int(s) for s in strides)
-    return _core._make_capsule(data, address, shape, ndim, strides, code, bits, lanes,
+    return _core._make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
                                int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
                                int(version[0]), int(version[1]), int(flags), counter, name,
                                bool(null_deleter))
+
+
+def _ints(values: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(map(int, values))
+
+
+def _element_strides(arr: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // arr.itemsize for s in arr.strides)
 
 
 class FakeProducer:
@@ -204,15 +205,11 @@ class FakeProducer:
         if self.legacy_only and kwargs:
             raise TypeError(f"__dlpack__() got unexpected keyword argument(s) {sorted(kwargs)}")
         self.calls.append({"stream": stream, **kwargs})
-        if isinstance(self.refuse, BaseException):
-            raise self.refuse
         if self.refuse is not None:
-            raise BufferError(self.refuse)
-        max_version = kwargs.get("max_version")
-        dl_device = kwargs.get("dl_device")
-        copy = kwargs.get("copy")
+            raise self.refuse if isinstance(self.refuse, BaseException) else BufferError(self.refuse)
+        max_version, dl_device, copy = map(kwargs.get, ("max_version", "dl_device", "copy"))
         versioned = max_version is not None and max_version[0] >= 1
-        flags = FLAG_READ_ONLY if (self.read_only and versioned) else 0
+        flags = FLAG_READ_ONLY if self.read_only else 0   # (versioned capsules only: see below)
         arr, device = self.array, self.capsule_device
         if dl_device is not None and tuple(dl_device) != (self.device[0], self.device[1] or 0):
             if tuple(dl_device) != (DLDeviceType.kDLCPU, 0) or not self.host_copy:
@@ -221,14 +218,14 @@ class FakeProducer:
                 raise BufferError("a copy to the host is needed but copy=False")
             arr, device = (_copy_in_its_order(self.host_values, self.host_align),
                            (DLDeviceType.kDLCPU, 0))
-            flags = FLAG_IS_COPIED if versioned else 0
+            flags = FLAG_IS_COPIED
             self.served.append(arr)
         elif copy:
             arr = np.array(self.array, copy=True)
-            flags = (flags | FLAG_IS_COPIED) if versioned else flags
+            flags |= FLAG_IS_COPIED
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
-                            flags=flags, counter=self.counter,
-                            strides=tuple(s // arr.itemsize for s in arr.strides))
+                            flags=flags if versioned else 0, counter=self.counter,
+                            strides=_element_strides(arr))
 
 
 def _copy_in_its_order(values: np.ndarray, align: int) -> np.ndarray:

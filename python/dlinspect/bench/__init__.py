@@ -242,39 +242,52 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
     if plot:
         out += [f"![per-call cost against tensor size]({plot})", ""]
     for name, result in report["suites"].items():
-        out += [f"## {name}", "", f"Median {result['unit']}"
-                + (f", {result['repeat']} runs" if "repeat" in result else "") + ".", ""]
-        if name == "sweep":
-            methods = result["methods"]
-            out += ["| size | plan | " + " | ".join(methods) + " |",
-                    "| --- | --- | " + " | ".join("---:" for _ in methods) + " |"]
-            for p in result["sweep"]:
-                out.append(f"| {p['size']} | {p['plan']} | "
-                           + " | ".join(f"{p[m]:.2f}" for m in methods) + " |")
-        elif name == "loader" and "tables" in result:
-            cols = ("conversion", "end_to_end", "end_to_end_synced")
-            out += ["| method | conversion only | end to end, jitted step (async) "
-                    "| end to end, loss read every step |",
-                    "| --- | ---: | ---: | ---: |"]
-            for method in result["tables"]["conversion"]:
-                out.append(f"| {method} | " + " | ".join(
-                    f"{result['tables'][c][method]['median']:,.0f}" for c in cols) + " |")
-            out += ["", "Sharded over 4 forced CPU devices, conversion only:", "",
-                    "| method | batches/s |", "| --- | ---: |"]
-            for m, row in result["sharded"]["rows"].items():
-                out.append(f"| {m} | {row['median']:,.0f} |")
-        else:
-            out += ["| call | median |", "| --- | ---: |"]
-            for r in result["rows"]:
-                out.append(f"| `{r['name']}` | {r['median']:.4g} |")
-        out.append("")
-        out += [f"- {note}" for note in result.get("notes", [])]
-        out += [f"- **{t['status']}** {t['target']}"
-                + ("" if t["value"] is None else f": {t['value']:.4g}") for t in result["targets"]]
-        out.append("")
+        out += _suite_markdown(name, result)
     out += [verdict(report), ""]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out))
+
+
+def _suite_markdown(name: str, result: dict[str, Any]) -> list[str]:
+    """One suite's section of :func:`write_markdown`: its table(s), notes and targets."""
+    table = (_sweep_table if name == "sweep" else
+             _loader_tables if name == "loader" and "tables" in result else _rows_table)
+    return ([f"## {name}", "", f"Median {result['unit']}"
+             + (f", {result['repeat']} runs" if "repeat" in result else "") + ".", ""]
+            + table(result) + [""]
+            + [f"- {note}" for note in result.get("notes", [])]
+            + [f"- **{t['status']}** {t['target']}"
+               + ("" if t["value"] is None else f": {t['value']:.4g}") for t in result["targets"]]
+            + [""])
+
+
+def _rows_table(result: dict[str, Any]) -> list[str]:
+    """The median of every call."""
+    return (["| call | median |", "| --- | ---: |"]
+            + [f"| `{r['name']}` | {r['median']:.4g} |" for r in result["rows"]])
+
+
+def _sweep_table(result: dict[str, Any]) -> list[str]:
+    """A row per tensor size: its plan and each method's median."""
+    methods = result["methods"]
+    return (["| size | plan | " + " | ".join(methods) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in methods) + " |"]
+            + [f"| {p['size']} | {p['plan']} | " + " | ".join(f"{p[m]:.2f}" for m in methods)
+               + " |" for p in result["sweep"]])
+
+
+def _loader_tables(result: dict[str, Any]) -> list[str]:
+    """Batches/s of every method: converted only, end to end (async and synced), sharded."""
+    cols = ("conversion", "end_to_end", "end_to_end_synced")
+    tables = result["tables"]
+    return (["| method | conversion only | end to end, jitted step (async) "
+             "| end to end, loss read every step |",
+             "| --- | ---: | ---: | ---: |"]
+            + [f"| {method} | " + " | ".join(f"{tables[c][method]['median']:,.0f}" for c in cols)
+               + " |" for method in tables["conversion"]]
+            + ["", "Sharded over 4 forced CPU devices, conversion only:", "",
+               "| method | batches/s |", "| --- | ---: |"]
+            + [f"| {m} | {row['median']:,.0f} |" for m, row in result["sharded"]["rows"].items()])
 
 
 def _figure(value: float | None, unit: str) -> str:

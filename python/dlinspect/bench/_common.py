@@ -25,6 +25,16 @@ MIB = 1024 * KIB
 Tick = Callable[[str], None]
 
 
+def size_label(nbytes: int) -> str:
+    """``nbytes`` as the suites name a size: ``"64 KiB"``, ``"4 MiB"``."""
+    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+
+
+def size_repeat(repeat: int, nbytes: int) -> int:
+    """Runs per measurement of a tensor of ``nbytes``: a third (at least 3) from 64 MiB."""
+    return repeat if nbytes < 64 * MIB else max(3, repeat // 3)
+
+
 def _calibrated(stmt: str, namespace: dict[str, Any], min_run_s: float) -> tuple[Any, int]:
     """A timer for ``stmt`` and a loop count giving >= ``min_run_s`` per run
     (``timeit``'s autorange when 0.2 s)."""

@@ -33,7 +33,7 @@ import numpy
 import dlinspect
 from dlinspect._core import aligned_empty
 
-from ._common import KIB, MIB, Tick, ratio_target, time_cases
+from ._common import KIB, MIB, Tick, ratio_target, size_label, size_repeat, time_cases
 
 SIZES = [1 * KIB, 64 * KIB, 1 * MIB, 4 * MIB, 64 * MIB, 256 * MIB]
 QUICK_SIZES = [1 * KIB, 64 * KIB, 4 * MIB]
@@ -43,6 +43,8 @@ KINDS = ("misaligned", "read-only", "narrowing", "strided", "transposed", "NCHW-
 #: The baselines: row name -> statement over ``x`` (a kind's tensor).
 BASELINES = {"jax.device_put": "jax.device_put({x})", "jnp.asarray": "jnp.asarray({x})",
              "numpy copy + import": "to_jax(numpy_copy({x}{cast}))"}
+#: What the statements add for a kind: to_jax's keyword, and the cast of NumPy's copy.
+EXTRA = {"narrowing": (', narrow="ok"', ", float32")}
 
 
 def numpy_copy(x: Any, dtype: Any = None) -> Any:
@@ -81,6 +83,40 @@ def _copies(stmt: str, ns: dict[str, Any], x: Any) -> bool:
     return bool(out.unsafe_buffer_pointer() != x.__array_interface__["data"][0])
 
 
+def _cases(size: str, ns: dict[str, Any],
+           xs: dict[str, Any]) -> tuple[list[tuple[str, str, bool]], dict[str, list[str]]]:
+    """The cases of one size (``time_cases``'s): to_jax of each kind's tensor in ``xs``,
+    then each baseline that copies it; and the baselines of each kind. Puts the tensors
+    into ``ns``."""
+    cases, bases_of = [], {}
+    for kind, x in xs.items():
+        name = "x_" + "".join(c if c.isalnum() else "_" for c in kind)
+        ns[name] = x
+        ok, cast = EXTRA.get(kind, ("", ""))
+        cases.append((f"to_jax {kind} {size}", f"to_jax({name}{ok}).block_until_ready()", False))
+        bases = [base for base, stmt in BASELINES.items()
+                 if _copies(stmt.format(x=name, cast=cast), ns, x)]
+        cases += [(f"{base} {kind} {size}",
+                   BASELINES[base].format(x=name, cast=cast) + ".block_until_ready()", False)
+                  for base in bases]
+        bases_of[kind] = bases
+    return cases, bases_of
+
+
+def _targets(size: str, bases_of: dict[str, list[str]],
+             rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each kind's target at one size: to_jax against the fastest baseline that copies."""
+    by_name = {r["name"]: r for r in rows}
+    targets = []
+    for kind, bases in bases_of.items():
+        fastest = min(bases, key=lambda b: by_name[f"{b} {kind} {size}"]["median"])
+        targets.append(ratio_target(
+            f"to_jax of a {kind} {size} tensor at most {LIMIT:g}x the fastest copy of "
+            f"JAX's own and NumPy's", by_name, f"to_jax {kind} {size}",
+            f"{fastest} {kind} {size}", LIMIT))
+    return targets
+
+
 def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
@@ -90,33 +126,13 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     targets: list[dict[str, Any]] = []
     warnings.filterwarnings("ignore", message=".*requested in asarray is not available")
     for nbytes in QUICK_SIZES if quick else SIZES:
-        size = f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+        size = size_label(nbytes)
         ns: dict[str, Any] = {"to_jax": dlinspect.to_jax, "numpy_copy": numpy_copy,
                               "float32": numpy.float32, "jax": jax, "jnp": jnp}
-        cases, kinds = [], []
-        for kind, x in tensors(nbytes).items():
-            name = "x_" + "".join(c if c.isalnum() else "_" for c in kind)
-            ns[name] = x
-            ok = ', narrow="ok"' if kind == "narrowing" else ""
-            cases.append((f"to_jax {kind} {size}", f"to_jax({name}{ok}).block_until_ready()",
-                          False))
-            cast = ", float32" if kind == "narrowing" else ""
-            bases = [base for base, stmt in BASELINES.items()
-                     if _copies(stmt.format(x=name, cast=cast), ns, x)]
-            cases += [(f"{base} {kind} {size}",
-                       BASELINES[base].format(x=name, cast=cast) + ".block_until_ready()", False)
-                      for base in bases]
-            kinds.append((kind, bases))
-        got, _ = time_cases("copies", cases, ns, repeat if nbytes < 64 * MIB
-                            else max(3, repeat // 3), quick, tick, [])
+        cases, bases_of = _cases(size, ns, tensors(nbytes))
+        got, _ = time_cases("copies", cases, ns, size_repeat(repeat, nbytes), quick, tick, [])
         rows += got
-        by_name = {r["name"]: r for r in got}
-        for kind, bases in kinds:
-            fastest = min(bases, key=lambda b: by_name[f"{b} {kind} {size}"]["median"])
-            targets.append(ratio_target(
-                f"to_jax of a {kind} {size} tensor at most {LIMIT:g}x the fastest copy of "
-                f"JAX's own and NumPy's", by_name, f"to_jax {kind} {size}",
-                f"{fastest} {kind} {size}", LIMIT))
+        targets += _targets(size, bases_of, got)
         del ns
     return {"title": "copies", "unit": "µs per call", "rows": rows, "repeat": repeat,
             "targets": targets, "notes": [

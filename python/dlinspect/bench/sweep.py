@@ -24,16 +24,12 @@ import numpy
 
 import dlinspect
 
-from ._common import KIB, MIB, Tick, optional, time_statement
+from ._common import KIB, MIB, Tick, optional, size_label, size_repeat, time_statement
 from .to_jax import aligned_filled
 
 SIZES = [1 * KIB, 16 * KIB, 256 * KIB, 4 * MIB, 64 * MIB, 256 * MIB]
 QUICK_SIZES = [1 * KIB, 64 * KIB, 4 * MIB]
 FLAT_LIMIT = 2.0
-
-
-def size_label(nbytes: int) -> str:
-    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
 
 
 def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None) -> dict[str, Any]:
@@ -53,21 +49,25 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
               "torch_from_dlpack": torch.from_dlpack if torch is not None else None}
         point: dict[str, Any] = {"nbytes": nbytes, "size": size_label(nbytes),
                                  "plan": dlinspect.plan(x).kind}
-        n = repeat if nbytes < 64 * MIB else max(3, repeat // 3)
         for method, stmt in methods.items():
             if tick:
                 tick(f"sweep: {method} {point['size']}")
-            timing = time_statement(stmt, ns, n, 0.02 if quick else 0.2)
+            timing = time_statement(stmt, ns, size_repeat(repeat, nbytes), 0.02 if quick else 0.2)
             point[method] = timing["median"]
             rows.append({"name": f"{method} {point['size']}", **timing})
         sweep.append(point)
         del ns, x
+    return {"title": "sweep", "unit": "µs per call", "rows": rows, "repeat": repeat,
+            "methods": list(methods), "sweep": sweep, "targets": [_flat_target(sweep)],
+            "notes": []}
+
+
+def _flat_target(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """to_jax's costs, max over min across the sizes, at most FLAT_LIMIT, every size zero-copy."""
     costs = [p["to_jax"] for p in sweep]
     ratio = max(costs) / min(costs)
     not_zero_copy = [p["size"] for p in sweep if p["plan"] != "zero-copy"]
     ok = ratio <= FLAT_LIMIT and not not_zero_copy
-    target = {"target": f"to_jax flat across sizes on the zero-copy path: max/min <= {FLAT_LIMIT:g}",
-              "status": "PASS" if ok else "FAIL", "value": ratio, "limit": FLAT_LIMIT,
-              "not_zero_copy": not_zero_copy}
-    return {"title": "sweep", "unit": "µs per call", "rows": rows, "repeat": repeat,
-            "methods": list(methods), "sweep": sweep, "targets": [target], "notes": []}
+    return {"target": f"to_jax flat across sizes on the zero-copy path: max/min <= {FLAT_LIMIT:g}",
+            "status": "PASS" if ok else "FAIL", "value": ratio, "limit": FLAT_LIMIT,
+            "not_zero_copy": not_zero_copy}
