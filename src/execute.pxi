@@ -12,8 +12,7 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        # (NumPy and torch arrays are never jax.Arrays: no isinstance asked of them)
-        if entry.guard != GUARD_NUMPY and not entry.is_torch and isinstance(x, tg.jax.Array):
+        if entry.guard == GUARD_JAX:
             return route_jax_array(x, opts, tg), None, None
     cdef PyObject* p = NULL
     cdef int flags = opts.flags

@@ -446,6 +446,11 @@ def is_tensor(x):
     return _is_tensor(x)
 
 
+cdef inline bint _jax_array(x) except -1:
+    """The one test of "is this a jax.Array": its type's row of the producer table."""
+    return not PyCapsule_CheckExact(x) and _entry_for(type(x)).guard == GUARD_JAX
+
+
 cdef inline bint _is_tensor(x) except -1:
     """:func:`is_tensor`: the one test of "is this a tensor" (the hot path's too)."""
     if PyCapsule_CheckExact(x):

@@ -45,7 +45,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
                 if not _exported_type(entry, leaf, tg, i):
                     out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
                     continue
-                if entry.guard == GUARD_JAX or type(leaf) is tg.array_type:
+                if entry.guard == GUARD_JAX:
                     # a jax.Array in another layout than row-major: its route copies it
                     decided.append(_new_leaf(i, None, None, 0, False))
                     continue
@@ -75,7 +75,7 @@ cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) exc
     non-tensor, not a jax.Array (a deleted one refused, naming leaf ``i``)."""
     if not entry.has_dlpack and entry.api == NULL:
         return False
-    if type(leaf) is tg.array_type or entry.guard == GUARD_JAX:
+    if entry.guard == GUARD_JAX:
         try:
             _refuse_dead_array(leaf)
         except BaseException as exc:

@@ -604,7 +604,7 @@ cdef inline object _refuser(tg, int flags):
 def plan_one(x, tg, str target, opts):
     """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
     exported exactly as :func:`to_jax` would export it and released unconsumed."""
-    if tg is not None and isinstance(x, (<JaxTarget>tg).jax.Array):
+    if tg is not None and _jax_array(x):
         return route_jax_array(x, opts, tg)
     if isinstance(x, TensorInfo):
         return decide(x, tg, target, opts)
