@@ -387,14 +387,18 @@ class TestLeafShapesAndPlacements:
         out = to_jax({"a": x, "b": x}, sharding={"a": DATA, "b": None})
         assert out["a"].sharding == DATA and out["b"].devices() == {jax.devices()[0]}
 
-    def test_bad_sharding_arguments(self):
+    @pytest.mark.parametrize("call", [plan, to_jax])
+    def test_bad_sharding_arguments(self, call):
+        """plan refuses exactly the sharding arguments to_jax refuses, with its error."""
         x = aligned(np.ones((8, 4)))
-        with pytest.raises(TypeError, match="jax.sharding.Sharding"):
-            plan(x, sharding={"a": DATA})
         with pytest.raises(ValueError, match="prefix of the batch"):
-            to_jax({"a": x}, sharding={"b": DATA})
+            call(x, sharding={"a": DATA})
+        with pytest.raises(ValueError, match="prefix of the batch"):
+            call({"a": x}, sharding={"b": DATA})
         with pytest.raises(TypeError, match="jax.sharding.Sharding"):
-            to_jax(x, sharding="data")
+            call(x, sharding="data")
+        with pytest.raises(TypeError, match="jax.sharding.Sharding"):
+            call({"a": x}, sharding={"a": "data"})
 
     def test_empty_batch(self):
         x = np.zeros((0, 3), np.float32)
