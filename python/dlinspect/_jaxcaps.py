@@ -11,6 +11,8 @@ fallback; ``dlinspect doctor`` prints which was used and why.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 import sys
 import threading
@@ -46,49 +48,47 @@ class Symbol(NamedTuple):
     """One private JAX/jaxlib symbol dlinspect may use, and what it does without it."""
 
     purpose: str
-    candidates: tuple[tuple[str, str], ...]   # (module, attribute), tried in order
-    fallback: str                             # what is used when none is found
+    candidates: tuple[str, ...]   # "module.attribute", tried in order
+    fallback: str                 # what is used when none is found
 
+
+# jaxlib's extension module, by its newer and its older name.
+_JAXLIB = ("jax._src.lib._jax.", "jax._src.lib.xla_client._xla.")
 
 #: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback, by name.
 SYMBOLS: dict[str, Symbol] = {
     "import": Symbol(
         "DLPack import (the fast path)",
-        (("jax._src.lib._jax", "dlpack_managed_tensor_to_buffer"),
-         ("jax._src.lib.xla_client._xla", "dlpack_managed_tensor_to_buffer")),
+        tuple(m + "dlpack_managed_tensor_to_buffer" for m in _JAXLIB),
         "jax.dlpack.from_dlpack through a wrapper object (about 40 µs more per call)"),
     "platforms": Symbol(
-        "DLDeviceType -> platform map",
-        (("jax._src.dlpack", "_DL_DEVICE_TO_PLATFORM"),),
+        "DLDeviceType -> platform map", ("jax._src.dlpack._DL_DEVICE_TO_PLATFORM",),
         "dlinspect's copy of the map jax 0.4-0.12 uses"),
     "x64": Symbol(
         "jax_enable_x64 as this thread sees it, and a context setting it for a thread",
-        (("jax._src.config", "enable_x64"),),
+        ("jax._src.config.enable_x64",),
         "jax.config.jax_enable_x64 (ignores jax.enable_x64 contexts on other threads; "
         "prefetch_to_jax's worker thread then converts under the global mode)"),
     "array_impl": Symbol(
         "assemble a sharded array from its shards, already in the sharding's device "
         "order (Sharding._addressable_device_assignment) with no re-check",
-        (("jax._src.array", "ArrayImpl"),),
+        ("jax._src.array.ArrayImpl",),
         "jax.make_array_from_single_device_arrays (its checks, about 12 µs more per leaf)"),
     "shaped_array": Symbol(
-        "the abstract value ArrayImpl takes",
-        (("jax._src.core", "ShapedArray"),),
+        "the abstract value ArrayImpl takes", ("jax._src.core.ShapedArray",),
         "jax.make_array_from_single_device_arrays"),
     "aval_sharding": Symbol(
         "the sharding an abstract value carries (jax >= 0.5)",
-        (("jax._src.core", "update_aval_with_sharding"),),
+        ("jax._src.core.update_aval_with_sharding",),
         "an abstract value without a sharding, as jax < 0.5 has"),
     "batched_put": Symbol(
         "jaxlib's batched put (what jax.device_put calls): host memory into JAX in one "
         "call per tensor, sharded or not, uncommitted where no device is asked for",
-        (("jax._src.lib._jax", "batched_device_put"),
-         ("jax._src.lib.xla_client._xla", "batched_device_put")),
+        tuple(m + "batched_device_put" for m in _JAXLIB),
         "the DLPack import, each shard imported and the array assembled"),
     "result_handler": Symbol(
         "a result handler: the array the DLPack import gives (committed), uncommitted",
-        (("jax._src.lib._jax", "array_result_handler"),
-         ("jax._src.lib.xla_client._xla", "array_result_handler")),
+        tuple(m + "array_result_handler" for m in _JAXLIB),
         "arrays of the DLPack import stay committed to their device"),
 }
 
@@ -102,20 +102,17 @@ class SymbolStatus(NamedTuple):
 
 
 def _resolve(symbol: Symbol) -> tuple[Any, SymbolStatus]:
-    import importlib
     missing = []
-    for module, attr in symbol.candidates:
+    for path in symbol.candidates:
         # jaxlib's extension modules are attributes of jax._src.lib, not importable
         # by their dotted path: import the package, then walk the attributes.
-        parts = module.split(".")
+        parts = path.split(".")
         try:
-            value = importlib.import_module(".".join(parts[:3]))
-            for name in parts[3:] + [attr]:
-                value = getattr(value, name)
+            value = functools.reduce(getattr, parts[3:], importlib.import_module(".".join(parts[:3])))
         except (ImportError, AttributeError) as exc:
-            missing.append(f"{module}.{attr}: {type(exc).__name__}")
+            missing.append(f"{path}: {_core.first_line(exc)}")
             continue
-        return value, SymbolStatus(symbol.purpose, f"{module}.{attr}", "found")
+        return value, SymbolStatus(symbol.purpose, path, "found")
     return None, SymbolStatus(symbol.purpose, None,
                               f"not found ({'; '.join(missing)}); using {symbol.fallback}")
 
@@ -128,37 +125,30 @@ _IMPORT_SIGNATURES = (
 )
 
 
-def _import_adapter(fn: Any) -> tuple[Callable[..., Any] | None, str]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and how.
-    Arguments a jaxlib does not take are left out: without ``copy`` a misaligned import may
-    copy silently, which is why the alignment probe checks pointers."""
+def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] | None, SymbolStatus]:
+    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and what
+    ``dlinspect doctor`` says of it. Arguments a jaxlib does not take are left out: without
+    ``copy`` a misaligned import may copy silently, which is why the alignment probe checks
+    pointers."""
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
-    for names in _IMPORT_SIGNATURES:
-        if not all(name in doc for name in names):
-            continue
-        how = f"({', '.join(names)})"
-        if len(names) == 5:
-            return fn, how
+    names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
+    if names is None:
+        return None, status._replace(found=None, reason=f"found at {status.found} with another "
+                                     f"signature: {doc!r}; using {SYMBOLS['import'].fallback}")
+    n, how = len(names), f"signature ({', '.join(names)})"
+    if n == 5:
+        return fn, status._replace(reason=how)
 
-        def adapted(cap: Any, device: Any, stream: Any, copy: Any, dl_device_type: int,
-                    n: int = len(names)) -> Any:
-            return fn(cap, device, stream, copy) if n == 4 else fn(cap, device, stream)
-        missing = ", ".join(_IMPORT_SIGNATURES[0][len(names):])
-        return adapted, f"{how}: {missing} not passed"
-    return None, f"another signature: {doc!r}"
+    def adapted(*args: Any) -> Any:   # (capsule, device, stream, copy, dl_device_type)
+        return fn(*args[:n])
+    missing = ", ".join(_IMPORT_SIGNATURES[0][n:])
+    return adapted, status._replace(reason=f"{how}: {missing} not passed")
 
 
 class _X64Flag:
     """``.value`` is ``jax.config.jax_enable_x64`` (for jax without the State object)."""
 
-    __slots__ = ("_config",)
-
-    def __init__(self, config: Any) -> None:
-        self._config = config
-
-    @property
-    def value(self) -> bool:
-        return bool(self._config.jax_enable_x64)
+    value = property(lambda self: bool(sys.modules["jax"].config.jax_enable_x64))
 
 
 class JaxCaps:
@@ -171,32 +161,26 @@ class JaxCaps:
 
     def __init__(self) -> None:
         import jax
-
-        self.jax = jax
-        self.jnp = jax.numpy
+        self.jax, self.jnp = jax, jax.numpy
         resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
         self.symbols = {name: status for name, (_, status) in resolved.items()}
-        import_fn, mapping, x64_state, array_impl, shaped_array, aval_of, put, handler = (
-            resolved[name][0] for name in SYMBOLS)
-        self._assembly = (array_impl, shaped_array, aval_of)
-        self._put_fn, self._handler_fn = put, handler
-        self.mapping = {int(k): v for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
-        self.x64: Any = x64_state if x64_state is not None else _X64Flag(jax.config)
+        (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
+         self._put_fn, self._handler_fn) = (value for value, _ in resolved.values())
+        self.mapping = {int(k): v
+                        for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
+        self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._x64_state = x64_state
         self._target: Any = None
         self._direct_fn: Callable[..., Any] | None = None
         if import_fn is not None:
-            self._direct_fn, how = _import_adapter(import_fn)
-            where = self.symbols["import"].found
-            self._note("import", where if self._direct_fn else None, f"signature {how}" if self._direct_fn
-                       else f"found at {where} with {how}; using {SYMBOLS['import'].fallback}")
+            self._direct_fn, self.symbols["import"] = _import_adapter(import_fn,
+                                                                      self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
         self.devices, self.cpu_keys, self.platforms = self._local_devices()
         self._cpu = jax.local_devices(backend="cpu")[0]
         #: jax.Array's concrete type (a jax.Array is never exported through DLPack).
         self.array_type = type(jax.numpy.zeros(()))
-        self._cpu_align: int | None = None
 
     def _set_direct(self, force_public: bool, why: str) -> None:
         _core.set_target(None)   # rebuilt with the import function chosen here
@@ -207,11 +191,11 @@ class JaxCaps:
         self._target = None
 
     def _note(self, name: str, found: str | None, reason: str) -> None:
-        """What ``dlinspect doctor`` says of ``SYMBOLS[name]``."""
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
-        """``(device_type, device_id) -> jax.Device`` for this process's devices."""
+        """``(device_type, device_id) -> jax.Device`` for this process's devices, the CPU
+        ones' keys, the platforms."""
         devices: dict[tuple[int, int], Any] = {}
         platforms: set[str] = set()
         for platform in sorted(set(self.mapping.values())):
@@ -231,45 +215,28 @@ class JaxCaps:
         """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
         return stream_of(device_type, self.devices.get((device_type, device_id)))
 
-    @property
+    def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
+        return _core.import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
+
+    @functools.cached_property
     def cpu_alignment(self) -> int:
-        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy."""
-        if self._cpu_align is None:
-            self._cpu_align = self._probe_alignment()
-        return self._cpu_align
+        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy (never
+        below XLA:CPU's MIN_ALIGN, whatever the importer takes)."""
+        # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
+        # memory silently, and some of them do not take copy=False.
+        return _first_viewed(lambda buf: self._import(_core.capsule_of(buf), False)) or 4096
 
-    def _probe_alignment(self) -> int:
-        # One-byte elements at 16, 32, 64... bytes past a boundary: the first that JAX
-        # views in place is the alignment XLA:CPU needs. Viewed means the same pointer:
-        # jaxlib 0.4.31-0.10.1 copy misaligned memory silently, and some of them do not
-        # take copy=False. Never below XLA:CPU's MIN_ALIGN, whatever the importer takes.
-        with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
-            for align in ALIGNMENTS:
-                buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
-                try:
-                    arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu,
-                                               None, False, int(D.kDLCPU))
-                except Exception:
-                    continue
-                if arr.unsafe_buffer_pointer() == buf.ctypes.data:
-                    return align
-        return 4096
-
-    def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...],
-                  want: Any) -> bool:
+    def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
         """JAX's import (no copy) of float32 memory 0, 1, 2... with this header computes as
         ``want``: elementwise, indexed, reduced along each axis, flattened, jitted."""
         buf = aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
         want = np.asarray(want, np.float32)
-        cap = _core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1)
         try:
-            arr = _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
-            got = [arr, arr + 0, arr[1], arr.sum(axis=0), arr.sum(axis=1), arr.reshape(-1),
-                   self.jax.jit(lambda a: a * 2 - a)(arr)]
-            wants = [want, want, want[1], want.sum(axis=0), want.sum(axis=1), want.reshape(-1),
-                     want]
-            return all(np.array_equal(np.asarray(g), w) for g, w in zip(got, wants))
+            arr = self._import(_core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
+            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in (
+                lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
+                lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a)))
         except Exception:
             return False
 
@@ -279,9 +246,8 @@ class JaxCaps:
             return "a 0-bit type holds no data"
         buf = aligned_empty((64,), np.uint8, alignment=256)
         buf[:] = 0
-        cap = _core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1)
         try:
-            _core.import_capsule(self.import_fn, cap, self._cpu, None, None, int(D.kDLCPU))
+            self._import(_core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
             return _core.first_line(exc, False)
         return None
@@ -302,33 +268,29 @@ class JaxCaps:
         return None
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
-        """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows
-        it to with x64 off, the DLInspectWarning text)."""
+        """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
+        with x64 off, the DLInspectWarning text). The narrowed dtype is asked of JAX where it
+        has a thread-local x64 state; else it is the dtype table's documented narrowing."""
         table = {}
         for (code, bits), row in DTYPES.items():
             if row.x64_narrow is None:
                 continue
             wide = np.dtype(row.name)
-            narrow = self._narrowed_dtype(wide, row.x64_narrow)
-            ncode, nbits, _ = dldtype_from_numpy(narrow)
+            if self._x64_state is None:
+                narrow = np.dtype(numpy_dtype(*row.x64_narrow))
+            else:
+                with self._x64_state(False):
+                    narrow = np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
             if narrow != wide:
-                table[code | bits << 8] = (ncode | nbits << 8, narrowing_text(wide.name, narrow.name)[0])
+                ncode, nbits, _ = dldtype_from_numpy(narrow)
+                table[code | bits << 8] = (ncode | nbits << 8,
+                                           narrowing_text(wide.name, narrow.name)[0])
         return table
-
-    def _narrowed_dtype(self, wide: np.dtype, documented: tuple[int, int]) -> np.dtype:
-        """What JAX narrows ``wide`` to with x64 off: asked of JAX where it has a
-        thread-local x64 state; else the dtype table's documented narrowing."""
-        if self._x64_state is not None:
-            with self._x64_state(False):
-                return np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
-        return np.dtype(numpy_dtype(*documented))
 
     @property
     def import_fn(self) -> Callable[..., Any]:
         """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
-        if self.direct and self._direct_fn is not None:
-            return self._direct_fn
-        return self._public_import
+        return self._direct_fn if self.direct and self._direct_fn else self._public_import
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
                        dl_device_type: int) -> Any:
@@ -358,132 +320,104 @@ class JaxCaps:
             _core.set_target(self._target)
         return self._target
 
+    def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
+        """The abstract value of a JAX array; with its sharding where JAX has them (as
+        ``jax.device_put``'s array over a multi-device sharding carries its mesh)."""
+        aval = self._shaped_array(shape, dtype, weak_type=False)
+        return aval if sharding is None or self._aval_of is None else self._aval_of(aval, sharding)
+
+    def _probe(self, name: str, probe: Callable[[], Any]) -> Any:
+        """What ``probe()`` of ``SYMBOLS[name]`` returns; None where it raises or returns a
+        false value (another signature, another array: not used), its row saying why."""
+        try:
+            got = probe()
+            why = "it gives another array than the public API, or a copy"
+        except Exception as exc:
+            got, why = None, _core.first_line(exc)
+        if not got:
+            self._note(name, None, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
+        return got or None
+
     def _put(self) -> dict[str, Any]:
         """JaxTarget's batched put and what it needs, where a probe shows it views aligned row-major
         host memory in place and gives the array ``jax.device_put`` gives (abstract value, sharding;
         committed only when asked); else ``put=None`` (why: its row of ``symbols``)."""
-        put, (_, shaped_array, aval_of) = self._put_fn, self._assembly
-        if put is None or shaped_array is None or not self.direct:
-            return self._no_put("the public API is forced: jax.device_put puts dlinspect's copies"
-                                if not self.direct else SYMBOLS["batched_put"].fallback)
-        jax = self.jax
-        single = jax.sharding.SingleDeviceSharding
+        put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
+        if not self.direct:
+            self._note("batched_put", None, "the public API is forced: jax.device_put puts "
+                                            "dlinspect's copies")
+        if not self.direct or put is None or self._shaped_array is None:
+            return {"put": None}
 
-        def make_aval(shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
-            aval = shaped_array(shape, dtype, weak_type=False)
-            # jax.device_put's array over a multi-device sharding carries its mesh
-            return aval if sharding is None or aval_of is None else aval_of(aval, sharding)
+        def view(buf: np.ndarray) -> Any:
+            return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], False)
 
-        dev = self._cpu
-        try:
-            with _quiet_stderr():
-                align = next((a for a in ALIGNMENTS
-                              if _put_views(put, make_aval, single(dev), dev, a)), None)
-            x = aligned_empty((2, 3), np.float32, alignment=256)
-            x[...] = [[1, 2, 3], [4, 5, 6]]
-            ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
-            theirs = jax.device_put(x, dev)
-            same = (align is not None and all(
-                a.aval == theirs.aval and a.sharding == theirs.sharding
-                and np.asarray(a).tolist() == x.tolist() for a in ours)
-                and ours[0]._committed is False and ours[1]._committed is True)
-        except Exception as exc:   # another signature, another array: not used
-            return self._no_put(f"its probe failed ({_core.first_line(exc)}); "
-                                f"using {SYMBOLS['batched_put'].fallback}")
-        if not same:
-            return self._no_put(f"its probe: it does not view aligned memory in place, or gives another "
-                                f"array than jax.device_put; using {SYMBOLS['batched_put'].fallback}")
+        align = self._probe("batched_put", lambda: _puts_as_device_put(
+            self.jax, put, self._make_aval, single, dev) and _first_viewed(view))
+        if align is None:
+            return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
                    f"views host memory aligned to {align} bytes")
-        return {"put": put, "put_align": align, "make_aval": make_aval, "make_single": single}
+        return {"put": put, "put_align": align, "make_aval": self._make_aval,
+                "make_single": single}
 
-    def _no_put(self, reason: str) -> dict[str, Any]:
-        self._note("batched_put", None, reason)
-        return {"put": None}
-
-    def _uncommitter(self) -> Callable[[Any], Any]:
+    def _uncommitter(self) -> Callable[[Any], Any] | None:
         """``uncommit(array)``: a committed single-device array of the DLPack import as the
         uncommitted array ``jnp.asarray`` would give (jaxlib's result handler, one per
-        abstract value and sharding, checked by a probe); else the array as it is."""
-        handler_fn, shaped_array = self._handler_fn, self._assembly[1]
-        as_is = _core._same   # (the same function as JaxTarget's default)
+        abstract value and sharding, checked by a probe); else None (JaxTarget's default
+        then keeps the array as it is)."""
+        handler_fn, shaped_array = self._handler_fn, self._shaped_array
+        if not self.direct:
+            self._note("result_handler", None,
+                       f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
         if handler_fn is None or shaped_array is None or not self.direct:
-            if not self.direct:
-                self._note("result_handler", None,
-                           f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
-            return as_is
-        handlers: dict[Any, Any] = {}
+            return None
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
         skip = {"_skip_checks": True} if "_skip_checks" in (handler_fn.__doc__ or "") else {}
+        handler = functools.lru_cache(256)(lambda shape, dtype, sharding: handler_fn(
+            shaped_array(shape, dtype, weak_type=False), sharding, committed=False, **skip))
 
         def uncommit(arr: Any) -> Any:
-            if not arr._committed:
-                return arr
-            key = (arr.shape, arr.dtype, arr.sharding)
-            handler = handlers.get(key)
-            if handler is None:
-                if len(handlers) >= 256:
-                    handlers.clear()
-                handler = handlers[key] = handler_fn(
-                    shaped_array(arr.shape, arr.dtype, weak_type=False), arr.sharding,
-                    committed=False, **skip)
-            return handler([arr])
+            return handler(arr.shape, arr.dtype, arr.sharding)([arr]) if arr._committed else arr
 
-        try:   # the probe: the same memory and values, uncommitted
+        def probe() -> bool:   # the same memory and values, uncommitted
             buf = aligned_empty((4,), np.float32, alignment=256)
             buf[:] = [1, 2, 3, 4]
-            arr = _core.import_capsule(self.import_fn, _core.capsule_of(buf), self._cpu, None,
-                                       None, int(D.kDLCPU))
+            arr = self._import(_core.capsule_of(buf))
             out = uncommit(arr)
-            if (out._committed or out.unsafe_buffer_pointer() != arr.unsafe_buffer_pointer()
-                    or np.asarray(out + 0).tolist() != [1, 2, 3, 4]
-                    or np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() != [4, 3, 2, 1]):
-                raise ValueError("another array than the import's, or still committed")
-        except Exception as exc:
-            self._note("result_handler", None,
-                       f"its probe failed ({type(exc).__name__}); {SYMBOLS['result_handler'].fallback}")
-            return as_is
-        return uncommit
+            return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
+                    and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
+                    and np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() == [4, 3, 2, 1])
+        return uncommit if self._probe("result_handler", probe) else None
 
     def _assembler(self) -> Callable[..., Any]:
         """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
         arrays in the order of ``devices`` (``addressable_devices_indices_map``'s): jaxlib's
         ArrayImpl without its re-check where the order is the sharding's own and a probe gives
         the public function's array; else the public function."""
-        jax = self.jax
+        jax, impl, dev = self.jax, self._impl, self._cpu
         public = jax.make_array_from_single_device_arrays
 
         def checked(shape: Any, sharding: Any, devices: Any, arrays: Any) -> Any:
             return public(shape, sharding, arrays)
 
-        impl, shaped_array, aval_of = self._assembly
-        if impl is None or shaped_array is None:
+        if impl is None or self._shaped_array is None:
             return checked
-        avals: dict[Any, Any] = {}
+        aval = functools.lru_cache(256)(self._make_aval)
 
         def direct(shape: Any, sharding: Any, devices: Any, arrays: Any) -> Any:
             order = getattr(sharding, "_addressable_device_assignment", None)
             if order is None or list(order) != devices:
                 return public(shape, sharding, arrays)
-            key = (shape, arrays[0].dtype, sharding)
-            aval = avals.get(key)
-            if aval is None:
-                if len(avals) >= 256:
-                    avals.clear()
-                aval = shaped_array(shape, arrays[0].dtype, weak_type=False)
-                aval = avals[key] = aval if aval_of is None else aval_of(aval, sharding)
-            return impl(aval, sharding, arrays, committed=True, _skip_checks=True)
+            return impl(aval(shape, arrays[0].dtype, sharding), sharding, arrays,
+                        committed=True, _skip_checks=True)
 
-        try:   # the probe: one device's sharding, the same array both ways
-            dev = self._cpu
+        def probe() -> bool:   # one device's sharding, the same array both ways
             one = jax.sharding.SingleDeviceSharding(dev)
             part = jax.device_put(np.arange(4, dtype=np.float32), dev)
             a, b = direct((4,), one, [dev], [part]), public((4,), one, [part])
-            if a.sharding != b.sharding or np.asarray(a).tolist() != np.asarray(b).tolist():
-                return checked
-        except Exception:
-            return checked
-        return direct
+            return bool(a.sharding == b.sharding and np.array_equal(a, b))
+        return direct if self._probe("array_impl", probe) else checked
 
 
 def _row_major(arr: Any) -> bool:
@@ -501,12 +435,30 @@ def _row_major(arr: Any) -> bool:
     return tuple(order) == tuple(range(len(order)))
 
 
-def _put_views(put: Any, make_aval: Any, sharding: Any, dev: Any, align: int) -> bool:
-    """Whether ``put`` views host memory ``align`` bytes past a ``2 * align`` boundary in
-    place (the same pointer: jaxlib copies what it cannot view, silently)."""
-    buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
-    arr = put(make_aval((64,), buf.dtype), sharding, [buf], [dev], False)
-    return bool(arr.unsafe_buffer_pointer() == buf.ctypes.data)
+def _first_viewed(view: Callable[[np.ndarray], Any]) -> int | None:
+    """The least of ALIGNMENTS at which ``view(buf)`` (JAX's import of it, or put) gives an
+    array over ``buf`` itself, one-byte elements that many bytes past a boundary of twice as
+    many; None if none. Viewed means the same pointer: jaxlib copies what it cannot view,
+    silently; an importer that refuses the memory raises."""
+    with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
+        for align in ALIGNMENTS:
+            buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+            with contextlib.suppress(Exception):
+                if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
+                    return align
+    return None
+
+
+def _puts_as_device_put(jax: Any, put: Any, make_aval: Any, single: Any, dev: Any) -> bool:
+    """Whether jaxlib's batched ``put`` gives the array ``jax.device_put`` gives (abstract
+    value, sharding, values), committed only when asked."""
+    x = aligned_empty((2, 3), np.float32, alignment=256)
+    x[...] = [[1, 2, 3], [4, 5, 6]]
+    ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
+    theirs = jax.device_put(x, dev)
+    return [a._committed for a in ours] == [False, True] and all(
+        a.aval == theirs.aval and a.sharding == theirs.sharding
+        and np.asarray(a).tolist() == x.tolist() for a in ours)
 
 
 @contextlib.contextmanager
@@ -528,20 +480,17 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-class _CapsuleProducer:
+class _CapsuleProducer(NamedTuple):
     """A capsule dressed as a producer, for the public ``jax.dlpack.from_dlpack``."""
 
-    __slots__ = ("_cap", "_device")
-
-    def __init__(self, cap: Any, device: tuple[int, int]) -> None:
-        self._cap = cap
-        self._device = device
+    cap: Any
+    device: tuple[int, int]
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
-        return self._cap
+        return self.cap
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device
+        return self.device
 
 
 _caps: JaxCaps | None = None
@@ -552,16 +501,14 @@ def caps() -> JaxCaps:
     """The process-wide :class:`JaxCaps` (imports jax on first call; ImportError with the
     install command where jax is not installed)."""
     global _caps
-    if _caps is None:
-        with _caps_lock:
-            if _caps is None:
-                try:
-                    import jax  # noqa: F401
-                except ImportError as exc:
-                    raise ImportError(
-                        "dlinspect's JAX routes need jax, which is not installed here; install "
-                        "it with: pip install 'dlinspect[jax]'") from exc
-                _caps = JaxCaps()
+    with _caps_lock:
+        if _caps is None:
+            try:
+                import jax  # noqa: F401
+            except ImportError as exc:
+                raise ImportError("dlinspect's JAX routes need jax, which is not installed "
+                                  "here; install it with: pip install 'dlinspect[jax]'") from exc
+            _caps = JaxCaps()
     return _caps
 
 

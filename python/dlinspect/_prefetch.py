@@ -5,42 +5,37 @@ from __future__ import annotations
 import atexit
 import contextlib
 import inspect
+import operator
 import queue
 import statistics
 import sys
 import threading
 import time
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport, collecting, warn
-from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
-from ._reuse import ReuseGuard, check_reuse
-from .errors import DLInspectWarning, SourceExhaustedError
+from ._core import LoaderReport
+from ._options import Fallback, Leaves, Narrow, Options, ReadOnly
+from ._reuse import ReuseGuard, loader_options, warn_at_consumer
+from .errors import SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 
-_BATCH, _FAILED, _DONE = 0, 1, 2
+_END = object()  # the source has no more batches
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
 _JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
-# thread=None off JAX CPU devices: the first _PROBE batches timed, a worker if both medians > _OVERLAP_S.
-_PROBE = 4
+_PROBE = 4          # thread=None: batches timed before deciding (see _epoch)
 _OVERLAP_S = 0.0005
-
-# Workers still running, stopped and joined at interpreter exit: a daemon thread
-# killed inside jaxlib during finalization aborts the process.
-_live: set[tuple[threading.Thread, threading.Event]] = set()
-_live_lock = threading.Lock()
 
 
 @atexit.register
 def _stop_all() -> None:
-    with _live_lock:
-        live = list(_live)
-    for _, stop in live:
-        stop.set()
-    for worker, _ in live:
+    # Workers still running are stopped and joined: a daemon thread killed inside jaxlib
+    # during finalization aborts the process.
+    live = [t for t in threading.enumerate() if isinstance(t, _Worker)]
+    for worker in live:
+        worker.stop.set()
+    for worker in live:
         worker.join(_JOIN_S)
 
 
@@ -79,12 +74,8 @@ class PrefetchLoader:
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
                  options: Options, progress: bool, reuse: str = "error") -> None:
-        self.source = source
-        self.reuse = reuse
-        self.size = size
-        self.thread = thread
-        self.options = options
-        self._progress = progress
+        self.source, self.size, self.thread, self.options = source, size, thread, options
+        self.reuse, self._progress = reuse, progress
         self.report = LoaderReport(at_delivery=True)
         self._spent = False   # an epoch over a one-shot source (an iterator) has begun
 
@@ -112,17 +103,12 @@ class PrefetchLoader:
                     f"list), or call prefetch_to_jax on a new iterator per epoch.")
             self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
-        self.report = report = self.report._next_epoch()
-        guard = ReuseGuard(self.reuse, protect=True)
-        it = guard.watch(it)
-        if self.thread is False:
-            return _inline(it, bar, self.options, report, guard)
+        self.report = self.report._next_epoch()
+        guard = ReuseGuard(self.reuse, self.options, self.report, protect=True)
         from ._jaxcaps import target
-        # The caller's x64 mode (thread-local under jax.enable_x64), for the worker.
+        # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
         x64 = bool(target().x64.value)
-        if self.thread is None:
-            return _auto(it, self.size, bar, self.options, x64, report, guard)
-        return _prefetch(it, self.size, bar, self.options, x64, report, guard)
+        return _epoch(guard.watch(it), guard, bar, self.size, self.thread, x64)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
@@ -227,13 +213,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     >>> [b["id"] for b in loader]          # a second epoch
     ['b0', 'b1', 'b2']
     """
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be an int >= 1 (batches converted ahead), not {size!r}")
-    opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
+    opts = loader_options({"size": size}, 1, reuse, device, copy, sharding, fallback, readonly,
+                          leaves, narrow)
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
     return PrefetchLoader(iterable, size, None if thread is None else bool(thread), opts,
-                          progress, check_reuse(reuse))
+                          progress, reuse)
 
 
 def _progress_bar(iterable: Any) -> Any:
@@ -244,46 +229,49 @@ def _progress_bar(iterable: Any) -> Any:
                           "which is not installed; install it with: pip install tqdm") from exc
     if iterable is None:
         return None
-    try:
-        total = len(iterable)
-    except TypeError:
-        total = None
-    return tqdm(total=total, unit="batch", desc="prefetch_to_jax")
+    # (len() where it has one, or a length hint; a source with neither has no total)
+    return tqdm(total=operator.length_hint(iterable) or None, unit="batch", desc="prefetch_to_jax")
 
 
-def _auto(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
-          report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
-    """The first batches on the consumer's thread, timed; then a worker thread only if
-    both sides have work to overlap (see ``_OVERLAP_S``)."""
-    load: list[float] = []
-    consume: list[float] = []
+def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: int,
+           thread: bool | None, x64: bool) -> Iterator[Any]:
+    """One epoch: each batch converted on the consumer's thread when asked for, or ahead by
+    a worker thread: with ``thread=True``, or ``None`` off JAX CPU devices where the first
+    ``_PROBE`` batches' loading and the consumer's work between them both take over
+    ``_OVERLAP_S`` (medians: work to overlap worth handing batches across threads)."""
+    worker = _Worker(it, guard, size, x64) if thread else None
+    timings: list[tuple[float, float]] = []   # (loading, the consumer's work meanwhile)
+    # Held here: a generator still alive at interpreter exit is finalized after the
+    # modules' globals are gone, when its `finally` below can do nothing (the atexit
+    # hook has stopped and joined the worker already).
+    finalizing = sys.is_finalizing
     try:
-        for _ in range(_PROBE):
+        while True:
             start = time.perf_counter()
-            batch = next(it, _END)
-            if batch is _END:
-                _close(it, bar)
+            item = worker.get() if worker is not None else _convert_next(it, guard)
+            if item is _END:
                 return
-            out = guard.convert(batch, options, report)
-            del batch
-            load.append(time.perf_counter() - start)
             if bar is not None:
                 bar.update(1)
+            guard.report._delivered()
             handed = time.perf_counter()
-            report._delivered()
-            yield out
-            consume.append(time.perf_counter() - handed)   # the consumer's work meanwhile
-            del out
-    except BaseException:
-        _close(it, bar)
-        raise
-    threaded = (not _on_cpu(options)
-                and min(statistics.median(load), statistics.median(consume)) > _OVERLAP_S)
-    yield from (_prefetch(it, size, bar, options, x64, report, guard) if threaded
-                else _inline(it, bar, options, report, guard))
+            yield item.emit()
+            del item
+            if thread is None and len(timings) < _PROBE:
+                timings.append((handed - start, time.perf_counter() - handed))
+                if len(timings) == _PROBE and not _on_cpu(guard.options) and min(
+                        map(statistics.median, zip(*timings))) > _OVERLAP_S:
+                    worker = _Worker(it, guard, size, x64)
+    finally:
+        if not finalizing():
+            _end(worker, it, bar)
 
 
-_END = object()
+def _convert_next(it: Iterator[Any], guard: ReuseGuard) -> Any:
+    """The source's next batch converted on this thread (a ``Kept``), or ``_END``."""
+    for batch in it:
+        return guard.convert(batch)
+    return _END
 
 
 def _on_cpu(options: Options) -> bool:
@@ -296,108 +284,68 @@ def _on_cpu(options: Options) -> bool:
                for d in (s.device_set if hasattr(s, "device_set") else [s]))
 
 
-def _close(it: Iterator[Any] | None, bar: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
-    if bar is not None:
-        bar.close()
+class _Worker(threading.Thread):
+    """A thread converting the source's batches ahead, up to ``size`` waiting, under the
+    caller's x64 mode (``jax.enable_x64`` is thread-local); what it raises (the source, the
+    conversion) is handed to the consumer at that batch."""
 
+    def __init__(self, it: Iterator[Any], guard: ReuseGuard, size: int, x64: bool) -> None:
+        super().__init__(name="dlinspect-prefetch", daemon=True)
+        self.it, self.guard, self.x64 = it, guard, x64
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self.stop = threading.Event()
+        self.start()
 
-def _inline(it: Iterator[Any], bar: Any, options: Options,
-            report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
-    try:
-        for batch in it:
-            out = guard.convert(batch, options, report)
-            del batch
-            if bar is not None:
-                bar.update(1)
-            report._delivered()
-            yield out
-            del out
-    finally:
-        _close(it, bar)
+    def get(self) -> Any:
+        """The next converted batch (a ``Kept``) or ``_END``; what the worker raised, raised."""
+        item = self.ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
-
-def _prefetch(it: Iterator[Any], size: int, bar: Any, options: Options, x64: bool,
-              report: LoaderReport, guard: ReuseGuard) -> Iterator[Any]:
-    ready: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=size)
-    stop = threading.Event()
-    # Held here: a generator still alive at interpreter exit is finalized after the
-    # modules' globals are gone, when its `finally` below can do nothing (the atexit
-    # hook has stopped and joined the worker already).
-    finalizing = sys.is_finalizing
-
-    def put(item: tuple[int, Any]) -> bool:
-        while not stop.is_set():
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
             with contextlib.suppress(queue.Full):
-                ready.put(item, timeout=_POLL_S)
+                self.ready.put(item, timeout=_POLL_S)
                 return True
         return False
 
-    def work() -> None:
+    def run(self) -> None:
         from ._jaxcaps import target
         context = target().x64_context
         try:
-            with context(x64) if context is not None else contextlib.nullcontext():
-                for batch in it:
-                    # Warnings (x64 narrowing) are kept with the batch and emitted on
-                    # the consumer's thread, at the consumer's line.
-                    collecting.messages = []
-                    converted = guard.convert(batch, options, report)
-                    if stop.is_set() or not put((_BATCH, (converted, collecting.messages))):
+            with context(self.x64) if context is not None else contextlib.nullcontext():
+                for batch in self.it:
+                    if not self._put(self.guard.convert(batch)):
                         return
-                    del batch
         except BaseException as exc:  # handed to the consumer, raised at this batch
-            put((_FAILED, exc))
+            self._put(exc)
             return
-        finally:
-            with _live_lock:
-                _live.discard(entry)
-        put((_DONE, None))
+        self._put(_END)
 
-    worker = threading.Thread(target=work, name="dlinspect-prefetch", daemon=True)
-    entry = (worker, stop)
-    with _live_lock:
-        _live.add(entry)
-    worker.start()
-    try:
-        while True:
-            kind, value = ready.get()
-            if kind == _DONE:
-                return
-            if kind == _FAILED:
-                raise value
-            batch, messages = value
-            for message in messages:
-                warn(message)
-            if bar is not None:
-                bar.update(1)
-            del value
-            report._delivered()
-            yield batch
-            del batch
-    finally:
-        if not finalizing():
-            _stop(ready, stop, worker, it, bar)
+    def end(self) -> bool:
+        """Stop and join the thread, dropping the batches it holds (their deleters run);
+        whether it is still inside the source's next() after ``_JOIN_S``."""
+        self.stop.set()
+        _drain(self.ready)            # frees batches waiting ahead; unblocks a waiting put
+        if threading.current_thread() is not self:  # (a GC pass may finalize us there)
+            self.join(_JOIN_S)
+        _drain(self.ready)
+        return self.is_alive()
 
 
-def _stop(ready: queue.Queue[tuple[int, Any]], stop: threading.Event,
-          worker: threading.Thread, it: Iterator[Any], bar: Any) -> None:
-    """End a prefetch: stop and join its worker, free the batches it held, close the
-    source (unless it is stuck inside next()) and the progress bar."""
-    stop.set()
-    _drain(ready)            # frees batches waiting ahead; unblocks a waiting put
-    if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
-        worker.join(_JOIN_S)
-    _drain(ready)
-    stuck = worker.is_alive()
-    if stuck:
-        warnings.warn(
+def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> None:
+    """End an epoch: stop its worker, close the source (unless stuck inside next()) and the
+    progress bar."""
+    if worker is not None and worker.end():
+        warn_at_consumer(
             f"prefetch_to_jax stopped, but its source has been inside next() for over "
             f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
-            f"thread) and the source is not closed.", DLInspectWarning, stacklevel=3)
-    _close(None if stuck else it, bar)
+            f"thread) and the source is not closed.")
+    else:
+        it.close()
+    if bar is not None:
+        bar.close()
 
 
 def _drain(q: queue.Queue[Any], empty: type[Exception] = queue.Empty) -> None:

@@ -5,28 +5,60 @@ hands that memory over again is caught (the loaders' ``reuse=``; docs/loaders/in
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import operator
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
-from ._core import LoaderReport, convert, warn
-from ._options import Options
+from ._core import LoaderReport, collecting, convert, warn
+from ._options import Options, options as check_options
 from .errors import MemoryReuseError
 
-__all__ = ["ReuseGuard", "check_reuse"]
+__all__ = ["ReuseGuard", "Kept", "loader_options", "warn_at_consumer"]
 
 _FIX = ("To fix: make the source put every batch in new memory (a new array per batch: "
         "np.stack, torch's default collate, dlinspect.stack), or pass copy=True to copy "
         "every batch")
+_OR_COPY = ', or reuse="copy" to copy only the leaves whose memory comes back.'
 
 
-def check_reuse(reuse: Any) -> str:
-    """``reuse`` checked: ``"error"`` or ``"copy"``."""
+def loader_options(sizes: dict[str, Any], least: int, reuse: Any, *to_jax: Any) -> Options:
+    """A loader's options, checked (ValueError): each buffer size in ``sizes`` an int >=
+    ``least``, ``reuse`` "error" or "copy", and to_jax's (:func:`~dlinspect._options.options`
+    of ``to_jax``: device, copy, sharding, fallback, readonly, leaves, narrow)."""
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < least:
+            raise ValueError(f"{name} must be an int >= {least} (held ahead), not {size!r}")
     if reuse not in ("error", "copy"):
         raise ValueError(f"reuse must be 'error' (raise MemoryReuseError) or 'copy' (warn, "
                          f"then copy what comes back), not {reuse!r}")
-    return str(reuse)
+    return check_options(*to_jax)
+
+
+def warn_at_consumer(*messages: str) -> None:
+    """DLInspectWarnings at the line that iterates a loader (dlinspect's, jax's and grain's
+    frames passed over); kept instead where this thread keeps its warnings for another (a
+    loader's worker iterating another loader)."""
+    at_consumer = getattr(collecting, "messages", None) is None
+    for message in messages:
+        warn(message, at_consumer)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Kept:
+    """A converted batch and the warnings its conversion kept, for the consumer's thread
+    (an object, not a tuple: grain's statistics walk tuples as pytrees)."""
+
+    out: Any
+    messages: list[str]
+
+    def emit(self) -> Any:
+        """On the consumer's thread: the batch, after its conversion's warnings."""
+        if self.messages:
+            warn_at_consumer(*self.messages)
+        return self.out
 
 
 class _Span:
@@ -49,73 +81,87 @@ class _Span:
             return getattr(source, "_version", None) == self.version
         return _sealed(source)
 
-    def name(self, what: str) -> str:
-        return f"{what} {self.batch}'s leaf {self.key or '(the batch)'}"
+
+_START = operator.attrgetter("start")
+
+
+def _leaf(what: str, batch: int, key: str) -> str:
+    return f"{what} {batch}'s leaf {key or '(the batch)'}"
 
 
 class ReuseGuard:
     """The memory one loader's live zero-copy leaves view, per address space, sorted by
     start; a span goes when its ``jax.Array`` dies. ``protect``: a NumPy source array is
     marked read-only while JAX views it (writable again when the view dies), so that a
-    source's refill through it fails in the source instead of changing a batch."""
+    source's refill through it fails in the source instead of changing a batch. Its batches
+    are converted with ``options``, counted in ``report``."""
 
-    __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_self", "_spans", "_starts", "_warned",
-                 "batches", "mode", "protect", "what")
+    __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_self", "_spans", "_warned",
+                 "batches", "mode", "options", "protect", "report", "what")
 
-    def __init__(self, mode: str, protect: bool, what: str = "batch") -> None:
-        self.mode = mode
+    def __init__(self, mode: str, options: Options, report: LoaderReport, protect: bool,
+                 what: str = "batch") -> None:
+        self.mode, self.options, self.report = mode, options, report
         self.protect = protect and mode == "error"
         self.what = what           # (grain's stage: "element")
         self.batches = 0
-        self._spans: dict[Any, list[_Span]] = {}
-        self._starts: dict[Any, list[int]] = {}   # per space, the spans' starts (sorted)
+        self._spans: dict[Any, list[_Span]] = {}   # per space, by start
         self._longest: dict[Any, int] = {}        # per space, the longest span's bytes
         self._dead = False
         self._copying: set[str] = set()   # (reuse="copy") key paths copied from now on
         self._warned = False
         self._self = weakref.ref(self)
 
-    def convert(self, batch: Any, options: Options, report: LoaderReport) -> Any:
-        """``convert`` of one batch, then its zero-copy leaves checked against the memory
-        the live ones view: MemoryReuseError, or with ``reuse="copy"`` copies."""
-        out = convert(batch, options, None, report)
+    def convert(self, batch: Any) -> Kept:
+        """``convert`` of one batch, its warnings kept (for :meth:`Kept.emit` on the
+        consumer's thread); then its zero-copy leaves checked against the memory the live
+        ones view: MemoryReuseError, or with ``reuse="copy"`` copies."""
+        before = getattr(collecting, "messages", None)
+        messages: list[str] = []
+        collecting.messages = messages
+        try:
+            out = self._check(convert(batch, self.options, None, self.report))
+        finally:
+            collecting.messages = before
+        return Kept(out, messages)
+
+    def _check(self, out: Any) -> Any:
         self.batches += 1
-        views = report._taken_views()
-        if not views:
-            return out
-        if self._dead:
+        views = self.report._taken_views()
+        if views and self._dead:
             self._purge()
         fresh, again = [], {}
         for key, src, arr, space, start, end, zero in views:
             hit = self._overlap(space, start, end, src)
+            if hit is not None:
+                self._say(key, hit)   # MemoryReuseError, or (reuse="copy") the one warning
             if hit is not None or (zero and key in self._copying):
-                again[key] = (arr if zero else None, hit)
+                again[key] = arr if zero else None
             elif zero:
                 fresh.append((key, src, arr, space, start, end))
         if again:
-            out = self._reused(out, again, report)
+            out = self._reused(out, again)
         for view in fresh:
             self._add(*view)
         return out
 
-    def watch(self, it: Iterator[Any]) -> Iterator[Any]:
+    def watch(self, it: Iterator[Any]) -> Generator[Any, None, None]:
         """The source's items; its write into a protected array (NumPy's read-only
         ValueError, the write not made) raised as MemoryReuseError."""
         try:
             yield from it
         except ValueError as exc:
-            if "read-only" not in str(exc) or not any(
-                    span.protected and span.ref() is not None
-                    for spans in self._spans.values() for span in spans):
+            live = [span for spans in self._spans.values() for span in spans
+                    if span.ref() is not None]
+            if "read-only" not in str(exc) or not any(span.protected for span in live):
                 raise
-            live = sorted({span.name(self.what) for spans in self._spans.values() for span in spans
-                           if span.ref() is not None}, key=lambda n: (len(n), n))
+            names = sorted({_leaf(self.what, span.batch, span.key) for span in live},
+                           key=lambda n: (len(n), n))
             raise MemoryReuseError(
                 f"the source wrote into memory that JAX still views zero-copy "
-                f"({', '.join(live[:3]) or 'a batch handed over'}): dlinspect marks a NumPy "
-                f"source array read-only while a batch views it, so the write was refused "
-                f"and every {self.what} handed over holds its own values. {_FIX}, or "
-                f"reuse=\"copy\" to copy only the leaves whose memory comes back.") from exc
+                f"({', '.join(names[:3])}): dlinspect marks a NumPy source array read-only "
+                f"while a batch views it, so the write was refused and every {self.what} "
+                f"handed over holds its own values. {_FIX}{_OR_COPY}") from exc
 
     def _overlap(self, space: Any, start: int, end: int, src: Any) -> _Span | None:
         """The live span ``[start, end)`` overlaps, other than ``src`` itself unchanged
@@ -123,10 +169,9 @@ class ReuseGuard:
         live = self._spans.get(space)
         if not live:
             return None
-        starts = self._starts[space]
         reach = start - self._longest[space]   # a span starting before this ends by start
-        j = bisect.bisect_left(starts, end) - 1
-        while j >= 0 and starts[j] > reach:
+        j = bisect.bisect_left(live, end, key=_START) - 1
+        while j >= 0 and live[j].start > reach:
             span = live[j]
             if start < span.end and span.ref() is not None and not span.unchanged(src):
                 return span
@@ -137,52 +182,45 @@ class ReuseGuard:
         protect = (self.protect and type(src).__module__ == "numpy" and src.flags.writeable)
         ref = weakref.ref(arr, _gone)
         _WATCHED[id(ref)] = (ref, self._self, src if protect else None)
-        if space not in self._spans:
-            self._spans[space], self._starts[space], self._longest[space] = [], [], 0
-        starts = self._starts[space]
-        k = bisect.bisect_right(starts, start)
-        starts.insert(k, start)
-        self._spans[space].insert(k, _Span(start, end, self.batches, key, ref, src, protect))
-        self._longest[space] = max(self._longest[space], end - start)
+        bisect.insort(self._spans.setdefault(space, []),
+                      _Span(start, end, self.batches, key, ref, src, protect), key=_START)
+        self._longest[space] = max(self._longest.get(space, 0), end - start)
         if protect:
             src.flags.writeable = False
 
     def _purge(self) -> None:
         self._dead = False
         for space, live in self._spans.items():
-            live = self._spans[space] = [span for span in live if span.ref() is not None]
-            self._starts[space] = [span.start for span in live]
+            self._spans[space] = [span for span in live if span.ref() is not None]
 
-    def _reused(self, out: Any, again: dict[str, tuple[Any, Any]], report: LoaderReport) -> Any:
-        """Leaves whose memory a live leaf views (or that came back once before, with
-        ``reuse="copy"``): MemoryReuseError, or copied, now and from now on."""
-        hits = [(key, hit) for key, (_, hit) in again.items() if hit is not None]
-        if hits:
-            key, hit = hits[0]
-            this = f"{self.what} {self.batches}'s leaf {key or '(the batch)'}"
-            first = (f"{this} is memory that {hit.name(self.what)} "
-                     f"still views as a JAX array, zero-copy: the source hands the same "
-                     f"memory over again, so {self.what} {hit.batch} (and any {self.what} "
-                     f"viewing that memory) may hold {self.what} {self.batches}'s values, even "
-                     f"while JAX computed on it.")
-            if self.mode == "error":
-                raise MemoryReuseError(f"{first} {_FIX}, or reuse=\"copy\" to copy only the "
-                                       f"leaves whose memory comes back.")
-            if not self._warned:
-                self._warned = True
-                warn(f"{first} From now on those leaves are copied (the report: \"reused "
-                     f"memory\"); the {self.what}{'es' if self.what == 'batch' else 's'} handed "
-                     f"over before may still change, as "
-                     f"the source goes on reusing the memory they view. {_FIX}.")
+    def _reused(self, out: Any, again: dict[str, Any]) -> Any:
+        """Leaves whose memory a live leaf views, or that came back once before (key path
+        -> the zero-copy array, or None): copied, now and from now on."""
         self._copying.update(again)
-        report._reused(again)
-        copied = {id(arr) for arr, _ in again.values() if arr is not None}
+        self.report._reused(again)
+        copied = {id(arr) for arr in again.values() if arr is not None}
         if not copied:
             return out
         from ._tree import flatten
         flat = flatten(out)
         return flat.unflatten([leaf.copy() if id(leaf) in copied else leaf
                                for leaf in flat.leaves])
+
+    def _say(self, key: str, hit: _Span) -> None:
+        """A leaf's memory that ``hit`` views: MemoryReuseError, or (``reuse="copy"``) the
+        loader's one warning."""
+        what, n = self.what, self.batches
+        first = (f"{_leaf(what, n, key)} is memory that {_leaf(what, hit.batch, hit.key)} "
+                 f"still views as a JAX array, zero-copy: the source hands the same memory "
+                 f"over again, so {what} {hit.batch} (and any {what} viewing that memory) may "
+                 f"hold {what} {n}'s values, even while JAX computed on it.")
+        if self.mode == "error":
+            raise MemoryReuseError(f"{first} {_FIX}{_OR_COPY}")
+        if not self._warned:
+            self._warned = True
+            warn(f"{first} From now on those leaves are copied (the report: \"reused "
+                 f"memory\"); the {what}{'es' if what == 'batch' else 's'} handed over before "
+                 f"may still change, as the source goes on reusing the memory they view. {_FIX}.")
 
 
 def _sealed(arr: Any) -> bool:
@@ -193,8 +231,8 @@ def _sealed(arr: Any) -> bool:
         return False
     base = arr.base
     while base is not None:
-        if not (getattr(base, "flags", None) is not None and not base.flags.writeable) \
-                and sys.getrefcount(base) > 3:   # (this frame, the argument, its child)
+        writeable = getattr(getattr(base, "flags", None), "writeable", True)
+        if writeable and sys.getrefcount(base) > 3:   # (this frame, the argument, its child)
             return False
         base = getattr(base, "base", None)
     return True
@@ -213,7 +251,7 @@ def _gone(ref: Any) -> None:
     if owner is not None:
         owner._dead = True
     if src is not None:
-        try:
+        try:   # (a plain try: at interpreter exit this module's globals may be gone)
             src.flags.writeable = True
         except ValueError:   # (its base was made read-only since: it stays so)
             pass

@@ -9,14 +9,14 @@ never by ``import dlinspect`` nor by importing this module.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from typing import Any
 
-from ._core import LoaderReport, collecting, warn
+from ._core import LoaderReport
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
-from ._options import options as check_options
-from ._reuse import ReuseGuard, check_reuse
+from ._reuse import Kept, ReuseGuard, loader_options
 
 __all__ = ["device_put"]
 
@@ -147,120 +147,70 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         for batch in dlinspect.grain.device_put(ds, narrow="ok"):
             params, loss = step(params, batch["image"], batch["label"])
     """
-    grain, prefetch = _grain()
-    ds = _iter_dataset(grain, ds)
-    for name, size in (("cpu_buffer_size", cpu_buffer_size),
-                       ("device_buffer_size", device_buffer_size)):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"{name} must be an int >= 0 (elements buffered), not {size!r}")
+    ds, prefetch = _iter_dataset(ds)
     device, sharding = _placement(device, sharding)
-    opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    guard = ReuseGuard(check_reuse(reuse), protect=False, what="element")
+    opts = loader_options({"cpu_buffer_size": cpu_buffer_size,
+                           "device_buffer_size": device_buffer_size}, 0, reuse,
+                          device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
     from ._jaxcaps import target
-    tg = target()
-    report = LoaderReport()
-    if not device_buffer_size:
-        ds = ds.map(_ToJax(opts, None, None, True, tg.cpu_device, report, guard))
-    else:
-        ds = ds.map(_ToJax(opts, bool(tg.x64.value), tg.x64_context, False, tg.cpu_device,
-                           report, guard))
-        ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(_emit)
-    ds.report = report
+    to_jax = _ToJax(opts, reuse, target(), bool(device_buffer_size))
+    ds = ds.map(to_jax)
+    if device_buffer_size:
+        ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(Kept.emit)
+    ds.report = to_jax.guard.report
     return ds
 
 
 class _ToJax:
-    """``to_jax`` of each element, with the options checked once, as a grain map; its
-    warnings kept with the element (``emit=False``, on a prefetch thread) or shown at the
-    consumer's line. ``device=`` the CPU device host memory is imported onto anyway
-    (``jax.devices()[0]`` on a CPU-only JAX, what grain users pass) is converted as
-    ``device=None``, to_jax's batch fast path (one call into the core for every leaf; with
-    a device, each leaf takes the general route, about 60 µs more per leaf); a leaf then
-    elsewhere (another JAX device's memory, a ``jax.Array``) is moved there with
-    ``jax.device_put``, as ``to_jax(..., device=)`` moves it (import, then ``device_put``)."""
+    """``to_jax`` of each element as a grain map, its warnings kept with it (``threaded``: on
+    a prefetch thread, converting under the caller's x64 mode) or shown at the consumer's
+    line. ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
+    on a CPU-only JAX) is converted as ``device=None``, to_jax's batch fast path (the general
+    route costs about 60 µs more per leaf); a leaf then elsewhere (another device's memory, a
+    ``jax.Array``) is moved there with ``jax.device_put``, as ``to_jax(..., device=)`` does."""
 
-    __slots__ = ("context", "emit", "guard", "move_to", "options", "report", "x64")
+    __slots__ = ("context", "guard", "move_to", "options", "threaded", "x64")
 
-    def __init__(self, options: Options, x64: bool | None, context: Any,
-                 emit: bool, cpu_device: Any, report: LoaderReport, guard: ReuseGuard) -> None:
-        self.move_to = None
-        if cpu_device is not None and options.device == cpu_device and options.copy is None:
+    def __init__(self, options: Options, reuse: str, tg: Any, threaded: bool) -> None:
+        self.options, self.threaded, self.move_to = options, threaded, None
+        if tg.cpu_device is not None and options.device == tg.cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
             self.move_to = options.device
             options = dataclasses.replace(options, device=None)
-        self.options = options
-        self.x64 = x64
-        self.context = context
-        self.emit = emit
-        self.report = report
-        self.guard = guard
+        self.guard = ReuseGuard(reuse, options, LoaderReport(), protect=False, what="element")
+        self.x64 = bool(tg.x64.value)
+        self.context = tg.x64_context if threaded else None
 
     def __call__(self, element: Any) -> Any:
-        before = getattr(collecting, "messages", None)
-        messages: list[str] = []
-        collecting.messages = messages
-        try:
-            if self.context is None:
-                out = self.guard.convert(element, self.options, self.report)
-            else:
-                with self.context(self.x64):
-                    out = self.guard.convert(element, self.options, self.report)
-        finally:
-            collecting.messages = before
+        with self.context(self.x64) if self.context is not None else contextlib.nullcontext():
+            item = self.guard.convert(element)
         del element
         if self.move_to is not None:
-            out = _move(out, self.move_to)
-        item = _Converted(out, messages)
-        return _emit(item) if self.emit else item
+            item.out = _move(item.out, self.move_to)
+        return item if self.threaded else item.emit()
 
     def __repr__(self) -> str:
-        given = {f.name: getattr(self.options, f.name) for f in dataclasses.fields(Options)
-                 if f.init and getattr(self.options, f.name) != getattr(DEFAULT, f.name)}
-        if self.move_to is not None:
-            given["device"] = self.move_to
-        text = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        return f"dlinspect.to_jax({text})" if text else "dlinspect.to_jax"
+        given = [f"{f.name}={getattr(self.options, f.name)!r}" for f in dataclasses.fields(Options)
+                 if f.init and getattr(self.options, f.name) != getattr(DEFAULT, f.name)]
+        return f"dlinspect.to_jax({', '.join(given)})" if given else "dlinspect.to_jax"
 
 
 def _move(out: Any, device: Any) -> Any:
     """``out`` with every jax.Array leaf on ``device`` (those elsewhere device_put there)."""
     from ._jaxcaps import target
     from ._tree import flatten
-    flat = flatten(out)
-    array_type = target().array_type
-    moved = None
-    for i, leaf in enumerate(flat.leaves):
-        if isinstance(leaf, array_type):
-            devices = leaf.devices()
-            if len(devices) != 1 or device not in devices:
-                if moved is None:
-                    moved = list(flat.leaves)
-                moved[i] = target().jax.device_put(leaf, device)
-    return out if moved is None else flat.unflatten(moved)
+    tg, flat = target(), flatten(out)
+    moved = [tg.jax.device_put(x, device) if isinstance(x, tg.array_type) and x.devices() != {device}
+             else x for x in flat.leaves]
+    return flat.unflatten(moved) if any(a is not b for a, b in zip(moved, flat.leaves)) else out
 
 
-class _Converted:
-    """A converted element and the warnings its conversion made, between threads."""
-
-    __slots__ = ("messages", "out")
-
-    def __init__(self, out: Any, messages: list[str]) -> None:
-        self.out = out
-        self.messages = messages
-
-
-def _emit(item: _Converted) -> Any:
-    """On the consumer's thread: the element, after its conversion's warnings."""
-    for message in item.messages:
-        warn(message, True)   # at the line that iterates the dataset
-    return item.out
-
-
-def _grain() -> tuple[Any, Any]:
-    """grain, and its ThreadPrefetchIterDataset; ImportError with the fix."""
+def _iter_dataset(ds: Any) -> tuple[Any, Any]:
+    """``ds`` as a grain IterDataset, and grain's ThreadPrefetchIterDataset; ImportError
+    (grain missing or too old) or TypeError (not a grain dataset) with the fix."""
     try:
         grain = importlib.import_module("grain")   # (mypy needs no grain installed)
     except ImportError as exc:
@@ -271,14 +221,10 @@ def _grain() -> tuple[Any, Any]:
         raise ImportError(f"dlinspect.grain needs grain.IterDataset and "
                           f"grain.experimental.ThreadPrefetchIterDataset, which grain {version} "
                           f"lacks: pip install -U grain")
-    return grain, prefetch
-
-
-def _iter_dataset(grain: Any, ds: Any) -> Any:
     if isinstance(ds, grain.IterDataset):
-        return ds
+        return ds, prefetch
     if isinstance(ds, grain.MapDataset):
-        return ds.to_iter_dataset()
+        return ds.to_iter_dataset(), prefetch
     if isinstance(ds, getattr(grain, "DataLoader", ())):
         raise TypeError("dlinspect.grain.device_put takes a grain IterDataset or MapDataset; a "
                         "grain.DataLoader is not a dataset: convert its batches with "
@@ -292,12 +238,10 @@ def _iter_dataset(grain: Any, ds: Any) -> Any:
 
 def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
     """``device`` as ``jax.device_put`` takes it, split into to_jax's device= and sharding=."""
-    if device is None or sharding is not None:
-        return device, sharding          # both given: check_options says so
+    if device is None or sharding is not None or _is_device(device):
+        return device, sharding          # (both given: check_options says so)
     if hasattr(device, "device_set"):    # a Sharding
         return (device, None) if len(device.device_set) == 1 else (None, device)
-    if _is_device(device):
-        return device, None
     import jax
     from jax.sharding import Sharding, SingleDeviceSharding
     leaves = jax.tree_util.tree_leaves(device)
