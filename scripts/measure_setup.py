@@ -7,8 +7,8 @@ command (the first ```bash block of its "Set up and run") runs, then its test co
 second block) in the virtual environment the first made, as in the shell where the first
 ran. Recorded: each command's wall time and the machine's load average as it began; the
 disk the first command's virtual environment takes and the test accuracy the example
-prints; the disk the test command added to the clone (the test tools, the build folder)
-and pytest's closing counts (passed, skipped, deselected: the slow tests left out). With
+prints; the disk the test command added to the clone (the test tools, the build folder),
+pytest's closing counts (passed, skipped) and how many slow tests it left out. With
 ``--ci-log``, the report that ``bash .ci/run`` printed at its end (its last lines) is read
 too: each step's time, the whole run's time and the clone's largest size, and the date.
 The machine (cores, memory) and the date are recorded beside them; ``python
@@ -73,7 +73,11 @@ def run_readme(first: str, test: str) -> dict[str, dict[str, object]]:
         before, load = _size(clone), os.getloadavg()[0]
         # in the first command's environment, as in the shell where it ran
         seconds, out = _run(f". .venv/bin/activate && {test}", clone, "test command")
-        counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|deselected|xfailed)", out)}
+        counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|xfailed)", out)}
+        # (pytest-xdist's closing line leaves out the deselected: collected again for them)
+        _, out = _run(". .venv/bin/activate && python -m pytest --collect-only -q -p no:cacheprovider",
+                      clone, "collection")
+        counts["deselected"] = int(re.search(r"\((\d+) deselected\)", out).group(1))
         report["test"] = {"command": test, "seconds": round(seconds, 1), "load": round(load, 2),
                           "added_bytes": _size(clone) - before, "counts": counts}
         return report
