@@ -22,7 +22,7 @@ and this script writes what is between the two lines from the block's source:
     pipelines                                           benchmarks/loaders.json (the run of
                                                         benchmarks/bench_loaders.py)
     setup                                               benchmarks/setup.json (what the
-                                                        README's two commands took)
+                                                        README's commands took)
     layout                                              the code (scripts/layout.py: each
                                                         file's lines and what it reads)
     pip-NAME                                            scripts/interop.sh (a loader page's
@@ -368,26 +368,34 @@ def _gb(nbytes: float) -> str:
 
 
 def setup(old: str = "", path: Path = SETUP) -> str:
-    """What the README's two commands took, from benchmarks/setup.json (written by
+    """What the README's commands took, from benchmarks/setup.json (written by
     ``python scripts/measure_setup.py [--ci-log FILE]``)."""
     report = json.loads(path.read_text(encoding="utf-8"))
     first = report["first"]
     where = f"a machine with {report['machine']} (Python {report['python']}, {report['date']})"
-    text = (f"Measured on {where} by `python scripts/measure_setup.py`: the first command "
-            f"took {first['seconds'] / 60:.1f} min on a fresh clone, its virtual environment "
+    text = (f"Measured on {where} by `python scripts/measure_setup.py`, in a fresh clone: the "
+            f"first command took {first['seconds'] / 60:.1f} min, its virtual environment "
             f"takes {_gb(first['venv_bytes'])}, and the example reached a test accuracy of "
             f"{first['accuracy']:.3f} (it varies a little from run to run).")
+    test = report.get("test")
+    if test:
+        counts = test["counts"]
+        text += (f" The test command then took {test['seconds'] / 60:.1f} min, the build "
+                 f"included, and added {_gb(test['added_bytes'])} to the clone: "
+                 f"{counts.get('passed', 0):,} tests passed, {counts.get('skipped', 0)} skipped "
+                 f"(libraries not installed, no GPU) and {counts.get('deselected', 0)} slow ones "
+                 f"left out (the machine's load average was {test['load']:.1f} as it began).")
     ci = report.get("ci")
     if ci:
         sizes = [s["clone"] for s in ci["steps"]]
         largest = max(sizes, key=lambda v: float(v[:-1]) * {"M": 1e-3, "G": 1, "T": 1e3}[v[-1]])
         slowest = max(ci["steps"], key=lambda s: s["seconds"])
         lanes = len({s.get("lane", 1) for s in ci["steps"]})
-        text += (f" The second took {ci['minutes']} min"
-                 f"{f' ({lanes} lanes at once)' if lanes > 1 else ''}, every step passing; the clone grew "
-                 f"to {largest}B (virtual environments, build folders, the CUDA builds of "
-                 f"torch that older stacks pull), and the longest step was "
-                 f"{slowest['step']} ({slowest['seconds'] / 60:.0f} min).")
+        text += (f" `bash .ci/run` took {ci['minutes']} min"
+                 f"{f' ({lanes} lanes at once)' if lanes > 1 else ''} in its run of {ci['date']}, "
+                 f"every step passing; the clone grew to {largest}B (virtual environments, "
+                 f"build folders, the CUDA builds of torch that older stacks pull), and the "
+                 f"longest step was {slowest['step']} ({slowest['seconds'] / 60:.0f} min).")
     return text + "\n"
 
 

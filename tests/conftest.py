@@ -1,4 +1,11 @@
-"""Shared fixtures: optional producers are skipped, with a reason, where missing."""
+"""Shared fixtures: optional producers are skipped, with a reason, where missing.
+
+How deep a run goes. ``python -m pytest`` is the quick run: it leaves out the tests marked
+``slow`` (pyproject.toml's addopts, ``-m 'not slow'``) and the property tests of
+test_agreement.py and test_computations.py draw a tenth of their examples. CI's full run
+(.ci/run) selects every test (``-m ''``) and sets DLINSPECT_AGREEMENT_SCALE=1, every
+example; its version stacks and sanitizer set 0.25.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,10 @@ import os
 
 # JAX on CPU only, quietly, for every test process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The property tests' depth, unless the run sets it (test modules read it when imported,
+# the subprocess suites inherit it).
+QUICK_SCALE = "0.1"
+os.environ.setdefault("DLINSPECT_AGREEMENT_SCALE", QUICK_SCALE)
 
 import pytest
 

@@ -427,6 +427,7 @@ class TestAllocation:
             to_jax(huge)
         assert cap is None or dlinspect._core.capsule_name(cap) == "dltensor_versioned"
 
+    @pytest.mark.slow
     def test_failed_allocation_consumes_nothing(self):
         # malloc refused for real: the address space capped (RLIMIT_AS) a little above
         # what the process uses, then a copy larger than the rest (a broadcast source:
@@ -532,6 +533,7 @@ def _good_leaves(counter, n):
     return [makers[i % len(makers)]() for i in range(n)]
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(kind=st.sampled_from(sorted(FAILING)), n=st.integers(1, 5), data=st.data())

@@ -21,6 +21,7 @@ def cli(*args: str, env: dict[str, str] | None = None, pre: str = "") -> subproc
                           timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
 
 
+@pytest.mark.slow
 def test_doctor_text_lists_every_device_type():
     proc = cli("doctor")
     assert proc.returncode == 0, proc.stderr
@@ -30,6 +31,7 @@ def test_doctor_text_lists_every_device_type():
     assert "torch.Tensor" in proc.stdout or "torch" not in sys.modules
 
 
+@pytest.mark.slow
 def test_doctor_json():
     proc = cli("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -52,12 +54,14 @@ def test_doctor_json():
     assert (report["producers"]["torch"]["exchange_api"] is not None) == has_api
 
 
+@pytest.mark.slow
 def test_python_dash_m():
     proc = subprocess.run([sys.executable, "-m", "dlinspect", "doctor", "--json"], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0 and json.loads(proc.stdout)["versions"]["dlinspect"]
 
 
+@pytest.mark.slow
 def test_inspect_npy_and_expressions(tmp_path):
     path = tmp_path / "batch.npy"
     np.save(path, np.ones((4, 4), np.float32))
@@ -78,6 +82,7 @@ def test_inspect_npy_and_expressions(tmp_path):
     assert cli("inspect").returncode == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (("inspect", "no/such/file.npy"), "cannot read no/such/file.npy: FileNotFoundError"),
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
@@ -98,6 +103,7 @@ def test_usage_errors_exit_1_with_a_message(args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [("inspect", "--expr", "np.ones(3)"), ("bench", "--quick"),
                                   ("bench", "to_jax", "--quick")])
 def test_without_jax_one_line_and_the_install_hint(args):
@@ -107,6 +113,7 @@ def test_without_jax_one_line_and_the_install_hint(args):
     assert "pip install 'dlinspect[jax]'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_what_needs_no_jax_runs_without_it():
     proc = cli("doctor", pre="import sys; sys.modules['jax'] = None; ")
     assert proc.returncode == 0 and "pip install 'dlinspect[jax]'" in proc.stdout
@@ -115,17 +122,20 @@ def test_what_needs_no_jax_runs_without_it():
     assert proc.returncode == 0 and "route to host: zero-copy" in proc.stdout
 
 
+@pytest.mark.slow
 def test_version():
     proc = cli("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"dlinspect {dlinspect.__version__}"
 
 
+@pytest.mark.slow
 def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
     proc = cli("bench", "peek", "--quick", "--json", str(tmp_path / "p.json"))
     assert proc.returncode == 0, proc.stderr
     assert "dlinspect bench" not in proc.stderr and "suite/s" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_doctor_when_jax_cannot_start():
     proc = cli("doctor", env={"JAX_PLATFORMS": "nosuchplatform"})
     assert proc.returncode == 0 and "jax: failed to start" in proc.stdout
@@ -139,6 +149,7 @@ def quick_bench(tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.slow
 def test_bench_quick_json_has_every_suite(quick_bench):
     proc, out = quick_bench
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -153,6 +164,7 @@ def test_bench_quick_json_has_every_suite(quick_bench):
     assert {"to_jax", "jax.dlpack.from_dlpack", "numpy.from_dlpack"} <= set(methods)
 
 
+@pytest.mark.slow
 def test_bench_ends_with_one_verdict_line(quick_bench):
     proc, out = quick_bench
     report = json.loads((out / "b.json").read_text())
@@ -195,6 +207,7 @@ def test_loader_names_no_fastest_within_the_spread():
                      "b": {"median": 9, "runs": [8, 9, 9.5]}}).startswith("none")
 
 
+@pytest.mark.slow
 def test_bench_plot_and_markdown(quick_bench):
     proc, out = quick_bench
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
@@ -203,6 +216,7 @@ def test_bench_plot_and_markdown(quick_bench):
     assert md.startswith("# Benchmarks") and "dlinspect bench --quick" in md and "b.png" in md
 
 
+@pytest.mark.slow
 def test_bench_plot_without_matplotlib(tmp_path):
     proc = cli("bench", "sweep", "--quick", "--no-progress", "--plot", str(tmp_path / "x.png"),
                pre="import sys; sys.modules['matplotlib'] = None; ")
@@ -210,6 +224,7 @@ def test_bench_plot_without_matplotlib(tmp_path):
     assert "sweep (µs per call)" not in proc.stdout  # refused before running anything
 
 
+@pytest.mark.slow
 def test_benchmark_scripts_are_entry_points():
     proc = subprocess.run([sys.executable, "benchmarks/bench_peek.py", "--quick", "--no-progress"],
                           capture_output=True, text=True, timeout=300,
@@ -217,6 +232,7 @@ def test_benchmark_scripts_are_entry_points():
     assert proc.returncode == 0 and "peek(cap)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_bench_stack_times_each_size_and_the_collate(tmp_path):
     """The stack suite pairs dlinspect.stack with np.stack for every size (and, with
     torch, as a DataLoader's collate_fn, and with the conversion into JAX against torch's

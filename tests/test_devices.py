@@ -177,6 +177,7 @@ class TestForeignDevices:
             assert to_jax(FakeProducer(np.arange(3.0), (D.kDLVulkan, 0))).tolist() == [0, 1, 2]
 
 
+    @pytest.mark.slow
     @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
                         reason="needs Linux's reset of the resident high-water mark")
     @pytest.mark.skipif(bool(os.environ.get("DLINSPECT_SANITIZED")),

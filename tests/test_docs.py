@@ -59,6 +59,7 @@ def test_api_reference_docstring_examples():
     assert result["failed"] == 0, result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_page_examples(page):
     """Every ``>>>`` example of the page runs, in order, in one namespace, in its own
@@ -250,6 +251,7 @@ def test_no_run_log_kept_by_hand(page):
 
 # ---- the checkers can fail ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_doctest_runner_reports_a_wrong_output_and_a_missing_library(tmp_path):
     wrong = tmp_path / "wrong.md"
     wrong.write_text("```pycon\n>>> 1 + 1\n3\n\n```\n", encoding="utf-8")

@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
 pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 
+pytestmark = pytest.mark.slow   # trainings in subprocesses: CI's full run has them (.ci/run)
+
 ROOT = Path(__file__).parents[1]
 
 

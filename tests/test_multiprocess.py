@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("jax", reason="jax is not installed (pip install 'dlinspect[jax]')")
 
+pytestmark = pytest.mark.slow   # two JAX processes: CI's full run has it (.ci/run)
+
 HERE = Path(__file__).parent
 
 

@@ -181,6 +181,7 @@ def test_numeric_memory_every_route(name, order, pattern, n, x64):
             assert plan(x, copy=False).kind == "error"
 
 
+@pytest.mark.slow
 def test_empty_arrays_of_every_dtype():
     """An empty array of every dtype, with x64 off and on: ``to_jax`` gives an empty
     ``jax.Array`` of ``jnp.asarray``'s dtype, or the error ``plan`` names. In a child

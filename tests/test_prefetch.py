@@ -141,6 +141,7 @@ def test_progress_without_tqdm(monkeypatch):
         prefetch_to_jax([], progress=True)
 
 
+@pytest.mark.slow
 def test_dataloader_workers_shared_memory_zero_copy(torch):
     """Batches collated in worker processes arrive in shared memory; they import in place."""
     from torch.utils.data import DataLoader, TensorDataset
@@ -163,6 +164,7 @@ def test_dataloader_workers_shared_memory_zero_copy(torch):
     assert firsts == [0, 16, 32, 48]
 
 
+@pytest.mark.slow
 def test_exit_with_a_live_worker_is_clean():
     """The interpreter exits cleanly while a worker is still converting (atexit joins it)."""
     import subprocess

@@ -180,6 +180,7 @@ def test_data_outlives_producer_and_capsule(producer):
     del churn
 
 
+@pytest.mark.slow
 def test_interpreter_exit_with_live_arrays():
     code = """
 import numpy as np, torch, jax.numpy as jnp, dlinspect
@@ -197,6 +198,7 @@ next(it)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_leak_soak(tmp_path):
     """100,000 conversions per route kind: deleter calls equal conversions, RSS grows < 5 MiB
     over the second 50,000 (a leak of 105 bytes a conversion would show)."""
@@ -258,6 +260,7 @@ def test_threads():
         dlinspect.to_jax(make_capsule(shared, name="used_dltensor_versioned"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [2, 8])
 @pytest.mark.parametrize("route", ["misaligned", "reversed", "narrowed", "copy=True", "device=",
                                    "to_host copy=True", "batch", "import", "legacy-import"])

@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
 
+pytestmark = pytest.mark.slow   # minutes each: CI's full run has them (.ci/run)
+
 HERE = Path(__file__).parent
 
 

@@ -11,6 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(__file__))
 
 
+@pytest.mark.slow
 def test_mypy():
     pytest.importorskip("mypy", reason="mypy is not installed (pip install mypy)")
     proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT,
@@ -36,6 +37,7 @@ def test_stub_matches_the_extension():
     assert {n for n in declared - {"Capsule"} if not n.startswith("_")} - set(dir(core)) == set()
 
 
+@pytest.mark.slow
 def test_mypy_refuses_what_the_options_and_results_do_not_allow(tmp_path):
     """A string option outside its values, and an attribute the result has not, are type
     errors: the options are Literal types, to_jax of a tensor is a jax.Array and plan of
