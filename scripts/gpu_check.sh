@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c "import jax, torch, dlinspect; print('jax', jax.__version__, jax.devices(), '| torch', torch.__version__, torch.cuda.is_available(), '| dlinspect', dlinspect.__version__)"
 python3 -m dlinspect doctor | tee "$out/doctor.txt"
 status=0
-python3 -m pytest -q -p no:cacheprovider -rs tests/gpu 2>&1 | tee "$out/gpu-tests.log" || status=1
+python3 -m pytest -q -p no:cacheprovider -rs -m "" tests/gpu 2>&1 | tee "$out/gpu-tests.log" || status=1
 python3 -m pytest -q -p no:cacheprovider -x tests/test_route.py tests/test_devices.py tests/test_producers.py tests/test_agreement.py \
     tests/test_batches.py 2>&1 | tail -5 | tee "$out/cpu-suite.log" || status=1
 timeout 180 python3 scripts/gpu_bench.py --json "$out/gpu-bench.json" || status=1
