@@ -36,57 +36,68 @@ cdef class DeleterCounter:
         return f"<DeleterCounter calls={self.calls}>"
 
 
-ctypedef struct _FactoryCtx:
-    PyObject* owner        # buffer exporter kept alive, or NULL
-    Py_buffer view
-    bint has_view
-    PyObject* counter      # DeleterCounter, or NULL
-    int64_t* shape
-    int64_t* strides
+cdef class _Held:
+    """What a capsule of ``_make_capsule`` keeps until its deleter runs: its data (the
+    buffer viewed, where it gave the address) and the counter that deleter bumps."""
+    cdef object data, counter
+    cdef Py_buffer view
+
+    def __dealloc__(self):
+        PyBuffer_Release(&self.view)   # (nothing where no buffer was viewed)
+        if self.counter is not None:
+            (<DeleterCounter>self.counter).calls += 1
 
 
-cdef void _factory_release(_FactoryCtx* ctx) noexcept nogil:
-    if ctx == NULL:
-        return
-    if not Py_IsInitialized():
-        return                     # interpreter gone: leak rather than crash
-    with gil:
-        if ctx.counter != NULL:
-            (<DeleterCounter>ctx.counter).calls += 1
-            Py_XDECREF(ctx.counter)
-        if ctx.has_view:
-            PyBuffer_Release(&ctx.view)
-        Py_XDECREF(ctx.owner)
-    free(ctx.shape)
-    free(ctx.strides)
-    free(ctx)
+cdef void _release(void* block, void* keep) noexcept nogil:
+    if Py_IsInitialized():        # interpreter gone: leak the reference rather than crash
+        with gil:
+            Py_XDECREF(<PyObject*>keep)
+    free(block)                   # header, shape and strides are one allocation
 
 
-cdef void _factory_deleter(DLManagedTensor* dlm) noexcept nogil:
-    _factory_release(<_FactoryCtx*>dlm.manager_ctx)
-    free(dlm)
+cdef void _own_deleter(DLManagedTensor* dlm) noexcept nogil:
+    _release(dlm, dlm.manager_ctx)
 
 
-cdef void _factory_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
-    _factory_release(<_FactoryCtx*>dlm_ver.manager_ctx)
-    free(dlm_ver)
+cdef void _own_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
+    _release(dlm_ver, dlm_ver.manager_ctx)
 
 
-cdef int64_t* _int64_array(object values, Py_ssize_t n) except? NULL:
-    # n entries (n >= len(values)); entries past len(values) are 1.
-    cdef int64_t* out = <int64_t*>malloc((n if n > 0 else 1) * sizeof(int64_t))
-    cdef Py_ssize_t i
-    if out == NULL:
+cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flags,
+                     bint versioned=True, const char* name=NULL):
+    """The one way dlinspect builds a capsule of its own: a new DLManagedTensorVersioned
+    (a legacy DLManagedTensor where not ``versioned``) of header ``t`` and ``flags``, its
+    ``n`` extents and strides (unless NULL) copied into the same block, named ``name`` or
+    by its kind; its deleter drops the reference to ``keep`` taken here. MemoryError with
+    nothing leaked."""
+    cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+    cdef size_t size = head + 2 * <size_t>n * sizeof(int64_t) + 1
+    cdef char* block = <char*>malloc(size)
+    if block == NULL:
         raise MemoryError()
-    for i in range(n):
-        out[i] = 1
+    memset(block, 0, size)
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
+    cdef DLManagedTensor* dlm = <DLManagedTensor*>block
+    cdef DLTensor* dl = &dlm_ver.dl_tensor if versioned else &dlm.dl_tensor
+    cdef int64_t* dims = <int64_t*>(block + head)
+    dl[0] = t[0]
+    dl.shape = NULL if t.shape == NULL else <int64_t*>memcpy(dims, t.shape, n * sizeof(int64_t))
+    dl.strides = (NULL if t.strides == NULL
+                  else <int64_t*>memcpy(dims + n, t.strides, n * sizeof(int64_t)))
+    if versioned:
+        dlm_ver.version = DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
+        dlm_ver.manager_ctx, dlm_ver.deleter, dlm_ver.flags = <void*>keep, _own_deleter_ver, flags
+    else:
+        dlm.manager_ctx, dlm.deleter = <void*>keep, _own_deleter
+    if name == NULL:
+        name = VERSIONED if versioned else LEGACY
     try:
-        for i in range(len(values)):
-            out[i] = values[i]
+        cap = PyCapsule_New(block, name, _owned_capsule_destructor)
     except BaseException:
-        free(out)
+        free(block)
         raise
-    return out
+    Py_INCREF(keep)
+    return cap
 
 
 def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int lanes,
@@ -94,79 +105,48 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   int version_major, int version_minor, uint64_t flags, counter,
                   name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
-    cdef _FactoryCtx* ctx = <_FactoryCtx*>malloc(sizeof(_FactoryCtx))
-    cdef size_t size = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
-    cdef void* managed = NULL   # a zeroed DLManagedTensorVersioned (or legacy DLManagedTensor)
-    cdef DLManagedTensorVersioned* dlm_ver
-    cdef DLManagedTensor* dlm
-    cdef DLTensor* t
-    cdef void* ptr = NULL
-    if ctx == NULL:
-        raise MemoryError()
-    memset(ctx, 0, sizeof(_FactoryCtx))
-    try:
-        nd = _fill_factory_ctx(ctx, data, address, shape, ndim, strides, counter)
-        managed = malloc(size)
-        if managed == NULL:
-            raise MemoryError()
-        memset(managed, 0, size)
-        dlm_ver, dlm = <DLManagedTensorVersioned*>managed, <DLManagedTensor*>managed
-        if versioned:
-            dlm_ver.version = DLPackVersion(version_major, version_minor)
-            dlm_ver.flags, dlm_ver.manager_ctx = flags, ctx
-            if not null_deleter:
-                dlm_ver.deleter = _factory_deleter_ver
-            t = &dlm_ver.dl_tensor
-        else:
-            dlm.manager_ctx = ctx
-            if not null_deleter:
-                dlm.deleter = _factory_deleter
-            t = &dlm.dl_tensor
-        if address is not None:
-            ptr = <void*><uintptr_t>address
-        elif ctx.has_view:
-            ptr = ctx.view.buf
-        t[0] = DLTensor(ptr, DLDevice(device_type, device_id), nd, c_DLDataType(code, bits, lanes),
-                        ctx.shape, ctx.strides, byte_offset)
-        cname = (VERSIONED if versioned else LEGACY) if name is None else _static_name(name)
-        cap = PyCapsule_New(managed, cname, _owned_capsule_destructor)
-    except BaseException:
-        _factory_release(ctx)
-        free(managed)
-        raise
-    # With null_deleter the context is never released (a deliberate, small leak):
-    # the header must keep pointing at live memory for as long as anyone reads it.
-    return cap
-
-
-cdef int32_t _fill_factory_ctx(_FactoryCtx* ctx, data, address, shape, ndim, strides,
-                               counter) except? -1:
-    """The factory's context: shape and strides arrays (backing a forged ``ndim``), the
-    buffer viewed and the objects kept alive. Returns the header's ``ndim``."""
+    if counter is not None and not isinstance(counter, DeleterCounter):
+        raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
+    cdef _Held held = _Held.__new__(_Held)
     cdef int32_t nd = len(shape) if ndim is None else ndim
-    cdef Py_ssize_t n_alloc = max(min(nd, _FORGE_NDIM_BACKED),
-                                  len(shape) if shape is not None else 0,
-                                  len(strides) if strides is not None else 0)
-    if shape is not None:
-        ctx.shape = _int64_array(shape, n_alloc)
-    if strides is not None:
-        ctx.strides = _int64_array(strides, n_alloc)
-    if data is not None:
-        if address is None:
-            PyObject_GetBuffer(data, &ctx.view, PyBUF_ANY_CONTIGUOUS)
-            ctx.has_view = True
-        Py_INCREF(data)
-        ctx.owner = <PyObject*>data
-    if counter is not None:
-        if not isinstance(counter, DeleterCounter):
-            raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
-        Py_INCREF(counter)
-        ctx.counter = <PyObject*>counter
-    return nd
+    cdef cnp.ndarray dims = _forged_dims(shape, strides, nd)
+    cdef Py_ssize_t n = dims.shape[1]
+    cdef int64_t* p = <int64_t*>cnp.PyArray_DATA(dims)
+    held.data = data
+    if data is not None and address is None:
+        PyObject_GetBuffer(data, &held.view, PyBUF_ANY_CONTIGUOUS)
+        address = <uintptr_t>held.view.buf
+    cdef DLTensor t = DLTensor(<void*><uintptr_t>(address or 0), DLDevice(device_type, device_id),
+                               nd, c_DLDataType(code, bits, lanes), p, p + n, byte_offset)
+    if shape is None:
+        t.shape = NULL
+    if strides is None:
+        t.strides = NULL
+    cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else _static_name(name))
+    cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
+    if versioned:
+        (<DLManagedTensorVersioned*>managed).version = DLPackVersion(version_major, version_minor)
+    if null_deleter:   # then never freed (a deliberate, small leak): the header must keep
+        if versioned:  # pointing at live memory for as long as anyone reads it
+            (<DLManagedTensorVersioned*>managed).deleter = NULL
+        else:
+            (<DLManagedTensor*>managed).deleter = NULL
+    held.counter = counter   # (last: a capsule that failed to be made counts no call)
+    return cap
 
 
 #: make_capsule backs a forged ndim with at most this many shape/stride entries.
 cdef Py_ssize_t _FORGE_NDIM_BACKED = 1024
+
+
+cdef object _forged_dims(shape, strides, int32_t ndim):
+    """A test capsule's extents (row 0) and strides (row 1), padded with 1 to back a forged
+    ``ndim`` (up to _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further."""
+    n = max(min(ndim, _FORGE_NDIM_BACKED), len(shape or ()), len(strides or ()))
+    dims = _np.ones((2, n), _np.int64)
+    dims[0, :len(shape or ())] = shape or ()
+    dims[1, :len(strides or ())] = strides or ()
+    return dims
 
 # Capsule names must outlive the capsule: keep every forged name interned here.
 cdef dict _names = {}
@@ -218,28 +198,6 @@ cdef str _type_name(object obj):
     return f"{tp.__module__}.{tp.__qualname__}"
 
 
-cdef object _numpy_error(object x, int form, str why):
-    """The error for NumPy array ``x`` that DLPack cannot describe exactly."""
-    what = f"a {_type_name(x)} of dtype {x.dtype.str} ({x.dtype.name}) and shape {x.shape}"
-    if form == NP_NOT_NUMERIC:
-        return NotNumericError(
-            f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
-            f"leaf kept as it is (leaves='keep').")
-    if form == NP_COPY:
-        exc = NotDescribableError(
-            f"{what} cannot be described by DLPack: {why}, so NumPy refused "
-            f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
-            f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
-            f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
-        exc.array = x
-        exc.why = why
-        return exc
-    return UnsupportedDTypeError(
-        f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
-        f"to export it and dlinspect has no header to give. To fix: convert it first, e.g. "
-        f"x.astype(numpy.float32).")
-
-
 def capsule_of(arr, bint read_only=False):
     """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it) on
     ``(kDLCPU, 0)``, owning the view until a consumer renames it; ``read_only`` sets the
@@ -267,8 +225,10 @@ def capsule_of(arr, bint read_only=False):
         else:   # (not a whole number of elements only in an empty array: 0)
             strides[i] = stride // item if stride % item == 0 else 0
             row *= shape[i]
-    return _view_capsule(arr, <void*><uintptr_t>arr.ctypes.data, ndim, shape, strides, code,
-                         bits, lanes, flags, kDLCPU, 0)
+    # (&shape[0], not shape: Cython would copy the array over the field's pointer)
+    cdef DLTensor t = DLTensor(<void*><uintptr_t>arr.ctypes.data, DLDevice(kDLCPU, 0), ndim,
+                               c_DLDataType(code, bits, lanes), &shape[0], &strides[0], 0)
+    return _capsule(arr, &t, ndim, flags)
 
 
 def numpy_capsule(arr, refusal=None):
@@ -280,17 +240,35 @@ def numpy_capsule(arr, refusal=None):
     form, why = _numpy_form(arr)
     if form == NP_EXACT:
         return capsule_of(arr, not arr.flags.writeable)
-    raise _numpy_error(arr, form, why) from (refusal if form == NP_NO_CODE else None)
+    dt = arr.dtype
+    what = f"a {_type_name(arr)} of dtype {dt.str} ({dt.name}) and shape {arr.shape}"
+    if form == NP_NOT_NUMERIC:
+        exc = NotNumericError(f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
+                              f"leaf kept as it is (leaves='keep').")
+    elif form == NP_COPY:
+        exc = NotDescribableError(
+            f"{what} cannot be described by DLPack: {why}, so NumPy refused "
+            f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
+            f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
+            f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
+        exc.array, exc.why = arr, why
+    else:
+        exc = UnsupportedDTypeError(
+            f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+            f"to export it and dlinspect has no header to give. To fix: convert it first, "
+            f"e.g. x.astype(numpy.float32).")
+    raise exc from (refusal if form == NP_NO_CODE else None)
 
 
 def view_capsule(owner, TensorInfo info):
     """A "dltensor_versioned" capsule over memory ``owner`` keeps alive, as ``info``
     describes it (a slice of the owner's tensor: ``TensorInfo.sliced``), flags kept."""
-    return _view_capsule(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
-                         info._code, info._bits, info._lanes,
-                         info.flags & (DLPACK_FLAG_BITMASK_READ_ONLY
-                                        | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED),
-                         info._cap_dev_type, info._cap_dev_id)
+    cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type,
+                                                            info._cap_dev_id),
+                               info.ndim, c_DLDataType(info._code, info._bits, info._lanes),
+                               info._shape, info._strides, 0)
+    cdef uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+    return _capsule(owner, &t, info.ndim, info.flags & kept)
 
 
 def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits, int lanes,
@@ -303,39 +281,6 @@ def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits,
     return _make_capsule(owner, address, shape, None, strides, code, bits, lanes, device_type,
                          device_id, 0, True, DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR,
                          flags, None, None, False)
-
-
-cdef void _view_deleter(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
-    if Py_IsInitialized():        # interpreter gone: leak the reference rather than crash
-        with gil:
-            Py_XDECREF(<PyObject*>dlm_ver.manager_ctx)
-    free(dlm_ver)                 # header, shape and strides are one allocation
-
-
-# contract: a new "dltensor_versioned" capsule whose deleter drops one reference to
-# ``owner`` (taken here); raises MemoryError with nothing leaked.
-cdef object _view_capsule(object owner, void* data, int32_t ndim, const int64_t* shape,
-                          const int64_t* strides, int code, int bits, int lanes,
-                          uint64_t flags, int32_t dev_type, int32_t dev_id):
-    cdef size_t head = sizeof(DLManagedTensorVersioned)
-    cdef char* block = <char*>malloc(head + 2 * <size_t>ndim * sizeof(int64_t) + 1)
-    if block == NULL:
-        raise MemoryError()
-    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
-    cdef int64_t* dims = <int64_t*>(block + head)
-    memcpy(dims, shape, ndim * sizeof(int64_t))
-    memcpy(dims + ndim, strides, ndim * sizeof(int64_t))
-    Py_INCREF(owner)
-    dlm_ver[0] = DLManagedTensorVersioned(
-        DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR), <void*>owner, _view_deleter,
-        flags, DLTensor(data, DLDevice(dev_type, dev_id), ndim, c_DLDataType(code, bits, lanes),
-                        dims, dims + ndim, 0))
-    try:
-        return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
-    except BaseException:
-        Py_XDECREF(<PyObject*>owner)
-        free(block)
-        raise
 
 
 # ---- versioned -> legacy adapter (JAX imports "dltensor" only) --------------
@@ -362,7 +307,8 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
         _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
-    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
+    cdef DLManagedTensorVersioned* dlm_ver = (
+        <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED))
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
         raise MemoryError()

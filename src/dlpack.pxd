@@ -1,70 +1,34 @@
-# Cython mirror of include/dlinspect/dlpack.h (dlinspect's own DLPack 1.3 declaration).
+# Cython declarations of include/dlinspect/dlpack.h (dlinspect's own DLPack 1.3 header).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "dlinspect/dlpack.h" nogil:
-    const char* DLINSPECT_CAPSULE_LEGACY
-    const char* DLINSPECT_CAPSULE_LEGACY_USED
-    const char* DLINSPECT_CAPSULE_VERSIONED
-    const char* DLINSPECT_CAPSULE_VERSIONED_USED
-    const char* DLINSPECT_CAPSULE_EXCHANGE_API
-    int DLINSPECT_DLPACK_MAJOR
-    int DLINSPECT_DLPACK_MINOR
-
-    uint64_t DLPACK_FLAG_BITMASK_READ_ONLY
-    uint64_t DLPACK_FLAG_BITMASK_IS_COPIED
+    const char *DLINSPECT_CAPSULE_LEGACY, *DLINSPECT_CAPSULE_LEGACY_USED
+    const char *DLINSPECT_CAPSULE_VERSIONED, *DLINSPECT_CAPSULE_VERSIONED_USED
+    const char *DLINSPECT_CAPSULE_EXCHANGE_API
+    int DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR
+    uint64_t DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
     uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
     # The Python-level names DLDeviceType, DLDataTypeCode and DLDataType are the
     # core's enums and named tuple (tables.pxi); the C types take a c_ prefix here.
     ctypedef enum c_DLDeviceType "DLDeviceType":
-        kDLCPU
-        kDLCUDA
-        kDLCUDAHost
-        kDLOpenCL
-        kDLVulkan
-        kDLMetal
-        kDLVPI
-        kDLROCM
-        kDLROCMHost
-        kDLExtDev
-        kDLCUDAManaged
-        kDLOneAPI
-        kDLWebGPU
-        kDLHexagon
-        kDLMAIA
-        kDLTrn
+        kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM, kDLROCMHost
+        kDLExtDev, kDLCUDAManaged, kDLOneAPI, kDLWebGPU, kDLHexagon, kDLMAIA, kDLTrn
 
     ctypedef enum c_DLDataTypeCode "DLDataTypeCode":
-        kDLInt
-        kDLUInt
-        kDLFloat
-        kDLOpaqueHandle
-        kDLBfloat
-        kDLComplex
-        kDLBool
-        kDLFloat8_e3m4
-        kDLFloat8_e4m3
-        kDLFloat8_e4m3b11fnuz
-        kDLFloat8_e4m3fn
-        kDLFloat8_e4m3fnuz
-        kDLFloat8_e5m2
-        kDLFloat8_e5m2fnuz
-        kDLFloat8_e8m0fnu
-        kDLFloat6_e2m3fn
-        kDLFloat6_e3m2fn
-        kDLFloat4_e2m1fn
+        kDLInt, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, kDLBool
+        kDLFloat8_e3m4, kDLFloat8_e4m3, kDLFloat8_e4m3b11fnuz, kDLFloat8_e4m3fn
+        kDLFloat8_e4m3fnuz, kDLFloat8_e5m2, kDLFloat8_e5m2fnuz, kDLFloat8_e8m0fnu
+        kDLFloat6_e2m3fn, kDLFloat6_e3m2fn, kDLFloat4_e2m1fn
 
     ctypedef struct DLPackVersion:
-        uint32_t major
-        uint32_t minor
+        uint32_t major, minor
 
     ctypedef struct DLDevice:
-        int32_t device_type
-        int32_t device_id
+        int32_t device_type, device_id
 
     ctypedef struct c_DLDataType "DLDataType":
-        uint8_t code
-        uint8_t bits
+        uint8_t code, bits
         uint16_t lanes
 
     ctypedef struct DLTensor:
@@ -72,8 +36,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         DLDevice device
         int32_t ndim
         c_DLDataType dtype
-        int64_t* shape
-        int64_t* strides
+        int64_t *shape, *strides
         uint64_t byte_offset
 
     ctypedef struct DLManagedTensor:
@@ -88,18 +51,12 @@ cdef extern from "dlinspect/dlpack.h" nogil:
         uint64_t flags
         DLTensor dl_tensor
 
-    ctypedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out) noexcept
-    ctypedef int (*DLPackManagedTensorFromPyObjectNoSync)(
-        void* py_object, DLManagedTensorVersioned** out) noexcept
-
+    # The exchange API as far as the core reads it (the C header has every field).
     ctypedef struct DLPackExchangeAPIHeader:
         DLPackVersion version
-        DLPackExchangeAPIHeader* prev_api
 
     ctypedef struct DLPackExchangeAPI:
         DLPackExchangeAPIHeader header
-        void* managed_tensor_allocator
-        DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync
-        void* managed_tensor_to_py_object_no_sync
-        DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync
-        void* current_work_stream
+        int (*managed_tensor_from_py_object_no_sync)(
+            void* py_object, DLManagedTensorVersioned** out) noexcept
+        int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept

@@ -335,7 +335,7 @@ cdef object _host_view(cap, TensorInfo info):
     base owns the tensor; read-only where the header says so or cannot say (a legacy
     capsule), as NumPy does."""
     cdef int64_t shape[_MAX_NDIM + 1], strides[_MAX_NDIM + 1]
-    cdef int64_t lane = info._itemsize() // info._lanes   # (a vector dtype's: whole bytes)
+    cdef int64_t lane = info.itemsize // info._lanes   # (a vector dtype's: whole bytes)
     cdef int32_t i, n = info.ndim
     for i in range(n):   # (strides in lanes)
         shape[i] = info._shape[i]

@@ -9,6 +9,11 @@ cdef enum Source:
 
 _SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api")
 
+cdef enum:   # TensorInfo._contiguous's orders
+    _F_ORDER = 0
+    _C_ORDER = 1
+    _ANY_ORDER = 2
+
 
 @cython.freelist(32)
 @cython.final
@@ -102,7 +107,7 @@ cdef class TensorInfo:
     """
 
     cdef readonly int32_t device_id, ndim
-    cdef readonly int64_t size, nbytes
+    cdef readonly int64_t size, nbytes, itemsize
     cdef readonly uint64_t byte_offset, flags
     cdef readonly bint strides_null
     cdef int32_t _dev_type, _cap_dev_type, _cap_dev_id
@@ -174,16 +179,9 @@ cdef class TensorInfo:
 
     @property
     def byte_strides(self):
-        item = self._itemsize()
+        item = self.itemsize
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
         return tuple([<object>self._strides[i] * item for i in range(self.ndim)])
-
-    @property
-    def itemsize(self):
-        return self._itemsize()
-
-    cdef inline int64_t _itemsize(self) noexcept:
-        return (<int64_t>self._bits * self._lanes + 7) // 8
 
     @property
     def dtype(self):
@@ -231,68 +229,60 @@ cdef class TensorInfo:
 
     @property
     def is_c_contiguous(self):
-        return self._contiguous(True)
+        return self._contiguous(_C_ORDER)
 
     @property
     def is_f_contiguous(self):
-        return self._contiguous(False)
-
-    cdef bint _contiguous(self, bint c_order) noexcept:
-        cdef int64_t expected = 1
-        cdef int k, i
-        if self.size == 0:
-            return True
-        for k in range(self.ndim):
-            i = self.ndim - 1 - k if c_order else k
-            if self._shape[i] == 1:
-                continue
-            if self._strides[i] != expected:
-                return False
-            expected *= self._shape[i]
-        return True
+        return self._contiguous(_F_ORDER)
 
     @property
     def is_compact(self):
-        return self._is_compact()
+        return self._contiguous(_ANY_ORDER)
 
-    cdef bint _is_compact(self) noexcept:
-        # Dimensions of extent > 1, ordered by stride, must each have a stride
-        # equal to the product of the extents of the faster ones.
+    cdef bint _contiguous(self, int order) noexcept:
+        """Dense: the axes of extent > 1, fastest first (C: the last first; F: the first
+        first; _ANY_ORDER: by stride), each of stride the product of the faster extents."""
         cdef int64_t expected = 1
-        cdef int i, j, n = 0
-        cdef int order[_MAX_NDIM]
+        cdef int i, j, k, n = 0
+        cdef int axes[_MAX_NDIM]   # _ANY_ORDER's axes, sorted by stride
         if self.size == 0:
             return True
-        for i in range(self.ndim):
+        for k in range(self.ndim):
+            i = self.ndim - 1 - k if order == _C_ORDER else k
             if self._shape[i] == 1:
+                continue
+            if order != _ANY_ORDER:   # (the hot path's C order: no sorting)
+                if self._strides[i] != expected:
+                    return False
+                expected *= self._shape[i]
                 continue
             if self._strides[i] <= 0:
                 return False
             j = n
-            while j > 0 and self._strides[order[j - 1]] > self._strides[i]:
-                order[j] = order[j - 1]
+            while j > 0 and self._strides[axes[j - 1]] > self._strides[i]:
+                axes[j] = axes[j - 1]
                 j -= 1
-            order[j] = i
+            axes[j] = i
             n += 1
         for j in range(n):
-            if self._strides[order[j]] != expected:
+            if self._strides[axes[j]] != expected:
                 return False
-            expected *= self._shape[order[j]]
+            expected *= self._shape[axes[j]]
         return True
 
     @property
     def has_broadcast(self):
-        cdef int i
-        for i in range(self.ndim):
-            if self._shape[i] > 1 and self._strides[i] == 0:
-                return True
-        return False
+        return self._any_stride(False)
 
     @property
     def has_negative_strides(self):
+        return self._any_stride(True)
+
+    cdef bint _any_stride(self, bint negative) noexcept:
+        """Some axis of extent > 1 has a negative stride (``negative``), else stride 0."""
         cdef int i
         for i in range(self.ndim):
-            if self._shape[i] > 1 and self._strides[i] < 0:
+            if self._shape[i] > 1 and (self._strides[i] < 0 if negative else self._strides[i] == 0):
                 return True
         return False
 
@@ -324,7 +314,7 @@ cdef class TensorInfo:
         cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
         cdef int i
         cdef Py_ssize_t n, start, stop, step, count
-        cdef int64_t item = self._itemsize(), move, delta = 0
+        cdef int64_t item = self.itemsize, move, delta = 0
         cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data
         if type(index) is not tuple:
@@ -362,31 +352,17 @@ cdef class TensorInfo:
                           self.flags, self._ver_major, self._ver_minor, self._dev_type,
                           self.device_id)
 
-    def _layout_word(self):
-        if self.is_c_contiguous:
-            return "C-contiguous"
-        if self.is_f_contiguous:
-            return "F-contiguous"
-        if self.is_compact:
-            return "compact"
-        words = []
-        if self.has_broadcast:
-            words.append("broadcast")
-        if self.has_negative_strides:
-            words.append("negative-strides")
-        return "+".join(words) or "strided"
-
     def __repr__(self):
-        extra = []
         cap = self.capsule_device
-        if cap is not None:
-            extra.append(f" capsule_device={device_name(cap[0], cap[1])}")
-        if self.read_only:
-            extra.append(" read-only")
+        odd = [word for word, on in (("broadcast", self.has_broadcast),
+                                     ("negative-strides", self.has_negative_strides)) if on]
+        layout = ("C-contiguous" if self.is_c_contiguous else "F-contiguous" if self.is_f_contiguous
+                  else "compact" if self.is_compact else "+".join(odd) or "strided")
         return (f"<TensorInfo {device_name(self._dev_type, self.device_id)} "
                 f"{self.dtype_name}[{', '.join(map(str, self.shape))}] "
-                f"strides={self.strides} {self._layout_word()} {self.nbytes} B "
-                f"align={self.alignment}{''.join(extra)}>")
+                f"strides={self.strides} {layout} {self.nbytes} B align={self.alignment}"
+                f"{'' if cap is None else f' capsule_device={device_name(cap[0], cap[1])}'}"
+                f"{' read-only' if self.read_only else ''}>")
 
     def to_dict(self):
         """All attributes as a dict of plain Python values (for logs and JSON)."""
@@ -470,35 +446,8 @@ cdef str _ints_text(const int64_t* values, int32_t n):
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
 cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
-    """Copy and validate one DLTensor header into a new TensorInfo: the fixed fields, the
-    shape, the strides, then the bytes they reach (every field untrusted)."""
-    _check_fields(t)
-    cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
-    cdef int32_t ndim = t.ndim
-    info._alloc(ndim)
-    info.ndim = ndim
-    info._source = source
-    info.flags = flags
-    info._dev_type = info._cap_dev_type = t.device.device_type
-    info.device_id = info._cap_dev_id = t.device.device_id
-    info._code = t.dtype.code
-    info._bits = t.dtype.bits
-    info._lanes = t.dtype.lanes
-    info.byte_offset = t.byte_offset
-    info._data = <uintptr_t>t.data
-    info.strides_null = t.strides == NULL and ndim > 0
-    info.size = _read_shape(info, t)
-    _read_strides(info, t)
-    cdef int64_t bits_total = <int64_t>t.dtype.bits * t.dtype.lanes
-    info.nbytes = _count_bytes(info.size, bits_total, flags, t)
-    if info.size > 0:
-        _check_span(info, (bits_total + 7) // 8)
-    return info
-
-
-cdef int _check_fields(const DLTensor* t) except -1:
-    """The fields read before the shape: ndim's range, a NULL shape, the data pointer
-    plus byte_offset within the address space, at least one lane."""
+    """Copy and validate one DLTensor header into a new TensorInfo (every field untrusted):
+    the fields read before the shape, then the shape, the strides and the bytes they reach."""
     cdef int32_t ndim = t.ndim
     if ndim < 0 or ndim > _MAX_NDIM:
         raise _corrupt(f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
@@ -512,7 +461,18 @@ cdef int _check_fields(const DLTensor* t) except -1:
     if t.dtype.lanes == 0:
         raise _corrupt(f"DLDataType.lanes is 0 (code={t.dtype.code}, bits={t.dtype.bits}); "
                        f"every element has at least one lane.")
-    return 0
+    cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
+    info._alloc(ndim)
+    info.ndim, info._source, info.flags = ndim, source, flags
+    info._dev_type = info._cap_dev_type = t.device.device_type
+    info.device_id = info._cap_dev_id = t.device.device_id
+    info._code, info._bits, info._lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    info.byte_offset, info._data = t.byte_offset, <uintptr_t>t.data
+    info.strides_null = t.strides == NULL and ndim > 0
+    info.size = _read_shape(info, t)
+    _read_strides(info, t)
+    _count_bytes(info, <int64_t>t.dtype.bits * t.dtype.lanes)
+    return info
 
 
 cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
@@ -553,25 +513,21 @@ cdef void _read_strides(TensorInfo info, const DLTensor* t) noexcept:
             stride = 0
 
 
-cdef int64_t _count_bytes(int64_t size, int64_t bits_total, uint64_t flags,
-                          const DLTensor* t) except -1:
-    """The bytes ``size`` elements of ``bits_total`` bits take (packed sub-byte elements
-    several to a byte, unless flagged padded), checked against int64."""
-    cdef int64_t nbytes
-    if bits_total < 8 and not (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
-        if dl_mul_overflow(size, bits_total, &nbytes):
-            raise _corrupt(f"{size} elements of {bits_total} bits overflow int64.")
-        return (nbytes + 7) // 8
-    if dl_mul_overflow(size, (bits_total + 7) // 8, &nbytes):
-        raise _corrupt(f"DLTensor.shape {_ints_text(t.shape, t.ndim)} times "
-                       f"{(bits_total + 7) // 8} bytes per element overflows int64.")
-    return nbytes
-
-
-cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
-    """The byte span the strides reach fits in int64 (a non-empty tensor)."""
+cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
+    """``info.itemsize`` and ``info.nbytes`` (sub-byte elements packed several to a byte,
+    unless flagged padded), then the byte span the strides reach, checked against int64."""
     cdef int32_t i
-    cdef int64_t reach, stride, span = 0
+    cdef int64_t item = (bits_total + 7) // 8, reach, stride, span = 0
+    info.itemsize = item
+    if bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
+        if dl_mul_overflow(info.size, bits_total, &info.nbytes):
+            raise _corrupt(f"{info.size} elements of {bits_total} bits overflow int64.")
+        info.nbytes = (info.nbytes + 7) // 8
+    elif dl_mul_overflow(info.size, item, &info.nbytes):
+        raise _corrupt(f"DLTensor.shape {_ints_text(info._shape, info.ndim)} times "
+                       f"{item} bytes per element overflows int64.")
+    if info.size == 0:
+        return 0
     for i in range(info.ndim):
         stride = info._strides[i]
         if (stride == DLINSPECT_INT64_MIN
@@ -579,7 +535,7 @@ cdef int _check_span(TensorInfo info, int64_t item_bytes) except -1:
                 or dl_add_overflow(span, reach, &span)):
             raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
                            f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements.")
-    if dl_mul_overflow(span, item_bytes, &span):
+    if dl_mul_overflow(span, item, &span):
         raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more "
                        f"than 2**63-1 bytes.")
     return 0

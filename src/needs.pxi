@@ -135,9 +135,9 @@ cdef inline uint32_t _device_needs(TensorInfo info, JaxTarget tg, bint* on_cpu) 
 
 
 cdef inline uint32_t _layout_needs(TensorInfo info, JaxTarget tg) except? 0xFFFFFFFF:
-    if not info._contiguous(True):   # (vector lanes: a trailing axis of row-major memory)
-        return (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1 and info._is_compact()
-                else NEED_LAYOUT)
+    if not info._contiguous(_C_ORDER):   # (vector lanes: a trailing axis of row-major memory)
+        return (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1
+                and info._contiguous(_ANY_ORDER) else NEED_LAYOUT)
     if not tg.unit_strides_ok and _odd_unit_strides(info):
         return NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
     return 0

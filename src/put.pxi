@@ -33,8 +33,7 @@ cdef class _Block:
 cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape,
                      const int64_t* strides, int64_t itemsize, cnp.dtype descr,
                      bint writeable):
-    cdef cnp.npy_intp dims[_MAX_NDIM]
-    cdef cnp.npy_intp steps[_MAX_NDIM]
+    cdef cnp.npy_intp dims[_MAX_NDIM], steps[_MAX_NDIM]
     cdef int32_t i
     for i in range(ndim):
         dims[i] = <cnp.npy_intp>shape[i]
@@ -111,7 +110,8 @@ cdef int _fill(object out, TensorInfo info) except -1:
     cdef size_t dst_bytes = <size_t>info.size * dst_size
     cdef dl_copy_cast cast = DL_COPY_SAME
     if dst_size != <size_t>(info._bits // 8):   # x64 narrowing: 64-bit parts to 32-bit ones
-        cast = DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat else DL_COPY_U64_U32
+        cast = (DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat
+                else DL_COPY_U64_U32)
     with nogil:
         dl_advise_huge(dst, dst_bytes)
     cdef size_t at_least = DL_COPY_PARALLEL_MIN
@@ -161,7 +161,7 @@ cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
     """jaxlib's batched put views this host memory in place (probed: row-major, whole
     bytes per element, aligned as it needs); else the DLPack import views it."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
-            and info._contiguous(True) and (info._ptr() & (tg.put_align - 1)) == 0)
+            and info._contiguous(_C_ORDER) and (info._ptr() & (tg.put_align - 1)) == 0)
 
 
 cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
@@ -172,8 +172,9 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
     cdef cnp.ndarray a = arr
     cdef int64_t dims[_MAX_NDIM]
     cdef int i
-    if tg.put is not None and (not view or (cnp.PyArray_IS_C_CONTIGUOUS(a) and
-                                            (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
+    if tg.put is not None and (not view or (
+            cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
         for i in range(a.ndim):
             dims[i] = a.shape[i]
         return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device],

@@ -259,7 +259,7 @@ cdef bint _lanes_share_bytes(TensorInfo info):
 
 cdef bint _unpackable(TensorInfo info):
     cdef int bits = info._bits * info._lanes
-    return bits != 0 and 8 % bits == 0 and info._contiguous(True)
+    return bits != 0 and 8 % bits == 0 and info._contiguous(_C_ORDER)
 
 
 cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
@@ -299,7 +299,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     src, dest = _import_devices(info, needs, tg, opts.device, host)
     blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
-                 permuted=info._is_compact())
+                 permuted=info._contiguous(_ANY_ORDER))
     if copy is False and (blocking or dest != src):
         return fail("copy-forbidden", info, "jax", needs, **facts)
     # Layout, read-only and alignment need a copy of the bytes themselves; narrowing

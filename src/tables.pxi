@@ -47,8 +47,7 @@ _DEVICE_ROWS = (
                                 plugin=_CUDA_PLUGIN)),
     (kDLCUDAHost, "kDLCUDAHost", Device(host=True, pinned=True, platform="cuda",
                                         plugin=_CUDA_PLUGIN)),
-    (kDLOpenCL, "kDLOpenCL", OTHER_DEVICE),
-    (kDLVulkan, "kDLVulkan", OTHER_DEVICE),
+    (kDLOpenCL, "kDLOpenCL", OTHER_DEVICE), (kDLVulkan, "kDLVulkan", OTHER_DEVICE),
     (kDLMetal, "kDLMetal", Device(to_host="torch: t.cpu(); mlx: np.array(a)")),
     (kDLVPI, "kDLVPI", OTHER_DEVICE),
     (kDLROCM, "kDLROCM", Device(platform="rocm", stream=True, plugin=_ROCM_PLUGIN)),
@@ -59,10 +58,8 @@ _DEVICE_ROWS = (
                                               plugin=_CUDA_PLUGIN)),
     (kDLOneAPI, "kDLOneAPI", Device(platform="oneapi", to_host="dpnp: dpnp.asnumpy(x)",
                                     plugin="the Intel jax plugin")),
-    (kDLWebGPU, "kDLWebGPU", OTHER_DEVICE),
-    (kDLHexagon, "kDLHexagon", OTHER_DEVICE),
-    (kDLMAIA, "kDLMAIA", OTHER_DEVICE),
-    (kDLTrn, "kDLTrn", OTHER_DEVICE),
+    (kDLWebGPU, "kDLWebGPU", OTHER_DEVICE), (kDLHexagon, "kDLHexagon", OTHER_DEVICE),
+    (kDLMAIA, "kDLMAIA", OTHER_DEVICE), (kDLTrn, "kDLTrn", OTHER_DEVICE),
 )
 
 DLDeviceType = _SpecNamed("DLDeviceType", [(name, value) for value, name, _ in _DEVICE_ROWS],
@@ -76,7 +73,8 @@ DEVICES = {DLDeviceType(value): row for value, _, row in _DEVICE_ROWS}
 
 cdef dict _DEVICE_BY_VALUE = {int(m): m for m in DLDeviceType}
 
-# The rows' booleans as bits per DLDeviceType below 64, for the C paths.
+# The rows' booleans as bits per DLDeviceType below 64, for the C paths (_host_accessible:
+# the row's ``host``, _pinned: ``pinned``, _takes_stream: ``stream``).
 cdef enum:
     _DEV_HOST = 1
     _DEV_PINNED = 2
@@ -93,17 +91,14 @@ del _value, _, _row
 
 
 cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
-    """Host-accessible memory (the device table's ``host``)."""
     return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_HOST) != 0
 
 
 cdef inline bint _pinned(int32_t device_type) noexcept nogil:
-    """Pinned host memory that a producer may export with a kDLCPU header (``pinned``)."""
     return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_PINNED) != 0
 
 
 cdef inline bint _takes_stream(int32_t device_type) noexcept nogil:
-    """``__dlpack__`` of this memory takes the consumer's stream (``stream``)."""
     return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_STREAM) != 0
 
 
@@ -146,7 +141,8 @@ DLDataTypeCode = _SpecNamed("DLDataTypeCode", [(name, value) for value, name in 
     "kDLFloat8_e4m3fnuz", "kDLFloat8_e5m2", "kDLFloat8_e5m2fnuz", "kDLFloat8_e8m0fnu",
     "kDLFloat6_e2m3fn", "kDLFloat6_e3m2fn", "kDLFloat4_e2m1fn"))], module=__name__,
     qualname="DLDataTypeCode")
-DLDataTypeCode.__doc__ = """Type codes of DLPack 1.3 (``DLDataTypeCode``, stored in ``DLDataType.code``)."""
+DLDataTypeCode.__doc__ = (
+    """Type codes of DLPack 1.3 (``DLDataTypeCode``, stored in ``DLDataType.code``).""")
 
 
 class DLDataType(_NamedTuple):
@@ -173,8 +169,7 @@ _DTYPE_ROWS = (
     (kDLInt, 8, DType("int8", True)), (kDLInt, 16, DType("int16", True)),
     (kDLInt, 32, DType("int32", True)), (kDLInt, 64, DType("int64", True, (kDLInt, 32))),
     (kDLUInt, 8, DType("uint8", True)), (kDLUInt, 16, DType("uint16", True)),
-    (kDLUInt, 32, DType("uint32", True)),
-    (kDLUInt, 64, DType("uint64", True, (kDLUInt, 32))),
+    (kDLUInt, 32, DType("uint32", True)), (kDLUInt, 64, DType("uint64", True, (kDLUInt, 32))),
     (kDLFloat, 16, DType("float16", True)), (kDLFloat, 32, DType("float32", True)),
     (kDLFloat, 64, DType("float64", True, (kDLFloat, 32))),
     (kDLComplex, 64, DType("complex64", True)),

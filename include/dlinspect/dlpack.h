@@ -44,22 +44,9 @@ typedef struct {
 
 /* Stored as a 32-bit integer in DLDevice (the enum is int32_t-backed in C++). */
 typedef enum {
-  kDLCPU = 1,
-  kDLCUDA = 2,
-  kDLCUDAHost = 3,
-  kDLOpenCL = 4,
-  kDLVulkan = 7,
-  kDLMetal = 8,
-  kDLVPI = 9,
-  kDLROCM = 10,
-  kDLROCMHost = 11,
-  kDLExtDev = 12,
-  kDLCUDAManaged = 13,
-  kDLOneAPI = 14,
-  kDLWebGPU = 15,
-  kDLHexagon = 16,
-  kDLMAIA = 17,
-  kDLTrn = 18
+  kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLOpenCL = 4, kDLVulkan = 7, kDLMetal = 8,
+  kDLVPI = 9, kDLROCM = 10, kDLROCMHost = 11, kDLExtDev = 12, kDLCUDAManaged = 13,
+  kDLOneAPI = 14, kDLWebGPU = 15, kDLHexagon = 16, kDLMAIA = 17, kDLTrn = 18
 } DLDeviceType;
 
 typedef struct {
@@ -68,24 +55,10 @@ typedef struct {
 } DLDevice;
 
 typedef enum {
-  kDLInt = 0,
-  kDLUInt = 1,
-  kDLFloat = 2,
-  kDLOpaqueHandle = 3,
-  kDLBfloat = 4,
-  kDLComplex = 5,
-  kDLBool = 6,
-  kDLFloat8_e3m4 = 7,
-  kDLFloat8_e4m3 = 8,
-  kDLFloat8_e4m3b11fnuz = 9,
-  kDLFloat8_e4m3fn = 10,
-  kDLFloat8_e4m3fnuz = 11,
-  kDLFloat8_e5m2 = 12,
-  kDLFloat8_e5m2fnuz = 13,
-  kDLFloat8_e8m0fnu = 14,
-  kDLFloat6_e2m3fn = 15,
-  kDLFloat6_e3m2fn = 16,
-  kDLFloat4_e2m1fn = 17
+  kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLOpaqueHandle = 3, kDLBfloat = 4, kDLComplex = 5,
+  kDLBool = 6, kDLFloat8_e3m4 = 7, kDLFloat8_e4m3 = 8, kDLFloat8_e4m3b11fnuz = 9,
+  kDLFloat8_e4m3fn = 10, kDLFloat8_e4m3fnuz = 11, kDLFloat8_e5m2 = 12, kDLFloat8_e5m2fnuz = 13,
+  kDLFloat8_e8m0fnu = 14, kDLFloat6_e2m3fn = 15, kDLFloat6_e3m2fn = 16, kDLFloat4_e2m1fn = 17
 } DLDataTypeCode;
 
 typedef struct {
