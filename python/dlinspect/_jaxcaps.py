@@ -1,11 +1,10 @@
 """What the installed JAX takes, found out once: the input of the one decision.
 
-Nothing here is frozen for one JAX version: the DLDeviceType-to-platform map
-comes from jax's own ``jax._src.dlpack`` when it has one, the devices from
-``jax.local_devices`` (only this process's), the CPU alignment and the dtypes
-from small probes run the first time they are needed. Every private JAX/jaxlib
-symbol dlinspect uses is in one table (:data:`SYMBOLS`), each with its public
-fallback; ``dlinspect doctor`` prints which was used and why.
+Nothing here is frozen for one JAX version: the DLDeviceType-to-platform map comes from
+jax's own ``jax._src.dlpack`` when it has one, the devices from ``jax.local_devices`` (only
+this process's), the CPU alignment and the dtypes from small probes run the first time they
+are needed. Every private JAX/jaxlib symbol dlinspect uses is in one table (:data:`SYMBOLS`),
+each with its public fallback; ``dlinspect doctor`` prints which was used and why.
 """
 
 from __future__ import annotations
@@ -227,16 +226,16 @@ class JaxCaps:
         return _first_viewed(lambda buf: self._import(_core.capsule_of(buf), False)) or 4096
 
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
-        """JAX's import (no copy) of float32 memory 0, 1, 2... with this header computes as
-        ``want``: elementwise, indexed, reduced along each axis, flattened, jitted."""
+        """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
         buf = aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
         want = np.asarray(want, np.float32)
         try:
             arr = self._import(_core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
-            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in (
+            checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
-                lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a)))
+                lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
+            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in checks)
         except Exception:
             return False
 
@@ -290,7 +289,7 @@ class JaxCaps:
     @property
     def import_fn(self) -> Callable[..., Any]:
         """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
-        return self._direct_fn if self.direct and self._direct_fn else self._public_import
+        return (self.direct and self._direct_fn) or self._public_import
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
                        dl_device_type: int) -> Any:

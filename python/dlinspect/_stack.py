@@ -108,7 +108,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     ((4, 3), [1, 1, 1, 1], 0)
     """
     align = _alignment(alignment)
-    allocate: Callable[..., Any] = _pinned_allocator() if pinned else aligned_empty
+    allocate = _allocator(pinned)
     items = _elements(elements)
     if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
         return _stack_leaf(None, 0, items, align, allocate)
@@ -321,10 +321,11 @@ def _there(first: _tree.Flat | None, j: int) -> str:
     return "there" if first is not None and first.keystr(j) else "at the examples' top level"
 
 
-def _pinned_allocator() -> Callable[..., Any]:
-    """``allocate(shape, dtype, alignment)``: an uninitialised C-ordered NumPy array in
-    page-locked host memory from torch's CUDA host allocator, ``alignment``-byte
-    aligned; or UnsupportedDeviceError where torch has no CUDA device."""
+def _allocator(pinned: bool) -> Callable[..., Any]:
+    """``allocate(shape, dtype, alignment)``: an uninitialised, aligned C-ordered NumPy array
+    (``pinned``: page-locked, by torch's CUDA host allocator; UnsupportedDeviceError without CUDA)."""
+    if not pinned:
+        return aligned_empty
     try:
         import torch
     except ImportError:
