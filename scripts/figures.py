@@ -472,6 +472,10 @@ def draw_plots(folder: Path) -> list[Path]:
 
 
 def main() -> int:
+    unknown = [a for a in sys.argv[1:] if a != "--check"]
+    if unknown:   # (--help included: print the usage, write nothing)
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 0 if unknown in (["--help"], ["-h"]) else 2
     check = "--check" in sys.argv
     stale = []
     for path in markdown_files():
