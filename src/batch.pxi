@@ -115,10 +115,13 @@ cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report
         raise
     if report is not None:
         report._end(_batch_leaf(parts))
+    return _rebuild_parts(parts, where, tg)
+
+
+cdef object _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and plan's)
     if where is None:
         return (<_Part>parts[0]).rebuild()
-    done = [(<_Part>part).rebuild() for part in parts]
-    return tg.jax.tree_util.tree_map(done.__getitem__, where)
+    return tg.jax.tree_util.tree_map([(<_Part>p).rebuild() for p in parts].__getitem__, where)
 
 
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):

@@ -256,10 +256,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     cdef set seen = set()
     for part in parts:
         _plan_part(part, tg, target, seen)
-    if where is None:
-        return (<_Part>parts[0]).rebuild()
-    done = [(<_Part>part).rebuild() for part in parts]
-    return tg.jax.tree_util.tree_map(done.__getitem__, where)
+    return _rebuild_parts(parts, where, tg)
 
 
 cdef bint _one_place(opts, JaxTarget tg) except -1:
