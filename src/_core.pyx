@@ -24,6 +24,10 @@ cimport numpy as cnp
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS
 from cpython.slice cimport PySlice_AdjustIndices, PySlice_Check, PySlice_Unpack
+from cpython.pythread cimport (
+    NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_release_lock,
+    PyThread_start_new_thread, PyThread_type_lock,
+)
 from cpython.pycapsule cimport (
     PyCapsule_CheckExact, PyCapsule_GetName, PyCapsule_GetPointer, PyCapsule_IsValid,
     PyCapsule_New, PyCapsule_SetName,
@@ -46,9 +50,10 @@ cdef extern from "dlinspect/copy.h":
         DL_COPY_U64_U32
     size_t DL_COPY_PARALLEL_MIN
     void dl_advise_huge(void* p, size_t n) noexcept nogil
+    bint dl_fresh(const void* p, size_t n) noexcept nogil
     void dl_gather_part(char* dst, const char* src, int ndim, const int64_t* shape,
-                        const int64_t* strides, size_t src_size, dl_copy_cast cast, int part,
-                        int nparts) noexcept nogil
+                        const int64_t* strides, size_t src_size, dl_copy_cast cast, int fresh,
+                        int part, int nparts) noexcept nogil
 
 cdef extern from *:
     """

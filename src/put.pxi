@@ -95,15 +95,69 @@ cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, d
     return arr
 
 
+cdef struct _Half:   # the worker's part of one copy: dl_gather_part's arguments
+    char* dst
+    const char* src
+    int ndim
+    const int64_t* shape
+    const int64_t* strides
+    size_t size
+    dl_copy_cast cast
+    bint fresh
+
+
+cdef struct _Worker:   # one C thread that copies the first half of a large copy
+    _Half job
+    PyThread_type_lock busy   # held by the copy that uses the worker
+    PyThread_type_lock go     # released to hand the worker its job
+    PyThread_type_lock done   # released by the worker when its half is written
+    long pid                  # the process it was started in
+
+
+cdef _Worker _worker
+_worker.pid = -1
+cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
+                   else _os.cpu_count() or 1)
+
+
+cdef void _worker_loop(void* unused) noexcept nogil:
+    while True:
+        PyThread_acquire_lock(_worker.go, WAIT_LOCK)
+        dl_gather_part(_worker.job.dst, _worker.job.src, _worker.job.ndim, _worker.job.shape,
+                       _worker.job.strides, _worker.job.size, _worker.job.cast,
+                       _worker.job.fresh, 0, 2)
+        PyThread_release_lock(_worker.done)
+
+
+cdef bint _worker_started():
+    """Whether the worker runs in this process: started on first use (no Python object,
+    no GIL: it waits on a lock), and again in a forked child, which inherits no thread.
+    False where the system gives no thread or lock (a copy then runs whole)."""
+    cdef long pid = _os.getpid()
+    if _worker.pid == pid:
+        return True
+    cdef PyThread_type_lock busy = PyThread_allocate_lock()
+    cdef PyThread_type_lock go = PyThread_allocate_lock()
+    cdef PyThread_type_lock done = PyThread_allocate_lock()
+    if busy == NULL or go == NULL or done == NULL:
+        return False
+    PyThread_acquire_lock(go, WAIT_LOCK)
+    PyThread_acquire_lock(done, WAIT_LOCK)
+    _worker.busy, _worker.go, _worker.done = busy, go, done
+    if PyThread_start_new_thread(_worker_loop, NULL) == -1:
+        return False
+    _worker.pid = pid
+    return True
+
+
 cdef int _fill(object out, TensorInfo info) except -1:
     """Copy ``info``'s host memory into ``out`` (a row-major array of its shape) in C
     without the GIL (include/dlinspect/copy.h: a straight copy where the memory is dense,
     a transpose in cache tiles where it is permuted): the bytes as they are where ``out``
     has the source's element size, else each element narrowed as NumPy's unsafe cast and
     JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). From
-    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB) for a transpose, twice that for rows the source
-    holds in order, on a machine of several cores, one half is copied by a worker thread
-    while this one copies the other. The memory must be the
+    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB), on a machine of several cores, one half is
+    copied by a worker thread while this one copies the other. The memory must be the
     caller's while this runs (a taken capsule's, or a view's)."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
@@ -112,49 +166,23 @@ cdef int _fill(object out, TensorInfo info) except -1:
     if dst_size != <size_t>(info._bits // 8):   # x64 narrowing: 64-bit parts to 32-bit ones
         cast = (DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat
                 else DL_COPY_U64_U32)
-    with nogil:
-        dl_advise_huge(dst, dst_bytes)
-    cdef size_t at_least = DL_COPY_PARALLEL_MIN
-    if info.ndim and info._strides[info.ndim - 1] == 1:   # rows (no transpose): twice that
-        at_least *= 2
-    if dst_bytes < at_least or _CORES < 2:
-        _gather(dst, info, cast, 0, 1)
-        return 0
-    half = _halves().submit(_gather_half, <uintptr_t>dst, info, cast)
-    try:
-        _gather(dst, info, cast, 1, 2)
-    finally:
-        half.result()   # (the worker's half is done before the memory is let go of)
-    return 0
-
-
-cdef int _gather(char* dst, TensorInfo info, dl_copy_cast cast, int part, int nparts) except -1:
     cdef const char* src = <const char*>info._ptr()
-    with nogil:
+    cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _CORES > 1 and _worker_started()
+                        and PyThread_acquire_lock(_worker.busy, NOWAIT_LOCK))
+    cdef bint fresh
+    with nogil:   # (not halves: small, or the worker copies another thread's half)
+        fresh = dl_fresh(dst, dst_bytes)
+        dl_advise_huge(dst, dst_bytes)
+        if halves:
+            _worker.job = _Half(dst, src, info.ndim, info._shape, info._strides,
+                                info._bits // 8, cast, fresh)
+            PyThread_release_lock(_worker.go)
         dl_gather_part(dst, src, info.ndim, info._shape, info._strides, info._bits // 8, cast,
-                       part, nparts)
+                       fresh, halves, 1 + halves)
+        if halves:
+            PyThread_acquire_lock(_worker.done, WAIT_LOCK)   # (its half written)
+            PyThread_release_lock(_worker.busy)
     return 0
-
-
-def _gather_half(uintptr_t dst, TensorInfo info, int cast):
-    """The first half of a copy (``_fill``), on the worker thread."""
-    _gather(<char*>dst, info, <dl_copy_cast>cast, 0, 2)
-
-
-cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
-                   else _os.cpu_count() or 1)
-cdef object _HALVES = None   # (the process id it was made in, the executor)
-
-
-cdef object _halves():
-    """The one worker thread that copies a large copy's other half: made on first use, and
-    again in a forked child (which inherits the executor but not its thread)."""
-    global _HALVES
-    if _HALVES is None or _HALVES[0] != _os.getpid():
-        import concurrent.futures
-        _HALVES = (_os.getpid(), concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="dlinspect-copy"))
-    return _HALVES[1]
 
 
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:

@@ -23,8 +23,7 @@
  *      run, SSE2 loops for reversed, every-other and broadcast runs, a scalar loop else.
  * SSE2 is baseline on x86-64; DL_COPY_NO_SIMD (or any other target) compiles the plain C
  * loops alone, which write the same bytes. Two threads may each run one half
- * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more (put.pxi: twice that
- * where the destination's rows are the source's, in order). */
+ * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more (put.pxi). */
 #ifndef DLINSPECT_COPY_H_
 #define DLINSPECT_COPY_H_
 
@@ -59,24 +58,22 @@ typedef enum {
 
 /* Below this many destination bytes a second thread costs more than it saves (measured on
  * a 2-core x86-64 VM, both cores idle: two halves take 1.1-2x the time of one at 1 MiB,
- * 0.6-1.35x at 2 MiB, 0.5-0.65x from 4 MiB for transposes and from 8 MiB for
+ * 0.6-1.35x at 2 MiB, 0.5-0.65x from 4 MiB for transposes and 0.9-0.95x at 4 MiB for
  * memory-bound rows; a thread pool's wake-up costs 10-120 us). */
 #define DL_COPY_PARALLEL_MIN ((size_t)4 << 20)
 
-/* From this many destination bytes a transposing copy stores with streaming
+/* From this many destination bytes a transposing or dense copy stores with streaming
  * (non-temporal) stores: the destination no longer fits the caches, and ordinary stores
- * would first read each line from memory. */
+ * would first read each line from memory (measured on a 2-core x86-64 VM, two threads,
+ * memory touched before: dense copies of 4-256 MiB in 0.8-0.97x memcpy's time). */
 #ifndef DL_COPY_STREAM_MIN
 #define DL_COPY_STREAM_MIN ((size_t)4 << 20)
 #endif
 
-/* From this many destination bytes the destination is likely fresh pages (glibc's malloc
- * maps blocks this large anew; smaller ones come back from its heap): a band of
- * destination no wider than DL_COPY_BAND_MAX then stores ordinarily, into the lines that
- * the kernel has just zeroed and cached, and streams only where the band is wider. */
-#ifndef DL_COPY_FRESH_MIN
-#define DL_COPY_FRESH_MIN ((size_t)32 << 20)
-#endif
+/* Where the destination is fresh pages (dl_fresh: not yet touched, so each first touch has
+ * the kernel zero a page, which leaves its lines cached), a band of destination no wider
+ * than DL_COPY_BAND_MAX stores ordinarily, into those lines, and streams only where the
+ * band is wider; a dense copy then stores ordinarily. */
 #ifndef DL_COPY_BAND_MAX
 #define DL_COPY_BAND_MAX ((size_t)2 << 20)
 #endif
@@ -111,6 +108,23 @@ static inline void dl_advise_huge(void* p, size_t n) {
 #else
   (void)p;
   (void)n;
+#endif
+}
+
+/* contract: whether the destination [p, p + n) is fresh pages: its middle page not yet in
+ * memory (mincore), as where malloc has just mapped a large block anew (glibc does from
+ * 32 MiB); a block that memory already backs (malloc's reused heap) is not. Elsewhere
+ * than Linux: n is at least 32 MiB. */
+static inline int dl_fresh(const void* p, size_t n) {
+#if defined(__linux__)
+  const uintptr_t page = 4096;
+  unsigned char in_memory = 1;
+  void* mid = (void*)(((uintptr_t)p + n / 2) & ~(page - 1));
+  if (n < page || mincore(mid, page, &in_memory) != 0) return 0;
+  return (in_memory & 1) == 0;
+#else
+  (void)p;
+  return n >= ((size_t)32 << 20);
 #endif
 }
 
@@ -219,9 +233,10 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
 
 /* contract: writes `count` elements of the run at `src` (the k-th at src + k * sb bytes,
  * `size` bytes each) to `dst` packed, as `cast` says; returns the end of what it wrote.
- * dst and src do not overlap. */
+ * dst and src do not overlap. `nt`: a dense run stores with streaming stores (the
+ * caller fences). */
 static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t count,
-                           int64_t sb, size_t size, dl_copy_cast cast) {
+                           int64_t sb, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size;
   int64_t k = 0;
   if (cast != DL_COPY_SAME) { /* narrowing: 8-byte parts to 4-byte ones */
@@ -240,7 +255,24 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
     return dst + 4 * parts * count;
   }
   if (sb == sz) {
-    memcpy(dst, src, (size_t)count * size);
+    size_t n = (size_t)count * size, i = 0;
+#if DL_COPY_SSE2
+    if (nt) { /* to a 16-byte boundary, then 64 bytes a step: four loads, four stores */
+      i = (16 - ((uintptr_t)dst & 15)) & 15;
+      memcpy(dst, src, i < n ? i : n);
+      for (; i + 64 <= n; i += 64) {
+        const __m128i* p = (const __m128i*)(src + i);
+        __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1), c = _mm_loadu_si128(p + 2),
+                e = _mm_loadu_si128(p + 3);
+        __m128i* q = (__m128i*)(dst + i);
+        _mm_stream_si128(q, a), _mm_stream_si128(q + 1, b);
+        _mm_stream_si128(q + 2, c), _mm_stream_si128(q + 3, e);
+      }
+    }
+#else
+    (void)nt;
+#endif
+    if (i < n) memcpy(dst + i, src + i, n - i);
     return dst + count * sz;
   }
 #if DL_COPY_SSE2
@@ -646,10 +678,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
  * nothing. Of that copy, this call writes part `part` of `nparts` (0 <= part < nparts):
  * the destination cut along one canonical axis into nparts slices of near-equal size.
  * The parts write disjoint bytes and read only the source, so threads may run them at
- * once. */
+ * once. `fresh`: the destination is fresh pages (dl_fresh of the whole copy). */
 static inline void dl_gather_part(char* restrict dst, const char* restrict src, int ndim,
                                   const int64_t* shape, const int64_t* strides,
-                                  size_t src_size, dl_copy_cast cast, int part, int nparts) {
+                                  size_t src_size, dl_copy_cast cast, int fresh, int part,
+                                  int nparts) {
   dl_layout L;
   dl_plane P = {0}; /* used where tj >= 0 */
   int64_t oe[64], os[64], od[64], idx[64]; /* the odometer's axes */
@@ -675,14 +708,16 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
     }
     if (si <= 2 * (int64_t)L.size) tj = -1; /* a broadcast row, or a nearly dense one */
   }
-  /* Streaming stores for a large transpose, decided on the whole copy, not the part (but
-   * for fresh pages a narrow band fills: DL_COPY_FRESH_MIN). */
+  /* Streaming stores for a large transpose or dense copy, decided on the whole copy, not
+   * the part (but into fresh pages a narrow band, or a dense copy, stores ordinarily). */
   stream = 0;
-  if (tj >= 0 && L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN) {
+  if (L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN && tj >= 0) {
     const int64_t rows = (int64_t)(DL_PANEL_J / L.size) < L.ext[tj] ? (int64_t)(DL_PANEL_J / L.size)
                                                                        : L.ext[tj];
     const int64_t band = rows * (L.dstr[tj] < 0 ? -L.dstr[tj] : L.dstr[tj]);
-    stream = L.dstr[0] * L.ext[0] < (int64_t)DL_COPY_FRESH_MIN || band > (int64_t)DL_COPY_BAND_MAX;
+    stream = !fresh || band > (int64_t)DL_COPY_BAND_MAX;
+  } else if (L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN) {
+    stream = !fresh && cast == DL_COPY_SAME && L.sstr[n - 1] == (int64_t)L.size;
   }
   if (nparts > 1) { /* keep this part's slice of one axis */
     int a = -1, k;
@@ -726,7 +761,7 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
       if (tj >= 0) {
         dl_plane_copy(&P, dst + doff, src + so);
       } else {
-        dl_row(dst + doff, src + so, L.ext[n - 1], L.sstr[n - 1], L.size, cast);
+        dl_row(dst + doff, src + so, L.ext[n - 1], L.sstr[n - 1], L.size, cast, stream);
       }
       /* Next position: the odometer over the other axes. */
       for (d = m - 1; d >= 0; d--) {
