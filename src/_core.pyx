@@ -3,9 +3,9 @@
 
 One concern per included file, in the order of the includes at the bottom (each file's
 head says what it holds). Below the core stand only dlinspect.errors, _options and _tree
-(imported here). The core never reaches up: dlinspect._words hands itself over at its
-import (set_words: a route's words) and dlinspect._jaxcaps its builder of the JaxTarget
-(set_target_builder).
+(imported here), and dlinspect._tables (the rows of the core's tables) and _words (a
+route's and an error's words), which import nothing of the core. The core never reaches
+up: dlinspect._jaxcaps hands over its builder of the JaxTarget (set_target_builder).
 
 Pointer names: ``dlm`` is a ``DLManagedTensor*``, ``dlm_ver`` a
 ``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
@@ -93,7 +93,9 @@ from dlinspect.errors import (
     NotDescribableError, NotDLPackError, NotNumericError, ProducerError, StackError,
     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedVersionError,
 )
+from dlinspect import _words
 import numpy as _np
+from typing import NamedTuple as _NamedTuple
 from numpy import dtype as _np_dtype, empty as _np_empty, ndarray as _np_ndarray
 
 #: Largest ``ndim`` peek accepts (NumPy's NPY_MAXDIMS). Larger values raise MalformedTensorError.

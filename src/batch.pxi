@@ -160,7 +160,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
             if isinstance(exc, Exception):
                 i = getattr(exc, "_dlinspect_leaf", i)
                 if i >= 0:
-                    _words().name_leaf(exc, part.keystr(i))
+                    _words.name_leaf(exc, part.keystr(i))
             raise
     return plan
 
@@ -280,7 +280,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
                              leaf.prepared) if leaf.route is None else
                 _execute(leaf.route, leaf.cap, part.leaves[i], tg, part.opts, m >= taking))
         except Exception as exc:
-            _words().name_leaf(exc, part.keystr(i))
+            _words.name_leaf(exc, part.keystr(i))
             raise
         leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
     return 0
@@ -294,7 +294,7 @@ cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
         else:   # the fast path's copy
             leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.flags)
     except Exception as exc:
-        _words().name_leaf(exc, part.keystr(leaf.index))
+        _words.name_leaf(exc, part.keystr(leaf.index))
         raise
     return 0
 

@@ -315,11 +315,10 @@ cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
         if got.shape != info._host_shape() or (want is not None and got.dtype != want):
             raise _copy_mismatch(x, info, got.shape, got.dtype.name)
         return None, None, got
-    words = _words()
     raise UnsupportedDeviceError(
-        f"{words.describe(info)} could not be brought to host memory. Tried: "
+        f"{_words.describe(info)} could not be brought to host memory. Tried: "
         f"{'; '.join(tried + host_info)}. To fix: "
-        f"{words.device_fix(info._dev_type, target, False)}.")
+        f"{_words.device_fix(info._dev_type, target, False)}.")
 
 
 cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
@@ -327,7 +326,7 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
         f"{_type_name(x)}'s host copy has shape {tuple(shape)} and dtype {dtype}, but the "
         f"header it exported says shape {info.shape} and dtype {info.dtype_name}: the "
         f"producer is at fault, and nothing of that copy was used. To fix: "
-        f"{_words().device_fix(info._dev_type, 'host', False)}.")
+        f"{_words.device_fix(info._dev_type, 'host', False)}.")
 
 
 cdef object _host_view(cap, TensorInfo info):
@@ -391,10 +390,9 @@ cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
         for extent in shape:
             nbytes *= extent
         nbytes *= _np_dtype(dtype).itemsize
-        words = _words()
-        what = words.describe(info) if info is not None else (
+        what = _words.describe(info) if info is not None else (
             f"a {_np_dtype(dtype).name} NumPy array of shape {shape}")
-        raise words.allocation_error(nbytes, what, physical_memory()) from None
+        raise _words.allocation_error(nbytes, what, physical_memory()) from None
 
 
 cdef object _unpack_subbyte(cap, TensorInfo info):

@@ -709,12 +709,6 @@ def host_methods(x):
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
 
 
-def into_call(into):
-    """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
-    else ``x.NAME(out)``."""
-    return "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
-
-
 def export_host_copy_into(x, out):
     """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype, C
     order; the producer table's ``into``): None when ``out`` holds the values, else what
@@ -728,7 +722,7 @@ def export_host_copy_into(x, out):
         else:
             getattr(x, into)(out)
     except Exception as exc:
-        return f"{into_call(into)} raised {first_line(exc)}"
+        return f"{_words.into_call(into)} raised {first_line(exc)}"
     return None
 
 

@@ -327,6 +327,49 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
 
 
 @cython.binding(True)
+def explain(x, target="jax", **options):
+    """The header and the route, in a few readable lines (one block per pytree leaf).
+
+    Parameters
+    ----------
+    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
+        What :func:`plan` takes; a capsule is read, never consumed.
+    target : {"jax", "host"}
+        Where it should go, as for :func:`plan`.
+    **options
+        :func:`plan`'s keyword options (``device``, ``copy``, ``sharding``,
+        ``fallback``, ``readonly``, ``leaves``, ``narrow``).
+
+    Returns
+    -------
+    str
+        For one tensor: the header (``<TensorInfo ...>``: device, dtype, shape,
+        strides in elements, layout, bytes, alignment in bytes, flags), the route's
+        kind and the bytes it copies, its reason or its error, the JAX device and
+        any warning. For a batch: one such block per leaf under its key path, runs
+        of untouched leaves folded into one line.
+
+    Raises
+    ------
+    ValueError, TypeError, ContainerError
+        What :func:`plan` raises: an option outside its values, a batch that cannot be
+        walked. A producer's refusal or a bad header is an error route, not raised.
+
+    Examples
+    --------
+    >>> import numpy as np, dlinspect
+    >>> print(dlinspect.explain(np.ones(3, np.float32), target="host"))  # doctest: +ELLIPSIS
+    <TensorInfo kDLCPU:0 float32[3] ...>
+    route to host: zero-copy
+      NumPy views the kDLCPU memory directly.
+    """
+    routes = plan(x, target, **options)
+    if isinstance(routes, Route):
+        return _words.explain_one(routes, x)
+    return _words.explain_tree(_tree.flatten(routes))
+
+
+@cython.binding(True)
 def to_host(x, copy=None):
     """A NumPy array of a DLPack tensor's values, zero-copy for host memory.
 

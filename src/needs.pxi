@@ -16,7 +16,8 @@ cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
 cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
 
-# The bits of Need (below, where each is documented), as C constants.
+# The bits of Need (dlinspect._tables, where each is documented), as C constants
+# (tests/test_abi.py holds the two alike).
 cdef enum:
     NEED_DEVICE = 1 << 0
     NEED_DTYPE = 1 << 1
@@ -31,56 +32,6 @@ cdef enum:
     NEED_NUMPY_PUT = 1 << 10
     NEED_PERMUTED = 1 << 11
     NEED_SHAPE = 1 << 12
-
-
-class Need(_enum.IntFlag):
-    """What a tensor needs to reach its target: the bits of ``Route.needs``.
-
-    Computed by one function in the core (``dlinspect._core.needs``) from the
-    header (:class:`TensorInfo`) and what the installed JAX takes; ``plan``,
-    ``to_jax`` and ``to_host`` all act on the same answer.
-    """
-
-    DEVICE = NEED_DEVICE
-    """No JAX device here for the memory's device (or, for NumPy, not host memory)."""
-    DTYPE = NEED_DTYPE
-    """The target cannot hold one lane's DLDataType (code, bits)."""
-    LANES = NEED_LANES
-    """A vector dtype (lanes > 1): the lanes become a trailing axis."""
-    LAYOUT = NEED_LAYOUT
-    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides; on a
-    jaxlib that computes them wrongly, any order but row-major, extent-1 axes' included."""
-    READ_ONLY = NEED_READ_ONLY
-    """The READ_ONLY flag is set and the caller did not pass ``readonly="share"``."""
-    ALIGN = NEED_ALIGN
-    """``data + byte_offset`` is below XLA:CPU's zero-copy alignment."""
-    NARROW = NEED_NARROW
-    """A 64-bit dtype that JAX narrows to 32 bits with x64 off."""
-    PACKED = NEED_PACKED
-    """Packed sub-byte elements (bits * lanes < 8, more than one element)."""
-    EMPTY = NEED_EMPTY
-    """No elements: nothing to view or copy."""
-    VIA_CPU = NEED_VIA_CPU
-    """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
-    backend views it (no copy)."""
-    NUMPY_PUT = NEED_NUMPY_PUT
-    """A dtype JAX holds but its DLPack import does not take: sub-byte elements (int4,
-    uint4, int2, float4...; packed, or padded one per byte with
-    ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
-    ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
-    PERMUTED = NEED_PERMUTED
-    """A permutation of a row-major layout (a transpose, F order, ``permute``): copied
-    into row-major order, as ``jnp.asarray`` gives it (host memory by a transpose in
-    cache tiles; device memory imported in its layout, then copied on its device). JAX
-    views such memory only as an array committed to its device that keeps the layout
-    (what ``jax.dlpack.from_dlpack`` gives), and jaxlib moves that array wrong:
-    ``jax.device_put`` to another device reads its buffer as row-major. Every array
-    dlinspect hands out is row-major."""
-    SHAPE = NEED_SHAPE
-    """A shape no array can have: more dimensions than NumPy holds
-    (``NUMPY_MAX_NDIM``: 64, 32 before NumPy 2) once vector lanes are a trailing axis, or
-    an empty tensor's nonzero extents whose product, in bytes, passes 2**63 - 1 (NumPy
-    refuses such an array, and XLA aborts the process)."""
 
 
 # contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
@@ -175,8 +126,6 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     return n
 
 
-#: The most dimensions a NumPy array has here (NPY_MAXDIMS: 64, 32 before NumPy 2).
-NUMPY_MAX_NDIM = 64 if int(_np.__version__.split(".")[0]) >= 2 else 32
 cdef int _NUMPY_MAX_NDIM = NUMPY_MAX_NDIM
 
 

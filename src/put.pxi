@@ -66,8 +66,7 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
     if block.ptr == NULL:
-        words = _words()
-        raise words.allocation_error(nbytes, words.describe(info), physical_memory())
+        raise _words.allocation_error(nbytes, _words.describe(info), physical_memory())
     cdef char* data = <char*>block.ptr
     data += (align - (<uintptr_t>data & (align - 1))) & (align - 1)
     for d in range(ndim - 1, -1, -1):

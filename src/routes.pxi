@@ -10,23 +10,12 @@ from dlinspect._options import check_sharding
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
     "zero-copy", "copy", "host-fallback", "error", "untouched")
 
-# What executing a route does: one executor each in execute.pxi (EXECUTORS).
-IMPORT = "import"                  # hand the capsule to JAX as it is (maybe copy=True)
-HOST_COPY = "host-copy"            # copy host memory into a C-order aligned array, import that
-HOST_VIEW = "host-view"            # view host memory through NumPy (lanes as an axis), import
-UNPACK = "unpack"                  # packed sub-byte host memory into one element per byte
-EMPTY = "empty"                    # a new empty array; the capsule is taken and freed
-PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
-NUMPY_PUT = "numpy-put"            # a NumPy view (unpacked if packed), then jax.device_put
-NUMPY_COPY = "numpy-copy"          # NumPy memory DLPack cannot describe: NumPy copies it
-RAISE = "raise"
-PASS = "pass"                      # a jax.Array where it was asked to be: returned as it is
-ARRAY_PUT = "array-put"            # a jax.Array elsewhere: jax.device_put
-ARRAY_COPY = "array-copy"          # a jax.Array with copy=True: its own copy
-KEEP = "keep"                      # a pytree leaf that is not a tensor: left as it is
-SPLIT = "split"                    # host memory split in place: each device imports its slice
-DEVICE_PUT = "device-put"          # JAX takes it whole, then jax.device_put(array, sharding)
-PROCESS_LOCAL = "process-local"    # JAX takes it whole, then make_array_from_process_local_data
+# What executing a route does (Route.action; dlinspect._tables says each): one executor
+# each in execute.pxi (EXECUTORS).
+from dlinspect._tables import (
+    ARRAY_COPY, ARRAY_PUT, DEVICE_PUT, EMPTY, HOST_COPY, HOST_VIEW, IMPORT, KEEP, NUMPY_COPY,
+    NUMPY_PUT, PASS, PROCESS_LOCAL, PRODUCER_COPY, RAISE, SPLIT, UNPACK,
+)
 
 # The actions a JAX route (to_jax) and a host route (to_host) carry; a leaf that is
 # not a tensor is KEEP, kept by the batch's walker.
@@ -139,13 +128,13 @@ cdef class Route:
     @property
     def reason(self):
         if self._reason is None:
-            self._reason = _words().reason(self)
+            self._reason = _words.reason(self)
         return self._reason
 
     @property
     def error(self):
         if self._error is None and self.problem is not None:
-            self._error = _words().error(self)
+            self._error = _words.error(self)
         return self._error
 
     @property
@@ -155,7 +144,7 @@ cdef class Route:
         narrow = self.facts.get("narrow") if self.problem is None else None
         if not narrow or not narrow[4]:
             return None
-        return _words().narrowing_warning(narrow)
+        return _words.narrowing_warning(narrow)
 
     cdef object _take_error(self):
         """The error to raise, let go of by the route (no cycle: error -> traceback ->

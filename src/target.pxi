@@ -152,7 +152,7 @@ cdef class JaxTarget:
         if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
                 or _host_accessible(device_type)):
             return
-        raise UnsupportedDeviceError(_words().not_asked(x, device_type, device_id,
+        raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id,
                                                         self.platforms))
 
 def _same(arr):

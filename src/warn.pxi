@@ -75,21 +75,3 @@ def _internal(filename, bint grain):
         if filename.startswith(_folders[name]):
             return True
     return False
-
-
-# The words (dlinspect._words) are handed to the core at the package's import.
-cdef object _words_module = None
-
-
-def set_words(module):
-    """Hand the core the module that words every route (dlinspect._words calls it when it
-    is imported, as the package is): the core never imports upward."""
-    global _words_module
-    _words_module = module
-
-
-cdef object _words():
-    """dlinspect._words, which words every route (handed over by set_words)."""
-    if _words_module is None:
-        import dlinspect   # noqa: F401  (the package's import loads the words)
-    return _words_module

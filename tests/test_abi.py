@@ -147,12 +147,13 @@ def test_our_header_is_self_contained_c99(compiler: str, tmp_path: Path):
 
 
 def test_enums_follow_our_header():
-    """The core's tables declare exactly the DLDeviceType and DLDataTypeCode values of our
-    include/dlinspect/dlpack.h (one axis of change: a new value is added in both)."""
+    """dlinspect._tables declares exactly the DLDeviceType and DLDataTypeCode values of our
+    include/dlinspect/dlpack.h (one axis of change: a new value is added in both), and
+    Need's bits are the core's C constants (src/needs.pxi)."""
     import re
-    from dlinspect._core import DEVICES, DLDataTypeCode, DLDeviceType
-    header = (Path(__file__).parents[1] / "include" / "dlinspect" / "dlpack.h").read_text(
-        encoding="utf-8")
+    from dlinspect._tables import DEVICES, DLDataTypeCode, DLDeviceType, Need
+    root = Path(__file__).parents[1]
+    header = (root / "include" / "dlinspect" / "dlpack.h").read_text(encoding="utf-8")
 
     def block(name: str) -> dict[str, int]:
         body = re.search(r"typedef enum[^{]*\{([^}]*)\}\s*" + name + r"\s*;", header)
@@ -163,12 +164,7 @@ def test_enums_follow_our_header():
     assert block("DLDeviceType") == {m.name: m.value for m in DLDeviceType}
     assert block("DLDataTypeCode") == {m.name: m.value for m in DLDataTypeCode}
     assert set(DEVICES) == set(DLDeviceType)   # one row per device type
-    # The extension's type stub lists the same members (for type checkers).
-    stub = (Path(__file__).parents[1] / "python" / "dlinspect" / "_core.pyi").read_text(
-        encoding="utf-8")
-    for enum in (DLDeviceType, DLDataTypeCode):
-        body = re.search(r"class " + enum.__name__ + r"\(enum.IntEnum\):\n((?:    .*\n)+)", stub)
-        assert body is not None, f"no class {enum.__name__} in _core.pyi"
-        listed = {m.group(1): int(m.group(2))
-                  for m in re.finditer(r"(kDL\w+) = (\d+)", body.group(1))}
-        assert listed == {m.name: m.value for m in enum}, enum.__name__
+    needs = (root / "src" / "needs.pxi").read_text(encoding="utf-8")
+    bits = {m.group(1): 1 << int(m.group(2))
+            for m in re.finditer(r"^    NEED_(\w+) = 1 << (\d+)$", needs, re.M)}
+    assert bits == {m.name: m.value for m in Need}

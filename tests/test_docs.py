@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import dlinspect
-from dlinspect import _core, _prefetch, _words, testing
+from dlinspect import _core, _prefetch, testing
 
 pytest.importorskip("jax", reason="the routing examples need jax")
 
@@ -37,12 +37,12 @@ def rel(path: Path) -> str:
 
 # ---- the examples run -----------------------------------------------------------------
 
-@pytest.mark.parametrize("module", [_core, _words, _prefetch, testing], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_core, _prefetch, testing], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     finder = doctest.DocTestFinder(exclude_empty=True)
     tests = finder.find(module, module.__name__, globs={})
     if module is _core:  # a Cython module: its compiled functions are found one by one
-        tests = [t for fn in (_core.peek, _core.plan, _core.to_jax, _core.to_host)
+        tests = [t for fn in (_core.peek, _core.plan, _core.explain, _core.to_jax, _core.to_host)
                  for t in finder.find(fn, fn.__name__, globs={})]
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     for test in tests:

@@ -31,6 +31,8 @@ def test_stub_matches_the_extension():
     declared |= {t.id for n in tree.body if isinstance(n, (ast.AnnAssign, ast.Assign))
                  for t in ([n.target] if isinstance(n, ast.AnnAssign) else n.targets)
                  if isinstance(t, ast.Name)}
+    declared |= {a.asname for n in tree.body if isinstance(n, ast.ImportFrom)   # re-exports
+                 for a in n.names if a.asname == a.name}
     public = {n for n in dir(core) if not n.startswith("_") and
               getattr(getattr(core, n), "__module__", "dlinspect._core") == "dlinspect._core"}
     assert public - declared == set()

@@ -1,6 +1,5 @@
 """Type stubs for the compiled extension dlinspect._core (src/_core.pyx and its .pxi files)."""
 
-import enum
 from collections.abc import Callable
 from typing import Any, NamedTuple, final, overload
 
@@ -8,9 +7,20 @@ import jax
 import numpy as np
 
 from ._options import Fallback, Leaves, Narrow, ReadOnly, SupportsDLPack, Target
+from ._tables import (  # (the core imports them: its tables' rows, the route actions)
+    DEVICES as DEVICES, DTYPES as DTYPES, NUMPY_MAX_NDIM as NUMPY_MAX_NDIM, OTHER_DEVICE as
+    OTHER_DEVICE, DLDataType as DLDataType, DLDataTypeCode as DLDataTypeCode, DLDeviceType
+    as DLDeviceType, Device as Device, DType as DType, Need as Need, as_device_type as
+    as_device_type, device_name as device_name, device_row as device_row, dldtype_from_numpy
+    as dldtype_from_numpy, dtype_name as dtype_name, numpy_dtype as numpy_dtype, ARRAY_COPY
+    as ARRAY_COPY, ARRAY_PUT as ARRAY_PUT, DEVICE_PUT as DEVICE_PUT, EMPTY as EMPTY,
+    HOST_COPY as HOST_COPY, HOST_VIEW as HOST_VIEW, IMPORT as IMPORT, KEEP as KEEP,
+    NUMPY_COPY as NUMPY_COPY, NUMPY_PUT as NUMPY_PUT, PASS as PASS, PROCESS_LOCAL as
+    PROCESS_LOCAL, PRODUCER_COPY as PRODUCER_COPY, RAISE as RAISE, SPLIT as SPLIT, UNPACK as
+    UNPACK,
+)
 
 MAX_NDIM: int
-NUMPY_MAX_NDIM: int
 FLAG_READ_ONLY: int
 FLAG_IS_COPIED: int
 FLAG_IS_SUBBYTE_TYPE_PADDED: int
@@ -18,75 +28,8 @@ TYPES_MAX: int
 
 Capsule = Any  # a PyCapsule (no Python-level type to name)
 
-# tables.pxi
-class DLDeviceType(enum.IntEnum):
-    kDLCPU = 1
-    kDLCUDA = 2
-    kDLCUDAHost = 3
-    kDLOpenCL = 4
-    kDLVulkan = 7
-    kDLMetal = 8
-    kDLVPI = 9
-    kDLROCM = 10
-    kDLROCMHost = 11
-    kDLExtDev = 12
-    kDLCUDAManaged = 13
-    kDLOneAPI = 14
-    kDLWebGPU = 15
-    kDLHexagon = 16
-    kDLMAIA = 17
-    kDLTrn = 18
-
-class DLDataTypeCode(enum.IntEnum):
-    kDLInt = 0
-    kDLUInt = 1
-    kDLFloat = 2
-    kDLOpaqueHandle = 3
-    kDLBfloat = 4
-    kDLComplex = 5
-    kDLBool = 6
-    kDLFloat8_e3m4 = 7
-    kDLFloat8_e4m3 = 8
-    kDLFloat8_e4m3b11fnuz = 9
-    kDLFloat8_e4m3fn = 10
-    kDLFloat8_e4m3fnuz = 11
-    kDLFloat8_e5m2 = 12
-    kDLFloat8_e5m2fnuz = 13
-    kDLFloat8_e8m0fnu = 14
-    kDLFloat6_e2m3fn = 15
-    kDLFloat6_e3m2fn = 16
-    kDLFloat4_e2m1fn = 17
-
-class DLDataType(NamedTuple):
-    code: int
-    bits: int
-    lanes: int = 1
-
-class Device(NamedTuple):
-    host: bool = False
-    pinned: bool = False
-    platform: str | None = None
-    jax_maps: bool = True
-    stream: bool = False
-    default_stream: int = 0
-    to_host: str = ...
-    plugin: str | None = None
-
-class DType(NamedTuple):
-    name: str
-    numpy: bool
-    x64_narrow: tuple[int, int] | None = None
-
-OTHER_DEVICE: Device
-DEVICES: dict[DLDeviceType, Device]
-DTYPES: dict[tuple[int, int], DType]
-def device_row(device_type: int) -> Device: ...
-def as_device_type(value: int) -> DLDeviceType | int: ...
-def device_name(device_type: int, device_id: int | None = None) -> str: ...
+# tables.pxi (its rows and the route actions are dlinspect._tables', imported above)
 def stream_of(device_type: int, jax_device: Any) -> int | None: ...
-def dtype_name(code: int, bits: int, lanes: int = 1) -> str: ...
-def numpy_dtype(code: int, bits: int, lanes: int = 1) -> np.dtype[Any] | None: ...
-def dldtype_from_numpy(dtype: object) -> tuple[int, int, int]: ...
 
 # warn.pxi
 collecting: Any
@@ -195,7 +138,6 @@ def peek(obj: Any, /) -> TensorInfo: ...
 def export(x: Any, stream_for: Callable[[int, int], int | None] | None = ...
            ) -> tuple[Capsule, TensorInfo]: ...
 def export_host_copy(x: Any) -> tuple[Any, Any]: ...
-def into_call(into: str) -> str: ...
 def export_host_copy_into(x: Any, out: np.ndarray[Any, Any]) -> str | None: ...
 HOST_METHODS: tuple[str, ...]
 def host_methods(x: Any) -> list[str]: ...
@@ -254,21 +196,6 @@ class JaxTarget:
 def _same(arr: Any) -> Any: ...
 def needs(info: TensorInfo, target: JaxTarget | None = ..., share_readonly: bool = ...) -> int: ...
 
-class Need(enum.IntFlag):
-    DEVICE = 1
-    DTYPE = 2
-    LANES = 4
-    LAYOUT = 8
-    READ_ONLY = 16
-    ALIGN = 32
-    NARROW = 64
-    PACKED = 128
-    EMPTY = 256
-    VIA_CPU = 512
-    NUMPY_PUT = 1024
-    PERMUTED = 2048
-    SHAPE = 4096
-
 # shard.pxi
 class Layout(NamedTuple):
     local: bool
@@ -288,22 +215,6 @@ COPY: str
 HOST_FALLBACK: str
 ERROR: str
 UNTOUCHED: str
-IMPORT: str
-HOST_COPY: str
-HOST_VIEW: str
-UNPACK: str
-EMPTY: str
-PRODUCER_COPY: str
-NUMPY_PUT: str
-NUMPY_COPY: str
-RAISE: str
-PASS: str
-ARRAY_PUT: str
-ARRAY_COPY: str
-KEEP: str
-SPLIT: str
-DEVICE_PUT: str
-PROCESS_LOCAL: str
 JAX_ACTIONS: frozenset[str]
 HOST_ACTIONS: frozenset[str]
 
@@ -360,7 +271,6 @@ def to_jax_fast(x: Any, tg: JaxTarget, flags: int = ...) -> Any: ...
 def set_target(tg: JaxTarget | None) -> None: ...
 def current_target() -> JaxTarget | None: ...
 def set_target_builder(build: Callable[[], JaxTarget]) -> None: ...
-def set_words(module: Any) -> None: ...
 @overload
 def to_jax(x: SupportsDLPack, device: Any = None, copy: bool | None = None, *,
            sharding: Any = None, fallback: Fallback = "host", readonly: ReadOnly = "copy",
@@ -377,6 +287,7 @@ def plan(x: TensorInfo | SupportsDLPack, target: Target = "jax", *, device: Any 
 def plan(x: Any, target: Target = "jax", *, device: Any = None, copy: bool | None = None,
          sharding: Any = None, fallback: Fallback = "host", readonly: ReadOnly = "copy",
          leaves: Leaves = "keep", narrow: Narrow = "warn") -> Any: ...
+def explain(x: Any, target: Target = "jax", **options: Any) -> str: ...
 def convert(x: Any, opts: Any, tg: JaxTarget | None = ...,
             report: LoaderReport | None = ...) -> Any: ...
 

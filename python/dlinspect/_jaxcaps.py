@@ -20,10 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _core
-from ._core import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D, aligned_empty
-from ._core import dldtype_from_numpy
-from ._core import dtype_name, numpy_dtype, stream_of
+from ._core import JaxTarget, aligned_empty, capsule_of, first_line, header_capsule, import_capsule
+from ._core import set_target, set_target_builder, stream_of, warn
+from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
+from ._tables import dldtype_from_numpy, dtype_name, numpy_dtype
 from ._words import narrowing_text
 
 __all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
@@ -109,7 +109,7 @@ def _resolve(symbol: Symbol) -> tuple[Any, SymbolStatus]:
         try:
             value = functools.reduce(getattr, parts[3:], importlib.import_module(".".join(parts[:3])))
         except (ImportError, AttributeError) as exc:
-            missing.append(f"{path}: {_core.first_line(exc)}")
+            missing.append(f"{path}: {first_line(exc)}")
             continue
         return value, SymbolStatus(symbol.purpose, path, "found")
     return None, SymbolStatus(symbol.purpose, None,
@@ -182,7 +182,7 @@ class JaxCaps:
         self.array_type = type(jax.numpy.zeros(()))
 
     def _set_direct(self, force_public: bool, why: str) -> None:
-        _core.set_target(None)   # rebuilt with the import function chosen here
+        set_target(None)   # rebuilt with the import function chosen here
         status = self.symbols["import"]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
@@ -215,7 +215,7 @@ class JaxCaps:
         return stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
-        return _core.import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
+        return import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
@@ -223,7 +223,7 @@ class JaxCaps:
         below XLA:CPU's MIN_ALIGN, whatever the importer takes)."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
-        return _first_viewed(lambda buf: self._import(_core.capsule_of(buf), False)) or 4096
+        return _first_viewed(lambda buf: self._import(capsule_of(buf), False)) or 4096
 
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
         """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
@@ -231,7 +231,7 @@ class JaxCaps:
         buf[:] = np.arange(6)
         want = np.asarray(want, np.float32)
         try:
-            arr = self._import(_core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
+            arr = self._import(header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
             checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
                 lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
@@ -246,9 +246,9 @@ class JaxCaps:
         buf = aligned_empty((64,), np.uint8, alignment=256)
         buf[:] = 0
         try:
-            self._import(_core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
+            self._import(header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
-            return _core.first_line(exc, False)
+            return first_line(exc, False)
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
@@ -263,7 +263,7 @@ class JaxCaps:
         try:
             self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
         except Exception as exc:   # e.g. "Invalid XLA PrimitiveType: 36 (F6E2M3FN)"
-            return f"this JAX has no {dtype.name} arrays ({_core.first_line(exc, False)})"
+            return f"this JAX has no {dtype.name} arrays ({first_line(exc, False)})"
         return None
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
@@ -301,12 +301,12 @@ class JaxCaps:
     def target(self) -> Any:
         """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
         if self._target is None:
-            self._target = _core.JaxTarget(
+            self._target = JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=_core.warn, stream_for=self.stream_for,
+                narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
                 array_type=self.array_type,
                 # a permuted order (2x3 stored column-major) kept committed, as the route leaves
                 # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
@@ -316,7 +316,7 @@ class JaxCaps:
                 unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
                 assemble=self._assembler(), uncommit=self._uncommitter(),
                 row_major=_row_major, **self._put())
-            _core.set_target(self._target)
+            set_target(self._target)
         return self._target
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
@@ -332,7 +332,7 @@ class JaxCaps:
             got = probe()
             why = "it gives another array than the public API, or a copy"
         except Exception as exc:
-            got, why = None, _core.first_line(exc)
+            got, why = None, first_line(exc)
         if not got:
             self._note(name, None, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
         return got or None
@@ -382,7 +382,7 @@ class JaxCaps:
         def probe() -> bool:   # the same memory and values, uncommitted
             buf = aligned_empty((4,), np.float32, alignment=256)
             buf[:] = [1, 2, 3, 4]
-            arr = self._import(_core.capsule_of(buf))
+            arr = self._import(capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
                     and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
@@ -523,4 +523,4 @@ def force_public_api(on: bool = True) -> None:
     caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
 
 
-_core.set_target_builder(target)   # the core builds its JaxTarget with this
+set_target_builder(target)   # the core builds its JaxTarget with this

@@ -13,15 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _tree
-from ._core import NUMPY_MAX_NDIM, aligned_empty, is_tensor, physical_memory, to_host
+from . import _tree
+from ._core import aligned_empty, capsule_of, current_target, is_tensor, physical_memory
+from ._core import stack_column, to_host
+from ._tables import NUMPY_MAX_NDIM
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
 
 __all__ = ["stack"]
 
 #: The largest ``alignment`` stack takes, in bytes (1 GiB).
 MAX_ALIGNMENT = 1 << 30
-_CAPSULE = type(_core.capsule_of(np.zeros(1, np.uint8)))
+_CAPSULE = type(capsule_of(np.zeros(1, np.uint8)))
 _SCALARS = (np.generic, int, float, complex, str, bytes)
 
 
@@ -162,7 +164,7 @@ def _alignment(alignment: Any) -> int:
                          f"{alignment}")
     if align:
         return align
-    tg = _core.current_target()
+    tg = current_target()
     return tg.copy_align if tg is not None else 64
 
 
@@ -211,7 +213,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
     """Leaf ``j`` of every element, stacked into one aligned array."""
     if allocate is aligned_empty:   # (arrays of one shape and dtype: a memcpy each, in C)
-        stacked = _core.stack_column(column, align)
+        stacked = stack_column(column, align)
         if stacked is not None:
             return stacked
     t0 = type(column[0])

@@ -5,21 +5,19 @@ carry (one function each), :data:`REASONS` the reason of each action. An error i
 parts: the tensor it is about (``subject``), the first sentence (what was found, why it
 cannot go there) and the rest (what to do). A route's ``reason`` is the subject and the
 first sentence; a shard's error inside a sharded tensor's is its first sentence and the
-rest, after the whole tensor.
+rest, after the whole tensor. Below the core: it imports nothing of it (the tables it
+names are dlinspect._tables'), and the core imports it.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import _core as C
-from ._core import DLDataTypeCode as Code
-from ._core import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
-from ._options import Target
-from ._tree import flatten
+from . import _tables as T
+from ._tables import DLDataTypeCode as Code
+from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
 from .errors import (
     AllocationError,
     CopyRequiredError,
@@ -31,9 +29,15 @@ from .errors import (
     UnsupportedShapeError,
 )
 
-__all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain", "explain_one",
+__all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain_one",
            "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
            "name_leaf", "INSTALL_JAX"]
+
+def into_call(into: str) -> str:
+    """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
+    else ``x.NAME(out)``."""
+    return "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
+
 
 #: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
@@ -463,7 +467,7 @@ def _producer_copy(route: Any) -> str:
     where = device_name(int(route.info.device_type))
     # How a host copy is asked for, in the order the executor tries.
     steps = [f"the producer copies it into aligned host memory dlinspect allocates "
-             f"({C.into_call(f['into'])}), which is viewed"] if f.get("into") else []
+             f"({into_call(f['into'])}), which is viewed"] if f.get("into") else []
     steps += ["the producer is asked for a host copy (__dlpack__(dl_device=(kDLCPU, 0), "
               "copy=True))"] + [f"its own x.{name}()" for name in f["methods"]]
     words = ", else ".join(steps + ["numpy.asarray(x)"])
@@ -528,28 +532,28 @@ def _jax_copy(route: Any) -> str:
 
 #: The reason of every action a route that is not an error carries.
 REASONS: dict[str, Callable[[Any], str]] = {
-    C.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
+    T.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
                            f"{route.facts['leaf_type'].__qualname__}): left as it is."),
-    C.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
+    T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
                            if "where" in route.facts else
                            "It already is a jax.Array: returned as it is (no DLPack round trip)."),
-    C.ARRAY_PUT: _array_put,
-    C.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
-    C.EMPTY: lambda route: ("The tensor is empty: JAX gets a new empty array; no byte is copied."
+    T.ARRAY_PUT: _array_put,
+    T.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
+    T.EMPTY: lambda route: ("The tensor is empty: JAX gets a new empty array; no byte is copied."
                             if route.target == "jax" else
                             "The tensor is empty: NumPy gets a new empty array."),
-    C.PRODUCER_COPY: _producer_copy,
-    C.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
-    C.NUMPY_COPY: _numpy_copy, C.SPLIT: _split, C.DEVICE_PUT: _spread, C.PROCESS_LOCAL: _spread,
-    C.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements "
+    T.PRODUCER_COPY: _producer_copy,
+    T.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
+    T.NUMPY_COPY: _numpy_copy, T.SPLIT: _split, T.DEVICE_PUT: _spread, T.PROCESS_LOCAL: _spread,
+    T.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements "
                              f"are packed; NumPy holds one per byte, so they are unpacked into a "
                              f"copy."),
-    C.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
+    T.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_copy(route)),
-    C.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
+    T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
                                 f"memory directly{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_view(route)),
-    C.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
+    T.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
 }
 
 
@@ -589,7 +593,7 @@ def explain_tree(flat: Any) -> str:
             kept.clear()
 
     for path, route in zip(flat.key_paths(), flat.leaves):
-        if route.action == C.KEEP:
+        if route.action == T.KEEP:
             if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason
                          or not path):
                 end_run()
@@ -608,9 +612,9 @@ def _head(route: Any, x: Any) -> str:
         return "<jax.Array>" if x is None else (
             f"<jax.Array {x.dtype}[{', '.join(map(str, x.shape))}] on "
             f"{', '.join(map(str, x.devices()))}>")
-    if route.action == C.KEEP:
+    if route.action == T.KEEP:
         return "<not a tensor>"
-    if route.action == C.NUMPY_COPY or route.facts.get("numpy_copy"):
+    if route.action == T.NUMPY_COPY or route.facts.get("numpy_copy"):
         return "<no DLPack header: DLPack cannot describe this NumPy memory>"
     if isinstance(route.error, UnsupportedDeviceError):
         return "<no header: not exported (fallback='raise' judged the device first)>"
@@ -633,48 +637,3 @@ def explain_one(route: Any, x: Any) -> str:
     if route.error is not None:
         lines.append(f"  error: {type(route.error).__name__}: {route.error}")
     return "\n".join(lines)
-
-
-def explain(x: Any, target: Target = "jax", **options: Any) -> str:
-    """The header and the route, in a few readable lines (one block per pytree leaf).
-
-    Parameters
-    ----------
-    x : object with ``__dlpack__``, DLPack capsule, TensorInfo, or pytree of them
-        What :func:`plan` takes; a capsule is read, never consumed.
-    target : {"jax", "host"}
-        Where it should go, as for :func:`plan`.
-    **options
-        :func:`plan`'s keyword options (``device``, ``copy``, ``sharding``,
-        ``fallback``, ``readonly``, ``leaves``, ``narrow``).
-
-    Returns
-    -------
-    str
-        For one tensor: the header (``<TensorInfo ...>``: device, dtype, shape,
-        strides in elements, layout, bytes, alignment in bytes, flags), the route's
-        kind and the bytes it copies, its reason or its error, the JAX device and
-        any warning. For a batch: one such block per leaf under its key path, runs
-        of untouched leaves folded into one line.
-
-    Raises
-    ------
-    ValueError, TypeError, ContainerError
-        What :func:`plan` raises: an option outside its values, a batch that cannot be
-        walked. A producer's refusal or a bad header is an error route, not raised.
-
-    Examples
-    --------
-    >>> import numpy as np, dlinspect
-    >>> print(dlinspect.explain(np.ones(3, np.float32), target="host"))  # doctest: +ELLIPSIS
-    <TensorInfo kDLCPU:0 float32[3] ...>
-    route to host: zero-copy
-      NumPy views the kDLCPU memory directly.
-    """
-    routes = C.plan(x, target, **options)
-    if isinstance(routes, C.Route):
-        return explain_one(routes, x)
-    return explain_tree(flatten(routes))
-
-
-C.set_words(sys.modules[__name__])   # the core words its routes with this module

@@ -42,8 +42,8 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     import numpy as np
 
     import dlinspect
-    from dlinspect import _core
-    from dlinspect._core import aligned_empty
+    from dlinspect._core import aligned_empty, first_line, header_capsule
+    from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
 
     report: dict[str, Any] = {"versions": versions()}
@@ -52,7 +52,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
         try:
             jax.devices()
         except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
-            report["jax_error"] = _core.first_line(exc)
+            report["jax_error"] = first_line(exc)
             jax = None
     report["jax"] = None
     if jax is not None:
@@ -64,7 +64,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             "devices": [str(d) for d in jax.devices()],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
             "cpu_alignment": target.cpu_align,
-            "dlpack_platforms": {str(_core.as_device_type(k)): v for k, v in sorted(c.mapping.items())},
+            "dlpack_platforms": {str(as_device_type(k)): v for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
                                 for s in c.symbols.values()],
         }
@@ -75,7 +75,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
         row = {"name": str(dt), "value": int(dt), "route": "error",
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
         if jax is not None:   # the header of a float32 tensor on that device, as a producer's
-            route = dlinspect.plan(dlinspect.peek(_core.header_capsule(
+            route = dlinspect.plan(dlinspect.peek(header_capsule(
                 x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, int(dt))))
             row.update(route=route.kind, reason=route.reason)
         rows.append(row)
@@ -120,10 +120,10 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
     import importlib
     import inspect
 
-    from dlinspect import _core
+    from dlinspect._core import exchange_api_version
     m = importlib.import_module(module)
     tp = eval(expr, {"m": m})  # noqa: S307 - the producer table's own expression
-    version = _core.exchange_api_version(tp)
+    version = exchange_api_version(tp)
     row: dict[str, Any] = {"type": f"{tp.__module__}.{tp.__qualname__}",
                            "exchange_api": list(version) if version else None}
     try:
@@ -176,6 +176,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     import dlinspect
     import dlinspect.testing  # noqa: F401 - in scope for --expr (FakeProducer, make_capsule)
+    from dlinspect._core import is_tensor
     if (args.path is None) == (args.expr is None):
         return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
     try:
@@ -187,7 +188,7 @@ def _inspect(args: argparse.Namespace) -> int:
                          f"--expr EXPRESSION")
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
-    if not dlinspect._core.is_tensor(x):
+    if not is_tensor(x):
         if isinstance(x, np.ndarray):  # a dtype DLPack has no type for: the core words it
             try:
                 dlinspect.peek(x)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
-from ._core import DeleterCounter, DLDeviceType, aligned_empty, dldtype_from_numpy
+from ._core import PRODUCERS, DeleterCounter, Producer, _make_capsule, aligned_empty
+from ._tables import DLDeviceType, as_device_type, dldtype_from_numpy
 from ._core import FLAG_IS_COPIED, FLAG_IS_SUBBYTE_TYPE_PADDED, FLAG_READ_ONLY  # noqa: F401
 
 __all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
@@ -98,7 +98,7 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
         code, bits, lanes = int(code), int(bits), int(rest[0]) if rest else 1
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
-    return _core._make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
+    return _make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
                                int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
                                int(version[0]), int(version[1]), int(flags), counter, name,
                                bool(null_deleter))
@@ -199,7 +199,7 @@ class FakeProducer:
         self.served: list[np.ndarray] = []
 
     def __dlpack_device__(self) -> tuple[DLDeviceType | int, int | None]:
-        return (_core.as_device_type(self.device[0]), self.device[1])
+        return (as_device_type(self.device[0]), self.device[1])
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
         if self.legacy_only and kwargs:
@@ -254,7 +254,7 @@ class CopyIntoFakeProducer(FakeProducer):
 
 
 # The producer table's row for it: copy_into is how it copies into host memory.
-_core.PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = _core.Producer(into="copy_into")
+PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = Producer(into="copy_into")
 
 
 class LegacyFakeProducer(FakeProducer):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy
 
 import dlinspect
-from dlinspect import _core
+from dlinspect._core import exchange_api_version, export
 
 from ._common import Tick, optional, time_cases
 
@@ -53,7 +53,7 @@ TARGETS = [
 
 def dlinspect_export(x: Any) -> Any:
     """The capsule dlinspect's export takes from ``x`` (versioned where NumPy >= 2.1 can)."""
-    return _core.export(x)[0]
+    return export(x)[0]
 
 
 def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
         ns["t"] = torch.zeros((32, 32), dtype=torch.float32)
     rows, targets = time_cases("peek", CASES, ns, repeat, quick, tick, TARGETS)
     notes = [] if torch else ["torch is not installed: its rows are skipped"]
-    if torch is not None and _core.exchange_api_version(torch.Tensor) is None:
+    if torch is not None and exchange_api_version(torch.Tensor) is None:
         why = (f"torch {torch.__version__} has no DLPack C exchange API: peek(t) goes "
                f"through its __dlpack__")
         targets = [dict(t, status="SKIP", why=why) if t["target"].startswith("peek(torch")

@@ -1,0 +1,319 @@
+"""The tables dlinspect reads, one per axis, beside the DLPack enums they are keyed by.
+
+Below the core: this module imports nothing of dlinspect, and the core (which builds its
+C-speed tables from these rows), the words and the probes read it. A new device type is
+one row of ``_DEVICE_ROWS`` (and its value in include/dlinspect/dlpack.h and
+src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its DLDataTypeCode there).
+tests/test_abi.py keeps the enums, and :class:`Need`'s bits, in step with the C ones.
+Nothing here decides: the core's needs.pxi does, reading these rows.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+import numpy
+
+
+class _SpecNamed(enum.IntEnum):
+    """An IntEnum whose members print as their specification name (``kDLVulkan``)."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+
+class Device(NamedTuple):
+    """What dlinspect knows of one ``DLDeviceType``: a row of :data:`DEVICES`."""
+
+    host: bool = False        # host-accessible: NumPy views it, JAX's CPU backend imports it
+    pinned: bool = False      # pinned host memory, which a producer may export as kDLCPU
+    platform: Any = None      # the JAX platform its memory belongs to (None: none JAX has)
+    jax_maps: bool = True     # jax's own DLDeviceType map names it (its from_dlpack takes it)
+    stream: bool = False      # __dlpack__ takes the consumer's stream (array API, *stream*)
+    # The stream that means the device's default stream (CUDA: 1, as the array API gives
+    # 0 no meaning there; ROCm: 0).
+    default_stream: int = 0
+    # The fix words: how its own libraries move a tensor to host memory; what JAX needs
+    # to take the memory where it is.
+    to_host: str = "torch: t.cpu()"
+    plugin: Any = None
+
+
+#: The row of every device type without one of its own.
+OTHER_DEVICE = Device()
+
+_CUDA_PLUGIN = "jax[cuda12]"
+_ROCM_PLUGIN = "the jax ROCm plugin"
+
+
+class DLDeviceType(_SpecNamed):
+    """Device types of DLPack 1.3 (``DLDeviceType`` in ``dlpack.h``).
+
+    A member prints as its specification name, e.g. ``kDLVulkan``."""
+
+    kDLCPU = 1
+    kDLCUDA = 2
+    kDLCUDAHost = 3
+    kDLOpenCL = 4
+    kDLVulkan = 7
+    kDLMetal = 8
+    kDLVPI = 9
+    kDLROCM = 10
+    kDLROCMHost = 11
+    kDLExtDev = 12
+    kDLCUDAManaged = 13
+    kDLOneAPI = 14
+    kDLWebGPU = 15
+    kDLHexagon = 16
+    kDLMAIA = 17
+    kDLTrn = 18
+
+
+_D = DLDeviceType
+# Every DLDeviceType's row (OTHER_DEVICE where dlinspect knows nothing of it).
+_DEVICE_ROWS = {
+    _D.kDLCPU: Device(host=True, platform="cpu"),
+    _D.kDLCUDA: Device(platform="cuda", stream=True, default_stream=1, plugin=_CUDA_PLUGIN),
+    _D.kDLCUDAHost: Device(host=True, pinned=True, platform="cuda", plugin=_CUDA_PLUGIN),
+    _D.kDLMetal: Device(to_host="torch: t.cpu(); mlx: np.array(a)"),
+    _D.kDLROCM: Device(platform="rocm", stream=True, plugin=_ROCM_PLUGIN),
+    _D.kDLROCMHost: Device(host=True, pinned=True, platform="rocm", plugin=_ROCM_PLUGIN),
+    _D.kDLCUDAManaged: Device(host=True, platform="cuda", jax_maps=False, plugin=_CUDA_PLUGIN),
+    _D.kDLOneAPI: Device(platform="oneapi", to_host="dpnp: dpnp.asnumpy(x)",
+                         plugin="the Intel jax plugin"),
+}
+
+#: The device table: ``DLDeviceType`` value to its :class:`Device` row.
+DEVICES = {m: _DEVICE_ROWS.get(m, OTHER_DEVICE) for m in DLDeviceType}
+_DEVICE_BY_VALUE = {int(m): m for m in DLDeviceType}
+
+
+def device_row(device_type: int) -> Device:
+    """The :class:`Device` row of ``device_type`` (:data:`OTHER_DEVICE` when it has none)."""
+    return DEVICES.get(device_type, OTHER_DEVICE)  # type: ignore[call-overload]
+
+
+def as_device_type(value: int) -> Any:
+    """The ``DLDeviceType`` member for ``value``, or ``value`` itself when unknown."""
+    return _DEVICE_BY_VALUE.get(value, value)
+
+
+def device_name(device_type: int, device_id: int | None = None) -> str:
+    """``"kDLVulkan:0"`` style name; unknown types print as ``"DLDeviceType(42)"``."""
+    member = _DEVICE_BY_VALUE.get(int(device_type))
+    name = member.name if member is not None else f"DLDeviceType({int(device_type)})"
+    return name if device_id is None else f"{name}:{device_id}"
+
+
+class DLDataTypeCode(_SpecNamed):
+    """Type codes of DLPack 1.3 (``DLDataTypeCode``, stored in ``DLDataType.code``)."""
+
+    kDLInt = 0
+    kDLUInt = 1
+    kDLFloat = 2
+    kDLOpaqueHandle = 3
+    kDLBfloat = 4
+    kDLComplex = 5
+    kDLBool = 6
+    kDLFloat8_e3m4 = 7
+    kDLFloat8_e4m3 = 8
+    kDLFloat8_e4m3b11fnuz = 9
+    kDLFloat8_e4m3fn = 10
+    kDLFloat8_e4m3fnuz = 11
+    kDLFloat8_e5m2 = 12
+    kDLFloat8_e5m2fnuz = 13
+    kDLFloat8_e8m0fnu = 14
+    kDLFloat6_e2m3fn = 15
+    kDLFloat6_e3m2fn = 16
+    kDLFloat4_e2m1fn = 17
+
+
+class DLDataType(NamedTuple):
+    """A ``DLDataType``: type ``code``, ``bits`` per lane and ``lanes`` per element."""
+
+    code: int
+    bits: int
+    lanes: int = 1
+
+
+class DType(NamedTuple):
+    """What dlinspect knows of one lane's ``(code, bits)``: a row of :data:`DTYPES`."""
+
+    name: str      # the NumPy / ml_dtypes name ("float32", "bfloat16", "int4")
+    numpy: bool    # NumPy has it itself (False: ml_dtypes provides it, where installed)
+    # (code, bits) JAX narrows it to when x64 is off (jax.numpy's documented rule: 64-bit
+    # integers and floats to 32 bits, complex128 to complex64), else None.
+    x64_narrow: Any = None
+
+
+_C = DLDataTypeCode
+# One row per (code, bits) with a NumPy or ml_dtypes dtype.
+_DTYPE_ROWS = (
+    (_C.kDLBool, 8, DType("bool", True)),
+    (_C.kDLInt, 8, DType("int8", True)), (_C.kDLInt, 16, DType("int16", True)),
+    (_C.kDLInt, 32, DType("int32", True)), (_C.kDLInt, 64, DType("int64", True, (_C.kDLInt, 32))),
+    (_C.kDLUInt, 8, DType("uint8", True)), (_C.kDLUInt, 16, DType("uint16", True)),
+    (_C.kDLUInt, 32, DType("uint32", True)),
+    (_C.kDLUInt, 64, DType("uint64", True, (_C.kDLUInt, 32))),
+    (_C.kDLFloat, 16, DType("float16", True)), (_C.kDLFloat, 32, DType("float32", True)),
+    (_C.kDLFloat, 64, DType("float64", True, (_C.kDLFloat, 32))),
+    (_C.kDLComplex, 64, DType("complex64", True)),
+    (_C.kDLComplex, 128, DType("complex128", True, (_C.kDLComplex, 64))),
+    (_C.kDLBfloat, 16, DType("bfloat16", False)),
+    (_C.kDLInt, 4, DType("int4", False)), (_C.kDLInt, 2, DType("int2", False)),
+    (_C.kDLUInt, 4, DType("uint4", False)), (_C.kDLUInt, 2, DType("uint2", False)),
+    *((getattr(_C, "kDL" + name[0].upper() + name[1:]), bits, DType(name, False))
+      for name, bits in (("float8_e3m4", 8), ("float8_e4m3", 8), ("float8_e4m3b11fnuz", 8),
+                         ("float8_e4m3fn", 8), ("float8_e4m3fnuz", 8), ("float8_e5m2", 8),
+                         ("float8_e5m2fnuz", 8), ("float8_e8m0fnu", 8), ("float6_e2m3fn", 6),
+                         ("float6_e3m2fn", 6), ("float4_e2m1fn", 4))),
+)
+
+#: The dtype table: ``(code, bits)`` of one lane to its :class:`DType` row.
+DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
+_DTYPE_BY_NAME = {row.name: (int(code), bits) for code, bits, row in _DTYPE_ROWS}
+# Names of codes whose width varies, for a (code, bits) with no row.
+_CODE_PREFIX: dict[int, str] = {_C.kDLInt: "int", _C.kDLUInt: "uint", _C.kDLFloat: "float",
+                _C.kDLComplex: "complex", _C.kDLOpaqueHandle: "opaque", _C.kDLBool: "bool"}
+_names_cache: dict[tuple[int, int, int], str] = {}
+_numpy_cache: dict[int, Any] = {}   # (never emptied: the core borrows its values)
+
+
+def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
+    """The NumPy / ml_dtypes name of a ``DLDataType``: ``"float32"``, ``"bool"``,
+    ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...; ``"float32x4"`` for a vector type
+    (``lanes > 1``), ``"opaque64"`` for an opaque handle, ``"DLDataType(code=42, bits=8)"``
+    for an unknown code."""
+    key = (code, bits, lanes)
+    name = _names_cache.get(key)
+    if name is not None:
+        return name
+    row = DTYPES.get((code, bits))
+    if row is not None:
+        name = row.name
+    elif code in _CODE_PREFIX:
+        name = f"{_CODE_PREFIX[code]}{bits}"
+    elif code in _DATA_TYPE_CODES:
+        name = f"{DLDataTypeCode(code).name}[bits={bits}]"
+    else:
+        name = f"DLDataType(code={code}, bits={bits})"
+    if lanes != 1:
+        name = f"{name}x{lanes}"
+    if len(_names_cache) < 4096:
+        _names_cache[key] = name
+    return name
+
+
+_DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
+
+
+def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
+    """The NumPy dtype of one element, or None where none exists (vector types, opaque
+    handles); bfloat16, float8/6/4, int4/uint4, int2/uint2 from ``ml_dtypes`` if installed."""
+    if lanes != 1:
+        return None
+    key = code | (bits << 8)
+    if key in _numpy_cache:
+        return _numpy_cache[key]
+    row = DTYPES.get((code, bits))
+    found = None
+    if row is not None and row.numpy:
+        found = numpy.dtype(row.name)
+    elif code != _C.kDLOpaqueHandle:   # ml_dtypes' types, by the name dtype_name gives
+        try:
+            import ml_dtypes
+        except ImportError:
+            ml_dtypes = None  # type: ignore[assignment]
+        scalar = getattr(ml_dtypes, dtype_name(code, bits), None)
+        found = None if scalar is None else numpy.dtype(scalar)
+    _numpy_cache[key] = found
+    return found
+
+
+def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
+    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype; ValueError where DLPack
+    has no code for it (object, string, datetime...)."""
+    name = numpy.dtype(dtype).name
+    got = _DTYPE_BY_NAME.get(name)
+    if got is not None:
+        return (got[0], got[1], 1)
+    for prefix, code in (("uint", _C.kDLUInt), ("int", _C.kDLInt)):   # ml_dtypes' other widths
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return (code, int(name[len(prefix):]), 1)
+    raise ValueError(f"DLPack has no type code for dtype {name!r}")
+
+
+#: The most dimensions a NumPy array has here (NPY_MAXDIMS: 64, 32 before NumPy 2).
+NUMPY_MAX_NDIM = 64 if int(numpy.__version__.split(".")[0]) >= 2 else 32
+
+
+class Need(enum.IntFlag):
+    """What a tensor needs to reach its target: the bits of ``Route.needs``.
+
+    Computed by one function in the core (``dlinspect._core.needs``) from the
+    header (:class:`TensorInfo`) and what the installed JAX takes; ``plan``,
+    ``to_jax`` and ``to_host`` all act on the same answer.
+    """
+
+    DEVICE = 1 << 0
+    """No JAX device here for the memory's device (or, for NumPy, not host memory)."""
+    DTYPE = 1 << 1
+    """The target cannot hold one lane's DLDataType (code, bits)."""
+    LANES = 1 << 2
+    """A vector dtype (lanes > 1): the lanes become a trailing axis."""
+    LAYOUT = 1 << 3
+    """Strides JAX cannot view: gaps, broadcast (stride 0) or negative strides; on a
+    jaxlib that computes them wrongly, any order but row-major, extent-1 axes' included."""
+    READ_ONLY = 1 << 4
+    """The READ_ONLY flag is set and the caller did not pass ``readonly="share"``."""
+    ALIGN = 1 << 5
+    """``data + byte_offset`` is below XLA:CPU's zero-copy alignment."""
+    NARROW = 1 << 6
+    """A 64-bit dtype that JAX narrows to 32 bits with x64 off."""
+    PACKED = 1 << 7
+    """Packed sub-byte elements (bits * lanes < 8, more than one element)."""
+    EMPTY = 1 << 8
+    """No elements: nothing to view or copy."""
+    VIA_CPU = 1 << 9
+    """Pinned or managed host memory with no JAX backend for its platform: JAX's CPU
+    backend views it (no copy)."""
+    NUMPY_PUT = 1 << 10
+    """A dtype JAX holds but its DLPack import does not take: sub-byte elements (int4,
+    uint4, int2, float4...; packed, or padded one per byte with
+    ``IS_SUBBYTE_TYPE_PADDED``), and any dtype a jaxlib's import refuses.
+    ``jax.device_put`` copies them from a NumPy (ml_dtypes) view."""
+    PERMUTED = 1 << 11
+    """A permutation of a row-major layout (a transpose, F order, ``permute``): copied
+    into row-major order, as ``jnp.asarray`` gives it (host memory by a transpose in
+    cache tiles; device memory imported in its layout, then copied on its device). JAX
+    views such memory only as an array committed to its device that keeps the layout
+    (what ``jax.dlpack.from_dlpack`` gives), and jaxlib moves that array wrong:
+    ``jax.device_put`` to another device reads its buffer as row-major. Every array
+    dlinspect hands out is row-major."""
+    SHAPE = 1 << 12
+    """A shape no array can have: more dimensions than NumPy holds
+    (``NUMPY_MAX_NDIM``: 64, 32 before NumPy 2) once vector lanes are a trailing axis, or
+    an empty tensor's nonzero extents whose product, in bytes, passes 2**63 - 1 (NumPy
+    refuses such an array, and XLA aborts the process)."""
+
+
+# What executing a route does (Route.action): one executor each in the core's execute.pxi.
+IMPORT = "import"                  # hand the capsule to JAX as it is (maybe copy=True)
+HOST_COPY = "host-copy"            # copy host memory into a C-order aligned array, import that
+HOST_VIEW = "host-view"            # view host memory through NumPy (lanes as an axis), import
+UNPACK = "unpack"                  # packed sub-byte host memory into one element per byte
+EMPTY = "empty"                    # a new empty array; the capsule is taken and freed
+PRODUCER_COPY = "producer-copy"    # ask the producer for a host copy, then route that
+NUMPY_PUT = "numpy-put"            # a NumPy view (unpacked if packed), then jax.device_put
+NUMPY_COPY = "numpy-copy"          # NumPy memory DLPack cannot describe: NumPy copies it
+RAISE = "raise"
+PASS = "pass"                      # a jax.Array where it was asked to be: returned as it is
+ARRAY_PUT = "array-put"            # a jax.Array elsewhere: jax.device_put
+ARRAY_COPY = "array-copy"          # a jax.Array with copy=True: its own copy
+KEEP = "keep"                      # a pytree leaf that is not a tensor: left as it is
+SPLIT = "split"                    # host memory split in place: each device imports its slice
+DEVICE_PUT = "device-put"          # JAX takes it whole, then jax.device_put(array, sharding)
+PROCESS_LOCAL = "process-local"    # JAX takes it whole, then make_array_from_process_local_data
