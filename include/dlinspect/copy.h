@@ -112,15 +112,15 @@ static inline void dl_advise_huge(void* p, size_t n) {
 }
 
 /* contract: whether the destination [p, p + n) is fresh pages: its middle page not yet in
- * memory (mincore), as where malloc has just mapped a large block anew (glibc does from
- * 32 MiB); a block that memory already backs (malloc's reused heap) is not. Elsewhere
- * than Linux: n is at least 32 MiB. */
+ * memory (mincore), as a block malloc has just mapped (glibc does from 32 MiB); a block
+ * memory backs (malloc's reused heap) is not; below DL_COPY_STREAM_MIN, where nothing
+ * streams, 0 without a system call. Elsewhere than Linux: n is at least 32 MiB. */
 static inline int dl_fresh(const void* p, size_t n) {
 #if defined(__linux__)
   const uintptr_t page = 4096;
   unsigned char in_memory = 1;
   void* mid = (void*)(((uintptr_t)p + n / 2) & ~(page - 1));
-  if (n < page || mincore(mid, page, &in_memory) != 0) return 0;
+  if (n < DL_COPY_STREAM_MIN || mincore(mid, page, &in_memory) != 0) return 0;
   return (in_memory & 1) == 0;
 #else
   (void)p;
