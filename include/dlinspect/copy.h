@@ -57,9 +57,9 @@ typedef enum {
 } dl_copy_cast;
 
 /* Below this many destination bytes a second thread costs more than it saves (measured on
- * a 2-core x86-64 VM, both cores idle: two halves take 1.1-2x the time of one at 1 MiB,
- * 0.6-1.35x at 2 MiB, 0.5-0.65x from 4 MiB for transposes and 0.9-0.95x at 4 MiB for
- * memory-bound rows; a thread pool's wake-up costs 10-120 us). */
+ * a 2-core x86-64 VM, both cores idle, with put.pxi's C worker: two halves take 1.1-2x the
+ * time of one at 1 MiB and 0.9-1.15x at 2 MiB for dense rows; 0.5-0.65x from 4 MiB for
+ * transposes and 0.9-0.95x at 4 MiB for memory-bound rows). */
 #define DL_COPY_PARALLEL_MIN ((size_t)4 << 20)
 
 /* From this many destination bytes a transposing or dense copy stores with streaming
