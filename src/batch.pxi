@@ -227,7 +227,7 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
         if not _is_tensor(part.leaves[i]):
             continue
         try:
-            route, cap, info = _decide_leaf(part.leaves[i], tg, part.opts, reuse)
+            route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise

@@ -5,28 +5,30 @@
 # (EXECUTORS, HOST_EXECUTORS). No executor calls to_jax or exports the caller's tensor
 # again. A failed route leaves a caller's capsule unconsumed.
 
-cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
-    """One tensor's route into JAX, its (unconsumed) export and its header. ``reuse``
-    (a batch bound for a sharding): a split decided before for the same header and
-    sharding is given instead of a route (``_SplitViews``), and a new one is kept."""
+cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
+    """The decide half for one tensor (to_jax's, to_host's and plan's): its route to
+    ``target``, its unconsumed export and its header. ``reuse`` (a batch bound for a
+    sharding): a split decided before for the same header and sharding is given instead of
+    a route (``_SplitViews``), and a new one is kept."""
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        if entry.guard == GUARD_JAX:
+        if entry.guard == GUARD_JAX and tg is not None:
             return route_jax_array(x, opts, tg), None, None
     cdef PyObject* p = NULL
     cdef int flags = opts.flags
     try:
-        info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
+        info = _export(x, MODE_TAKE, None if tg is None else (<JaxTarget>tg).stream_for, &p,
+                       entry, _refuser(tg, flags))
     except NotDescribableError as exc:
-        return route_numpy_copy(exc, tg, "jax", opts), None, None
+        return route_numpy_copy(exc.with_traceback(None), tg, target, opts), None, None
     cap = _take_ref(p)
     try:
         if reuse:
             seen = _split_seen(info, opts.sharding, flags, tg)
             if seen is not None:
                 return seen, cap, info
-        route = decide(info, tg, "jax", opts, x)
+        route = decide(info, tg, target, opts, x)
         if reuse:
             _remember_split(route, info, flags, tg)
         return route, cap, info
@@ -206,7 +208,7 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
     host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
                         tg.copy_align)
     if "spread" in route.facts:
-        inner, inner_cap, _ = _decide_leaf(host, tg, opts)
+        inner, inner_cap, _ = _decide_leaf(host, tg, "jax", opts)
         return _execute(inner, inner_cap, host, tg, opts)
     return _finish(tg, _put_host(tg, host, route.import_device,
                                  (<int>opts.flags) & _OPT_PLACED), route)

@@ -446,11 +446,6 @@ def is_tensor(x):
     return _is_tensor(x)
 
 
-cdef inline bint _jax_array(x) except -1:
-    """The one test of "is this a jax.Array": its type's row of the producer table."""
-    return not PyCapsule_CheckExact(x) and _entry_for(type(x)).guard == GUARD_JAX
-
-
 cdef inline bint _is_tensor(x) except -1:
     """:func:`is_tensor`: the one test of "is this a tensor" (the hot path's too)."""
     if PyCapsule_CheckExact(x):
@@ -762,10 +757,3 @@ def export_host_copy(x):
     except Exception as exc:
         tried.append(f"numpy.asarray raised {first_line(exc)}")
     return (None, tried)
-
-
-def first_line(exc, typed=True):
-    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
-    text = str(exc)
-    line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {line}" if typed else line

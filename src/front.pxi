@@ -3,7 +3,8 @@
 # (batch.pxi); a tensor is decided and executed (execute.pxi). A failed route leaves a
 # caller's capsule unconsumed; in a batch, every leaf is decided before any is consumed.
 
-from dlinspect import _tree
+import threading as _threading
+from dlinspect import _jaxcaps, _tree
 from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 
 # The defaults of to_jax's string options, compared by identity on the hot path (an
@@ -11,20 +12,39 @@ from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
 cdef object _TARGET = None
-cdef object _TARGET_BUILDER = None
+cdef object _CAPS = None
+cdef object _CAPS_LOCK = _threading.Lock()
+
+
+def jax_caps():
+    """The process-wide :class:`dlinspect._jaxcaps.JaxCaps` (what the installed JAX takes,
+    probed once with the core's own capsules); imports jax on first call: ImportError with
+    the install command where jax is not installed."""
+    global _CAPS
+    with _CAPS_LOCK:
+        if _CAPS is None:
+            _CAPS = _jaxcaps.JaxCaps(_jaxcaps.CoreTools(
+                JaxTarget, aligned_empty, capsule_of, header_capsule, import_capsule,
+                stream_of, warn))
+    return _CAPS
+
+
+def jax_target():
+    """The process-wide JaxTarget every route reads (built on first use, as jax_caps)."""
+    return _TARGET if _TARGET is not None else _jax_target()
 
 
 def set_target(tg):
-    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use);
-    called by :mod:`dlinspect._jaxcaps`, which builds it."""
+    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use)."""
     global _TARGET
     _TARGET = tg
 
 
-def set_target_builder(build):
-    """Hand the core ``build()``, which returns the JaxTarget (see this module's doc)."""
-    global _TARGET_BUILDER
-    _TARGET_BUILDER = build
+def force_public_api(bint on=True):
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
+    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
+    jax_caps()._set_direct(on, "forced by dlinspect._core.force_public_api()")
+    set_target(None)   # rebuilt with the import function chosen there
 
 
 def current_target():
@@ -34,13 +54,9 @@ def current_target():
 
 
 cdef JaxTarget _jax_target():
-    """The process-wide JaxTarget, built once by what set_target_builder handed over
-    (dlinspect._jaxcaps: it imports jax)."""
     global _TARGET
     if _TARGET is None:
-        if _TARGET_BUILDER is None:
-            import dlinspect   # noqa: F401  (the package's import hands the builder over)
-        _TARGET = _TARGET_BUILDER()
+        _TARGET = jax_caps().target
     return _TARGET
 
 
@@ -251,12 +267,23 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     tg = _jax_target() if target == "jax" else None
     if isinstance(x, TensorInfo) or _is_tensor(x) and _one_place(opts, tg):
-        return plan_one(x, tg, target, opts)
+        return _plan_one(x, tg, target, opts)
     parts, where = _parts(x, tg, opts, opts.flags, True)
     cdef set seen = set()
     for part in parts:
         _plan_part(part, tg, target, seen)
     return _rebuild_parts(parts, where, tg)
+
+
+cdef object _plan_one(x, tg, str target, opts):
+    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): the
+    decide half of :func:`to_jax` (``_decide_leaf``), its export released unconsumed."""
+    if isinstance(x, TensorInfo):
+        return decide(x, tg, target, opts)
+    try:
+        return _decide_leaf(x, tg, target, opts)[0]
+    except DLInspectError as exc:
+        return failed(exc, target)
 
 
 cdef bint _one_place(opts, JaxTarget tg) except -1:
@@ -280,7 +307,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), target)
         else:
-            route = (plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
+            route = (_plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
                      else untouched(leaf, target, part.opts))
         if route.problem is not None:
             route.key_path = part.keystr(i)
@@ -307,7 +334,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-            route, cap, _ = _decide_leaf(x, tg, opts)
+            route, cap, _ = _decide_leaf(x, tg, "jax", opts)
             return _execute(route, cap, x, tg, opts)
         try:
             got = to_jax_fast(x, tg, flags)
@@ -411,15 +438,9 @@ def to_host(x, copy=None):
     >>> dlinspect.to_host(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
-    opts = _check_options(copy=copy)
-    cdef PyObject* p = NULL
+    route, cap, _ = _decide_leaf(x, None, "host", _check_options(copy=copy))
     try:
-        info = _export(x, MODE_TAKE, None, &p)
-    except NotDescribableError as exc:
-        return _host_execute(route_numpy_copy(exc, None, "host", opts), None, x)
-    cap = _take_ref(p)
-    try:
-        return _host_execute(route_host(info, _needs_host(info), copy, x), cap, x)
+        return _host_execute(route, cap, x)
     except BaseException:
         cap = None   # (see _convert)
         raise

@@ -111,10 +111,11 @@ cdef struct _Worker:   # one C thread that copies the first half of a large copy
     PyThread_type_lock go     # released to hand the worker its job
     PyThread_type_lock done   # released by the worker when its half is written
     long pid                  # the process it was started in
+    long failed_pid           # a process where it could not be started (not tried again)
 
 
 cdef _Worker _worker
-_worker.pid = -1
+_worker.pid = _worker.failed_pid = -1
 cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
                    else _os.cpu_count() or 1)
 
@@ -133,20 +134,24 @@ cdef bint _worker_started():
     no GIL: it waits on a lock), and again in a forked child, which inherits no thread.
     False where the system gives no thread or lock (a copy then runs whole)."""
     cdef long pid = _os.getpid()
-    if _worker.pid == pid:
-        return True
-    cdef PyThread_type_lock busy = PyThread_allocate_lock()
-    cdef PyThread_type_lock go = PyThread_allocate_lock()
-    cdef PyThread_type_lock done = PyThread_allocate_lock()
-    if busy == NULL or go == NULL or done == NULL:
-        return False
-    PyThread_acquire_lock(go, WAIT_LOCK)
-    PyThread_acquire_lock(done, WAIT_LOCK)
-    _worker.busy, _worker.go, _worker.done = busy, go, done
-    if PyThread_start_new_thread(_worker_loop, NULL) == -1:
-        return False
-    _worker.pid = pid
-    return True
+    if _worker.pid == pid or _worker.failed_pid == pid:
+        return _worker.pid == pid
+    cdef PyThread_type_lock locks[3]
+    cdef int i
+    for i in range(3):
+        locks[i] = PyThread_allocate_lock()
+    if locks[0] != NULL and locks[1] != NULL and locks[2] != NULL:
+        PyThread_acquire_lock(locks[1], WAIT_LOCK)
+        PyThread_acquire_lock(locks[2], WAIT_LOCK)
+        _worker.busy, _worker.go, _worker.done = locks[0], locks[1], locks[2]
+        if PyThread_start_new_thread(_worker_loop, NULL) != -1:
+            _worker.pid = pid
+            return True
+    for i in range(3):   # no thread: the locks freed, and the copies of this process whole
+        if locks[i] != NULL:
+            PyThread_free_lock(locks[i])
+    _worker.failed_pid = pid
+    return False
 
 
 cdef int _fill(object out, TensorInfo info) except -1:

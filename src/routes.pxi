@@ -588,22 +588,3 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
 cdef inline object _refuser(tg, int flags):
     """What judges a producer's device before its export: JAX's, with fallback="raise"."""
     return (<JaxTarget>tg).refuse_device if tg is not None and flags & _OPT_FALLBACK_RAISE else None
-
-
-def plan_one(x, tg, str target, opts):
-    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
-    exported exactly as :func:`to_jax` would export it and released unconsumed."""
-    if tg is not None and _jax_array(x):
-        return route_jax_array(x, opts, tg)
-    if isinstance(x, TensorInfo):
-        return decide(x, tg, target, opts)
-    cdef PyObject* p = NULL
-    try:
-        info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p, None,
-                       _refuser(tg, (<int>opts.flags)))
-    except NotDescribableError as exc:
-        return route_numpy_copy(exc.with_traceback(None), tg, target, opts)
-    except DLInspectError as exc:
-        return failed(exc, target)
-    Py_XDECREF(p)   # released unconsumed (a bare capsule stays the caller's)
-    return decide(info, tg, target, opts, x)

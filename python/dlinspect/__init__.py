@@ -17,7 +17,6 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, LoaderReport, Route, TensorInfo, explain, peek, plan, to_host, to_jax
 from ._tables import DLDataType, DLDataTypeCode, DLDeviceType, Need
-from . import _jaxcaps  # noqa: F401  (hands the core what builds its JaxTarget)
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from ._stack import stack
 from . import testing

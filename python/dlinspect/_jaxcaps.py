@@ -14,19 +14,16 @@ import functools
 import importlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._core import JaxTarget, aligned_empty, capsule_of, first_line, header_capsule, import_capsule
-from ._core import set_target, set_target_builder, stream_of, warn
 from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
 from ._tables import dldtype_from_numpy, dtype_name, numpy_dtype
-from ._words import narrowing_text
+from ._words import first_line, narrowing_text
 
-__all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
+__all__ = ["CoreTools", "JaxCaps", "SYMBOLS"]
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
@@ -144,6 +141,19 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
     return adapted, status._replace(reason=f"{how}: {missing} not passed")
 
 
+class CoreTools(NamedTuple):
+    """What the probes use of the core, handed over by the core that builds its
+    :class:`JaxCaps` (this module imports nothing of it)."""
+
+    JaxTarget: Any
+    aligned_empty: Any
+    capsule_of: Any
+    header_capsule: Any
+    import_capsule: Any
+    stream_of: Any
+    warn: Any
+
+
 class _X64Flag:
     """``.value`` is ``jax.config.jax_enable_x64`` (for jax without the State object)."""
 
@@ -158,8 +168,13 @@ class JaxCaps:
     public API) and ``direct_reason`` (which, or why), ``symbols`` (what each entry of
     :data:`SYMBOLS` resolved to, by name)."""
 
-    def __init__(self) -> None:
-        import jax
+    def __init__(self, core: CoreTools) -> None:
+        try:
+            import jax
+        except ImportError as exc:
+            raise ImportError("dlinspect's JAX routes need jax, which is not installed "
+                              "here; install it with: pip install 'dlinspect[jax]'") from exc
+        self.core = core
         self.jax, self.jnp = jax, jax.numpy
         resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
         self.symbols = {name: status for name, (_, status) in resolved.items()}
@@ -182,7 +197,6 @@ class JaxCaps:
         self.array_type = type(jax.numpy.zeros(()))
 
     def _set_direct(self, force_public: bool, why: str) -> None:
-        set_target(None)   # rebuilt with the import function chosen here
         status = self.symbols["import"]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
@@ -212,10 +226,10 @@ class JaxCaps:
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
-        return stream_of(device_type, self.devices.get((device_type, device_id)))
+        return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
-        return import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
+        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
@@ -223,15 +237,16 @@ class JaxCaps:
         below XLA:CPU's MIN_ALIGN, whatever the importer takes)."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
-        return _first_viewed(lambda buf: self._import(capsule_of(buf), False)) or 4096
+        return _first_viewed(self.core.aligned_empty,
+                             lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
 
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
         """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
-        buf = aligned_empty((6,), np.float32, alignment=256)
+        buf = self.core.aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
         want = np.asarray(want, np.float32)
         try:
-            arr = self._import(header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
+            arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
             checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
                 lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
@@ -243,10 +258,10 @@ class JaxCaps:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
         if bits == 0:
             return "a 0-bit type holds no data"
-        buf = aligned_empty((64,), np.uint8, alignment=256)
+        buf = self.core.aligned_empty((64,), np.uint8, alignment=256)
         buf[:] = 0
         try:
-            self._import(header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
+            self._import(self.core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
             return first_line(exc, False)
         return None
@@ -301,12 +316,12 @@ class JaxCaps:
     def target(self) -> Any:
         """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
         if self._target is None:
-            self._target = JaxTarget(
+            self._target = self.core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
+                narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
                 array_type=self.array_type,
                 # a permuted order (2x3 stored column-major) kept committed, as the route leaves
                 # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
@@ -316,7 +331,6 @@ class JaxCaps:
                 unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
                 assemble=self._assembler(), uncommit=self._uncommitter(),
                 row_major=_row_major, **self._put())
-            set_target(self._target)
         return self._target
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
@@ -351,8 +365,9 @@ class JaxCaps:
         def view(buf: np.ndarray) -> Any:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], False)
 
+        empty = self.core.aligned_empty
         align = self._probe("batched_put", lambda: _puts_as_device_put(
-            self.jax, put, self._make_aval, single, dev) and _first_viewed(view))
+            self.jax, empty, put, self._make_aval, single, dev) and _first_viewed(empty, view))
         if align is None:
             return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
@@ -380,9 +395,9 @@ class JaxCaps:
             return handler(arr.shape, arr.dtype, arr.sharding)([arr]) if arr._committed else arr
 
         def probe() -> bool:   # the same memory and values, uncommitted
-            buf = aligned_empty((4,), np.float32, alignment=256)
+            buf = self.core.aligned_empty((4,), np.float32, alignment=256)
             buf[:] = [1, 2, 3, 4]
-            arr = self._import(capsule_of(buf))
+            arr = self._import(self.core.capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
                     and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
@@ -434,24 +449,25 @@ def _row_major(arr: Any) -> bool:
     return tuple(order) == tuple(range(len(order)))
 
 
-def _first_viewed(view: Callable[[np.ndarray], Any]) -> int | None:
+def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
     """The least of ALIGNMENTS at which ``view(buf)`` (JAX's import of it, or put) gives an
     array over ``buf`` itself, one-byte elements that many bytes past a boundary of twice as
     many; None if none. Viewed means the same pointer: jaxlib copies what it cannot view,
     silently; an importer that refuses the memory raises."""
     with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
         for align in ALIGNMENTS:
-            buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+            buf = empty((64,), np.uint8, alignment=2 * align, offset=align)
             with contextlib.suppress(Exception):
                 if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
                     return align
     return None
 
 
-def _puts_as_device_put(jax: Any, put: Any, make_aval: Any, single: Any, dev: Any) -> bool:
+def _puts_as_device_put(jax: Any, empty: Any, put: Any, make_aval: Any, single: Any,
+                        dev: Any) -> bool:
     """Whether jaxlib's batched ``put`` gives the array ``jax.device_put`` gives (abstract
     value, sharding, values), committed only when asked."""
-    x = aligned_empty((2, 3), np.float32, alignment=256)
+    x = empty((2, 3), np.float32, alignment=256)
     x[...] = [[1, 2, 3], [4, 5, 6]]
     ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
     theirs = jax.device_put(x, dev)
@@ -490,37 +506,3 @@ class _CapsuleProducer(NamedTuple):
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device
-
-
-_caps: JaxCaps | None = None
-_caps_lock = threading.Lock()
-
-
-def caps() -> JaxCaps:
-    """The process-wide :class:`JaxCaps` (imports jax on first call; ImportError with the
-    install command where jax is not installed)."""
-    global _caps
-    with _caps_lock:
-        if _caps is None:
-            try:
-                import jax  # noqa: F401
-            except ImportError as exc:
-                raise ImportError("dlinspect's JAX routes need jax, which is not installed "
-                                  "here; install it with: pip install 'dlinspect[jax]'") from exc
-            _caps = JaxCaps()
-    return _caps
-
-
-def target() -> Any:
-    """The process-wide :class:`~dlinspect._core.JaxTarget` (as :func:`caps`)."""
-    c = _caps if _caps is not None else caps()
-    return c._target if c._target is not None else c.target
-
-
-def force_public_api(on: bool = True) -> None:
-    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
-    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
-    caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
-
-
-set_target_builder(target)   # the core builds its JaxTarget with this

@@ -105,7 +105,7 @@ class PrefetchLoader:
         bar = _progress_bar(self.source) if self._progress else None
         self.report = self.report._next_epoch()
         guard = ReuseGuard(self.reuse, self.options, self.report, protect=True)
-        from ._jaxcaps import target
+        from ._core import jax_target as target
         # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
         x64 = bool(target().x64.value)
         return _epoch(guard.watch(it), guard, bar, self.size, self.thread, x64)
@@ -311,7 +311,7 @@ class _Worker(threading.Thread):
         return False
 
     def run(self) -> None:
-        from ._jaxcaps import target
+        from ._core import jax_target as target
         context = target().x64_context
         try:
             with context(self.x64) if context is not None else contextlib.nullcontext():

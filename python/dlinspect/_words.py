@@ -31,7 +31,14 @@ from .errors import (
 
 __all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain_one",
            "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
-           "name_leaf", "INSTALL_JAX"]
+           "name_leaf", "INSTALL_JAX", "first_line"]
+
+def first_line(exc: BaseException, typed: bool = True) -> str:
+    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
+    text = str(exc)
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if typed else line
+
 
 def into_call(into: str) -> str:
     """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,

@@ -42,7 +42,8 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     import numpy as np
 
     import dlinspect
-    from dlinspect._core import aligned_empty, first_line, header_capsule
+    from dlinspect._core import aligned_empty, header_capsule, jax_caps
+    from dlinspect._words import first_line
     from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
 
@@ -56,8 +57,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             jax = None
     report["jax"] = None
     if jax is not None:
-        from dlinspect._jaxcaps import caps
-        c = caps()
+        c = jax_caps()
         target = c.target   # built: its probes say which private symbols are used
         report["jax"] = {
             "platforms": sorted({d.platform for d in jax.devices()}),

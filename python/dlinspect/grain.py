@@ -154,7 +154,7 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
                           device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
-    from ._jaxcaps import target
+    from ._core import jax_target as target
     to_jax = _ToJax(opts, reuse, target(), bool(device_buffer_size))
     ds = ds.map(to_jax)
     if device_buffer_size:
@@ -200,7 +200,7 @@ class _ToJax:
 
 def _move(out: Any, device: Any) -> Any:
     """``out`` with every jax.Array leaf on ``device`` (those elsewhere device_put there)."""
-    from ._jaxcaps import target
+    from ._core import jax_target as target
     from ._tree import flatten
     tg, flat = target(), flatten(out)
     moved = [tg.jax.device_put(x, device) if isinstance(x, tg.array_type) and x.devices() != {device}
