@@ -1,14 +1,9 @@
 # cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
 """dlinspect._core: the one export, the header, the one decision, the fast path.
 
-One concern per included file, in the order of the includes at the bottom (each file's
-head says what it holds). Below the core stand only dlinspect.errors, _options and _tree
-(imported here), and dlinspect._tables (the rows of the core's tables) and _words (a
-route's and an error's words), which import nothing of the core. The core never reaches
-up: dlinspect._jaxcaps hands over its builder of the JaxTarget (set_target_builder).
-
-Pointer names: ``dlm`` is a ``DLManagedTensor*``, ``dlm_ver`` a
-``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
+One concern per included file, in the order of the includes below. Below the core stand
+only dlinspect.errors, _options, _tree, _tables and _words; it never reaches up. Pointers:
+``dlm`` a ``DLManagedTensor*``, ``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` a ``DLTensor*``.
 """
 
 cimport cython
