@@ -9,7 +9,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
     uint64_t DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
     uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
-    # (DLDeviceType, DLDataTypeCode, DLDataType are dlinspect._tables'; the C types: c_)
+    # DLDeviceType, DLDataTypeCode and DLDataType are dlinspect._tables'; the C ones take c_.
     ctypedef enum c_DLDeviceType "DLDeviceType":
         kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM, kDLROCMHost
         kDLExtDev, kDLCUDAManaged, kDLOneAPI, kDLWebGPU, kDLHexagon, kDLMAIA, kDLTrn
