@@ -1,14 +1,11 @@
 # cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
 """dlinspect._core: the one export, the header, the one decision, the fast path.
 
-One concern per included file, in the order of the includes at the bottom (each file's
-head says what it holds). Below the core stand dlinspect.errors, _options, _tree, _tables
-(the rows of the core's tables), _words (a route's and an error's words) and _jaxcaps (what
-the installed JAX takes, probed with the core's capsules, which the core hands it as
-arguments): the core imports them, and they import nothing of it.
-
-Pointer names: ``dlm`` is a ``DLManagedTensor*``, ``dlm_ver`` a
-``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
+One concern per included file, in the order of the includes below. Below the core stand
+dlinspect.errors, _options, _tree, _tables, _words and _jaxcaps (what the installed JAX
+takes, probed with the core's capsule functions, handed to it as arguments); they import
+nothing of the core, and it never reaches up. Pointers: ``dlm`` a ``DLManagedTensor*``,
+``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` a ``DLTensor*``.
 """
 
 cimport cython

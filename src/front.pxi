@@ -1,14 +1,10 @@
-# front.pxi: the front doors, to_jax, plan and to_host, and the JaxTarget they read. A
-# call with no option enters the fast path at once; a batch goes to the one batch engine
-# (batch.pxi); a tensor is decided and executed (execute.pxi). A failed route leaves a
-# caller's capsule unconsumed; in a batch, every leaf is decided before any is consumed.
+# front.pxi: the front doors (to_jax, plan, explain, to_host) and the JaxTarget they read.
 
 import threading as _threading
 from dlinspect import _jaxcaps, _tree
 from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 
-# The defaults of to_jax's string options, compared by identity on the hot path (an
-# equal string that is another object takes the checked way, with the same result).
+# to_jax's string defaults, compared by identity on the hot path (an equal string: checked).
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
 cdef object _TARGET = None
@@ -35,7 +31,7 @@ def jax_target():
 
 
 def set_target(tg):
-    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use)."""
+    """Make ``tg`` the JaxTarget every route reads (None: built again on next use)."""
     global _TARGET
     _TARGET = tg
 
@@ -287,7 +283,6 @@ cdef object _plan_one(x, tg, str target, opts):
 
 
 cdef bint _one_place(opts, JaxTarget tg) except -1:
-    """No sharding, or one sharding (not a pytree of them) for the whole input."""
     return (opts.sharding is None or tg is None
             or isinstance(opts.sharding, tg.jax.sharding.Sharding))
 
@@ -316,17 +311,14 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
 
 
 def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
-    """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
-    (what the loaders hold and hand over for every batch); ``report``: a loader's
-    :class:`LoaderReport`, which counts the batch once it is converted."""
+    """:func:`to_jax` with its options one ``Options`` (the loaders'); ``report`` counts it."""
     if tg is None:
         tg = _TARGET if _TARGET is not None else _jax_target()
     return _convert(x, tg, opts, opts.flags, report)
 
 
 cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
-    """The one engine's entry: a lone tensor is the one-leaf case, by the fast path (which
-    allocates nothing more); anything else a batch (a container, or a leaf kept as it is)."""
+    """The one engine's entry: a lone tensor by the fast path, anything else as a batch."""
     tp = type(x)
     if (tp is dict or tp is list or tp is tuple or report is not None
             or flags & _OPT_PLACED and opts.sharding is not None or not _is_tensor(x)):
