@@ -165,7 +165,7 @@ class JaxTarget:
     platforms: frozenset[str]
     warn: Callable[[str], None]
     stream_for: Callable[[int, int], int | None]
-    array_type: type
+    array_type: type[Any]
     permuted_ok: bool
     unit_strides_ok: bool
     assemble: Callable[..., Any]

@@ -1,10 +1,6 @@
-"""What the installed JAX takes, found out once: the input of the one decision.
-
-Nothing here is frozen for one JAX version: the DLDeviceType-to-platform map comes from
-jax's own ``jax._src.dlpack`` when it has one, the devices from ``jax.local_devices`` (only
-this process's), the CPU alignment and the dtypes from small probes run the first time they
-are needed. Every private JAX/jaxlib symbol dlinspect uses is in one table (:data:`SYMBOLS`),
-each with its public fallback; ``dlinspect doctor`` prints which was used and why.
+"""What the installed JAX takes, found out once (jax's own maps, this process's devices,
+probes run when first needed): the input of the one decision. Every private JAX/jaxlib
+symbol used is in :data:`SYMBOLS` with its public fallback; ``dlinspect doctor`` prints which.
 """
 
 from __future__ import annotations
@@ -36,13 +32,10 @@ _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
 #: alignment, and a computation on memory less aligned than this crashes the process
 #: (measured: float32, int8 and complex64 arrays 1-8 bytes past a 64-byte boundary).
 MIN_ALIGN = 16
-#: The alignments the probes try, in bytes (the first that JAX views in place is used).
 ALIGNMENTS = (MIN_ALIGN, 32, 64, 128, 256)
 
 
 class Symbol(NamedTuple):
-    """One private JAX/jaxlib symbol dlinspect may use, and what it does without it."""
-
     purpose: str
     candidates: tuple[str, ...]   # "module.attribute", tried in order
     fallback: str                 # what is used when none is found
@@ -51,7 +44,6 @@ class Symbol(NamedTuple):
 # jaxlib's extension module, by its newer and its older name.
 _JAXLIB = ("jax._src.lib._jax.", "jax._src.lib.xla_client._xla.")
 
-#: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback, by name.
 SYMBOLS: dict[str, Symbol] = {
     "import": Symbol(
         "DLPack import (the fast path)",
@@ -90,8 +82,6 @@ SYMBOLS: dict[str, Symbol] = {
 
 
 class SymbolStatus(NamedTuple):
-    """What :data:`SYMBOLS` resolved to here (one row of ``dlinspect doctor``)."""
-
     purpose: str
     found: str | None    # "module.attribute" in use, or None
     reason: str          # why it is or is not used
@@ -122,10 +112,8 @@ _IMPORT_SIGNATURES = (
 
 
 def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] | None, SymbolStatus]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and what
-    ``dlinspect doctor`` says of it. Arguments a jaxlib does not take are left out: without
-    ``copy`` a misaligned import may copy silently, which is why the alignment probe checks
-    pointers."""
+    """A 5-argument import function over jaxlib's ``fn``, or None. Without ``copy`` a
+    misaligned import may copy silently: the alignment probe checks pointers."""
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
     names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
     if names is None:
@@ -161,12 +149,8 @@ class _X64Flag:
 
 
 class JaxCaps:
-    """Finds out what the installed JAX takes and builds its :class:`~dlinspect._core.JaxTarget`
-    (one instance per process); what ``dlinspect doctor`` reports comes from here too:
-    ``mapping`` (``DLDeviceType`` value to platform, as jax maps them), ``platforms`` (those
-    this process addresses), ``direct`` (jaxlib's own import function is used, else the
-    public API) and ``direct_reason`` (which, or why), ``symbols`` (what each entry of
-    :data:`SYMBOLS` resolved to, by name)."""
+    """Builds the process's JaxTarget; ``dlinspect doctor`` reads ``mapping``, ``platforms``,
+    ``direct`` (jaxlib's import, else the public API), ``direct_reason`` and ``symbols``."""
 
     def __init__(self, core: CoreTools) -> None:
         try:
@@ -184,7 +168,6 @@ class JaxCaps:
                         for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._x64_state = x64_state
-        self._target: Any = None
         self._direct_fn: Callable[..., Any] | None = None
         if import_fn is not None:
             self._direct_fn, self.symbols["import"] = _import_adapter(import_fn,
@@ -201,14 +184,12 @@ class JaxCaps:
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
                               else why if force_public else status.reason)
-        self._target = None
+        self._target: Any = None
 
     def _note(self, name: str, found: str | None, reason: str) -> None:
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
-        """``(device_type, device_id) -> jax.Device`` for this process's devices, the CPU
-        ones' keys, the platforms."""
         devices: dict[tuple[int, int], Any] = {}
         platforms: set[str] = set()
         for platform in sorted(set(self.mapping.values())):
@@ -225,7 +206,6 @@ class JaxCaps:
         return devices, cpu_keys, platforms
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
-        """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
@@ -233,8 +213,7 @@ class JaxCaps:
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
-        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy (never
-        below XLA:CPU's MIN_ALIGN, whatever the importer takes)."""
+        """Never below MIN_ALIGN, whatever the importer takes."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
         return _first_viewed(self.core.aligned_empty,
@@ -267,8 +246,7 @@ class JaxCaps:
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
-        """None if JAX holds a NumPy (ml_dtypes) array of dtype ``(code, bits)``
-        (``jax.device_put``); else the reason."""
+        """None if ``jax.device_put`` takes a NumPy (ml_dtypes) array of it; else the reason."""
         dtype = numpy_dtype(code, bits)
         if code == int(Code.kDLOpaqueHandle):
             return "an opaque handle holds no values that an array dtype describes"
@@ -283,8 +261,7 @@ class JaxCaps:
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
         """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
-        with x64 off, the DLInspectWarning text). The narrowed dtype is asked of JAX where it
-        has a thread-local x64 state; else it is the dtype table's documented narrowing."""
+        with x64 off, the warning); the dtype table's narrowing where x64 is not thread-local."""
         table = {}
         for (code, bits), row in DTYPES.items():
             if row.x64_narrow is None:
@@ -303,7 +280,6 @@ class JaxCaps:
 
     @property
     def import_fn(self) -> Callable[..., Any]:
-        """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
         return (self.direct and self._direct_fn) or self._public_import
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
@@ -314,7 +290,6 @@ class JaxCaps:
 
     @property
     def target(self) -> Any:
-        """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
         if self._target is None:
             self._target = self.core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
@@ -334,14 +309,12 @@ class JaxCaps:
         return self._target
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
-        """The abstract value of a JAX array; with its sharding where JAX has them (as
-        ``jax.device_put``'s array over a multi-device sharding carries its mesh)."""
+        """With its sharding where JAX has them (as ``jax.device_put``'s carries its mesh)."""
         aval = self._shaped_array(shape, dtype, weak_type=False)
         return aval if sharding is None or self._aval_of is None else self._aval_of(aval, sharding)
 
     def _probe(self, name: str, probe: Callable[[], Any]) -> Any:
-        """What ``probe()`` of ``SYMBOLS[name]`` returns; None where it raises or returns a
-        false value (another signature, another array: not used), its row saying why."""
+        """``probe()``, or None where it raises or is false (its ``symbols`` row says why)."""
         try:
             got = probe()
             why = "it gives another array than the public API, or a copy"
@@ -352,9 +325,8 @@ class JaxCaps:
         return got or None
 
     def _put(self) -> dict[str, Any]:
-        """JaxTarget's batched put and what it needs, where a probe shows it views aligned row-major
-        host memory in place and gives the array ``jax.device_put`` gives (abstract value, sharding;
-        committed only when asked); else ``put=None`` (why: its row of ``symbols``)."""
+        """JaxTarget's batched put, where a probe shows it views aligned host memory in place
+        and gives ``jax.device_put``'s array; else ``put=None``."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
             self._note("batched_put", None, "the public API is forced: jax.device_put puts "
@@ -372,14 +344,11 @@ class JaxCaps:
             return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
                    f"views host memory aligned to {align} bytes")
-        return {"put": put, "put_align": align, "make_aval": self._make_aval,
-                "make_single": single}
+        return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}
 
     def _uncommitter(self) -> Callable[[Any], Any] | None:
-        """``uncommit(array)``: a committed single-device array of the DLPack import as the
-        uncommitted array ``jnp.asarray`` would give (jaxlib's result handler, one per
-        abstract value and sharding, checked by a probe); else None (JaxTarget's default
-        then keeps the array as it is)."""
+        """``uncommit(array)``: a committed array of the DLPack import as the uncommitted one
+        ``jnp.asarray`` gives (jaxlib's result handler, probed); else None."""
         handler_fn, shaped_array = self._handler_fn, self._shaped_array
         if not self.direct:
             self._note("result_handler", None,
@@ -405,10 +374,8 @@ class JaxCaps:
         return uncommit if self._probe("result_handler", probe) else None
 
     def _assembler(self) -> Callable[..., Any]:
-        """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
-        arrays in the order of ``devices`` (``addressable_devices_indices_map``'s): jaxlib's
-        ArrayImpl without its re-check where the order is the sharding's own and a probe gives
-        the public function's array; else the public function."""
+        """``assemble(shape, sharding, devices, arrays)``: jaxlib's ArrayImpl without its re-check
+        where ``devices`` is the sharding's own order and a probe agrees; else the public one."""
         jax, impl, dev = self.jax, self._impl, self._cpu
         public = jax.make_array_from_single_device_arrays
 
@@ -435,8 +402,7 @@ class JaxCaps:
 
 
 def _row_major(arr: Any) -> bool:
-    """A jax.Array is in JAX's default, row-major layout (major-to-minor 0, 1, 2...; what
-    ``jax.device_put`` moves right); True where this JAX does not say (typed key arrays)."""
+    """Row-major, which ``jax.device_put`` moves right; True where JAX does not say (typed keys)."""
     try:
         fmt = arr.format if hasattr(arr, "format") else arr.layout   # (jax < 0.6: .layout)
         layout = getattr(fmt, "layout", None) or fmt.device_local_layout
@@ -450,10 +416,9 @@ def _row_major(arr: Any) -> bool:
 
 
 def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
-    """The least of ALIGNMENTS at which ``view(buf)`` (JAX's import of it, or put) gives an
-    array over ``buf`` itself, one-byte elements that many bytes past a boundary of twice as
-    many; None if none. Viewed means the same pointer: jaxlib copies what it cannot view,
-    silently; an importer that refuses the memory raises."""
+    """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies what it
+    cannot view, silently), ``buf`` (made by ``empty``) that many bytes past a boundary of twice
+    as many; or None."""
     with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
         for align in ALIGNMENTS:
             buf = empty((64,), np.uint8, alignment=2 * align, offset=align)
@@ -465,8 +430,7 @@ def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
 
 def _puts_as_device_put(jax: Any, empty: Any, put: Any, make_aval: Any, single: Any,
                         dev: Any) -> bool:
-    """Whether jaxlib's batched ``put`` gives the array ``jax.device_put`` gives (abstract
-    value, sharding, values), committed only when asked."""
+    """Whether the batched ``put`` gives ``jax.device_put``'s array, committed only when asked."""
     x = empty((2, 3), np.float32, alignment=256)
     x[...] = [[1, 2, 3], [4, 5, 6]]
     ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
@@ -478,8 +442,7 @@ def _puts_as_device_put(jax: Any, empty: Any, put: Any, make_aval: Any, single: 
 
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 to /dev/null for a moment (C++ logging, which Python cannot
-    silence otherwise); restored whatever happens."""
+    """File descriptor 2 to /dev/null for a moment (C++ logging Python cannot silence)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -496,8 +459,6 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 class _CapsuleProducer(NamedTuple):
-    """A capsule dressed as a producer, for the public ``jax.dlpack.from_dlpack``."""
-
     cap: Any
     device: tuple[int, int]
 
