@@ -1,14 +1,11 @@
 # cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
 """dlinspect._core: the one export, the header, the one decision, the fast path.
 
-One concern per included file, in the order of the includes at the bottom (each file's
-head says what it holds). Below the core stand only dlinspect.errors, _options and _tree
-(imported here), and dlinspect._tables (the rows of the core's tables) and _words (a
-route's and an error's words), which import nothing of the core. The core never reaches
-up: dlinspect._jaxcaps hands over its builder of the JaxTarget (set_target_builder).
-
-Pointer names: ``dlm`` is a ``DLManagedTensor*``, ``dlm_ver`` a
-``DLManagedTensorVersioned*``, ``t`` the inner ``DLTensor*``.
+One concern per included file, in the order of the includes below. Below the core stand
+dlinspect.errors, _options, _tree, _tables, _words and _jaxcaps (what the installed JAX
+takes, probed with the core's capsule functions, handed to it as arguments); they import
+nothing of the core, and it never reaches up. Pointers: ``dlm`` a ``DLManagedTensor*``,
+``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` a ``DLTensor*``.
 """
 
 cimport cython
@@ -25,8 +22,8 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS
 from cpython.slice cimport PySlice_AdjustIndices, PySlice_Check, PySlice_Unpack
 from cpython.pythread cimport (
-    NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_release_lock,
-    PyThread_start_new_thread, PyThread_type_lock,
+    NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
+    PyThread_release_lock, PyThread_start_new_thread, PyThread_type_lock,
 )
 from cpython.pycapsule cimport (
     PyCapsule_CheckExact, PyCapsule_GetName, PyCapsule_GetPointer, PyCapsule_IsValid,
@@ -94,6 +91,7 @@ from dlinspect.errors import (
     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedVersionError,
 )
 from dlinspect import _words
+from dlinspect._words import first_line
 import numpy as _np
 from typing import NamedTuple as _NamedTuple
 from numpy import dtype as _np_dtype, empty as _np_empty, ndarray as _np_ndarray

@@ -1,19 +1,13 @@
-# batch.pxi: the one batch engine. Any batch (a plain dict, list or tuple of tensors, a
-# pytree JAX registers, the Mappings and dataclasses dlinspect._tree walks, a pytree of
-# shardings over any of these) becomes one plan: its parts (the whole batch, or each
-# sub-tree under its sharding), one leaf order, one key-path namer. _decide_batch decides
-# every leaf and leaves nothing taken; _run_batch first runs what takes nothing of the
-# caller's, then does everything that can still fail (warnings under the user's filters,
-# every copy's memory), then takes and runs the rest. A new kind of batch is a new way
-# to make parts (_parts), not a new engine.
+# batch.pxi: the one batch engine: any batch is parts (the batch, or each sub-tree under its
+# sharding) whose every leaf is decided before any is taken (_decide_batch), then run
+# (_run_batch). A new kind of batch is a new way to make parts (_parts), not a new engine.
 
 from dlinspect import _tree
 
 
 @cython.final
 cdef class _Part:
-    """One sub-tree of a batch and the options its leaves go with: the whole batch, or,
-    for a pytree of shardings, the sub-tree under one sharding."""
+    """One sub-tree of a batch (the whole batch, or one under a sharding) and its options."""
     cdef object prefix    # the sub-tree's key path in the batch (jax keys; () for the batch)
     cdef object flat      # its dlinspect._tree.Flat, or None: a plain container walked here
     cdef type tp          # (plain container) dict, list or tuple
@@ -43,9 +37,8 @@ cdef class _Part:
 
 
 cdef _Part _part(x, tuple prefix, opts, bint planned):
-    """The part of sub-tree ``x``: a plain dict (keys that sort), list or tuple whose values
-    are all tensors or plain scalars is walked here; anything else by dlinspect._tree
-    (``planned``: every leaf of a list of text a route of its own, as :func:`plan` gives)."""
+    """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
+    here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf)."""
     cdef _Part part = _Part.__new__(_Part)
     part.prefix = prefix
     part.opts = opts
@@ -64,8 +57,7 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
 
 
 cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
-    """``(parts, where)``: the batch's parts, and for a pytree of shardings the tree of
-    part indices in its place (None for one part). The one walker of to_jax and plan."""
+    """``(parts, where)``: the batch's parts and the tree of their indices (None: one part)."""
     sharding = opts.sharding
     if tg is None or not flags & _OPT_PLACED or sharding is None:
         return [_part(x, (), opts, planned)], None
@@ -91,16 +83,13 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
 
 
 cdef object _leaf_options(opts, sharding):
-    """The options of a leaf under ``sharding``: a single-device sharding is its device."""
     if sharding is not None and _is_plain_device(sharding):
         return opts.with_device(next(iter(sharding.device_set)))
     return opts
 
 
 cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
-    """Every leaf of batch ``x`` decided before any is consumed (a leaf whose route fails
-    leaves the others, bare capsules too, as they were), then the plan run; errors name
-    the leaf's key path; ``report`` counts the batch once it is converted."""
+    """Every leaf decided before any is consumed, then the plan run; errors name the leaf."""
     if report is not None:
         report._pending = []   # (what a failed batch noted)
     parts, where = _parts(x, tg, opts, flags)
@@ -125,8 +114,7 @@ cdef object _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and p
 
 
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
-    """The plan: a ``_Leaf`` per tensor leaf (its route None where the fast path imports
-    it); nothing is taken."""
+    """The plan: a ``_Leaf`` per tensor leaf (route None: the fast path's); nothing taken."""
     cdef list plan = []
     cdef set seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
@@ -167,8 +155,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
 
 cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
-    """Every leaf through the fast path's decision; the general route decided for the
-    leaves the fast path cannot take."""
+    """Every leaf through the fast path's decision, the general route for the rest."""
     part.out, decided = _fast_many(part.leaves, tg, part.flags)
     opts = part.opts
     cdef _Leaf leaf
@@ -191,17 +178,13 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                 report._note_route(part.offset + leaf.index, leaf.route, False)
             plan.append(leaf)
     except BaseException:
-        # The exports let go of with the error handled, not pending: a producer's capsule
-        # destructor may run Python code (see _convert).
-        decided = leaf = None
+        decided = leaf = None   # the exports let go of with the error handled (see _convert)
         raise
     return 0
 
 
 cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
-    """Rebuild the containers of a walked batch (a ``dlinspect._tree.Flat``) with a JAX
-    array (a 0-d one) where each leaf of index in ``converted`` stands: ContainerError
-    where a container refuses it (to_jax's and plan's one check)."""
+    """Rebuild the containers with a JAX array per ``converted`` leaf: ContainerError if refused."""
     global _placeholder
     if _placeholder is None or _placeholder[0] is not tg:
         _placeholder = (tg, tg.jax.device_put(_np.float32(0)))
@@ -227,7 +210,7 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
         if not _is_tensor(part.leaves[i]):
             continue
         try:
-            route, cap, info = _decide_leaf(part.leaves[i], tg, part.opts, reuse)
+            route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
@@ -251,9 +234,8 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
 
 
 cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
-    """Run the plan: the routes that take nothing of the caller's first (their failures
-    consume nothing); then everything that can fail in the others (``_prepare``,
-    ``_prepare_copy``), before any of them is taken; then they run."""
+    """Run the plan: routes that take nothing of the caller's first; then everything that can
+    fail in the others (``_prepare``, ``_prepare_copy``) before any is taken; then those."""
     cdef Py_ssize_t i, m, n = len(plan), taking = n
     cdef _Leaf leaf
     cdef _Part part
@@ -300,8 +282,7 @@ cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
 
 
 cdef object _batch_leaf(list parts):
-    """Leaf index (among the batch's) to ``(key path, source, result)``, for a loader's
-    report."""
+    """Leaf index in the batch -> ``(key path, source, result)``, for a loader's report."""
     def leaf(Py_ssize_t i):
         cdef _Part part
         for part in reversed(parts):
@@ -311,9 +292,7 @@ cdef object _batch_leaf(list parts):
     return leaf
 
 
-# Routes whose execution takes nothing of the caller's (a producer's host copy, NumPy's
-# own copy, a jax.Array's device_put): in a batch they run first, so that their
-# failures (a producer's host copy that raises) leave every capsule as it was.
+# Routes that take nothing of the caller's, run first: their failures leave every capsule.
 cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT,
                                            ARRAY_COPY])
 
@@ -330,8 +309,7 @@ cdef int _rank(route):
 
 
 cdef inline bint _tensor_type(v):
-    """``v`` is a tensor by its type alone (a capsule, or a type with ``__dlpack__``, the
-    C exchange API or a row of the producer table): a leaf, never a container."""
+    """A tensor by its type alone (a capsule, or a type that exports): never a container."""
     if PyCapsule_CheckExact(v):
         return True
     cdef _TypeEntry entry = _entry_for(type(v))
@@ -339,9 +317,8 @@ cdef inline bint _tensor_type(v):
 
 
 cdef bint _plain_values(list values, bint text_lists) except -1:
-    """Every value is a tensor, a plain scalar or (``text_lists``) a list or tuple of
-    plain scalars (a batch's string ids): each is then one leaf, kept as it is (a list as
-    a new list, as JAX's walk gives), without a walk into the sequence."""
+    """Every value a tensor, a plain scalar or (``text_lists``) a list or tuple of scalars (a
+    batch's string ids), each one leaf (a list kept as a new list, as JAX's walk gives)."""
     cdef Py_ssize_t i
     for i in range(len(values)):
         v = values[i]
@@ -359,8 +336,7 @@ cdef bint _plain_values(list values, bint text_lists) except -1:
 
 
 cdef list _container_values(x, type tp, list keys):
-    """The values of a plain dict, list or tuple in ``jax.tree_util``'s order (a dict's
-    sorted keys, put in ``keys``); None where a dict's keys do not sort (_tree walks it)."""
+    """The values in JAX's order (``keys``: a dict's, sorted); None where keys do not sort."""
     if tp is dict:
         keys.extend(<dict>x)
         try:

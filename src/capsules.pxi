@@ -1,6 +1,5 @@
-# capsules.pxi: capsules dlinspect owns (host views, the test factory, the
-# versioned->legacy adapter, aligned copies) and HostOwner, which owns a consumed
-# tensor. Nothing here calls a producer.
+# capsules.pxi: capsules dlinspect owns (host views, the test factory, the versioned->legacy
+# adapter) and HostOwner, which owns a consumed tensor. Nothing here calls a producer.
 
 cdef void _owned_capsule_destructor(object cap) noexcept:
     # Called with the GIL held. Frees the tensor only while nobody consumed it.
@@ -11,8 +10,7 @@ cdef void _owned_capsule_destructor(object cap) noexcept:
 
 
 cdef void _delete(DLManagedTensor* dlm, DLManagedTensorVersioned* dlm_ver) noexcept:
-    # Runs the deleters given; an error pending meanwhile is set aside (a producer's
-    # deleter may run Python code).
+    # A pending error is set aside meanwhile: a producer's deleter may run Python code.
     cdef PyObject *err_type, *err_value, *err_tb
     PyErr_Fetch(&err_type, &err_value, &err_tb)
     if dlm != NULL and dlm.deleter != NULL:
@@ -37,8 +35,7 @@ cdef class DeleterCounter:
 
 
 cdef class _Held:
-    """What a capsule of ``_make_capsule`` keeps until its deleter runs: its data (the
-    buffer viewed, where it gave the address) and the counter that deleter bumps."""
+    """What a ``_make_capsule`` capsule keeps until its deleter runs: data, view, counter."""
     cdef object data, counter
     cdef Py_buffer view
 
@@ -65,11 +62,8 @@ cdef void _own_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
 
 cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flags,
                      bint versioned=True, const char* name=NULL):
-    """The one way dlinspect builds a capsule of its own: a new DLManagedTensorVersioned
-    (a legacy DLManagedTensor where not ``versioned``) of header ``t`` and ``flags``, its
-    ``n`` extents and strides (unless NULL) copied into the same block, named ``name`` or
-    by its kind; its deleter drops the reference to ``keep`` taken here. MemoryError with
-    nothing leaked."""
+    """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
+    block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
     cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
     cdef size_t size = head + 2 * <size_t>n * sizeof(int64_t) + 1
     cdef char* block = <char*>malloc(size)
@@ -199,11 +193,7 @@ cdef str _type_name(object obj):
 
 
 def capsule_of(arr, bint read_only=False):
-    """A "dltensor_versioned" capsule viewing host array ``arr`` (kept alive by it) on
-    ``(kDLCPU, 0)``, owning the view until a consumer renames it; ``read_only`` sets the
-    READ_ONLY flag. ValueError (saying why) where DLPack cannot describe ``arr`` exactly
-    (``_numpy_form``); ml_dtypes dtypes, which ``ndarray.__dlpack__`` refuses, are
-    described (sub-byte ones, one element per byte, flagged IS_SUBBYTE_TYPE_PADDED)."""
+    """A versioned capsule viewing ``arr`` (ml_dtypes too), or ValueError saying why not."""
     form, why = _numpy_form(arr)
     if form != NP_EXACT:
         raise ValueError(f"DLPack cannot describe this array exactly: {why}")
@@ -215,9 +205,8 @@ def capsule_of(arr, bint read_only=False):
     cdef int32_t i, ndim = arr.ndim
     cdef int64_t row = 1
     item = arr.itemsize
-    # An axis of extent 1 may carry any stride (NumPy gives some 0); the header gets the
-    # row-major one, from which JAX infers the row-major layout (jaxlib 0.4.30 takes a
-    # stride-0 axis for the minor one: a layout its own jit then refuses).
+    # An extent-1 axis may carry any stride (NumPy gives some 0): the header gets the row-major
+    # one (jaxlib 0.4.30 takes a stride-0 axis for the minor one, a layout its jit refuses).
     for i in range(ndim - 1, -1, -1):
         shape[i], stride = arr.shape[i], arr.strides[i]
         if shape[i] <= 1:
@@ -232,11 +221,8 @@ def capsule_of(arr, bint read_only=False):
 
 
 def numpy_capsule(arr, refusal=None):
-    """A capsule over NumPy array ``arr`` where DLPack describes it exactly (read-only
-    arrays flagged: what stands in for NumPy's refused export, ml_dtypes dtypes and
-    read-only arrays on NumPy < 2.1); else the error the export raises for such an array
-    (NotDescribableError, NotNumericError, UnsupportedDTypeError), chained to NumPy's
-    ``refusal`` where DLPack has no code for the dtype."""
+    """A capsule standing in for NumPy's refused export (ml_dtypes; read-only on NumPy < 2.1),
+    or the export's error for ``arr`` (chained to ``refusal`` where DLPack has no code)."""
     form, why = _numpy_form(arr)
     if form == NP_EXACT:
         return capsule_of(arr, not arr.flags.writeable)
@@ -261,8 +247,7 @@ def numpy_capsule(arr, refusal=None):
 
 
 def view_capsule(owner, TensorInfo info):
-    """A "dltensor_versioned" capsule over memory ``owner`` keeps alive, as ``info``
-    describes it (a slice of the owner's tensor: ``TensorInfo.sliced``), flags kept."""
+    """A "dltensor_versioned" capsule over ``owner``'s memory as ``info`` (a slice) says it."""
     cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type,
                                                             info._cap_dev_id),
                                info.ndim, c_DLDataType(info._code, info._bits, info._lanes),
@@ -273,9 +258,7 @@ def view_capsule(owner, TensorInfo info):
 
 def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits, int lanes,
                    int device_type=kDLCPU, int device_id=0, uint64_t flags=0):
-    """A "dltensor_versioned" capsule with the header given, over memory ``owner`` keeps
-    alive: for dlinspect's own probes of what JAX takes (a forged dtype, a permuted
-    layout, another device type). ``shape`` and ``strides`` in elements."""
+    """A "dltensor_versioned" capsule of the header given (in elements) over ``owner``'s memory."""
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise ValueError("shape and strides of one length, at most MAX_NDIM")
     return _make_capsule(owner, address, shape, None, strides, code, bits, lanes, device_type,
@@ -299,10 +282,9 @@ cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
 cpdef object import_capsule(object import_fn, object cap, object device, object stream,
                             object copy, int dl_device_type):
     """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
-    zero-copy "dltensor" adapter, which consumes it (renamed ``used_dltensor_versioned``: the
-    adapter's deleter calls the versioned one exactly once). jaxlib renames a capsule only on
-    success: on failure ``cap`` gets its name back and owns the tensor again, and the
-    unconsumed adapter frees only itself."""
+    zero-copy adapter that consumes it (its deleter calls the versioned one exactly once).
+    jaxlib renames a capsule only on success: on failure ``cap`` gets its name back and owns
+    the tensor again, the unconsumed adapter freeing only itself."""
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
@@ -335,8 +317,7 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
 # ---- host views: keep a consumed tensor alive behind a NumPy array ----------
 
 cdef class HostOwner:
-    """Owns one consumed DLPack tensor (its deleter runs when this object dies): the base
-    of the NumPy arrays over its memory (put.pxi, ``_ndarray``)."""
+    """Owns one consumed tensor (its deleter runs when this dies): the base of views over it."""
     cdef DLManagedTensor* dlm
     cdef DLManagedTensorVersioned* dlm_ver
 
@@ -360,8 +341,7 @@ def take(cap):
 
 
 cdef int _untake(HostOwner owner, object cap) except -1:
-    """Undo :func:`take` after the step it was for failed: ``cap`` gets its name back and
-    owns the tensor again; ``owner`` then owns nothing (its death runs no deleter)."""
+    """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``owner`` nothing."""
     if owner.dlm_ver != NULL:
         owner.dlm_ver = NULL
         PyCapsule_SetName(cap, VERSIONED)

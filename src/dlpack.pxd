@@ -9,8 +9,7 @@ cdef extern from "dlinspect/dlpack.h" nogil:
     uint64_t DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
     uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
-    # The Python-level names DLDeviceType, DLDataTypeCode and DLDataType are
-    # dlinspect._tables' enums and named tuple; the C types take a c_ prefix here.
+    # DLDeviceType, DLDataTypeCode and DLDataType are dlinspect._tables'; the C ones take c_.
     ctypedef enum c_DLDeviceType "DLDeviceType":
         kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM, kDLROCMHost
         kDLExtDev, kDLCUDAManaged, kDLOneAPI, kDLWebGPU, kDLHexagon, kDLMAIA, kDLTrn

@@ -1,32 +1,29 @@
-# execute.pxi: the executors that carry out the route routes.pxi decides. One decision,
-# executed once: a tensor is exported once and its needs computed once (the fast path
-# imports it right there when nothing is needed); otherwise the same export and needs
-# become a Route and the executor of its action carries it out, one function per action
-# (EXECUTORS, HOST_EXECUTORS). No executor calls to_jax or exports the caller's tensor
-# again. A failed route leaves a caller's capsule unconsumed.
+# execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
+# the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
-cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
-    """One tensor's route into JAX, its (unconsumed) export and its header. ``reuse``
-    (a batch bound for a sharding): a split decided before for the same header and
-    sharding is given instead of a route (``_SplitViews``), and a new one is kept."""
+cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
+    """The decide half for one tensor (to_jax's, to_host's, plan's): its route to ``target``,
+    its export (unconsumed) and header; ``reuse``: a split decided before for this header
+    and sharding is given as ``_SplitViews``, a new one kept."""
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        if entry.guard == GUARD_JAX:
+        if entry.guard == GUARD_JAX and tg is not None:
             return route_jax_array(x, opts, tg), None, None
     cdef PyObject* p = NULL
     cdef int flags = opts.flags
     try:
-        info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
+        info = _export(x, MODE_TAKE, None if tg is None else (<JaxTarget>tg).stream_for, &p,
+                       entry, _refuser(tg, flags))
     except NotDescribableError as exc:
-        return route_numpy_copy(exc, tg, "jax", opts), None, None
+        return route_numpy_copy(exc.with_traceback(None), tg, target, opts), None, None
     cap = _take_ref(p)
     try:
         if reuse:
             seen = _split_seen(info, opts.sharding, flags, tg)
             if seen is not None:
                 return seen, cap, info
-        route = decide(info, tg, "jax", opts, x)
+        route = decide(info, tg, target, opts, x)
         if reuse:
             _remember_split(route, info, flags, tg)
         return route, cap, info
@@ -36,11 +33,8 @@ cdef tuple _decide_leaf(x, JaxTarget tg, opts, bint reuse=False):
 
 
 cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=False):
-    """Carry out ``route``, ``_prepare``d first unless a batch's decide half did
-    (``prepared``): its narrowing warning before anything is consumed, so ``-W error``
-    leaves a caller's capsule as it was. A tensor's new array is committed exactly where the
-    caller named a device or a sharding, as ``jax.device_put`` commits; otherwise
-    uncommitted, as ``jnp.asarray``'s (put.pxi)."""
+    """Carry out ``route``, ``_prepare``d first unless a batch did (``prepared``); a new
+    array is committed only where a device or a sharding was named (put.pxi)."""
     if not prepared:
         _prepare(route, tg)
     action = route.action
@@ -50,18 +44,14 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=Fals
     return out
 
 
-# The actions that make a new array of a tensor's values (not a jax.Array's, which is
-# returned or moved as it is; not a sharded one, always placed; not a producer's host
-# copy, whose own route decides).
+# The actions that make a new array of a tensor's values (uncommitted where not placed).
 cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT,
                                        NUMPY_COPY])
 
 
 cdef int _prepare(Route route, JaxTarget tg) except -1:
-    """What can fail in executing ``route``, done before anything is taken (in a batch,
-    once every leaf is decided): its narrowing warning given (the user's filters may make
-    it an exception) and a copy's memory allocated (AllocationError). A producer's host
-    copy, which takes nothing of the caller's, warns once the copy is in hand."""
+    """Before anything is taken, what can fail: the narrowing warning (a filter may raise it)
+    and a copy's memory (AllocationError); a producer's host copy warns once it is in hand."""
     action = route.action
     if action is PRODUCER_COPY or action is RAISE:
         return 0
@@ -80,9 +70,8 @@ cdef int _raise_route(Route route) except -1:
 
 
 def repeated_capsule(list leaves, set seen=None):
-    """The index of the first leaf that is a DLPack capsule already met earlier in
-    ``leaves`` (the same object twice: a capsule is consumed exactly once), or -1.
-    ``seen``: ids of capsules met before ``leaves`` (earlier sub-trees), updated."""
+    """The index of the first leaf that is a capsule met before (in ``leaves``, or by id in
+    ``seen``, earlier sub-trees', updated), or -1: a capsule is consumed exactly once."""
     cdef Py_ssize_t i
     for i in range(len(leaves)):
         leaf = leaves[i]
@@ -96,7 +85,6 @@ def repeated_capsule(list leaves, set seen=None):
 
 
 def repeated_capsule_error():
-    """The error for a capsule that is a second leaf of its batch."""
     return CapsuleConsumedError(
         "this DLPack capsule is also an earlier leaf of the batch (the same object twice), "
         "and a capsule is consumed exactly once, so converting it twice could only fail "
@@ -116,9 +104,7 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
-    """One copy of host memory into ``_copy_memory`` (a batch's, made by ``_prepare``), in
-    one pass in C without the GIL (vector lanes: by NumPy), imported without a second
-    copy; the source is taken before it is read and freed right after."""
+    """One copy in C, no GIL (lanes: NumPy), into ``_prepare``'s memory; the source taken first."""
     cdef TensorInfo info = route.info
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out = route._out if route._out is not None else _copy_memory(route, tg)
@@ -130,9 +116,7 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
 
 
 cdef object _copy_memory(Route route, JaxTarget tg):
-    """The memory a HOST_COPY route copies into (aligned, row-major, in the dtype JAX
-    narrows to where it does; vector lanes a trailing axis), allocated before anything is
-    taken: AllocationError where it cannot be."""
+    """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
     if info._lanes != 1 or info._bits % 8:
@@ -143,16 +127,13 @@ cdef object _copy_memory(Route route, JaxTarget tg):
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
-    """Host memory viewed through NumPy (vector lanes as a trailing axis), imported."""
     return _finish(tg, _put_host(tg, _host_view(cap, route.info), route.import_device,
                                  (<int>opts.flags) & _OPT_PLACED), route)
 
 
 def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
-    """A new empty array; the capsule is taken and freed (nothing of it is used).
-    jaxlib's put of an empty NumPy array (``jax.device_put``'s), not ``jnp.zeros``: that
-    compiles a fill, and XLA:CPU aborts the process compiling one for float6 (jaxlib
-    0.12.0.1), a dtype ``jax.device_put`` takes."""
+    """A new empty array put as ``jax.device_put`` puts one: ``jnp.zeros`` compiles a fill,
+    and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1)."""
     cdef TensorInfo info = route.info
     take(cap)
     dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
@@ -161,10 +142,7 @@ def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
-    """No JAX device for the memory: one copy by the producer into aligned host memory
-    dlinspect allocates, which JAX views (where the producer table says how); else
-    the producer's host copy (one copy where it is memory JAX can view, two where it
-    is not), routed with its own header, which is in hand."""
+    """No JAX device for it: the producer's copy into memory JAX views, else its host copy."""
     del cap   # the device capsule is not needed: its producer frees it now
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out, tried = _copy_into_host(route, x, tg.copy_align)
@@ -174,8 +152,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
         arr = _put_host(tg, out, src, placed)
         return arr if src == dest or placed else tg.uncommit(tg.jax.device_put(arr, dest))
     host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
-    # The narrowing warning is for the caller's tensor, given once the host copy is in
-    # hand (a failed host copy raises its own error, not the warning).
+    # (the caller's narrowing warning, once the copy is in hand: see _prepare)
     if route.warning is not None:
         warn(route.warning)
     quiet = opts.quiet(route.jax_device)
@@ -190,33 +167,26 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
-    """A dtype JAX holds but does not import (int4...): a NumPy array of dlinspect's own
-    (unpacked where packed), put into JAX as ``jax.device_put`` puts it (which copies
-    these dtypes): the producer's memory is freed here, not when jaxlib lets go of it."""
+    """A dtype JAX holds but does not import: a NumPy copy put by JAX (the source freed here)."""
     host = (_unpack_subbyte(cap, route.info) if route._needs & NEED_PACKED
             else _np.array(_host_view(cap, route.info)))
     return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
 
 
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
-    """NumPy memory DLPack cannot describe: one copy by NumPy into native, C-ordered,
-    aligned memory (narrowed where JAX narrows), which JAX views; under a multi-device
-    sharding, that copy is then split as any host array is."""
+    """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
     narrow = route.facts.get("narrow")
     host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
                         tg.copy_align)
     if "spread" in route.facts:
-        inner, inner_cap, _ = _decide_leaf(host, tg, opts)
+        inner, inner_cap, _ = _decide_leaf(host, tg, "jax", opts)
         return _execute(inner, inner_cap, host, tg, opts)
     return _finish(tg, _put_host(tg, host, route.import_device,
                                  (<int>opts.flags) & _OPT_PLACED), route)
 
 
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
-    """Host memory bound for CPU devices: one owner for the whole tensor (a legacy capsule's
-    imported writable), each device imports its slice by its own route (``_split_import``
-    where decided for one pass); JAX assembles the array; the producer's deleter runs when
-    the last shard dies."""
+    """Host memory split over CPU devices: one owner, freed with the last shard; JAX assembles."""
     cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
@@ -231,7 +201,6 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
-    """Memory JAX takes whole, then spreads over the sharding's devices."""
     whole = route.facts["whole"]
     arr = EXECUTORS[whole.action](whole, cap, x, tg, opts)
     if route.action is PROCESS_LOCAL:
@@ -240,8 +209,7 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
 
 
 def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
-    """A jax.Array made row-major where it is in another layout (a copy on its device,
-    committed as it was), then, where a place was asked for, put there (committed)."""
+    """A jax.Array made row-major (a copy on its device), then put where asked (committed)."""
     f = route.facts
     if f.get("relayout"):
         x = _array_copy(x, tg)
@@ -257,8 +225,7 @@ cdef object _array_copy(x, JaxTarget tg):
     return tg.jax.device_put(_np.asarray(x), x.sharding)
 
 
-#: One executor per action of a JAX route (routes.pxi): (route, capsule, source, target,
-#: options) -> array.
+#: One executor per action of a JAX route: (route, capsule, source, target, options) -> array.
 EXECUTORS = {
     IMPORT: _ex_import, HOST_COPY: _ex_host_copy, HOST_VIEW: _ex_host_view, EMPTY: _ex_empty,
     PRODUCER_COPY: _ex_producer_copy, NUMPY_PUT: _ex_numpy_put, NUMPY_COPY: _ex_numpy_copy,
@@ -279,8 +246,7 @@ cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
 
 
 cdef tuple _numpy_route(arr, JaxTarget tg, opts):
-    """A NumPy array dlinspect holds (a producer's host copy) into JAX: its own route and
-    capsule (None where DLPack cannot describe it: NumPy copies it)."""
+    """A NumPy array dlinspect holds: its route and capsule (None: NumPy copies it)."""
     try:
         cap = numpy_capsule(arr)
     except NotDescribableError as exc:
@@ -290,8 +256,7 @@ cdef tuple _numpy_route(arr, JaxTarget tg, opts):
 
 
 cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
-    """The producer's copy into aligned host memory dlinspect allocates (``into`` of the
-    producer table): ``(array, [])``, or ``(None, what was tried)``."""
+    """The producer's copy into memory dlinspect allocates: ``(array, [])``, ``(None, tried)``."""
     if route.facts.get("into") is None:
         return None, []
     info = route.info
@@ -301,10 +266,8 @@ cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
 
 
 cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
-    """A host copy of x's values: ``(capsule, its TensorInfo, None)`` from the producer's
-    ``__dlpack__``, else ``(None, None, ndarray)`` from its own method or the array
-    protocol, checked against the header (ProducerError where its shape or dtype is
-    another); or UnsupportedDeviceError listing what was tried (after ``tried``)."""
+    """export_host_copy's copy, as ``(capsule, info, None)`` or ``(None, None, ndarray)``, checked
+    against the header (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
     got, host_info = export_host_copy(x)
     if isinstance(host_info, TensorInfo):
         if host_info.shape != info.shape or host_info.dtype != info.dtype:
@@ -330,9 +293,8 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
 
 
 cdef object _host_view(cap, TensorInfo info):
-    """Consume ``cap`` into a NumPy view of its memory, vector lanes a trailing axis, whose
-    base owns the tensor; read-only where the header says so or cannot say (a legacy
-    capsule), as NumPy does."""
+    """Consume ``cap`` into a NumPy view (vector lanes a trailing axis) whose base owns the
+    tensor; read-only where the header says so or cannot say (legacy), as NumPy does."""
     cdef int64_t shape[_MAX_NDIM + 1], strides[_MAX_NDIM + 1]
     cdef int64_t lane = info.itemsize // info._lanes   # (a vector dtype's: whole bytes)
     cdef int32_t i, n = info.ndim
@@ -348,10 +310,8 @@ cdef object _host_view(cap, TensorInfo info):
 
 
 cdef object _host_copy(cap, TensorInfo info, out=None):
-    """One copy of host memory by NumPy into ``out`` (C order; vector lanes a trailing
-    axis; its dtype may narrow, as JAX's x64 mode does), or into a fresh 64-byte aligned
-    array; frees the source. The copy is allocated before ``cap`` is consumed
-    (AllocationError leaves it as it was)."""
+    """NumPy's copy of host memory into ``out`` (else a new 64-byte aligned array, allocated
+    before ``cap`` is consumed: an AllocationError leaves it as it was); frees the source."""
     if out is None:
         out = _allocate(info._host_shape(), info.numpy_dtype, 64, info)
     view = _host_view(cap, info)
@@ -361,9 +321,7 @@ cdef object _host_copy(cap, TensorInfo info, out=None):
 
 
 cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
-    """NumPy memory DLPack cannot describe (byte order, byte strides), copied by NumPy
-    into native byte order, C order, ``alignment``-byte aligned (``dtype``: cast on the
-    way, for JAX's x64 narrowing)."""
+    """NumPy's copy of ``arr``: native byte order, C order, aligned (``dtype``: cast, for x64)."""
     out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype,
                     alignment, None)
     _copy_values(out, arr)
@@ -371,8 +329,7 @@ cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
 
 
 cdef int _copy_values(out, src) except -1:
-    # NumPy's cast: swaps bytes, gathers strides; float64 -> float32 overflow is inf
-    # and integers wrap, as in JAX's narrowing.
+    # NumPy's cast swaps bytes, gathers strides and narrows as JAX does (overflow: inf; wraps).
     if out.dtype == src.dtype:
         _np.copyto(out, src)
         return 0

@@ -1,12 +1,6 @@
-# export.pxi: the only code that talks to producers.
-#
-# __dlpack__ (with max_version, dl_device, copy, stream), __dlpack_device__, the
-# DLPack 1.3 C exchange API and the array protocol fallback are called here and
-# nowhere else; so are the producer guards (torch's lazy negative and conjugate
-# bits, requires_grad, non-strided layouts). Any exception a producer raises
-# becomes a ProducerError keeping its words, with the original as __cause__.
-# The device __dlpack_device__ reports is reconciled with the header's before
-# anything else looks at the tensor.
+# export.pxi: the only code that talks to producers (__dlpack__, __dlpack_device__, the C
+# exchange API, the array protocol), and guards them. A producer's exception becomes a
+# ProducerError keeping its words; its device is reconciled with the header's first.
 
 import re as _re
 
@@ -24,17 +18,12 @@ cdef object _TRUE = True            # (a bare True cast to PyObject* would be th
 
 cdef enum Guard:
     GUARD_NONE = 0
-    GUARD_NUMPY = 1      # NumPy memory NumPy will not export: described here only where DLPack
-                         # says exactly what it is; non-numeric dtypes are not tensors
+    GUARD_NUMPY = 1      # NumPy's refused exports, described where DLPack says what they are
     GUARD_TORCH = 2      # the lazy negative bit (exported unapplied); the exchange-API take
-                         # only where torch's __dlpack__ would export the tensor as it is
-    GUARD_TF = 3         # tf.string / tf.variant / tf.resource: TensorFlow's __dlpack__ aborts
-                         # the process on them, so it is never called for them
+    GUARD_TF = 3         # tf.string/variant/resource: TensorFlow's __dlpack__ aborts the process
     GUARD_JAX = 4        # a jax.Array: not a foreign tensor; a deleted or donated one is refused
-    GUARD_NO_DLPACK = 5  # a tensor type with no DLPack form (ragged, sparse): refused, never
-                         # passed over as a non-tensor leaf
-    GUARD_PYARROW = 6    # non-numeric pyarrow arrays (strings, dates, lists...) are not
-                         # tensors; a numeric ChunkedArray has no DLPack form (refused)
+    GUARD_NO_DLPACK = 5  # no DLPack form (ragged, sparse): refused, never kept as a leaf
+    GUARD_PYARROW = 6    # non-numeric pyarrow arrays are not tensors
 
 # Refusal hints, tried in order against the producer's own words: the row's, then these.
 _GENERIC_HINTS = (
@@ -65,8 +54,7 @@ _PYARROW_HINTS = (
 
 
 class Producer(_NamedTuple):
-    """One row of the producer table (:data:`PRODUCERS`): what dlinspect knows of one
-    producer's tensor type."""
+    """One row of :data:`PRODUCERS`: what dlinspect knows of one producer's tensor type."""
 
     guard: int = GUARD_NONE   # the guard run before any export (Guard)
     hints: tuple = ()         # (word, what to do) pairs matched against its own refusals
@@ -76,8 +64,7 @@ class Producer(_NamedTuple):
     into: object = None
     # (module, expression): how dlinspect doctor finds the tensor type (the module as m).
     doctor: object = None
-    # How it converts a tensor to another dtype ({}: the dtype's name), for advice that
-    # names its own method (the array API's astype by default).
+    # how it converts a tensor to another dtype ({}: the dtype's name), for advice
     astype: str = "xp.astype(x, xp.{})"
     other: str = "convert the tensor with its own library first"   # where no hint matches
     contiguous: str = ""      # how it makes a contiguous copy of a tensor ("": unknown)
@@ -87,10 +74,9 @@ _LOADER_FIX = ("it is a data loader, not a batch: iterate it through "
                "dlinspect.prefetch_to_jax(loader), which converts each batch it gives")
 _SPARSE_FIX = "make it dense with x.toarray(), or take x.data and its index arrays apart"
 
-#: The producer table, the one list of producers: ``(top-level package, class name in
-#: the type's MRO)`` to its :class:`Producer` row. A type takes the row of its most
-#: derived class that has one; a ``jax.Array`` (a virtual base on some jaxlib
-#: versions) is found by ``issubclass``.
+#: The one list of producers: ``(top-level package, class name in the type's MRO)`` to its
+#: :class:`Producer` row; a type takes its most derived class's row (a ``jax.Array``, a
+#: virtual base on some jaxlib versions, is found by ``issubclass``).
 PRODUCERS = {
     ("numpy", "ndarray"): Producer(GUARD_NUMPY, doctor=("numpy", "m.ndarray"),
                                    astype="x.astype(numpy.{})"),
@@ -171,8 +157,7 @@ cdef class _TypeEntry:
     cdef bint has_dlpack
     cdef bint has_device           # ask __dlpack_device__ (not numpy: same source as its header)
     cdef bint is_numpy             # exactly numpy.ndarray (its __dlpack_device__ is not asked)
-    cdef bint numpy_export         # its __dlpack__ is NumPy's own: NumPy's refusals may be
-                                   # stood in for (never a subclass's own __dlpack__'s)
+    cdef bint numpy_export         # its __dlpack__ is NumPy's own (not a subclass's)
     cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
     cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
@@ -235,8 +220,7 @@ cdef _TypeEntry _entry_for(object tp):
 
 
 cdef bint _pinned_possible(_TypeEntry entry):
-    """Whether the producer can hand out pinned host memory, which the exchange
-    API's header calls kDLCPU (only __dlpack_device__ tells kDLCUDAHost)."""
+    """Whether the producer may hand out pinned memory, which the exchange API calls kDLCPU."""
     if entry.is_torch:
         try:
             return bool(_sys.modules["torch"].cuda.is_available())
@@ -246,8 +230,7 @@ cdef bint _pinned_possible(_TypeEntry entry):
 
 
 def exchange_api_version(tp):
-    """``(major, minor)`` of the DLPack C exchange API a type defines itself and dlinspect
-    can use (major 1, both ``*_from_py_object_no_sync`` functions set), or None."""
+    """``(major, minor)`` of the exchange API ``tp`` defines itself, where usable; else None."""
     cdef _TypeEntry entry = _entry_for(tp)
     if entry.api == NULL:
         return None
@@ -258,8 +241,7 @@ _METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
 
 
 cdef object _producer_error(object obj, BaseException exc, str what):
-    """A ProducerError that keeps the producer's reason and adds what to do (the
-    producer table's hints for its type first, then the generic ones)."""
+    """A ProducerError of the producer's reason and what to do (its row's hints, then generic)."""
     # First line only: C++ producers append a stack trace (kept in __cause__).
     reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
     if not reason.endswith((".", "!", "?")):
@@ -273,8 +255,8 @@ cdef object _producer_error(object obj, BaseException exc, str what):
         f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 
-# contract: fills dev_type/dev_id (id_known False for a None id) or raises
-# ProducerError (the producer raised) or MalformedTensorError (not a device pair).
+# contract: fills dev_type/dev_id (id_known False for a None id) or raises ProducerError
+# (the producer raised) or MalformedTensorError (not a device pair).
 cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_known) except -1:
     cdef PyObject* args[1]
     args[0] = <PyObject*>x
@@ -324,8 +306,7 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
     try:
         return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
     except Exception as exc:
-        # Only a TypeError that says the producer does not take the newer keywords (an
-        # older producer), not one about the tensor (pyarrow's nulls).
+        # (not a TypeError about the tensor itself: pyarrow's nulls)
         if (host_copy or not isinstance(exc, TypeError)
                 or not ("keyword" in str(exc) or "max_version" in str(exc))):
             raise _producer_error(x, exc, "__dlpack__()") from exc
@@ -334,7 +315,6 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
 
 
 cdef object _call_bare(object x, object stream):
-    """``x.__dlpack__()`` (``stream=`` only where one is needed), for older producers."""
     try:
         return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
     except Exception as exc:
@@ -342,14 +322,9 @@ cdef object _call_bare(object x, object stream):
 
 
 cdef object _torch_take(object x, _TypeEntry entry):
-    """A host torch tensor taken through torch's C exchange API
-    (``managed_tensor_from_py_object_no_sync``) into a "dltensor_versioned" capsule,
-    where torch's own ``__dlpack__`` would export it as it is: that API makes none of
-    ``__dlpack__``'s refusals, so a tensor that requires grad, or a complex one with the
-    conjugate bit, is left to ``__dlpack__``, which refuses it in torch's words (the API
-    itself declines sparse, quantized, nested and opaque tensors, its error cleared).
-    None: take the ``__dlpack__`` way (also CUDA memory, which is asked with the
-    consumer's stream, and pinned memory, which the API's header calls kDLCPU)."""
+    """A host torch tensor taken through the exchange API where ``__dlpack__`` would export it
+    as it is (the API makes none of its refusals: requires_grad, the conjugate bit); else None
+    (CUDA memory takes a stream; the API calls pinned memory kDLCPU)."""
     cdef DLManagedTensorVersioned* dlm_ver = NULL
     cdef int32_t dev_type = 0, dev_id = 0
     cdef bint id_known = True, keep
@@ -377,7 +352,7 @@ cdef object _torch_take(object x, _TypeEntry entry):
     return None
 
 
-# tf.DType names TensorFlow's __dlpack__ aborts the process on (never called for them).
+# tf.DType names TensorFlow's __dlpack__ aborts the process on (GUARD_TF).
 cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 
 
@@ -418,7 +393,7 @@ cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
 
 
 cdef bint _pyarrow_numeric(object x) except -1:
-    """Integers, floats, booleans and decimals: numbers (DLPack carries the first two)."""
+    """Integers, floats, booleans and decimals (DLPack carries the first two)."""
     pa = _sys.modules.get("pyarrow")
     t = getattr(x, "type", None)
     if pa is None or t is None:
@@ -439,20 +414,12 @@ cdef int _refuse_dead_array(object x) except -1:
 
 
 def is_tensor(x):
-    """Whether dlinspect takes ``x`` as a tensor (a pytree leaf to convert): a PyCapsule, a
-    ``jax.Array``, any object (not a class) whose type has ``__dlpack__`` or the C exchange
-    API or is a tensor type of :data:`PRODUCERS` with no DLPack form (converting those
-    raises); not NumPy, TensorFlow or pyarrow arrays of non-numeric dtypes."""
+    """Whether ``x`` is a pytree leaf to convert (not a class, nor a non-numeric array)."""
     return _is_tensor(x)
 
 
-cdef inline bint _jax_array(x) except -1:
-    """The one test of "is this a jax.Array": its type's row of the producer table."""
-    return not PyCapsule_CheckExact(x) and _entry_for(type(x)).guard == GUARD_JAX
-
-
 cdef inline bint _is_tensor(x) except -1:
-    """:func:`is_tensor`: the one test of "is this a tensor" (the hot path's too)."""
+    """:func:`is_tensor`, the one test (the hot path's too)."""
     if PyCapsule_CheckExact(x):
         return True
     if PyType_Check(x):
@@ -473,9 +440,8 @@ cdef inline bint _is_tensor(x) except -1:
 
 cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
                     bint id_known, _TypeEntry entry) except -1:
-    """Set ``info``'s device from ``__dlpack_device__``'s answer, after checking it
-    against the header (see TensorInfo, Notes). A jax.Array's header names its own
-    device (jaxlib's ``__dlpack_device__`` says id 0 for every CPU device)."""
+    """Set ``info``'s device from ``__dlpack_device__``'s, checked against the header
+    (TensorInfo, Notes); a jax.Array's own header's (jaxlib says id 0 for every CPU device)."""
     cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id
     if dev_type == hdr_type or (_pinned(dev_type) and hdr_type == kDLCPU):
         if not id_known or entry.guard == GUARD_JAX:
@@ -514,13 +480,10 @@ ctypedef struct _Asked:
     bint id_known    # False where the producer said None for the id (paddle)
 
 
-# contract: returns the TensorInfo and sets *cap_out to a new reference to the
-# capsule (``entry``: x's type entry where the caller looked it up already); *cap_out
-# is left NULL only in MODE_PEEK through the exchange API (no capsule was made). A bare
-# capsule is read, never consumed. Raises NotDLPackError, ProducerError, or what reading
-# the header raises; *cap_out is then untouched. (An out-parameter, not a tuple: peek is
-# on the hot path.) ``refuse_device(x, device_type, device_id)``, where given, judges
-# the device a producer reports before it is asked to export (fallback="raise").
+# contract: returns the TensorInfo and sets *cap_out to a new reference to the capsule
+# (left NULL only in MODE_PEEK through the exchange API; an out-parameter: peek is on the
+# hot path); a bare capsule is read, never consumed; on a raise *cap_out is untouched.
+# ``refuse_device`` judges the reported device before the export (fallback="raise").
 cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
                         _TypeEntry entry=None, object refuse_device=None):
     if PyCapsule_CheckExact(x):
@@ -548,7 +511,6 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
 
 
 cdef int _exportable(object x, _TypeEntry entry, Mode mode) except -1:
-    """NotDLPackError where ``x`` has no DLPack form at all; the guard of its type."""
     if not entry.has_dlpack and entry.api == NULL:
         raise NotDLPackError(
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
@@ -563,9 +525,8 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
                             PyObject** cap_out):
     """The header through the DLPack C exchange API, or None (then ``__dlpack__``)."""
     if mode == MODE_TAKE and entry.is_torch:
-        # Taking through the API skips every refusal of the producer's __dlpack__: only
-        # for types whose refusals dlinspect checks itself (torch); others (paddle,
-        # whose __dlpack__ refuses tensors that require grad) are asked __dlpack__.
+        # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
+        # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad).
         cap = _torch_take(x, entry)
         return None if cap is None else _handing(_peek_capsule(cap), cap, cap_out)
     if mode != MODE_HOST_COPY:
@@ -574,9 +535,8 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
 
 
 cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev):
-    """The DLPack C exchange API's header of ``x`` (no capsule made): in MODE_PEEK the
-    TensorInfo itself; otherwise None, with the device it reports in ``dev``. None with
-    ``dev`` untouched where the API refuses (``__dlpack__`` then gives the reason)."""
+    """The exchange API's header of ``x``: the TensorInfo in MODE_PEEK, else None with its
+    device in ``dev``; None, ``dev`` untouched, where the API refuses (``__dlpack__`` says why)."""
     cdef DLTensor t
     memset(&t, 0, sizeof(DLTensor))
     if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
@@ -595,9 +555,7 @@ cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev)
 
 cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for,
                             _Asked* dev):
-    """The producer's capsule of ``x``: ``__dlpack__`` with the consumer's stream where
-    the memory takes one (a host copy where ``mode`` asks for it), NumPy's refusals
-    described by dlinspect where DLPack can say exactly what the memory is."""
+    """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
     if (mode == MODE_TAKE and dev.asked and stream_for is not None
             and _takes_stream(dev.dev_type)):
@@ -617,7 +575,7 @@ cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream
 
 
 cdef inline object _take_ref(PyObject* p):
-    """An object for the new reference ``p`` (None for NULL), the reference handed over."""
+    """The object of new reference ``p`` (None for NULL), the reference handed over."""
     if p == NULL:
         return None
     obj = <object>p
@@ -705,14 +663,11 @@ HOST_METHODS = ("asnumpy", "numpy")
 
 
 def host_methods(x):
-    """The names of :data:`HOST_METHODS` that ``x``'s type has, in the order tried."""
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
 
 
 def export_host_copy_into(x, out):
-    """Ask the producer to copy ``x`` into host array ``out`` (same shape and dtype, C
-    order; the producer table's ``into``): None when ``out`` holds the values, else what
-    was tried and why it failed."""
+    """The producer's copy of ``x`` into ``out`` (its row's ``into``): None, or what failed."""
     into = _entry_for(type(x)).into
     try:
         if into == "torch":
@@ -727,10 +682,8 @@ def export_host_copy_into(x, out):
 
 
 def export_host_copy(x):
-    """Ask the producer for a host copy of ``x``, in this order: ``(capsule, TensorInfo)``
-    from ``__dlpack__(dl_device=(kDLCPU, 0), copy=True)`` where it serves host memory;
-    ``(ndarray, None)`` from :data:`HOST_METHODS` or ``numpy.asarray(x)`` where one gives
-    a numeric array; else ``(None, tried)``: what was tried and why it failed, in words."""
+    """A host copy of ``x``: ``(capsule, TensorInfo)`` from ``__dlpack__``, else ``(ndarray,
+    None)`` from :data:`HOST_METHODS` or ``numpy.asarray``; else ``(None, what was tried)``."""
     cdef TensorInfo info
     cdef PyObject* p = NULL
     tried = []
@@ -762,10 +715,3 @@ def export_host_copy(x):
     except Exception as exc:
         tried.append(f"numpy.asarray raised {first_line(exc)}")
     return (None, tried)
-
-
-def first_line(exc, typed=True):
-    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
-    text = str(exc)
-    line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {line}" if typed else line

@@ -1,13 +1,8 @@
-# fast.pxi: to_jax's fast path. One export, the one decision (needs), then the
-# import when nothing is needed, or one copy in C when only alignment, x64 narrowing,
-# a writable copy or a row-major layout is; everything else goes to the general route
-# with the same export and the same answer. Options arrive as one flags value (the bits of
-# dlinspect._options.Options.flags).
+# fast.pxi: to_jax's fast path: one export and its needs, then an import or one copy in C.
 
 @cython.final
 cdef class _Leaf:
-    """One tensor leaf of a batch's plan (src/batch.pxi): what the decision found, and,
-    once the batch is prepared, the memory its copy goes into."""
+    """One tensor leaf of a batch's plan (batch.pxi): its decision, its copy's memory."""
     cdef int rank            # the order it runs in (batch.pxi, _rank)
     cdef Py_ssize_t part     # its part of the batch
     cdef Py_ssize_t index    # its index among the part's leaves
@@ -71,8 +66,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
 
 
 cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) except -1:
-    """``leaf`` (not a capsule; ``entry``: its type's) is a tensor the batch exports: not a
-    non-tensor, not a jax.Array (a deleted one refused, naming leaf ``i``)."""
+    """A tensor the batch takes (a jax.Array only out of row-major order; a dead one refused)."""
     if not entry.has_dlpack and entry.api == NULL:
         return False
     if entry.guard == GUARD_JAX:
@@ -99,11 +93,9 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-# What the fast path does with a header: 0 nothing (the general route), 1 import as it
-# is onto the CPU device, 2 copy in C (host memory only misaligned, narrowed, read-only,
-# permuted or strided), 3 import as it is onto the JAX device of its own DLPack device
-# (CUDA, ROCm, pinned host memory on a JAX that has their platform): the route plan
-# gives a tensor that needs nothing, carried out in C.
+# What the fast path does with a header: 0 nothing (the general route), 1 import as it is
+# onto the CPU device, 2 copy in C (_c_copy), 3 import as it is onto the JAX device of its
+# own DLPack device (CUDA, ROCm, pinned host memory on a JAX that has their platform).
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     if info._dev_type == kDLCPU and info.device_id == 0:
         if n == 0:
@@ -118,8 +110,7 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except
 
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
                          object x, object out=None):
-    # out: the copy's memory, where a batch's decide half allocated it (_prepare_copy).
-    # No device was asked for: the array is uncommitted, as jnp.asarray's (put.pxi).
+    # out: the copy's memory where a batch allocated it (_prepare_copy); uncommitted (put.pxi)
     if n == 0:
         if info._dev_type == kDLCPU and info.device_id == 0:
             if _viewable_by_put(info, tg):
@@ -139,8 +130,7 @@ cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, 
 
 
 cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
-    """``_prepare`` for the fast path's copy: its narrowing warning given and its memory
-    allocated before anything is taken; returns that memory, for ``_copy_taken``."""
+    """``_prepare`` for the fast path's copy: warned, and its memory allocated and returned."""
     cdef int dst_key = info._key()
     if n & NEED_NARROW:
         dst_key, text = tg.narrow[dst_key]
@@ -150,17 +140,14 @@ cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
 
 
 cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0):
-    """The fast path of one tensor: the array; else ``(capsule, TensorInfo, needs)`` for the
-    general route, the capsule unconsumed; None for a ``jax.Array`` in another layout than
-    row-major. ``flags``: ``Options.flags``."""
+    """One tensor's array; else ``(capsule, TensorInfo, needs)`` for the general route, the
+    capsule unconsumed; None for a ``jax.Array`` in another layout than row-major."""
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
         if entry.guard == GUARD_JAX:
             _refuse_dead_array(x)
-            # already a jax.Array, and no device or copy was asked for: as it is where it is
-            # row-major; else None, for its route (a copy into row-major)
             return x if _row_major_array(x, tg) else None
     cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
     cap = _take_ref(p)
@@ -172,12 +159,10 @@ cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0):
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
                           JaxTarget tg):
-    """Consume ``cap`` into one owner and put each slice of a one-pass split (``parts``:
-    ``(TensorInfo, needs)`` each) onto its device, viewed where it needs nothing but
-    VIA_CPU, else copied in C (narrowed where JAX narrows; warned before): one committed
-    array over ``sharding``, by one batched put where that views every slice needing
-    nothing, else each imported and assembled. The producer's deleter runs when the last
-    viewed slice dies; a legacy capsule, which cannot say read-only, is imported writable."""
+    """Consume ``cap`` into one owner and put each slice of a one-pass split on its device:
+    viewed where it needs nothing but VIA_CPU, else copied in C (narrowed, warned before),
+    by one batched put where it views them all, else imported and assembled. The deleter
+    runs when the last view dies; a legacy capsule is imported writable."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
@@ -217,11 +202,8 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
 
 @cython.final
 cdef class _SplitViews:
-    """A one-pass split whose every slice jaxlib's batched put views in place (a
-    zero-copy SPLIT route), kept for the next tensor of the same header and sharding:
-    a loader sends batches of one shape every step, and deciding each again costs more
-    than the put. Its slices' headers are the first tensor's; the next tensor's slices
-    are at its own address plus the same offsets. It holds no reference to any tensor."""
+    """A zero-copy split kept for the next tensor of this header and sharding (a loader's every
+    step: deciding again costs more than the put), at its address; it holds no tensor."""
     cdef TensorInfo whole     # the first tensor's header
     cdef list parts           # each slice's header, at the first tensor's address
     cdef list devices
@@ -241,9 +223,7 @@ cdef inline uint64_t _mix(uint64_t h, uint64_t v) noexcept:
 
 cdef Py_hash_t _split_hash(TensorInfo info, object sharding, int flags,
                            uintptr_t mask) noexcept:
-    """What decides a split's views: the sharding (the object), the options' bits, the
-    header's dtype, flags, device, shape and strides, its address modulo the put's
-    alignment. (A match is checked field by field: ``_same_split``.)"""
+    """The hash of what decides a split's views (``_same_split`` checks a match)."""
     cdef uint64_t h = <uint64_t>14695981039346656037ULL
     cdef int i
     h = _mix(h, <uint64_t><uintptr_t><PyObject*>sharding)
@@ -272,15 +252,13 @@ cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags
 
 
 cdef int _split_flags(TensorInfo info, int flags, JaxTarget tg) except? -1:
-    """The options' bits, and for a 64-bit dtype whether x64 is on (the calling thread's
-    setting, read now: it decides whether JAX narrows)."""
+    """The options' bits and, for a 64-bit dtype, whether x64 is on now (JAX narrows by it)."""
     if (info._bits == 64 or info._bits == 128) and tg.x64.value:
         return flags | (1 << 30)
     return flags
 
 
 cdef _SplitViews _split_seen(TensorInfo info, object sharding, int flags, JaxTarget tg):
-    """The split of a tensor with this header and sharding decided before, or None."""
     if tg.put is None:
         return None
     flags = _split_flags(info, flags, tg)
@@ -291,8 +269,7 @@ cdef _SplitViews _split_seen(TensorInfo info, object sharding, int flags, JaxTar
 
 
 cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) except -1:
-    """Keep ``route`` for the next tensor of ``info``'s header where it is a one-pass
-    split whose every slice the batched put views (nothing to warn, copy or allocate)."""
+    """Keep ``route`` for the next tensor where it is a one-pass split the put views whole."""
     if route.action is not SPLIT or route.copy_bytes or route.warning is not None or tg.put is None:
         return 0
     cdef dict f = route.facts
@@ -318,9 +295,7 @@ cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) 
 
 
 cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget tg):
-    """Consume ``cap`` and put each slice of split ``s``, viewed in place at ``info``'s
-    address, in one batched put (as ``_split_import`` puts a split whose every slice is
-    viewed); a failed put consumes nothing."""
+    """Put ``s``'s slices, viewed at ``info``'s address, from ``cap`` (a failed put takes none)."""
     cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
     cdef bint writeable = info.read_only is not True
     cdef TensorInfo part

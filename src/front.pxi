@@ -1,30 +1,46 @@
-# front.pxi: the front doors, to_jax, plan and to_host, and the JaxTarget they read. A
-# call with no option enters the fast path at once; a batch goes to the one batch engine
-# (batch.pxi); a tensor is decided and executed (execute.pxi). A failed route leaves a
-# caller's capsule unconsumed; in a batch, every leaf is decided before any is consumed.
+# front.pxi: the front doors (to_jax, plan, explain, to_host) and the JaxTarget they read.
 
-from dlinspect import _tree
+import threading as _threading
+from dlinspect import _jaxcaps, _tree
 from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 
-# The defaults of to_jax's string options, compared by identity on the hot path (an
-# equal string that is another object takes the checked way, with the same result).
+# to_jax's string defaults, compared by identity on the hot path (an equal string: checked).
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
 cdef object _TARGET = None
-cdef object _TARGET_BUILDER = None
+cdef object _CAPS = None
+cdef object _CAPS_LOCK = _threading.Lock()
+
+
+def jax_caps():
+    """The process-wide :class:`dlinspect._jaxcaps.JaxCaps` (what the installed JAX takes,
+    probed once with the core's own capsules); imports jax on first call: ImportError with
+    the install command where jax is not installed."""
+    global _CAPS
+    with _CAPS_LOCK:
+        if _CAPS is None:
+            _CAPS = _jaxcaps.JaxCaps(_jaxcaps.CoreTools(
+                JaxTarget, aligned_empty, capsule_of, header_capsule, import_capsule,
+                stream_of, warn))
+    return _CAPS
+
+
+def jax_target():
+    """The process-wide JaxTarget every route reads (built on first use, as jax_caps)."""
+    return _TARGET if _TARGET is not None else _jax_target()
 
 
 def set_target(tg):
-    """Make ``tg`` the JaxTarget every route reads (None: build it again on next use);
-    called by :mod:`dlinspect._jaxcaps`, which builds it."""
+    """Make ``tg`` the JaxTarget every route reads (None: built again on next use)."""
     global _TARGET
     _TARGET = tg
 
 
-def set_target_builder(build):
-    """Hand the core ``build()``, which returns the JaxTarget (see this module's doc)."""
-    global _TARGET_BUILDER
-    _TARGET_BUILDER = build
+def force_public_api(bint on=True):
+    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
+    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
+    jax_caps()._set_direct(on, "forced by dlinspect._core.force_public_api()")
+    set_target(None)   # rebuilt with the import function chosen there
 
 
 def current_target():
@@ -34,13 +50,9 @@ def current_target():
 
 
 cdef JaxTarget _jax_target():
-    """The process-wide JaxTarget, built once by what set_target_builder handed over
-    (dlinspect._jaxcaps: it imports jax)."""
     global _TARGET
     if _TARGET is None:
-        if _TARGET_BUILDER is None:
-            import dlinspect   # noqa: F401  (the package's import hands the builder over)
-        _TARGET = _TARGET_BUILDER()
+        _TARGET = jax_caps().target
     return _TARGET
 
 
@@ -251,7 +263,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     tg = _jax_target() if target == "jax" else None
     if isinstance(x, TensorInfo) or _is_tensor(x) and _one_place(opts, tg):
-        return plan_one(x, tg, target, opts)
+        return _plan_one(x, tg, target, opts)
     parts, where = _parts(x, tg, opts, opts.flags, True)
     cdef set seen = set()
     for part in parts:
@@ -259,8 +271,18 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     return _rebuild_parts(parts, where, tg)
 
 
+cdef object _plan_one(x, tg, str target, opts):
+    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): the
+    decide half of :func:`to_jax` (``_decide_leaf``), its export released unconsumed."""
+    if isinstance(x, TensorInfo):
+        return decide(x, tg, target, opts)
+    try:
+        return _decide_leaf(x, tg, target, opts)[0]
+    except DLInspectError as exc:
+        return failed(exc, target)
+
+
 cdef bint _one_place(opts, JaxTarget tg) except -1:
-    """No sharding, or one sharding (not a pytree of them) for the whole input."""
     return (opts.sharding is None or tg is None
             or isinstance(opts.sharding, tg.jax.sharding.Sharding))
 
@@ -280,7 +302,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), target)
         else:
-            route = (plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
+            route = (_plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
                      else untouched(leaf, target, part.opts))
         if route.problem is not None:
             route.key_path = part.keystr(i)
@@ -289,17 +311,14 @@ cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
 
 
 def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
-    """:func:`to_jax` with its options already made one :class:`~dlinspect._options.Options`
-    (what the loaders hold and hand over for every batch); ``report``: a loader's
-    :class:`LoaderReport`, which counts the batch once it is converted."""
+    """:func:`to_jax` with its options one ``Options`` (the loaders'); ``report`` counts it."""
     if tg is None:
         tg = _TARGET if _TARGET is not None else _jax_target()
     return _convert(x, tg, opts, opts.flags, report)
 
 
 cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
-    """The one engine's entry: a lone tensor is the one-leaf case, by the fast path (which
-    allocates nothing more); anything else a batch (a container, or a leaf kept as it is)."""
+    """The one engine's entry: a lone tensor by the fast path, anything else as a batch."""
     tp = type(x)
     if (tp is dict or tp is list or tp is tuple or report is not None
             or flags & _OPT_PLACED and opts.sharding is not None or not _is_tensor(x)):
@@ -307,7 +326,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-            route, cap, _ = _decide_leaf(x, tg, opts)
+            route, cap, _ = _decide_leaf(x, tg, "jax", opts)
             return _execute(route, cap, x, tg, opts)
         try:
             got = to_jax_fast(x, tg, flags)
@@ -411,15 +430,9 @@ def to_host(x, copy=None):
     >>> dlinspect.to_host(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
-    opts = _check_options(copy=copy)
-    cdef PyObject* p = NULL
+    route, cap, _ = _decide_leaf(x, None, "host", _check_options(copy=copy))
     try:
-        info = _export(x, MODE_TAKE, None, &p)
-    except NotDescribableError as exc:
-        return _host_execute(route_numpy_copy(exc, None, "host", opts), None, x)
-    cap = _take_ref(p)
-    try:
-        return _host_execute(route_host(info, _needs_host(info), copy, x), cap, x)
+        return _host_execute(route, cap, x)
     except BaseException:
         cap = None   # (see _convert)
         raise

@@ -1,5 +1,4 @@
-# header.pxi: TensorInfo, a DLTensor header copied out of the producer's memory
-# and validated field by field (every field is untrusted).
+# header.pxi: TensorInfo, a DLTensor header copied out and validated field by field.
 
 # Where a TensorInfo's header came from.
 cdef enum Source:
@@ -240,8 +239,7 @@ cdef class TensorInfo:
         return self._contiguous(_ANY_ORDER)
 
     cdef bint _contiguous(self, int order) noexcept:
-        """Dense: the axes of extent > 1, fastest first (C: the last first; F: the first
-        first; _ANY_ORDER: by stride), each of stride the product of the faster extents."""
+        """Dense: the axes of extent > 1 in ``order`` (or by stride), strided by the faster ones."""
         cdef int64_t expected = 1
         cdef int i, j, k, n = 0
         cdef int axes[_MAX_NDIM]   # _ANY_ORDER's axes, sorted by stride
@@ -436,7 +434,6 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
 
 
 cdef object _corrupt(str fault):
-    """The MalformedTensorError of a header field the producer got wrong."""
     return MalformedTensorError(f"{fault} The producer wrote a corrupt header.")
 
 
@@ -446,8 +443,7 @@ cdef str _ints_text(const int64_t* values, int32_t n):
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
 cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
-    """Copy and validate one DLTensor header into a new TensorInfo (every field untrusted):
-    the fields read before the shape, then the shape, the strides and the bytes they reach."""
+    """Copy and validate one DLTensor header (every field untrusted) into a new TensorInfo."""
     cdef int32_t ndim = t.ndim
     if ndim < 0 or ndim > _MAX_NDIM:
         raise _corrupt(f"DLTensor.ndim is {ndim}; it must be between 0 and {_MAX_NDIM} "
@@ -476,8 +472,7 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
 
 
 cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
-    """Copy the extents into ``info``; return how many elements they hold (0 for any
-    zero extent, whatever the others), checked against int64 and a NULL data pointer."""
+    """Copy the extents; return the elements they hold (0 for a zero extent), int64/NULL checked."""
     cdef int32_t i, ndim = t.ndim
     cdef int64_t size = 1
     cdef bint zero = False
@@ -499,9 +494,8 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
 
 
 cdef void _read_strides(TensorInfo info, const DLTensor* t) noexcept:
-    """Copy the strides into ``info``; NULL strides (row-major before DLPack 1.2) are
-    written out. An empty tensor's nonzero extents may multiply past int64 (e.g.
-    ``(2**62, 0, 2**62)``): its outer strides, which address nothing, are then 0."""
+    """Copy the strides, NULL ones (before DLPack 1.2) written out row-major: 0 past int64, as
+    an empty tensor's outer ones may be (``(2**62, 0, 2**62)``), which address nothing."""
     cdef int32_t i
     cdef int64_t stride = 1
     if t.strides != NULL:
@@ -514,8 +508,7 @@ cdef void _read_strides(TensorInfo info, const DLTensor* t) noexcept:
 
 
 cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
-    """``info.itemsize`` and ``info.nbytes`` (sub-byte elements packed several to a byte,
-    unless flagged padded), then the byte span the strides reach, checked against int64."""
+    """Set itemsize and nbytes (sub-byte packed unless flagged padded); check the strides' span."""
     cdef int32_t i
     cdef int64_t item = (bits_total + 7) // 8, reach, stride, span = 0
     info.itemsize = item
@@ -578,6 +571,5 @@ cdef int _raise_bad_capsule(object cap, const char* name) except -1:
 
 
 def capsule_name(cap):
-    """The name of a PyCapsule as str (None for an unnamed one)."""
     cdef const char* name = PyCapsule_GetName(cap)
     return None if name == NULL else name.decode(errors="replace")

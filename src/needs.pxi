@@ -1,7 +1,4 @@
-# needs.pxi: the one decision. What a TensorInfo needs to reach JAX (through a
-# JaxTarget) or NumPy, as a set of bits. plan() turns the set into words; the
-# fast path imports when it is empty; the general route carries it out. Nothing
-# else decides.
+# needs.pxi: the one decision: what a TensorInfo needs to reach JAX or NumPy, as bits.
 
 import functools as _functools
 
@@ -16,8 +13,7 @@ cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
 cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
 
-# The bits of Need (dlinspect._tables, where each is documented), as C constants
-# (tests/test_abi.py holds the two alike).
+# Need's bits (dlinspect._tables documents each) as C constants (tests/test_abi.py checks).
 cdef enum:
     NEED_DEVICE = 1 << 0
     NEED_DTYPE = 1 << 1
@@ -34,8 +30,7 @@ cdef enum:
     NEED_SHAPE = 1 << 12
 
 
-# contract: the needs of a dtype alone to reach ``tg`` (DTYPE, NUMPY_PUT, LANES,
-# NARROW); raises only what a dtype probe raises.
+# contract: a dtype's own needs (DTYPE, NUMPY_PUT, LANES, NARROW); raises only what a probe raises.
 cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
                            uint64_t flags) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
@@ -51,8 +46,7 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
     return n
 
 
-# contract: the needs of ``info`` to reach ``tg`` (bits above); raises only what a
-# dtype probe raises.
+# contract: the needs of ``info`` to reach ``tg``; raises only what a dtype probe raises.
 cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
     cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info.flags)
     cdef bint on_cpu = True
@@ -70,8 +64,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) exc
 
 
 cdef inline uint32_t _device_needs(TensorInfo info, JaxTarget tg, bint* on_cpu) except? 0xFFFFFFFF:
-    """Where the memory is: NEED_VIA_CPU, NEED_DEVICE or nothing; ``on_cpu``: whether a
-    JAX CPU device views it (left True by the caller)."""
+    """VIA_CPU, DEVICE or 0; ``on_cpu`` (left True by the caller): whether a CPU device views it."""
     cdef int32_t dt = info._dev_type
     if dt == kDLCPU and info.device_id == 0:
         return 0   # JAX always has its CPU backend
@@ -95,9 +88,8 @@ cdef inline uint32_t _layout_needs(TensorInfo info, JaxTarget tg) except? 0xFFFF
 
 
 cdef bint _odd_unit_strides(TensorInfo info) noexcept:
-    """A row-major header whose strides, its extent-1 axes' included (DLPack allows any
-    stride there), do not decrease from the first axis to the last: jaxlib 0.4.30 infers
-    its layout from that order (see JaxTarget.unit_strides_ok)."""
+    """Strides (extent-1 axes' too, which DLPack lets be anything) that increase somewhere:
+    jaxlib 0.4.30 infers a layout from their order (JaxTarget.unit_strides_ok)."""
     cdef int i
     for i in range(1, info.ndim):
         if info._strides[i - 1] < info._strides[i]:
@@ -156,14 +148,12 @@ cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
 cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
-    """The one bound on a copy's size, for every route (_fits) and the fast path (_c_copy)."""
     return nbytes <= _PHYSICAL_BYTES
 
 
 def stack_column(list column, Py_ssize_t alignment):
-    """``np.stack(column)`` (shape ``(n,) + column[0].shape``, C-contiguous, writable) in
-    new ``alignment``-byte aligned memory, a ``memcpy`` per array, where all are
-    C-contiguous NumPy arrays of ``column[0]``'s shape and native, unstructured, non-object
+    """``np.stack(column)`` in new ``alignment``-aligned memory, a ``memcpy`` per array, where
+    all are C-contiguous NumPy arrays of one shape and a native, unstructured, non-object
     dtype, within physical memory; else None (the caller's path stacks it)."""
     cdef Py_buffer src
     cdef Py_ssize_t k, n = len(column)
@@ -189,8 +179,7 @@ def stack_column(list column, Py_ssize_t alignment):
 
 
 cdef bint _uniform_column(list column) except -1:
-    """Every array a NumPy array of ``column[0]``'s shape and dtype, a native, unstructured,
-    non-object one (np.stack packs a structured dtype: the caller's path)."""
+    """Arrays of ``column[0]``'s shape and native non-object dtype (np.stack packs structured)."""
     shape, dtype = column[0].shape, column[0].dtype
     if dtype.hasobject or not dtype.isnative or dtype.names is not None:
         return False
@@ -205,16 +194,13 @@ cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_
 
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
-    """The one rule of the fast path's copy: host memory of any layout, whole bytes per
-    element, whose only needs ``n`` are ALIGN, NARROW, READ_ONLY and/or LAYOUT, and that
-    fits in physical memory: copied in one pass in C (put.pxi, ``_fill``)."""
+    """The fast path's copy rule (put.pxi, ``_fill``): only _C_COPY_NEEDS, whole bytes, fits."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
             and _fits_in_memory(info.nbytes))
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
-    """What ``info`` needs to reach JAX (``target``) or NumPy (``target=None``), as the
-    bits of :class:`Need` (0: viewed as it is); ``share_readonly``: ``readonly="share"``."""
+    """``info``'s :class:`Need` bits to JAX (``target``) or NumPy (None); 0: viewed as it is."""
     if target is None:
         return _needs_host(info)
     return _needs_jax(info, target, share_readonly)

@@ -1,12 +1,7 @@
-# put.pxi: host memory into JAX through jaxlib's batched put, the call jax.device_put
-# itself makes: a NumPy array per device (a view of the producer's memory, or a copy
-# dlinspect made) and one call per tensor, sharded or not. The array is committed exactly
-# where the caller named a device or a sharding (jax.device_put's rule); otherwise it is
-# what jnp.asarray gives, uncommitted, so that a jitted function fed both compiles once.
-# Where the installed jaxlib has no batched put that views memory in place (probed by
-# dlinspect._jaxcaps), the DLPack import carries the tensor and ``JaxTarget.uncommit``
-# makes its array uncommitted.
-
+# put.pxi: host memory into JAX through jaxlib's batched put (jax.device_put's own call),
+# else the DLPack import. The array is committed exactly where the caller named a device or
+# a sharding (jax.device_put's rule), else uncommitted as jnp.asarray's (JaxTarget.uncommit),
+# so that a jitted function fed both compiles once.
 
 from cpython.object cimport PyTypeObject
 
@@ -20,16 +15,14 @@ cnp.import_array()
 
 
 cdef class _Block:
-    """Owns one ``malloc``'d block (a copy dlinspect made); freed when the last NumPy
-    array over it dies."""
+    """Owns one ``malloc``'d block (dlinspect's copy), freed with the last array over it."""
     cdef void* ptr
 
     def __dealloc__(self):
         free(self.ptr)
 
 
-# contract: a NumPy array of ``descr`` over ``data`` (``ndim`` extents and strides in
-# elements of ``itemsize`` bytes), whose base is ``base`` (it keeps the memory alive).
+# contract: a NumPy array of ``descr`` over ``data`` (strides in elements), kept by ``base``.
 cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape,
                      const int64_t* strides, int64_t itemsize, cnp.dtype descr,
                      bint writeable):
@@ -48,16 +41,13 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
 
 
 cdef object _view_of(object owner, TensorInfo info, bint writeable):
-    """A NumPy array over the memory ``info`` describes (one lane per element), kept
-    alive by ``owner`` (a :class:`HostOwner`, or an array whose memory it is)."""
+    """A NumPy view of the memory ``info`` describes (one lane per element), kept by ``owner``."""
     return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
 cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
-    """A new row-major NumPy array of ``info``'s shape and dtype ``(dst_code, dst_bits)``,
-    in ``align``-byte aligned memory of dlinspect's own (uninitialised); AllocationError
-    naming the bytes where it cannot be allocated."""
+    """A new uninitialised row-major array, ``align``-aligned; AllocationError naming the bytes."""
     cdef int32_t ndim = info.ndim
     cdef int64_t strides[_MAX_NDIM]
     cdef int64_t n = 1
@@ -78,11 +68,8 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
 
 cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device,
                         bint committed):
-    """Copy the host memory of ``cap`` (header ``info``) into ``out`` (aligned row-major
-    memory allocated before: an AllocationError took nothing) and put the copy into JAX on
-    ``device``: ``cap`` is taken first, then read (never before: another thread that took
-    it would free it mid-copy), then the copy is put. The producer's deleter runs right
-    after; a failed copy or put gives ``cap`` back unconsumed."""
+    """Copy ``cap``'s memory into ``out`` and put that on ``device``: ``cap`` is taken before it
+    is read (another thread would free it mid-copy), freed after, unconsumed after a failure."""
     owner = take(cap)
     try:
         _fill(out, info)
@@ -111,10 +98,11 @@ cdef struct _Worker:   # one C thread that copies the first half of a large copy
     PyThread_type_lock go     # released to hand the worker its job
     PyThread_type_lock done   # released by the worker when its half is written
     long pid                  # the process it was started in
+    long failed_pid           # a process where it could not be started (not tried again)
 
 
 cdef _Worker _worker
-_worker.pid = -1
+_worker.pid = _worker.failed_pid = -1
 cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
                    else _os.cpu_count() or 1)
 
@@ -129,35 +117,34 @@ cdef void _worker_loop(void* unused) noexcept nogil:
 
 
 cdef bint _worker_started():
-    """Whether the worker runs in this process: started on first use (no Python object,
-    no GIL: it waits on a lock), and again in a forked child, which inherits no thread.
-    False where the system gives no thread or lock (a copy then runs whole)."""
+    """Whether the worker runs in this process (started on first use, and again in a forked
+    child, which inherits no thread); False: no thread or lock, and a copy runs whole."""
     cdef long pid = _os.getpid()
-    if _worker.pid == pid:
-        return True
-    cdef PyThread_type_lock busy = PyThread_allocate_lock()
-    cdef PyThread_type_lock go = PyThread_allocate_lock()
-    cdef PyThread_type_lock done = PyThread_allocate_lock()
-    if busy == NULL or go == NULL or done == NULL:
-        return False
-    PyThread_acquire_lock(go, WAIT_LOCK)
-    PyThread_acquire_lock(done, WAIT_LOCK)
-    _worker.busy, _worker.go, _worker.done = busy, go, done
-    if PyThread_start_new_thread(_worker_loop, NULL) == -1:
-        return False
-    _worker.pid = pid
-    return True
+    if _worker.pid == pid or _worker.failed_pid == pid:
+        return _worker.pid == pid
+    cdef PyThread_type_lock locks[3]
+    cdef int i
+    for i in range(3):
+        locks[i] = PyThread_allocate_lock()
+    if locks[0] != NULL and locks[1] != NULL and locks[2] != NULL:
+        PyThread_acquire_lock(locks[1], WAIT_LOCK)
+        PyThread_acquire_lock(locks[2], WAIT_LOCK)
+        _worker.busy, _worker.go, _worker.done = locks[0], locks[1], locks[2]
+        if PyThread_start_new_thread(_worker_loop, NULL) != -1:
+            _worker.pid = pid
+            return True
+    for i in range(3):   # no thread: the locks freed, and the copies of this process whole
+        if locks[i] != NULL:
+            PyThread_free_lock(locks[i])
+    _worker.failed_pid = pid
+    return False
 
 
 cdef int _fill(object out, TensorInfo info) except -1:
-    """Copy ``info``'s host memory into ``out`` (a row-major array of its shape) in C
-    without the GIL (include/dlinspect/copy.h: a straight copy where the memory is dense,
-    a transpose in cache tiles where it is permuted): the bytes as they are where ``out``
-    has the source's element size, else each element narrowed as NumPy's unsafe cast and
-    JAX's x64 narrowing do (integers wrap, floats round to nearest, IEEE). From
-    ``DL_COPY_PARALLEL_MIN`` bytes (4 MiB), on a machine of several cores, one half is
-    copied by a worker thread while this one copies the other. The memory must be the
-    caller's while this runs (a taken capsule's, or a view's)."""
+    """Copy ``info``'s host memory into ``out`` (row-major, its shape) in C without the GIL
+    (include/dlinspect/copy.h): the bytes as they are, or narrowed as NumPy's unsafe cast and
+    JAX's x64 mode do. From DL_COPY_PARALLEL_MIN bytes, with several cores, a worker thread
+    copies one half. The memory must be the caller's while this runs."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
     cdef size_t dst_bytes = <size_t>info.size * dst_size
@@ -185,17 +172,14 @@ cdef int _fill(object out, TensorInfo info) except -1:
 
 
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
-    """jaxlib's batched put views this host memory in place (probed: row-major, whole
-    bytes per element, aligned as it needs); else the DLPack import views it."""
+    """Whether jaxlib's batched put views this host memory in place (else the DLPack import)."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
             and info._contiguous(_C_ORDER) and (info._ptr() & (tg.put_align - 1)) == 0)
 
 
 cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
-    """A host NumPy array dlinspect holds (a view or its own copy) into JAX on ``device``,
-    committed or not (see above). ``view``: its memory is viewed, as the route said:
-    by jaxlib's batched put where it views it, else by the DLPack import; otherwise
-    (sub-byte dtypes, empty arrays) taken as ``jax.device_put`` takes it."""
+    """A host array dlinspect holds into JAX: viewed (``view``) by the batched put or else the
+    DLPack import; otherwise as ``jax.device_put`` takes it (sub-byte dtypes, empty arrays)."""
     cdef cnp.ndarray a = arr
     cdef int64_t dims[_MAX_NDIM]
     cdef int i
@@ -215,10 +199,8 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
 
 
 cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, device):
-    """Host memory that needs nothing, viewed by JAX on ``device``, uncommitted. A NumPy
-    array is handed to jaxlib as it is (its export is released unconsumed: NumPy's deleter
-    runs now); any other memory is taken from its capsule first (consumed: the producer's
-    deleter runs when the last array over it dies)."""
+    """Host memory that needs nothing, viewed uncommitted: a NumPy array as it is (its export
+    released now), other memory taken (its deleter runs when the last array over it dies)."""
     descr = _numpy_dtype(info._code, info._bits)
     aval = tg.aval(info.ndim, info._shape, descr)
     if type(x) is _np_ndarray:

@@ -1,11 +1,8 @@
-# report.pxi: what a loader's conversions copied, per key path, and why (the needs each
-# leaf's route was decided from), with one warning per loader where the user can remove
-# a copy made in every batch.
+# report.pxi: what a loader's conversions copied, per key path, and why (LoaderReport).
 
 #: Batches a loader converts before its report looks for a copy made in every one.
 ADVISE_AFTER = 8
-#: Bytes per batch below which a leaf's copy is not worth a warning (it costs less than
-#: the call that makes it).
+#: Bytes per batch below which a leaf's copy is not worth a warning (cheaper than the call).
 ADVISE_MIN_BYTES = 64 * 1024
 # Why a loader copied a leaf it first imported zero-copy (its ``reuse="copy"``).
 cdef str _REUSED = "reused memory"
@@ -38,8 +35,7 @@ cdef dict _REMEDIES = {
 
 
 cdef str _copy_reason(uint32_t needs, bint forced):
-    """The reasons a leaf with ``needs`` is copied, joined ("alignment, narrowing"), or
-    None where it is not (a view, an empty tensor, memory the CPU backend views)."""
+    """The reasons a leaf with ``needs`` is copied, joined ("alignment, narrowing"), or None."""
     words = ["copy=True"] if forced else []
     if needs & NEED_DEVICE:    # a host copy whatever the memory's layout
         needs &= NEED_DEVICE | NEED_NARROW | NEED_DTYPE
@@ -107,8 +103,7 @@ cdef class LoaderReport:
         self._views = []
 
     def _next_epoch(self):
-        """A report for a new epoch of the same loader (the one warning stays given):
-        an epoch still running keeps counting into its own."""
+        """A new report for the loader's next epoch (one still running counts into its own)."""
         cdef LoaderReport nxt = LoaderReport(at_delivery=self._at_delivery)
         nxt._warned = self._warned
         return nxt
@@ -124,8 +119,7 @@ cdef class LoaderReport:
         return 0
 
     cdef int _note_route(self, Py_ssize_t i, Route route, bint forced) except -1:
-        """A leaf of the general route: copied where its route copies (``forced``:
-        ``copy=True`` was asked for)."""
+        """A leaf of the general route: copied where its route copies (``forced``: copy=True)."""
         info = route.info
         cdef int64_t nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
         if not route.copy_bytes:
@@ -138,11 +132,8 @@ cdef class LoaderReport:
         return 0
 
     cdef int _end(self, leaf) except -1:
-        """The batch converted (``leaf(index)``: its leaf's key path, source and result):
-        counted now or (at delivery) when the loader hands it over. ``_views``: its
-        zero-copy and read-only leaves, ``(key path, source, result, address space, start,
-        end, zero-copy)`` (bytes; the space 0 for host memory, else ``(device type, id)``),
-        for the loaders' reuse check."""
+        """The batch converted, counted now or when handed over; ``_views``: its zero-copy and
+        read-only leaves, ``(key, src, out, space, start, end, zero_copy)`` (space 0: host)."""
         cdef list rows = [], views = []
         cdef TensorInfo info
         for i, nbytes, reason, info in self._pending:
@@ -171,8 +162,7 @@ cdef class LoaderReport:
         return views
 
     def _reused(self, keys):
-        """The latest batch's zero-copy leaves under ``keys`` copied after all, their
-        memory handed over again (a loader's ``reuse="copy"``): "reused memory"."""
+        """The latest batch's zero-copy leaves under ``keys``, copied after all (reused memory)."""
         cdef list rows = self._last
         for k, (key, nbytes, reason) in enumerate(rows):
             if reason is None and key in keys:
@@ -206,10 +196,8 @@ cdef class LoaderReport:
         return 0
 
     cdef object _advice(self):
-        """The one warning: the first leaf copied in every batch counted so far, at least
-        ``ADVISE_MIN_BYTES`` a batch, where every reason it was copied for (one or
-        several, the same in each batch or not) is one the user can remove; each
-        reason's fix named."""
+        """The one warning: the first leaf copied in every batch, ADVISE_MIN_BYTES a batch or
+        more, for reasons the user can all remove; each reason's fix named."""
         for key, (n, _, copied) in self._leaves.items():
             times = sum(t for _, t in copied.values())
             nbytes = sum(b for b, _ in copied.values())

@@ -1,6 +1,4 @@
-# routes.pxi: the one decision (needs) made into a Route of facts: its kind, action, needs,
-# bytes copied, devices and, for an error, the problem and its facts. Pure: nothing here
-# imports, copies or words (dlinspect._words turns a route into its reason, error, warning).
+# routes.pxi: the one decision made into a Route of facts; pure (dlinspect._words words it).
 
 import pickle as _pickle
 
@@ -10,15 +8,13 @@ from dlinspect._options import check_sharding
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
     "zero-copy", "copy", "host-fallback", "error", "untouched")
 
-# What executing a route does (Route.action; dlinspect._tables says each): one executor
-# each in execute.pxi (EXECUTORS).
+# Route.action (dlinspect._tables says each): one executor each in execute.pxi.
 from dlinspect._tables import (
     ARRAY_COPY, ARRAY_PUT, DEVICE_PUT, EMPTY, HOST_COPY, HOST_VIEW, IMPORT, KEEP, NUMPY_COPY,
     NUMPY_PUT, PASS, PROCESS_LOCAL, PRODUCER_COPY, RAISE, SPLIT, UNPACK,
 )
 
-# The actions a JAX route (to_jax) and a host route (to_host) carry; a leaf that is
-# not a tensor is KEEP, kept by the batch's walker.
+# The actions of a JAX and of a host route (KEEP: a leaf that is not a tensor, kept).
 JAX_ACTIONS = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY, NUMPY_PUT,
                          NUMPY_COPY, RAISE, PASS, ARRAY_PUT, ARRAY_COPY, SPLIT, DEVICE_PUT,
                          PROCESS_LOCAL])
@@ -139,8 +135,7 @@ cdef class Route:
 
     @property
     def warning(self):
-        # The one rule: a route warns where it narrows a 64-bit dtype (x64 off) and the
-        # caller did not pass narrow="ok"; an error route does not warn.
+        # (narrow[4]: narrow="warn"; an error route does not warn)
         narrow = self.facts.get("narrow") if self.problem is None else None
         if not narrow or not narrow[4]:
             return None
@@ -170,8 +165,7 @@ cdef class Route:
 
 
 def _plain(value):
-    """A fact that travels: numbers, text and containers of them (not the memory, the
-    producer or the devices a fact may hold)."""
+    """A fact that travels: numbers, text and containers of them."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
     if isinstance(value, (tuple, list, frozenset)):
@@ -226,15 +220,13 @@ def fail(str problem, info, str target, needs=0, **facts):
 
 
 def failed(BaseException exc, str target, info=None):
-    """A route of kind "error" whose error is ``exc`` (a producer's refusal, a header's
-    fault: raised by the export, worded there), without its traceback (it would hold
-    the caller's frame, and so the capsule, in a cycle until the next collection)."""
+    """A route of kind "error" whose error is ``exc`` (raised by the export), without its
+    traceback (it would hold the caller's frame, and so the capsule, in a cycle)."""
     return fail("raised", info, target, cause=exc.with_traceback(None))
 
 
 cdef Route _fits(Route route):
-    """Every copy a route plans fits in physical memory, else an AllocationError route
-    (one rule for every route function)."""
+    """``route``, or an AllocationError route where its copy exceeds physical memory."""
     if not _fits_in_memory(route.copy_bytes):
         return fail("allocation", route.info, route.target, route._needs,
                     nbytes=route.copy_bytes, total=physical_memory())
@@ -252,8 +244,7 @@ cdef bint _unpackable(TensorInfo info):
 
 
 cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
-    """The route of a tensor with header ``info`` and ``needs`` into JAX (pure); ``source``:
-    what the caller passed (a producer, a bare capsule, which has none, or a TensorInfo)."""
+    """The route of header ``info`` into JAX (pure); ``source``: what the caller passed."""
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
@@ -282,8 +273,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
 
 cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow,
                          bint host):
-    """Memory JAX has a device for: imported as it is, or copied first (by dlinspect for
-    host memory, by JAX's importer for device memory), or the copy=False error."""
+    """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
     src, dest = _import_devices(info, needs, tg, opts.device, host)
     blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
@@ -291,16 +281,14 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
                  permuted=info._contiguous(_ANY_ORDER))
     if copy is False and (blocking or dest != src):
         return fail("copy-forbidden", info, "jax", needs, **facts)
-    # Layout, read-only and alignment need a copy of the bytes themselves; narrowing
-    # and device moves happen after import, except that host memory is narrowed by the
-    # copy itself (one pass; NumPy's cast gives JAX's values: wrap-around, IEEE rounding).
+    # Layout, read-only and alignment need a copy of the bytes; narrowing and device moves
+    # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
     cdef bint bytes_copy = _bytes_copy(needs, host) or bool(copy)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
     action = _import_action(needs, view, bytes_copy, host)
-    # Device memory in a permuted order: JAX's import keeps it as the array's layout, and
-    # a copy on the device makes it row-major (Need.PERMUTED).
+    # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
     facts["relayout"] = relayout
     import_type = kDLCPU if needs & NEED_VIA_CPU else info._dev_type
@@ -337,8 +325,7 @@ cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host):
 
 
 cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
-    """``(code, bits, code, bits, warn)``: the dtype and the one JAX narrows it to, where
-    it does, and whether the caller hears of it (``narrow="warn"``); else None."""
+    """``(code, bits, narrowed code, narrowed bits, warn)`` where JAX narrows; else None."""
     if not needs & NEED_NARROW:
         return None
     cdef int key = tg.narrow[code | (bits << 8)][0]   # (code | bits << 8 of the narrow dtype)
@@ -346,8 +333,7 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
-    """A dtype JAX holds but does not import, in host memory: a NumPy view (packed
-    sub-byte elements unpacked, one per byte), copied by ``jax.device_put``."""
+    """A dtype JAX holds but does not import, in host memory: a NumPy view (unpacked) put by JAX."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
     padded = info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
@@ -361,10 +347,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts)
 
 
 def route_numpy_copy(exc, JaxTarget tg, str target, opts):
-    """NumPy memory DLPack cannot describe (byte order, strides; see
-    :class:`~dlinspect.NotDescribableError`): one copy by NumPy into native,
-    C-ordered, aligned memory (into JAX's narrowed dtype where x64 is off), or the
-    error. Under a multi-device sharding the copy is then split (see ``route_sharded``)."""
+    """NumPy memory DLPack cannot describe: NumPy's one copy (narrowed where JAX narrows)."""
     arr = exc.array
     facts = dict(array=arr, why=exc.why)
     if opts.copy is False:
@@ -392,8 +375,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, opts):
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source,
                                narrow):
-    """Memory JAX has no device for (or vector lanes in device memory): the producer's
-    host copy, else the array protocol; or the error that says why not."""
+    """Memory JAX has no device for (or lanes in device memory): via host memory, or the error."""
     facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
     bare = PyCapsule_CheckExact(source)
     if opts.fallback == "raise" or bare:
@@ -408,17 +390,14 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, JaxTarget tg, op
 
 
 cdef object _copy_into(TensorInfo info, uint32_t needs, source):
-    """How the producer copies into aligned host memory dlinspect allocates (the one
-    copy of a host fallback), where it can and the copy is the whole conversion:
-    same dtype (no narrowing), one lane, a NumPy dtype to allocate; else None."""
+    """The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane)."""
     if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None:
         return None
     return _entry_for(type(source)).into
 
 
 cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
-    """The route of a tensor with header ``info`` and ``needs`` into NumPy (pure)."""
-    # What the memory's structure rules out comes first: it holds whatever dtypes exist.
+    """The route into NumPy (pure): what the memory's structure rules out first (any dtype)."""
     if needs & NEED_SHAPE:
         return fail("shape", info, "host", needs)
     if _lanes_share_bytes(info):
@@ -449,11 +428,8 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
 # ---- sharded: one decision per leaf ----------------------------------------
 
 def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
-    """The route of a tensor onto a multi-device ``sharding`` (pure), for ``plan`` and
-    ``to_jax`` alike. Host memory bound for CPU devices is split in place, each slice's
-    needs computed once: where every slice is viewed or, with ``copy=None``, copied in C
-    (``_c_copy``), the route carries them (``facts["parts"]``) for one pass, its
-    ``shards`` worded only when asked for; else each slice gets its own route."""
+    """The route onto a multi-device ``sharding`` (pure): host memory for CPU devices split in
+    place, in one pass where C views or copies every slice (``facts["parts"]``)."""
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
     lay = layout(sharding, info.shape)
@@ -475,8 +451,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
 
 
 cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
-    """``(parts, copy_bytes, narrow, one_pass)``: each slice's header and needs, the bytes
-    copied, the narrowing, and whether C views or copies every slice in one pass."""
+    """``(parts, copy_bytes, narrow, one_pass)``: one_pass where C views or copies every slice."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
@@ -516,7 +491,6 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
 
 
 cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, opts, source):
-    """``(device, index, route)`` of every slice: each slice's own route onto its device."""
     return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
                   for dev, index, (part, n) in zip(devices, indices, parts)])
 
@@ -524,10 +498,8 @@ cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, o
 # ---- jax.Array and leaves that are not tensors --------------------------------
 
 def route_jax_array(x, opts, JaxTarget tg):
-    """The route of a ``jax.Array`` (typed PRNG key arrays too): no DLPack round trip,
-    only ``device_put`` or a copy; a deleted or donated one is an error route. One in
-    another layout than JAX's row-major default (``jax.dlpack.from_dlpack`` of a
-    transpose) is copied into it first: ``jax.device_put`` moves such an array wrong."""
+    """A ``jax.Array``'s route: ``device_put`` or a copy (into row-major first where it is not:
+    ``jax.device_put`` moves it wrong); a deleted or donated one is an error route."""
     try:
         _refuse_dead_array(x)
     except ProducerError as exc:
@@ -588,22 +560,3 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
 cdef inline object _refuser(tg, int flags):
     """What judges a producer's device before its export: JAX's, with fallback="raise"."""
     return (<JaxTarget>tg).refuse_device if tg is not None and flags & _OPT_FALLBACK_RAISE else None
-
-
-def plan_one(x, tg, str target, opts):
-    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array),
-    exported exactly as :func:`to_jax` would export it and released unconsumed."""
-    if tg is not None and _jax_array(x):
-        return route_jax_array(x, opts, tg)
-    if isinstance(x, TensorInfo):
-        return decide(x, tg, target, opts)
-    cdef PyObject* p = NULL
-    try:
-        info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p, None,
-                       _refuser(tg, (<int>opts.flags)))
-    except NotDescribableError as exc:
-        return route_numpy_copy(exc.with_traceback(None), tg, target, opts)
-    except DLInspectError as exc:
-        return failed(exc, target)
-    Py_XDECREF(p)   # released unconsumed (a bare capsule stays the caller's)
-    return decide(info, tg, target, opts, x)

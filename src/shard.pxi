@@ -1,6 +1,4 @@
-# shard.pxi: how a jax.sharding.Sharding cuts a tensor: pure geometry, no imports or
-# copies; asked of JAX once per (sharding, shape). The sharded route is decided in
-# routes.pxi (route_sharded) and carried out in execute.pxi (the SPLIT executor).
+# shard.pxi: how a jax.sharding.Sharding cuts a tensor: pure geometry, asked of JAX once.
 
 class Layout(_NamedTuple):
     """How a sharding cuts a tensor of one shape (asked of JAX once per pair)."""
@@ -17,8 +15,7 @@ _layouts = {}   # (sharding, shape) -> Layout; a module global (tests start it a
 
 
 def layout(sharding, shape):
-    """The :class:`Layout` of ``shape`` under ``sharding`` (cached: a loader sends the
-    same batch shape every step)."""
+    """The :class:`Layout` of ``shape`` under ``sharding`` (cached: a loader's every step)."""
     key = (sharding, shape)
     got = _layouts.get(key)
     if got is not None:
@@ -35,9 +32,8 @@ def layout(sharding, shape):
 
 
 def uneven(shape, sharding):
-    """Why ``sharding`` cannot split ``shape`` evenly, as facts, or None:
-    ``("ndim", ndim, jax's words)`` when the sharding has more axes than the tensor,
-    ``("axis", axis, size, shard count, device count)`` for an axis that does not divide."""
+    """Why ``sharding`` cannot split ``shape`` evenly, or None: ``("ndim", ndim, jax's words)``,
+    or ``("axis", axis, size, shard count, device count)`` for an axis that does not divide."""
     try:
         # The shards per axis, JAX's own answer: each count divides the device count n, so
         # a shape of n along each axis splits evenly, and n / shard extent is that count.
@@ -55,8 +51,7 @@ _plain_devices = {}   # id(sharding) -> (sharding, _is_plain_device of it); a mo
 
 
 cdef bint _is_plain_device(sharding) except -1:
-    """A SingleDeviceSharding in the device's default memory (the same as ``device=``),
-    remembered per sharding object (a loader passes the same one every step)."""
+    """A SingleDeviceSharding in default memory (as ``device=``), remembered per object."""
     got = _plain_devices.get(id(sharding))
     if got is not None and (<tuple>got)[0] is sharding:
         return (<tuple>got)[1]

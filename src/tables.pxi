@@ -1,5 +1,4 @@
-# tables.pxi: the C-speed forms of the tables (dlinspect._tables holds the rows, below
-# the core): each device type's row as bits for the C paths, and a cache of NumPy dtypes.
+# tables.pxi: C-speed forms of dlinspect._tables' rows: device bits, NumPy dtypes cached.
 
 from dlinspect._tables import (
     DEVICES, DTYPES, NUMPY_MAX_NDIM, OTHER_DEVICE, DLDataType, DLDataTypeCode, DLDeviceType,
@@ -7,8 +6,7 @@ from dlinspect._tables import (
     dtype_name, numpy_dtype,
 )
 
-# The rows' booleans as bits per DLDeviceType below 64, for the C paths (_host_accessible:
-# the row's ``host``, _pinned: ``pinned``, _takes_stream: ``stream``).
+# The rows' booleans as bits per DLDeviceType below 64, for the C paths.
 cdef enum:
     _DEV_HOST = 1
     _DEV_PINNED = 2
@@ -37,11 +35,8 @@ cdef inline bint _takes_stream(int32_t device_type) noexcept nogil:
 
 
 def stream_of(int device_type, jax_device):
-    """The ``stream`` to pass to ``__dlpack__`` for memory of ``device_type`` bound for
-    ``jax_device`` (array API ``__dlpack__``, *stream*): None where the device takes no
-    stream (CPU, pinned host, devices JAX has no backend for); else the stream JAX
-    waits on, where 0 becomes the device's ``default_stream`` (on CUDA 0 is not
-    allowed and 1 is the legacy default stream)."""
+    """``__dlpack__``'s ``stream`` for memory bound for ``jax_device``: None where it takes none,
+    else the one JAX waits on, 0 made ``default_stream`` (CUDA forbids 0; 1: legacy default)."""
     if not _takes_stream(device_type) or jax_device is None:
         return None
     try:
@@ -51,8 +46,7 @@ def stream_of(int device_type, jax_device):
     return _DEFAULT_STREAM[device_type] if stream == 0 else int(stream)
 
 
-# numpy_dtype's answers by ``code | bits << 8``, borrowed from the cache dlinspect._tables
-# keeps of them (never emptied): the hot path's lookup, one load.
+# numpy_dtype's answers by ``code | bits << 8``, borrowed from _tables' cache (never emptied).
 cdef PyObject* _numpy_by_key[1 << 16]
 
 

@@ -1,8 +1,4 @@
-# target.pxi: the installed JAX as the core reads it, one object (JaxTarget): its
-# devices, what its DLPack import takes (probed once by dlinspect._jaxcaps, which
-# builds it and hands it over), its narrowing with x64 off, its zero-copy alignment,
-# and the caches of its abstract values and shardings. The decision (needs.pxi) and
-# every route read it; nothing here decides.
+# target.pxi: the installed JAX as the core reads it (JaxTarget, built by dlinspect._jaxcaps).
 
 cdef enum:
     _RECENT_AVALS = 8
@@ -17,36 +13,21 @@ ctypedef struct _AvalSlot:
 
 @cython.final
 cdef class JaxTarget:
-    """The installed JAX, as the decision and every route read it: the one object, built
-    once per process by ``dlinspect._jaxcaps.JaxCaps.target`` from its probes and private
-    symbols, whose docstrings say what each attribute is (``dlinspect doctor``: how each was
-    resolved). Everything is given as keywords: ``jax``, ``jnp``, ``import_fn(capsule,
-    device, stream, copy, dl_device_type)`` (``direct``: jaxlib's own), ``cpu_device``
-    (where kDLCPU:0 memory is imported), ``cpu_align`` (XLA:CPU's zero-copy alignment;
-    dlinspect's copies are aligned to ``copy_align``: it, at least 64 bytes, and
-    ``put_align``), ``x64`` and ``x64_context`` (the calling thread's x64 mode), ``devices``
-    (``(device_type, device_id)`` to ``jax.Device``), ``cpu_keys``, ``platforms``, the
-    dtype probes ``probe`` and ``hold`` (each asked once per dtype), ``narrow``, ``warn``,
-    ``stream_for``, ``array_type``, ``permuted_ok``, ``unit_strides_ok``, ``assemble``,
-    ``uncommit``, ``row_major``, and jaxlib's batched put, ``put(aval, sharding, arrays,
-    devices, committed)`` (None where it does not view aligned row-major memory in place or
-    gives another array than ``jax.device_put``), with ``put_align``, ``make_aval`` and
-    ``make_single`` (cached here).
-    """
+    """The installed JAX, built once per process by ``dlinspect._jaxcaps.JaxCaps.target``,
+    whose docstrings say what each keyword is (``dlinspect doctor``: how each was resolved).
+    ``put``, jaxlib's batched put: None where it does not view aligned row-major memory."""
     cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
     cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
     cdef object probe, hold, make_aval, make_single
     cdef dict devices, narrow, bad, _avals, _singles
-    # The last few abstract values asked for, by shape and dtype, in C (a loader sends the
-    # same shapes every step): asked before the dict, which holds the rest.
+    # The last few abstract values, in C (a loader sends the same shapes), asked before the dict.
     cdef _AvalSlot _recent[_RECENT_AVALS]
     cdef int _next_slot
     cdef set cpu_keys
-    # What each dtype probe found, by ``code | bits << 8 | held << 16``: 0 not asked
-    # yet, 1 taken, 2 refused (reason in ``bad``). A table, not a set: the hot path
-    # asks it for every tensor.
+    # Each dtype probe's answer by ``code | bits << 8 | held << 16`` (0 not asked, 1 taken,
+    # 2 refused: reason in ``bad``); a table, not a set: the hot path asks it for every tensor.
     cdef uint8_t _known[1 << 17]
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
@@ -79,8 +60,7 @@ cdef class JaxTarget:
             Py_XDECREF(self._recent[i].descr)
 
     cdef object aval(self, int32_t ndim, const int64_t* shape, object descr):
-        """The abstract value of a host array of ``shape`` (``ndim`` extents) and NumPy
-        dtype ``descr`` (cached: the last few in C, the rest in a dict)."""
+        """The abstract value of a host array (cached: the last few in C, the rest in a dict)."""
         cdef int i
         cdef _AvalSlot* slot
         if ndim <= _INLINE_NDIM:
@@ -108,8 +88,7 @@ cdef class JaxTarget:
         return got
 
     cdef object sharded_aval(self, tuple shape, object descr, sharding):
-        """The abstract value ``jax.device_put`` gives an array of ``shape`` and ``descr``
-        put over ``sharding`` (its mesh included; None: one device), cached."""
+        """``jax.device_put``'s abstract value over ``sharding`` (None: one device), cached."""
         key = (shape, descr, sharding)
         got = self._avals.get(key)
         if got is None:
@@ -119,7 +98,6 @@ cdef class JaxTarget:
         return got
 
     cdef object single(self, device):
-        """``device``'s SingleDeviceSharding (cached)."""
         got = self._singles.get(device)
         if got is None:
             got = self._singles[device] = self.make_single(device)
@@ -139,16 +117,13 @@ cdef class JaxTarget:
         return False
 
     def dtype_problem(self, int code, int bits, bint held=False):
-        """None if JAX's DLPack import takes one lane of ``(code, bits)`` (``held``:
-        if JAX holds that dtype from NumPy); else the reason."""
+        """None where JAX imports one lane of ``(code, bits)`` (``held``: holds it); else why."""
         if self._dtype_ok(code, bits, held):
             return None
         return self.bad[code | (bits << 8) | (held << 16)]
 
     def refuse_device(self, x, int device_type, int device_id):
-        """``fallback="raise"``'s judgement of a producer's device before it is asked to
-        export (``__dlpack_device__``'s answer): an UnsupportedDeviceError naming the
-        device where JAX has no device for it and the memory is not host memory."""
+        """``fallback="raise"``: UnsupportedDeviceError before the export for a device JAX lacks."""
         if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
                 or _host_accessible(device_type)):
             return

@@ -1,5 +1,4 @@
-# warn.pxi: DLInspectWarning, attributed to the user's line, or kept for another thread
-# (a loader's worker) to emit on the consumer's.
+# warn.pxi: DLInspectWarning at the user's line, or kept for another thread to emit.
 
 import os as _os
 import threading as _threading
@@ -9,25 +8,20 @@ import warnings as _warnings
 #: thread to emit (``prefetch_to_jax``'s worker); absent elsewhere.
 collecting = _threading.local()
 
-# dlinspect's own Python files (the package's folder: an editable install keeps the
-# extension elsewhere).
+# dlinspect's own Python files (an editable install keeps the extension elsewhere).
 _HERE = _os.path.dirname(_sys.modules["dlinspect"].__file__) + _os.sep
 _folders = {}   # "jax", "grain" -> the package's folder, once it is imported
 
 
 def warn(message, bint at_consumer=False):
-    """A DLInspectWarning attributed to the first caller outside dlinspect and jax (and,
-    ``at_consumer``, grain: the line that iterates a grain pipeline), kept instead on a
-    thread collecting warnings (unless ``at_consumer``). Shown as Python's filters say (by
-    default once per call site and message, that is, per dtype narrowed): a message shown
-    at a call site whose filter hides repeats is not handed to ``_warnings.warn`` again
-    while the filters stay as they were (a loader's step warns once, not every batch)."""
+    """A DLInspectWarning at the first caller outside dlinspect and jax (``at_consumer``: and
+    grain), or kept on a collecting thread; once shown where the filters hide repeats, not
+    warned there again while they stay as they were (a loader's step warns once)."""
     collected = None if at_consumer else getattr(collecting, "messages", None)
     if collected is not None:
         collected.append(message)
         return
-    # The innermost Python frame (compiled functions have none) is _warnings.warn's
-    # stacklevel 1; dlinspect's own and jax's frames are passed over.
+    # The innermost Python frame (compiled functions have none) is stacklevel 1; ours, jax's pass.
     level, frame_or_none = 1, _sys._getframe(0)
     while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename, at_consumer):
         level, frame_or_none = level + 1, frame_or_none.f_back
@@ -46,8 +40,7 @@ def warn(message, bint at_consumer=False):
         _shown[key] = (filters, len(filters))
 
 
-# (code, line, message) -> the filters list (kept: its identity is the test) and its
-# length when the warning was shown there.
+# (code, line, message) -> (the filters list, whose identity is the test, and its length)
 _shown = {}
 
 

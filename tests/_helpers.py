@@ -19,7 +19,7 @@ def buffer_pointer(arr):
 
 def target():
     """The installed JAX's JaxTarget."""
-    from dlinspect._jaxcaps import caps
+    from dlinspect._core import jax_caps as caps
     return caps().target
 
 

@@ -39,8 +39,8 @@ def ml_dtypes():
 @pytest.fixture(params=["direct", "public"])
 def import_path(request):
     """Run a test through jaxlib's import function and through jax.dlpack.from_dlpack."""
-    from dlinspect import _jaxcaps as djax
+    from dlinspect import _core as djax
     djax.force_public_api(request.param == "public")
-    assert djax.caps().direct == (request.param == "direct")
+    assert djax.jax_caps().direct == (request.param == "direct")
     yield request.param
     djax.force_public_api(False)

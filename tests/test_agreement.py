@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import DLInspectWarning  # noqa: E402
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect.testing import FLAG_READ_ONLY, FakeProducer, aligned_empty, make_capsule  # noqa: E402
 from _computations import assert_computes_like  # noqa: E402
 

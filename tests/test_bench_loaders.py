@@ -25,7 +25,7 @@ SHIFT = 16                                               # bytes past a 64-byte 
 def shifted_copied():
     """Whether this XLA:CPU copies memory SHIFT bytes past a 64-byte boundary for its
     alignment (jaxlib 0.4.30 views memory of any alignment; later ones 64-byte aligned)."""
-    from dlinspect._jaxcaps import target
+    from dlinspect._core import jax_target as target
     return SHIFT % target().cpu_align != 0
 
 

@@ -28,7 +28,7 @@ from dlinspect import (  # noqa: E402
     to_host,
     to_jax,
 )
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax, _jaxcaps  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, make_capsule  # noqa: E402
 from _helpers import aligned, buffer_pointer  # noqa: E402
@@ -209,7 +209,7 @@ class TestForeignDevices:
             y = dlinspect.to_jax(p).block_until_ready()
             copies = (status("VmHWM:") - before) / src.nbytes
             assert np.asarray(y).sum() == src.size
-            from dlinspect._jaxcaps import caps
+            from dlinspect._core import jax_caps as caps
             print(copies, "two copies at peak" in dlinspect.plan(p).reason, caps().cpu_alignment)
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -244,7 +244,7 @@ class TestForeignDevices:
         q = FakeProducer(src, (D.kDLVulkan, 0))
         y = to_jax(q)
         copy = q.served[-1]
-        align = djax.caps().cpu_alignment
+        align = djax.jax_caps().cpu_alignment
         assert (buffer_pointer(y) == copy.ctypes.data) == (copy.ctypes.data % align == 0)
 
     def test_copy_into_failing_falls_back(self):
@@ -320,10 +320,10 @@ class TestDeviceReconciliation:
 
 
 def test_jax_capabilities_come_from_installed_jax():
-    c = djax.caps()
+    c = djax.jax_caps()
     from jax._src import dlpack as jdl
     table = getattr(jdl, "_DL_DEVICE_TO_PLATFORM", None)   # (jax 0.4.30 has none)
-    expected = djax._DEFAULT_PLATFORMS if table is None else table
+    expected = _jaxcaps._DEFAULT_PLATFORMS if table is None else table
     assert c.mapping == {int(k): v for k, v in expected.items()}
     assert (c.symbols["platforms"].found is None) == (table is None)
     assert c.platforms == {"cpu"}
@@ -354,7 +354,7 @@ class TestStreams:
 
     def test_no_backend_means_no_stream(self):
         assert djax.stream_of(D.kDLCUDA, None) is None
-        assert djax.caps().stream_for(D.kDLCUDA, 0) is None
+        assert djax.jax_caps().stream_for(D.kDLCUDA, 0) is None
 
     def test_device_producer_asked_with_stream_none_for_host_copy(self):
         p = FakeProducer(np.ones(2, np.float32), device=(D.kDLCUDA, 0))
@@ -369,7 +369,7 @@ class TestDeviceFastPath:
     maps kDLCUDA:0 to a JAX device and an import function that records its call."""
 
     def target(self, calls):
-        tg = djax.target()
+        tg = djax.jax_target()
         cpu = tg.cpu_device
 
         def record(cap, device, stream, copy, dl_device_type):

@@ -296,13 +296,13 @@ class TestReport:
     def off():
         """Bytes past an alignment XLA:CPU views that it does not view (jaxlib < 0.5 views
         16-byte aligned memory; later ones 64-byte aligned)."""
-        from dlinspect._jaxcaps import target
+        from dlinspect._core import jax_target as target
         return max(4, target().cpu_align // 2)
 
     @staticmethod
     def alignment_matters():
         """Whether this XLA:CPU copies memory for its alignment (jaxlib 0.4.30 views any)."""
-        from dlinspect._jaxcaps import target
+        from dlinspect._core import jax_target as target
         return target().cpu_align > 4
 
     @classmethod

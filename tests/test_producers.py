@@ -26,7 +26,7 @@ from dlinspect import (  # noqa: E402
     to_jax,
 )
 from dlinspect import _core  # noqa: E402
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, make_capsule  # noqa: E402
 from _helpers import aligned, buffer_pointer, jax_lets_go  # noqa: E402
@@ -336,7 +336,7 @@ class TestLifetimes:  # C12
         view), fails: the capsule is left as it was, named and owning its tensor."""
         counter = DeleterCounter()
         cap = self._capsule(counter)
-        c = djax.caps()
+        c = djax.jax_caps()
         c.target   # built (and its probes run) before the import breaks
         real_put, failing = c._put_fn, []
 

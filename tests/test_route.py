@@ -28,7 +28,7 @@ from dlinspect import (  # noqa: E402
     to_jax,
 )
 from dlinspect import _core  # noqa: E402
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect._core import NUMPY_MAX_NDIM, capsule_name  # noqa: E402
 from dlinspect._options import COPY_NEVER  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
@@ -403,7 +403,7 @@ class TestDtypes:
     def test_dtypes_jax_cannot_hold(self, dtype):
         cap = make_capsule(aligned_empty((8,), np.uint8, 64), shape=(2,), dtype=dtype)
         match = f"code={dtype[0]}, bits={dtype[1]}, lanes={dtype[2]}"
-        if dtype == (15, 6, 1) and djax.caps()._probe_hold(15, 6) is None:
+        if dtype == (15, 6, 1) and djax.jax_caps()._probe_hold(15, 6) is None:
             # jax >= 0.11 holds float6 arrays: then it is the packing that is refused.
             match = "packs 6-bit elements across byte boundaries"
         with pytest.raises(UnsupportedDTypeError, match=match):

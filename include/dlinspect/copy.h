@@ -1,29 +1,10 @@
-/* dlinspect's copies of host tensors: one pass over the source, at memory speed, with no
- * Python object and no GIL. Used by src/put.pxi (_fill).
- *
- * The source is a DLTensor's memory as its header says: extents and strides in
- * elements (any sign, 0 for a broadcast axis), validated by TensorInfo so that every
- * element address lies inside the producer's claimed memory. Elements may be
- * misaligned for their type (DLPack allows it): every scalar load and store is a memcpy
- * (one unaligned move once compiled), every vector one an unaligned SSE2 move.
- *
- * How a gather runs (dl_gather_part):
- *   1. The layout is made canonical (dl_layout_make): extent-1 axes dropped, axes that
- *      form one run merged, a short dense innermost run (up to 32 bytes: a pixel's
- *      channels) taken as one wider element; strides become bytes, and the
- *      destination's row-major strides are derived.
- *   2. Where the destination's innermost axis i walks the source with a stride wider than
- *      that of some other axis j (a transpose: x.T, NCHW -> NHWC), the (j, i) plane is
- *      copied in panels and blocks (DL_PANEL_J, dl_plane_copy, dl_tile_simd) by SSE2
- *      register transposes of 16-byte rows (4x4 floats, 8x8 halves, 16x16 bytes, 2x2
- *      doubles; narrowing converts 32 source bytes per row first), large destinations
- *      with streaming stores. An odometer walks the other axes; the plane's edges go one
- *      element at a time.
- *   3. Elsewhere the destination is written row by row (dl_row): a memcpy for a dense
- *      run, SSE2 loops for reversed, every-other and broadcast runs, a scalar loop else.
- * SSE2 is baseline on x86-64; DL_COPY_NO_SIMD (or any other target) compiles the plain C
- * loops alone, which write the same bytes. Two threads may each run one half
- * (dl_gather_part) of a copy of DL_COPY_PARALLEL_MIN bytes or more (put.pxi). */
+/* dlinspect's copies of host tensors (src/put.pxi, _fill): one pass at memory speed, no GIL.
+ * The source is a DLTensor's memory (strides in elements, any sign; TensorInfo validated every
+ * address), its elements maybe misaligned: every scalar move is a memcpy, every vector one an
+ * unaligned SSE2 move. A gather (dl_gather_part) makes the layout canonical, then copies each
+ * transposed plane (x.T, NCHW -> NHWC) by SSE2 register transposes (dl_plane_copy), or else
+ * each row (dl_row), an odometer walking the other axes. DL_COPY_NO_SIMD (or a target without
+ * SSE2) compiles the plain C loops alone, which write the same bytes. */
 #ifndef DLINSPECT_COPY_H_
 #define DLINSPECT_COPY_H_
 
@@ -70,19 +51,17 @@ typedef enum {
 #define DL_COPY_STREAM_MIN ((size_t)4 << 20)
 #endif
 
-/* Where the destination is fresh pages (dl_fresh: not yet touched, so each first touch has
- * the kernel zero a page, which leaves its lines cached), a band of destination no wider
- * than DL_COPY_BAND_MAX stores ordinarily, into those lines, and streams only where the
- * band is wider; a dense copy then stores ordinarily. */
+/* Into fresh pages (dl_fresh: each first touch has the kernel zero a page, which leaves its
+ * lines cached) a band of destination up to DL_COPY_BAND_MAX wide, and a dense copy, store
+ * ordinarily, into those lines; a wider band streams. */
 #ifndef DL_COPY_BAND_MAX
 #define DL_COPY_BAND_MAX ((size_t)2 << 20)
 #endif
 
 /* Panels: DL_PANEL_J source bytes along j (long runs for the hardware prefetchers) by
- * DL_PANEL_I destination bytes along i; within a panel, blocks of one cache line each
- * way (64 source bytes along j, 64 destination bytes along i), so that a destination
- * line is written whole before the next (directly, or from a staging block in L1 when
- * streaming). */
+ * DL_PANEL_I destination bytes along i, in blocks of one cache line each way, so that a
+ * destination line is written whole before the next (directly, or from a staging block in
+ * L1 when streaming). */
 #ifndef DL_PANEL_J
 #define DL_PANEL_J 4096
 #endif
@@ -128,11 +107,9 @@ static inline int dl_fresh(const void* p, size_t n) {
 #endif
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* One element                                                                        */
+/* ---- One element ---------------------------------------------------------------- */
 
-/* contract: writes the element at `src` (`size` bytes) to `dst` as `cast` says (narrowed:
- * size / 8 parts of 8 bytes, each to 4 bytes). */
+/* contract: writes the element at `src` to `dst` as `cast` says (narrowed: each 8 bytes to 4). */
 static inline void dl_put1(char* dst, const char* src, size_t size, dl_copy_cast cast) {
   size_t p;
   if (cast == DL_COPY_SAME) {
@@ -157,8 +134,7 @@ static inline void dl_put1(char* dst, const char* src, size_t size, dl_copy_cast
 }
 
 /* contract: copies `count` elements of `size` bytes as they are, the k-th from
- * src + k * sb to dst + k * size; a scalar loop with a compile-time size for 1, 2, 4, 8
- * and 16 bytes, and for 3, 6, 12, 24 (three channels) and 32. */
+ * src + k * sb to dst + k * size (common sizes compiled as constants). */
 static inline void dl_gather_scalar(char* restrict dst, const char* restrict src,
                                     int64_t count, int64_t sb, size_t size) {
   int64_t k;
@@ -179,12 +155,10 @@ static inline void dl_gather_scalar(char* restrict dst, const char* restrict src
   }
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* Rows: the destination's innermost axis                                            */
+/* ---- Rows: the destination's innermost axis ------------------------------------- */
 
 #if DL_COPY_SSE2
-/* contract: the 16 bytes `v` with their `size`-byte elements (1, 2, 4 or 8) in reverse
- * order. */
+/* contract: the 16 bytes `v` with their `size`-byte elements (1, 2, 4 or 8) reversed. */
 static inline __m128i dl_reverse16(__m128i v, size_t size) {
   if (size == 1) { /* swap the bytes of each 2-byte unit, then reverse those */
     v = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
@@ -198,8 +172,7 @@ static inline __m128i dl_reverse16(__m128i v, size_t size) {
   return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
 }
 
-/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes a:b,
- * in order, as 16 bytes. */
+/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes a:b. */
 static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
   if (size == 1) { /* the low byte of each 2-byte unit; packus never saturates here */
     const __m128i m = _mm_set1_epi16(0xFF);
@@ -217,8 +190,7 @@ static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
   return _mm_unpacklo_epi64(a, b);
 }
 
-/* contract: the 4 floats rounded from the 4 doubles at `src` (F64_F32) or the low 32 bits
- * of the 4 uint64 there (U64_U32). */
+/* contract: 4 floats of the 4 doubles at `src` (F64_F32), or the low halves of 4 uint64s. */
 static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
   if (cast == DL_COPY_F64_F32) {
     __m128 lo = _mm_cvtpd_ps(_mm_loadu_pd((const double*)src));
@@ -231,10 +203,9 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
 }
 #endif
 
-/* contract: writes `count` elements of the run at `src` (the k-th at src + k * sb bytes,
- * `size` bytes each) to `dst` packed, as `cast` says; returns the end of what it wrote.
- * dst and src do not overlap. `nt`: a dense run stores with streaming stores (the
- * caller fences). */
+/* contract: writes `count` elements of `size` bytes, the k-th from src + k * sb, to `dst`
+ * packed, as `cast` says; returns the end of what it wrote. dst and src do not overlap.
+ * `nt`: a dense run stores with streaming stores (the caller fences). */
 static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t count,
                            int64_t sb, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size;
@@ -323,12 +294,10 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
   return dst + count * sz;
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* Tiles: a transposed plane                                                          */
+/* ---- Tiles: a transposed plane -------------------------------------------------- */
 
 #if DL_COPY_SSE2
-/* contract: stores the 16 bytes `v` at `p`: a streaming (non-temporal) store where `nt`
- * (then p is 16-byte aligned), else an ordinary unaligned one. */
+/* contract: stores `v` at `p`: streaming where `nt` (p then 16-byte aligned), else unaligned. */
 DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
   if (nt) {
     _mm_stream_si128((__m128i*)p, v);
@@ -369,8 +338,7 @@ DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
     h = t7_;                                                        \
   } while (0)
 
-/* Loads of 16 source bytes, row k at src + k * si; stores of 16 bytes, column m at
- * dst + m * dj. */
+/* Loads of 16 source bytes (row k at src + k * si), stores of 16 (column m at dst + m * dj). */
 #define DL_LD(k) _mm_loadu_si128((const __m128i*)(src + (k) * si))
 #define DL_ST(m, v) dl_store16(dst + (m) * dj, v, nt)
 #define DL_ST4(m, a, b, c, d) \
@@ -381,11 +349,10 @@ DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
     DL_ST((m) + 3, d);        \
   } while (0)
 
-/* contract: one microtile of w x w elements (w = 16 / size for DL_COPY_SAME, 32 / size
- * narrowed): dst + m * dj + k * out gets the element at src + k * si + m * size (as cast
- * says; out = size, or size / 2 narrowed) for k, m < w: w loads of 16 source bytes (32
- * narrowed, converted to 16), a register transpose, w stores of 16 bytes (streaming where
- * nt). size and cast are constants wherever it is inlined (dl_tile_simd_any). */
+/* contract: one microtile of w x w elements (w = 16 / size, or 32 / size narrowed):
+ * dst + m * dj + k * out gets the element at src + k * si + m * size, as cast says, for
+ * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w stores of 16
+ * bytes (streaming where nt). */
 DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
                         dl_copy_cast cast, int nt) {
   if (cast != DL_COPY_SAME && size == 8) { /* 4 x 4: 4 doubles (uint64) per source row */
@@ -495,9 +462,8 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
   }
 }
 
-/* contract: dl_tile_simd for any element size and cast that has microtiles, each compiled
- * with its size and cast as constants (so that the microtile's vectors stay in
- * registers). */
+/* contract: dl_tile_simd compiled with each size and cast as constants (so that the
+ * microtile's vectors stay in registers). */
 static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
   /* narrowed: 8 or 16 bytes (a double, a complex128); the bytes as they are: 1 .. 16 */
@@ -517,9 +483,8 @@ static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni,
 }
 #endif
 
-/* contract: the block of nj x ni elements: dst + j * dj + i * out gets the element at
- * src + j * sj + i * si (size bytes, as cast says; out = size, or size / 2 narrowed),
- * one at a time. */
+/* contract: the nj x ni block, dst + j * dj + i * out getting the element at
+ * src + j * sj + i * si as cast says, one element at a time. */
 static inline void dl_block_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
                                    int64_t sj, int64_t si, int64_t dj, size_t size,
                                    dl_copy_cast cast) {
@@ -553,10 +518,9 @@ static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_
   }
 }
 
-/* A transposed plane, as the odometer copies it over and over at other offsets: nj x ni
- * elements, dst + j * dj + i * out getting the element at src + j * sj + i * si (as cast
- * says; out = size, or size / 2 narrowed), where i is the destination's innermost axis
- * and 0 < |sj| < |si|. */
+/* A transposed plane, copied by the odometer at each offset: dst + j * dj + i * out gets
+ * the element at src + j * sj + i * si (as cast says; out = size, or size / 2 narrowed)
+ * for j < nj, i < ni, i the destination's innermost axis and 0 < |sj| < |si|. */
 typedef struct {
   int64_t nj, ni, sj, si, dj;
   int64_t flip_s, flip_d; /* offsets of the plane's first row once j runs upwards */
@@ -595,9 +559,8 @@ static inline void dl_plane_make(dl_plane* P, int64_t nj, int64_t ni, int64_t sj
 #endif
 }
 
-/* contract: copies the plane `P` from `src` (its element (0, 0)) to `dst`: microtiles
- * over the first wj x wi elements, then one element at a time the columns past wi of
- * those rows and the rows past wj (all of the plane where there are no microtiles). */
+/* contract: copies plane `P` from `src` (its element (0, 0)) to `dst`: microtiles over the
+ * first wj x wi elements, the rest one element at a time. */
 DL_INLINE void dl_plane_copy(const dl_plane* P, char* dst, const char* src) {
   const int64_t out = (int64_t)(P->cast == DL_COPY_SAME ? P->size : P->size / 2);
   src += P->flip_s;
@@ -618,8 +581,7 @@ DL_INLINE void dl_plane_copy(const dl_plane* P, char* dst, const char* src) {
   }
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* Layout and driver                                                                  */
+/* ---- Layout and driver ---------------------------------------------------------- */
 
 /* A tensor's layout in canonical form: n axes in destination (row-major) order, none of
  * extent 1, no two mergeable; strides in bytes. */
@@ -632,9 +594,8 @@ typedef struct {
   int64_t dstr[64];       /* destination strides, bytes (row-major) */
 } dl_layout;
 
-/* contract: fills `L` with the canonical layout of the tensor (extents `shape`, strides
- * `strides` in elements of `src_size` bytes, ndim <= 64) copied as `cast` says; returns 0
- * for an empty tensor (L unfilled), else 1. */
+/* contract: fills `L` with the canonical layout of the tensor (strides in elements of
+ * `src_size` bytes, ndim <= 64) copied as `cast` says; 0 for an empty tensor, else 1. */
 static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
                                  const int64_t* strides, size_t src_size, dl_copy_cast cast) {
   int n = 0, d;
@@ -672,13 +633,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
   return 1;
 }
 
-/* contract: copies the `ndim`-d tensor at `src` (extents `shape`, strides `strides` in
- * elements of `src_size` bytes; ndim <= 64, TensorInfo's bound) into `dst`, which holds
- * every element, in row-major order, each element as `cast` says; an empty tensor writes
- * nothing. Of that copy, this call writes part `part` of `nparts` (0 <= part < nparts):
- * the destination cut along one canonical axis into nparts slices of near-equal size.
- * The parts write disjoint bytes and read only the source, so threads may run them at
- * once. `fresh`: the destination is fresh pages (dl_fresh of the whole copy). */
+/* contract: copies the `ndim`-d tensor at `src` (strides in elements of `src_size` bytes;
+ * ndim <= 64, TensorInfo's bound) into `dst` in row-major order, each element as `cast`
+ * says: this call part `part` of `nparts`, the destination cut along one canonical axis
+ * into near-equal slices that write disjoint bytes and read only the source, so threads
+ * may run them at once. `fresh`: the destination is fresh pages (dl_fresh of it all). */
 static inline void dl_gather_part(char* restrict dst, const char* restrict src, int ndim,
                                   const int64_t* shape, const int64_t* strides,
                                   size_t src_size, dl_copy_cast cast, int fresh, int part,

@@ -1,15 +1,9 @@
 /*
- * dlinspect's own declaration of the DLPack 1.3 C ABI.
- *
- * Written from the DLPack specification's facts (enum values, field order,
- * field widths, flag bits, capsule protocol); it is not a copy of upstream
- * `dlpack.h`.  tests/test_abi.py compiles a probe against an official header,
- * when one is installed, and checks every sizeof, offsetof and enum value.
- *
- * The type and enum names are the upstream ones, so code reads the same as
- * code written against the official header; for that reason the two headers
- * cannot be included in one translation unit.  Our own macros (include
- * guard, capsule names, version) carry a DLINSPECT_ prefix.
+ * dlinspect's own declaration of the DLPack 1.3 C ABI, written from the specification's
+ * facts (not a copy of upstream `dlpack.h`); tests/test_abi.py checks every sizeof,
+ * offsetof and enum value against an official header where one is installed. The names
+ * are upstream's (so the two headers cannot share a translation unit); our own macros
+ * carry a DLINSPECT_ prefix.
  */
 #ifndef DLINSPECT_DLPACK_H_
 #define DLINSPECT_DLPACK_H_
@@ -21,7 +15,6 @@
 extern "C" {
 #endif
 
-/* The version of the ABI declared here. */
 #define DLINSPECT_DLPACK_MAJOR 1
 #define DLINSPECT_DLPACK_MINOR 3
 
@@ -42,7 +35,6 @@ typedef struct {
   uint32_t minor;
 } DLPackVersion;
 
-/* Stored as a 32-bit integer in DLDevice (the enum is int32_t-backed in C++). */
 typedef enum {
   kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLOpenCL = 4, kDLVulkan = 7, kDLMetal = 8,
   kDLVPI = 9, kDLROCM = 10, kDLROCMHost = 11, kDLExtDev = 12, kDLCUDAManaged = 13,
@@ -77,15 +69,14 @@ typedef struct {
   uint64_t byte_offset;
 } DLTensor;
 
-/* Legacy (pre-1.0) managed tensor: dl_tensor comes first. */
+/* Legacy (pre-1.0). */
 typedef struct DLManagedTensor {
   DLTensor dl_tensor;
   void *manager_ctx;
   void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
 
-/* Versioned managed tensor (1.0+): dl_tensor comes last; everything up to
- * and including `flags` keeps its place across major versions. */
+/* 1.0+: everything up to and including `flags` keeps its place across major versions. */
 typedef struct DLManagedTensorVersioned {
   DLPackVersion version;
   void *manager_ctx;

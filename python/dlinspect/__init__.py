@@ -17,18 +17,14 @@ except ImportError as exc:  # pragma: no cover - depends on how the tree was ins
 
 from ._core import MAX_NDIM, LoaderReport, Route, TensorInfo, explain, peek, plan, to_host, to_jax
 from ._tables import DLDataType, DLDataTypeCode, DLDeviceType, Need
-from . import _jaxcaps  # noqa: F401  (hands the core what builds its JaxTarget)
 from ._prefetch import PrefetchLoader, prefetch_to_jax
 from ._stack import stack
-from . import testing
-from . import errors
+from . import errors, testing
 from .errors import *  # noqa: F403  (every error and warning: errors.__all__)
 
 __version__ = "0.1.0"   # the package's version, read from here by the build (pyproject.toml)
 
-__all__ = [
-    "peek", "plan", "explain", "to_jax", "to_host", "stack", "prefetch_to_jax",
-    "PrefetchLoader", "LoaderReport", "Route", "Need", "TensorInfo", "MAX_NDIM",
-    "DLDeviceType", "DLDataTypeCode", "DLDataType",
-]
+__all__ = ["peek", "plan", "explain", "to_jax", "to_host", "stack", "prefetch_to_jax", "PrefetchLoader",
+           "LoaderReport", "Route", "Need", "TensorInfo", "MAX_NDIM", "DLDeviceType", "DLDataTypeCode",
+           "DLDataType"]
 __all__ += errors.__all__

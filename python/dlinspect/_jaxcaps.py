@@ -1,10 +1,6 @@
-"""What the installed JAX takes, found out once: the input of the one decision.
-
-Nothing here is frozen for one JAX version: the DLDeviceType-to-platform map comes from
-jax's own ``jax._src.dlpack`` when it has one, the devices from ``jax.local_devices`` (only
-this process's), the CPU alignment and the dtypes from small probes run the first time they
-are needed. Every private JAX/jaxlib symbol dlinspect uses is in one table (:data:`SYMBOLS`),
-each with its public fallback; ``dlinspect doctor`` prints which was used and why.
+"""What the installed JAX takes, found out once (jax's own maps, this process's devices,
+probes run when first needed): the input of the one decision. Every private JAX/jaxlib
+symbol used is in :data:`SYMBOLS` with its public fallback; ``dlinspect doctor`` prints which.
 """
 
 from __future__ import annotations
@@ -14,19 +10,16 @@ import functools
 import importlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._core import JaxTarget, aligned_empty, capsule_of, first_line, header_capsule, import_capsule
-from ._core import set_target, set_target_builder, stream_of, warn
 from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
 from ._tables import dldtype_from_numpy, dtype_name, numpy_dtype
-from ._words import narrowing_text
+from ._words import first_line, narrowing_text
 
-__all__ = ["caps", "target", "force_public_api", "JaxCaps", "SYMBOLS"]
+__all__ = ["CoreTools", "JaxCaps", "SYMBOLS"]
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
@@ -39,13 +32,10 @@ _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
 #: alignment, and a computation on memory less aligned than this crashes the process
 #: (measured: float32, int8 and complex64 arrays 1-8 bytes past a 64-byte boundary).
 MIN_ALIGN = 16
-#: The alignments the probes try, in bytes (the first that JAX views in place is used).
 ALIGNMENTS = (MIN_ALIGN, 32, 64, 128, 256)
 
 
 class Symbol(NamedTuple):
-    """One private JAX/jaxlib symbol dlinspect may use, and what it does without it."""
-
     purpose: str
     candidates: tuple[str, ...]   # "module.attribute", tried in order
     fallback: str                 # what is used when none is found
@@ -54,7 +44,6 @@ class Symbol(NamedTuple):
 # jaxlib's extension module, by its newer and its older name.
 _JAXLIB = ("jax._src.lib._jax.", "jax._src.lib.xla_client._xla.")
 
-#: Every private JAX/jaxlib symbol dlinspect uses, with its public fallback, by name.
 SYMBOLS: dict[str, Symbol] = {
     "import": Symbol(
         "DLPack import (the fast path)",
@@ -93,8 +82,6 @@ SYMBOLS: dict[str, Symbol] = {
 
 
 class SymbolStatus(NamedTuple):
-    """What :data:`SYMBOLS` resolved to here (one row of ``dlinspect doctor``)."""
-
     purpose: str
     found: str | None    # "module.attribute" in use, or None
     reason: str          # why it is or is not used
@@ -125,10 +112,8 @@ _IMPORT_SIGNATURES = (
 
 
 def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] | None, SymbolStatus]:
-    """A 5-argument import function over jaxlib's ``fn``, by its signature, or None; and what
-    ``dlinspect doctor`` says of it. Arguments a jaxlib does not take are left out: without
-    ``copy`` a misaligned import may copy silently, which is why the alignment probe checks
-    pointers."""
+    """A 5-argument import function over jaxlib's ``fn``, or None. Without ``copy`` a
+    misaligned import may copy silently: the alignment probe checks pointers."""
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
     names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
     if names is None:
@@ -144,6 +129,19 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
     return adapted, status._replace(reason=f"{how}: {missing} not passed")
 
 
+class CoreTools(NamedTuple):
+    """What the probes use of the core, handed over by the core that builds its
+    :class:`JaxCaps` (this module imports nothing of it)."""
+
+    JaxTarget: Any
+    aligned_empty: Any
+    capsule_of: Any
+    header_capsule: Any
+    import_capsule: Any
+    stream_of: Any
+    warn: Any
+
+
 class _X64Flag:
     """``.value`` is ``jax.config.jax_enable_x64`` (for jax without the State object)."""
 
@@ -151,15 +149,16 @@ class _X64Flag:
 
 
 class JaxCaps:
-    """Finds out what the installed JAX takes and builds its :class:`~dlinspect._core.JaxTarget`
-    (one instance per process); what ``dlinspect doctor`` reports comes from here too:
-    ``mapping`` (``DLDeviceType`` value to platform, as jax maps them), ``platforms`` (those
-    this process addresses), ``direct`` (jaxlib's own import function is used, else the
-    public API) and ``direct_reason`` (which, or why), ``symbols`` (what each entry of
-    :data:`SYMBOLS` resolved to, by name)."""
+    """Builds the process's JaxTarget; ``dlinspect doctor`` reads ``mapping``, ``platforms``,
+    ``direct`` (jaxlib's import, else the public API), ``direct_reason`` and ``symbols``."""
 
-    def __init__(self) -> None:
-        import jax
+    def __init__(self, core: CoreTools) -> None:
+        try:
+            import jax
+        except ImportError as exc:
+            raise ImportError("dlinspect's JAX routes need jax, which is not installed "
+                              "here; install it with: pip install 'dlinspect[jax]'") from exc
+        self.core = core
         self.jax, self.jnp = jax, jax.numpy
         resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
         self.symbols = {name: status for name, (_, status) in resolved.items()}
@@ -169,7 +168,6 @@ class JaxCaps:
                         for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._x64_state = x64_state
-        self._target: Any = None
         self._direct_fn: Callable[..., Any] | None = None
         if import_fn is not None:
             self._direct_fn, self.symbols["import"] = _import_adapter(import_fn,
@@ -182,19 +180,16 @@ class JaxCaps:
         self.array_type = type(jax.numpy.zeros(()))
 
     def _set_direct(self, force_public: bool, why: str) -> None:
-        set_target(None)   # rebuilt with the import function chosen here
         status = self.symbols["import"]
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
                               else why if force_public else status.reason)
-        self._target = None
+        self._target: Any = None
 
     def _note(self, name: str, found: str | None, reason: str) -> None:
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
-        """``(device_type, device_id) -> jax.Device`` for this process's devices, the CPU
-        ones' keys, the platforms."""
         devices: dict[tuple[int, int], Any] = {}
         platforms: set[str] = set()
         for platform in sorted(set(self.mapping.values())):
@@ -211,27 +206,26 @@ class JaxCaps:
         return devices, cpu_keys, platforms
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
-        """The ``stream`` to pass to ``__dlpack__`` for memory on this DLPack device."""
-        return stream_of(device_type, self.devices.get((device_type, device_id)))
+        return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
-        return import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
+        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
-        """Smallest alignment, in bytes, at which XLA:CPU imports without a copy (never
-        below XLA:CPU's MIN_ALIGN, whatever the importer takes)."""
+        """Never below MIN_ALIGN, whatever the importer takes."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
-        return _first_viewed(lambda buf: self._import(capsule_of(buf), False)) or 4096
+        return _first_viewed(self.core.aligned_empty,
+                             lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
 
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
         """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
-        buf = aligned_empty((6,), np.float32, alignment=256)
+        buf = self.core.aligned_empty((6,), np.float32, alignment=256)
         buf[:] = np.arange(6)
         want = np.asarray(want, np.float32)
         try:
-            arr = self._import(header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
+            arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
             checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
                 lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
@@ -243,17 +237,16 @@ class JaxCaps:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
         if bits == 0:
             return "a 0-bit type holds no data"
-        buf = aligned_empty((64,), np.uint8, alignment=256)
+        buf = self.core.aligned_empty((64,), np.uint8, alignment=256)
         buf[:] = 0
         try:
-            self._import(header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
+            self._import(self.core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
             return first_line(exc, False)
         return None
 
     def _probe_hold(self, code: int, bits: int) -> str | None:
-        """None if JAX holds a NumPy (ml_dtypes) array of dtype ``(code, bits)``
-        (``jax.device_put``); else the reason."""
+        """None if ``jax.device_put`` takes a NumPy (ml_dtypes) array of it; else the reason."""
         dtype = numpy_dtype(code, bits)
         if code == int(Code.kDLOpaqueHandle):
             return "an opaque handle holds no values that an array dtype describes"
@@ -268,8 +261,7 @@ class JaxCaps:
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
         """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
-        with x64 off, the DLInspectWarning text). The narrowed dtype is asked of JAX where it
-        has a thread-local x64 state; else it is the dtype table's documented narrowing."""
+        with x64 off, the warning); the dtype table's narrowing where x64 is not thread-local."""
         table = {}
         for (code, bits), row in DTYPES.items():
             if row.x64_narrow is None:
@@ -288,7 +280,6 @@ class JaxCaps:
 
     @property
     def import_fn(self) -> Callable[..., Any]:
-        """``import_fn(capsule, device, stream, copy, dl_device_type)`` in use."""
         return (self.direct and self._direct_fn) or self._public_import
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
@@ -299,14 +290,13 @@ class JaxCaps:
 
     @property
     def target(self) -> Any:
-        """The :class:`dlinspect._core.JaxTarget` of this JAX (built once)."""
         if self._target is None:
-            self._target = JaxTarget(
+            self._target = self.core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=warn, stream_for=self.stream_for,
+                narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
                 array_type=self.array_type,
                 # a permuted order (2x3 stored column-major) kept committed, as the route leaves
                 # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
@@ -316,18 +306,15 @@ class JaxCaps:
                 unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
                 assemble=self._assembler(), uncommit=self._uncommitter(),
                 row_major=_row_major, **self._put())
-            set_target(self._target)
         return self._target
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
-        """The abstract value of a JAX array; with its sharding where JAX has them (as
-        ``jax.device_put``'s array over a multi-device sharding carries its mesh)."""
+        """With its sharding where JAX has them (as ``jax.device_put``'s carries its mesh)."""
         aval = self._shaped_array(shape, dtype, weak_type=False)
         return aval if sharding is None or self._aval_of is None else self._aval_of(aval, sharding)
 
     def _probe(self, name: str, probe: Callable[[], Any]) -> Any:
-        """What ``probe()`` of ``SYMBOLS[name]`` returns; None where it raises or returns a
-        false value (another signature, another array: not used), its row saying why."""
+        """``probe()``, or None where it raises or is false (its ``symbols`` row says why)."""
         try:
             got = probe()
             why = "it gives another array than the public API, or a copy"
@@ -338,9 +325,8 @@ class JaxCaps:
         return got or None
 
     def _put(self) -> dict[str, Any]:
-        """JaxTarget's batched put and what it needs, where a probe shows it views aligned row-major
-        host memory in place and gives the array ``jax.device_put`` gives (abstract value, sharding;
-        committed only when asked); else ``put=None`` (why: its row of ``symbols``)."""
+        """JaxTarget's batched put, where a probe shows it views aligned host memory in place
+        and gives ``jax.device_put``'s array; else ``put=None``."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
             self._note("batched_put", None, "the public API is forced: jax.device_put puts "
@@ -351,20 +337,18 @@ class JaxCaps:
         def view(buf: np.ndarray) -> Any:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], False)
 
+        empty = self.core.aligned_empty
         align = self._probe("batched_put", lambda: _puts_as_device_put(
-            self.jax, put, self._make_aval, single, dev) and _first_viewed(view))
+            self.jax, empty, put, self._make_aval, single, dev) and _first_viewed(empty, view))
         if align is None:
             return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
                    f"views host memory aligned to {align} bytes")
-        return {"put": put, "put_align": align, "make_aval": self._make_aval,
-                "make_single": single}
+        return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}
 
     def _uncommitter(self) -> Callable[[Any], Any] | None:
-        """``uncommit(array)``: a committed single-device array of the DLPack import as the
-        uncommitted array ``jnp.asarray`` would give (jaxlib's result handler, one per
-        abstract value and sharding, checked by a probe); else None (JaxTarget's default
-        then keeps the array as it is)."""
+        """``uncommit(array)``: a committed array of the DLPack import as the uncommitted one
+        ``jnp.asarray`` gives (jaxlib's result handler, probed); else None."""
         handler_fn, shaped_array = self._handler_fn, self._shaped_array
         if not self.direct:
             self._note("result_handler", None,
@@ -380,9 +364,9 @@ class JaxCaps:
             return handler(arr.shape, arr.dtype, arr.sharding)([arr]) if arr._committed else arr
 
         def probe() -> bool:   # the same memory and values, uncommitted
-            buf = aligned_empty((4,), np.float32, alignment=256)
+            buf = self.core.aligned_empty((4,), np.float32, alignment=256)
             buf[:] = [1, 2, 3, 4]
-            arr = self._import(capsule_of(buf))
+            arr = self._import(self.core.capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
                     and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
@@ -390,10 +374,8 @@ class JaxCaps:
         return uncommit if self._probe("result_handler", probe) else None
 
     def _assembler(self) -> Callable[..., Any]:
-        """``assemble(shape, sharding, devices, arrays)``: a sharded array from single-device
-        arrays in the order of ``devices`` (``addressable_devices_indices_map``'s): jaxlib's
-        ArrayImpl without its re-check where the order is the sharding's own and a probe gives
-        the public function's array; else the public function."""
+        """``assemble(shape, sharding, devices, arrays)``: jaxlib's ArrayImpl without its re-check
+        where ``devices`` is the sharding's own order and a probe agrees; else the public one."""
         jax, impl, dev = self.jax, self._impl, self._cpu
         public = jax.make_array_from_single_device_arrays
 
@@ -420,8 +402,7 @@ class JaxCaps:
 
 
 def _row_major(arr: Any) -> bool:
-    """A jax.Array is in JAX's default, row-major layout (major-to-minor 0, 1, 2...; what
-    ``jax.device_put`` moves right); True where this JAX does not say (typed key arrays)."""
+    """Row-major, which ``jax.device_put`` moves right; True where JAX does not say (typed keys)."""
     try:
         fmt = arr.format if hasattr(arr, "format") else arr.layout   # (jax < 0.6: .layout)
         layout = getattr(fmt, "layout", None) or fmt.device_local_layout
@@ -434,24 +415,23 @@ def _row_major(arr: Any) -> bool:
     return tuple(order) == tuple(range(len(order)))
 
 
-def _first_viewed(view: Callable[[np.ndarray], Any]) -> int | None:
-    """The least of ALIGNMENTS at which ``view(buf)`` (JAX's import of it, or put) gives an
-    array over ``buf`` itself, one-byte elements that many bytes past a boundary of twice as
-    many; None if none. Viewed means the same pointer: jaxlib copies what it cannot view,
-    silently; an importer that refuses the memory raises."""
+def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
+    """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies what it
+    cannot view, silently), ``buf`` (made by ``empty``) that many bytes past a boundary of twice
+    as many; or None."""
     with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
         for align in ALIGNMENTS:
-            buf = aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+            buf = empty((64,), np.uint8, alignment=2 * align, offset=align)
             with contextlib.suppress(Exception):
                 if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
                     return align
     return None
 
 
-def _puts_as_device_put(jax: Any, put: Any, make_aval: Any, single: Any, dev: Any) -> bool:
-    """Whether jaxlib's batched ``put`` gives the array ``jax.device_put`` gives (abstract
-    value, sharding, values), committed only when asked."""
-    x = aligned_empty((2, 3), np.float32, alignment=256)
+def _puts_as_device_put(jax: Any, empty: Any, put: Any, make_aval: Any, single: Any,
+                        dev: Any) -> bool:
+    """Whether the batched ``put`` gives ``jax.device_put``'s array, committed only when asked."""
+    x = empty((2, 3), np.float32, alignment=256)
     x[...] = [[1, 2, 3], [4, 5, 6]]
     ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
     theirs = jax.device_put(x, dev)
@@ -462,8 +442,7 @@ def _puts_as_device_put(jax: Any, put: Any, make_aval: Any, single: Any, dev: An
 
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 to /dev/null for a moment (C++ logging, which Python cannot
-    silence otherwise); restored whatever happens."""
+    """File descriptor 2 to /dev/null for a moment (C++ logging Python cannot silence)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -480,8 +459,6 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 class _CapsuleProducer(NamedTuple):
-    """A capsule dressed as a producer, for the public ``jax.dlpack.from_dlpack``."""
-
     cap: Any
     device: tuple[int, int]
 
@@ -490,37 +467,3 @@ class _CapsuleProducer(NamedTuple):
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device
-
-
-_caps: JaxCaps | None = None
-_caps_lock = threading.Lock()
-
-
-def caps() -> JaxCaps:
-    """The process-wide :class:`JaxCaps` (imports jax on first call; ImportError with the
-    install command where jax is not installed)."""
-    global _caps
-    with _caps_lock:
-        if _caps is None:
-            try:
-                import jax  # noqa: F401
-            except ImportError as exc:
-                raise ImportError("dlinspect's JAX routes need jax, which is not installed "
-                                  "here; install it with: pip install 'dlinspect[jax]'") from exc
-            _caps = JaxCaps()
-    return _caps
-
-
-def target() -> Any:
-    """The process-wide :class:`~dlinspect._core.JaxTarget` (as :func:`caps`)."""
-    c = _caps if _caps is not None else caps()
-    return c._target if c._target is not None else c.target
-
-
-def force_public_api(on: bool = True) -> None:
-    """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
-    for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
-    caps()._set_direct(on, "forced by dlinspect._jaxcaps.force_public_api()")
-
-
-set_target_builder(target)   # the core builds its JaxTarget with this

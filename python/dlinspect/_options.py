@@ -1,15 +1,11 @@
-"""The caller's wishes, checked once: one object, built at each public entry and handed
-on to the core, which reads one flags value from it.
-
-Below the core: nothing here imports :mod:`dlinspect._core` (the core imports this).
-"""
+"""The caller's wishes, checked once into one object the core reads (below the core)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import sys
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 __all__ = ["Options", "DEFAULT", "options", "single_device", "jax_module", "check_sharding",
            "SupportsDLPack", "Target", "Fallback", "ReadOnly", "Leaves", "Narrow"]
@@ -29,8 +25,8 @@ class SupportsDLPack(Protocol):
     def __dlpack__(self) -> Any: ...
 
 
-_CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
-            "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
+_CHOICES = {"fallback": get_args(Fallback), "readonly": get_args(ReadOnly),
+            "leaves": get_args(Leaves), "narrow": get_args(Narrow)}
 
 # The bits of Options.flags: what the core reads of the options, as one int (0: every default).
 COPY_ALWAYS = 1       # copy=True
@@ -44,11 +40,8 @@ LEAVES_RAISE = 64     # leaves="raise"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Options:
-    """What the caller of :func:`~dlinspect.to_jax`, :func:`~dlinspect.plan`,
-    :func:`~dlinspect.prefetch_to_jax` or :func:`dlinspect.grain.device_put` asked for
-    (see ``to_jax`` for each meaning); built by :func:`options`, which checks it. ``device``
-    is the one destination device (a single-device sharding resolved to it), never given
-    with ``sharding``; ``flags`` the same wishes as the bits the core reads (0: defaults)."""
+    """Built by :func:`options`, which checks it. ``device``: the one destination device (a
+    single-device sharding resolved), never with ``sharding``; ``flags``: the core's bits."""
 
     device: Any = None
     copy: bool | None = None
@@ -69,11 +62,9 @@ class Options:
         object.__setattr__(self, "flags", flags)
 
     def with_device(self, device: Any) -> Options:
-        """The same wishes, for one device (a shard's, a leaf's sharding)."""
         return dataclasses.replace(self, device=device, sharding=None)
 
     def with_sharding(self, sharding: Any) -> Options:
-        """The same wishes, for one sharding of a sharding pytree."""
         return dataclasses.replace(self, device=None, sharding=sharding)
 
     def quiet(self, device: Any) -> Options:
@@ -83,7 +74,6 @@ class Options:
                                    fallback="raise", leaves="keep", narrow="ok")
 
 
-#: No option given: what every call without keywords uses (checked once, here).
 DEFAULT = Options()
 
 
@@ -93,10 +83,8 @@ _made: dict[tuple[Any, ...], Options] = {}   # options checked before, by what w
 def options(device: Any = None, copy: Any = None, sharding: Any = None,
             fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
             narrow: Narrow = "warn") -> Options:
-    """Check the options and make them one object (the same object for the same options:
-    a loop passing ``sharding=`` checks it once). ValueError for an option outside its
-    values or ``device`` with ``sharding``; TypeError for a ``device`` that is neither a
-    ``jax.Device`` nor a single-device sharding."""
+    """The same object for the same options (a loop passing ``sharding=`` checks it once).
+    ValueError, or TypeError for a ``device`` that is no ``jax.Device`` or one-device sharding."""
     # (type(copy) in the key: copy=1 equals copy=True, and is refused)
     key: tuple[Any, ...] | None = (device, copy, type(copy), sharding, fallback, readonly,
                                    leaves, narrow)
@@ -139,16 +127,12 @@ def single_device(device: Any) -> Any:
 
 
 def jax_module(name: str) -> Any:
-    """A jax module (``"jax.tree_util"``, ``"jax.sharding"``), imported on first use: one
-    dict lookup after that, where an import statement in a function costs microseconds on
-    every call (dlinspect itself never imports jax on ``import dlinspect``)."""
+    """Imported on first use, then a dict lookup (an import in a function costs µs per call)."""
     return sys.modules.get(name) or importlib.import_module(name)
 
 
 def check_sharding(s: Any) -> Any:
-    """``s`` if it is a ``jax.sharding.Sharding``, else a TypeError saying what is."""
     if not isinstance(s, jax_module("jax.sharding").Sharding):
-        raise TypeError(f"sharding must be a jax.sharding.Sharding (or a pytree of them), "
-                        f"not {type(s).__name__}; e.g. NamedSharding(mesh, "
-                        f"PartitionSpec('data')).")
+        raise TypeError(f"sharding must be a jax.sharding.Sharding (or a pytree of them), not "
+                        f"{type(s).__name__}; e.g. NamedSharding(mesh, PartitionSpec('data')).")
     return s

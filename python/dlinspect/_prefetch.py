@@ -24,7 +24,7 @@ __all__ = ["prefetch_to_jax", "PrefetchLoader"]
 _END = object()  # the source has no more batches
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
 _JOIN_S = 5.0   # how long stopping waits for a worker stuck in the source's next()
-_PROBE = 4          # thread=None: batches timed before deciding (see _epoch)
+_PROBE = 4      # thread=None: batches timed before deciding
 _OVERLAP_S = 0.0005
 
 
@@ -90,8 +90,7 @@ class PrefetchLoader:
         it: Iterator[Any] = iter(self.source)
         if it is self.source:   # one pass only (an epoch stopped early closes it, too)
             # (a generator another loop already finished, this loader's or any other's)
-            finished = (inspect.isgenerator(it)
-                        and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED)
+            finished = inspect.isgenerator(it) and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED
             if self._spent or finished:
                 tp = type(self.source)
                 raise SourceExhaustedError(
@@ -105,7 +104,7 @@ class PrefetchLoader:
         bar = _progress_bar(self.source) if self._progress else None
         self.report = self.report._next_epoch()
         guard = ReuseGuard(self.reuse, self.options, self.report, protect=True)
-        from ._jaxcaps import target
+        from ._core import jax_target as target
         # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
         x64 = bool(target().x64.value)
         return _epoch(guard.watch(it), guard, bar, self.size, self.thread, x64)
@@ -229,16 +228,12 @@ def _progress_bar(iterable: Any) -> Any:
                           "which is not installed; install it with: pip install tqdm") from exc
     if iterable is None:
         return None
-    # (len() where it has one, or a length hint; a source with neither has no total)
     return tqdm(total=operator.length_hint(iterable) or None, unit="batch", desc="prefetch_to_jax")
 
 
 def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: int,
            thread: bool | None, x64: bool) -> Iterator[Any]:
-    """One epoch: each batch converted on the consumer's thread when asked for, or ahead by
-    a worker thread: with ``thread=True``, or ``None`` off JAX CPU devices where the first
-    ``_PROBE`` batches' loading and the consumer's work between them both take over
-    ``_OVERLAP_S`` (medians: work to overlap worth handing batches across threads)."""
+    """One epoch, converted on the consumer's thread or by a worker (see ``thread``)."""
     worker = _Worker(it, guard, size, x64) if thread else None
     timings: list[tuple[float, float]] = []   # (loading, the consumer's work meanwhile)
     # Held here: a generator still alive at interpreter exit is finalized after the
@@ -268,14 +263,12 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
 
 
 def _convert_next(it: Iterator[Any], guard: ReuseGuard) -> Any:
-    """The source's next batch converted on this thread (a ``Kept``), or ``_END``."""
     for batch in it:
         return guard.convert(batch)
     return _END
 
 
 def _on_cpu(options: Options) -> bool:
-    """Whether the batches go to JAX CPU devices (the step then runs on the host's cores)."""
     import jax
     where = options.sharding or options.device
     if where is None:
@@ -285,9 +278,7 @@ def _on_cpu(options: Options) -> bool:
 
 
 class _Worker(threading.Thread):
-    """A thread converting the source's batches ahead, up to ``size`` waiting, under the
-    caller's x64 mode (``jax.enable_x64`` is thread-local); what it raises (the source, the
-    conversion) is handed to the consumer at that batch."""
+    """Converts ahead under the caller's x64 mode; what it raises is raised at that batch."""
 
     def __init__(self, it: Iterator[Any], guard: ReuseGuard, size: int, x64: bool) -> None:
         super().__init__(name="dlinspect-prefetch", daemon=True)
@@ -297,7 +288,7 @@ class _Worker(threading.Thread):
         self.start()
 
     def get(self) -> Any:
-        """The next converted batch (a ``Kept``) or ``_END``; what the worker raised, raised."""
+        """A ``Kept`` or ``_END``; what the worker raised, raised."""
         item = self.ready.get()
         if isinstance(item, BaseException):
             raise item
@@ -311,7 +302,7 @@ class _Worker(threading.Thread):
         return False
 
     def run(self) -> None:
-        from ._jaxcaps import target
+        from ._core import jax_target as target
         context = target().x64_context
         try:
             with context(self.x64) if context is not None else contextlib.nullcontext():
@@ -324,8 +315,7 @@ class _Worker(threading.Thread):
         self._put(_END)
 
     def end(self) -> bool:
-        """Stop and join the thread, dropping the batches it holds (their deleters run);
-        whether it is still inside the source's next() after ``_JOIN_S``."""
+        """Stop, drop the batches it holds, join; whether it is still in next() after _JOIN_S."""
         self.stop.set()
         _drain(self.ready)            # frees batches waiting ahead; unblocks a waiting put
         if threading.current_thread() is not self:  # (a GC pass may finalize us there)
@@ -335,8 +325,7 @@ class _Worker(threading.Thread):
 
 
 def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> None:
-    """End an epoch: stop its worker, close the source (unless stuck inside next()) and the
-    progress bar."""
+    """Stop the worker, close the source (unless stuck inside next()) and the bar."""
     if worker is not None and worker.end():
         warn_at_consumer(
             f"prefetch_to_jax stopped, but its source has been inside next() for over "

@@ -18,16 +18,14 @@ from .errors import MemoryReuseError
 
 __all__ = ["ReuseGuard", "Kept", "loader_options", "warn_at_consumer"]
 
-_FIX = ("To fix: make the source put every batch in new memory (a new array per batch: "
-        "np.stack, torch's default collate, dlinspect.stack), or pass copy=True to copy "
-        "every batch")
+_FIX = ("To fix: make the source put every batch in new memory (a new array per batch: np.stack, "
+        "torch's default collate, dlinspect.stack), or pass copy=True to copy every batch")
 _OR_COPY = ', or reuse="copy" to copy only the leaves whose memory comes back.'
+_START = operator.attrgetter("start")
 
 
 def loader_options(sizes: dict[str, Any], least: int, reuse: Any, *to_jax: Any) -> Options:
-    """A loader's options, checked (ValueError): each buffer size in ``sizes`` an int >=
-    ``least``, ``reuse`` "error" or "copy", and to_jax's (:func:`~dlinspect._options.options`
-    of ``to_jax``: device, copy, sharding, fallback, readonly, leaves, narrow)."""
+    """Checked (ValueError): each of ``sizes`` an int >= ``least``, ``reuse``, and to_jax's."""
     for name, size in sizes.items():
         if not isinstance(size, int) or isinstance(size, bool) or size < least:
             raise ValueError(f"{name} must be an int >= {least} (held ahead), not {size!r}")
@@ -38,9 +36,8 @@ def loader_options(sizes: dict[str, Any], least: int, reuse: Any, *to_jax: Any) 
 
 
 def warn_at_consumer(*messages: str) -> None:
-    """DLInspectWarnings at the line that iterates a loader (dlinspect's, jax's and grain's
-    frames passed over); kept instead where this thread keeps its warnings for another (a
-    loader's worker iterating another loader)."""
+    """DLInspectWarnings at the line that iterates a loader; kept instead where this thread
+    keeps its warnings for another (a worker iterating another loader)."""
     at_consumer = getattr(collecting, "messages", None) is None
     for message in messages:
         warn(message, at_consumer)
@@ -55,14 +52,13 @@ class Kept:
     messages: list[str]
 
     def emit(self) -> Any:
-        """On the consumer's thread: the batch, after its conversion's warnings."""
         if self.messages:
             warn_at_consumer(*self.messages)
         return self.out
 
 
 class _Span:
-    """Memory a live zero-copy leaf views: ``[start, end)`` bytes of one address space."""
+    """``[start, end)`` bytes of one address space a live zero-copy leaf views."""
 
     __slots__ = ("batch", "end", "key", "protected", "ref", "source", "start", "version")
 
@@ -73,8 +69,7 @@ class _Span:
         self.version = getattr(source, "_version", None)   # torch's in-place write counter
 
     def unchanged(self, source: Any) -> bool:
-        """The same tensor handed over again, not written since: torch's counter says so,
-        or it is a NumPy array marked read-only that nothing else can write (_sealed)."""
+        """The same tensor handed over again, not written since (torch's counter, or _sealed)."""
         if source is not self.source:
             return False
         if self.version is not None:
@@ -82,19 +77,13 @@ class _Span:
         return _sealed(source)
 
 
-_START = operator.attrgetter("start")
-
-
 def _leaf(what: str, batch: int, key: str) -> str:
     return f"{what} {batch}'s leaf {key or '(the batch)'}"
 
 
 class ReuseGuard:
-    """The memory one loader's live zero-copy leaves view, per address space, sorted by
-    start; a span goes when its ``jax.Array`` dies. ``protect``: a NumPy source array is
-    marked read-only while JAX views it (writable again when the view dies), so that a
-    source's refill through it fails in the source instead of changing a batch. Its batches
-    are converted with ``options``, counted in ``report``."""
+    """The memory one loader's live zero-copy leaves view, per address space, by start. ``protect``:
+    a NumPy source array is read-only while viewed, so a refill fails instead of changing a batch."""
 
     __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_self", "_spans", "_warned",
                  "batches", "mode", "options", "protect", "report", "what")
@@ -104,18 +93,15 @@ class ReuseGuard:
         self.mode, self.options, self.report = mode, options, report
         self.protect = protect and mode == "error"
         self.what = what           # (grain's stage: "element")
-        self.batches = 0
+        self.batches, self._dead, self._warned = 0, False, False
         self._spans: dict[Any, list[_Span]] = {}   # per space, by start
         self._longest: dict[Any, int] = {}        # per space, the longest span's bytes
-        self._dead = False
         self._copying: set[str] = set()   # (reuse="copy") key paths copied from now on
-        self._warned = False
         self._self = weakref.ref(self)
 
     def convert(self, batch: Any) -> Kept:
-        """``convert`` of one batch, its warnings kept (for :meth:`Kept.emit` on the
-        consumer's thread); then its zero-copy leaves checked against the memory the live
-        ones view: MemoryReuseError, or with ``reuse="copy"`` copies."""
+        """One batch converted, its warnings kept, its zero-copy leaves checked against the
+        live ones: MemoryReuseError, or with ``reuse="copy"`` copies."""
         before = getattr(collecting, "messages", None)
         messages: list[str] = []
         collecting.messages = messages
@@ -146,8 +132,7 @@ class ReuseGuard:
         return out
 
     def watch(self, it: Iterator[Any]) -> Generator[Any, None, None]:
-        """The source's items; its write into a protected array (NumPy's read-only
-        ValueError, the write not made) raised as MemoryReuseError."""
+        """The source's items; its write into a protected array raised as MemoryReuseError."""
         try:
             yield from it
         except ValueError as exc:
@@ -164,8 +149,7 @@ class ReuseGuard:
                 f"handed over holds its own values. {_FIX}{_OR_COPY}") from exc
 
     def _overlap(self, space: Any, start: int, end: int, src: Any) -> _Span | None:
-        """The live span ``[start, end)`` overlaps, other than ``src`` itself unchanged
-        (the same tensor handed over again, not written: viewed again)."""
+        """The live span ``[start, end)`` overlaps, other than ``src`` itself unchanged."""
         live = self._spans.get(space)
         if not live:
             return None
@@ -194,8 +178,7 @@ class ReuseGuard:
             self._spans[space] = [span for span in live if span.ref() is not None]
 
     def _reused(self, out: Any, again: dict[str, Any]) -> Any:
-        """Leaves whose memory a live leaf views, or that came back once before (key path
-        -> the zero-copy array, or None): copied, now and from now on."""
+        """``again`` (key path -> the zero-copy array, or None): copied now and from now on."""
         self._copying.update(again)
         self.report._reused(again)
         copied = {id(arr) for arr in again.values() if arr is not None}
@@ -203,12 +186,10 @@ class ReuseGuard:
             return out
         from ._tree import flatten
         flat = flatten(out)
-        return flat.unflatten([leaf.copy() if id(leaf) in copied else leaf
-                               for leaf in flat.leaves])
+        return flat.unflatten([leaf.copy() if id(leaf) in copied else leaf for leaf in flat.leaves])
 
     def _say(self, key: str, hit: _Span) -> None:
-        """A leaf's memory that ``hit`` views: MemoryReuseError, or (``reuse="copy"``) the
-        loader's one warning."""
+        """MemoryReuseError, or (``reuse="copy"``) the loader's one warning."""
         what, n = self.what, self.batches
         first = (f"{_leaf(what, n, key)} is memory that {_leaf(what, hit.batch, hit.key)} "
                  f"still views as a JAX array, zero-copy: the source hands the same memory "
@@ -224,9 +205,7 @@ class ReuseGuard:
 
 
 def _sealed(arr: Any) -> bool:
-    """A read-only NumPy array no write can reach: each writable object its memory comes
-    from (its bases) is held by nothing but that chain (NumPy makes views of a read-only
-    array read-only)."""
+    """Read-only, and no writable base held but by the chain (views of it are read-only)."""
     if type(arr).__module__ != "numpy" or arr.flags.writeable:
         return False
     base = arr.base
@@ -245,7 +224,6 @@ _WATCHED: dict[int, tuple[Any, Any, Any]] = {}
 
 
 def _gone(ref: Any) -> None:
-    """A watched leaf died: its guard told, its NumPy source writable again."""
     _, guard, src = _WATCHED.pop(id(ref), (None, None, None))
     owner = guard() if guard is not None else None
     if owner is not None:

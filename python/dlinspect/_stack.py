@@ -1,8 +1,4 @@
-"""dlinspect.stack: batches born where JAX can view them (aligned for XLA:CPU, or pinned).
-
-The elements are walked by the one walker (:mod:`dlinspect._tree`), as ``to_jax`` walks a
-batch: a batch that contains itself or nests too deep is refused before anything is read.
-"""
+"""dlinspect.stack: batches born where JAX can view them (aligned for XLA:CPU, or pinned)."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ from .errors import AllocationError, DLInspectError, StackError, UnsupportedDevi
 
 __all__ = ["stack"]
 
-#: The largest ``alignment`` stack takes, in bytes (1 GiB).
-MAX_ALIGNMENT = 1 << 30
+MAX_ALIGNMENT = 1 << 30   # bytes
 _CAPSULE = type(capsule_of(np.zeros(1, np.uint8)))
 _SCALARS = (np.generic, int, float, complex, str, bytes)
 
@@ -131,11 +126,8 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
 
 
 def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
-    """The leaves at each position, without walking every element, where element 0 is a
-    leaf (the column is the elements), or a plain dict, list or tuple whose values are
-    its leaves (what a loader's examples mostly are) and every element is one of the same
-    type and keys; else None (each element is walked). A value of another element that
-    is no leaf is found when its column is stacked (``_as_array``)."""
+    """The leaves at each position unwalked, where element 0 is a leaf or a plain dict, list or
+    tuple of leaves and every element one of its type and keys; else None (see ``_as_array``)."""
     e0, tp = items[0], type(items[0])
     if first.parts is not None:
         return None
@@ -157,11 +149,10 @@ def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | Non
 
 
 def _alignment(alignment: Any) -> int:
-    """The alignment in bytes: the caller's, or this JAX's where it was probed, else 64."""
+    """The caller's, or this JAX's where it was probed, else 64."""
     align = operator.index(alignment)
     if align < 0 or align > MAX_ALIGNMENT or align & (align - 1):
-        raise ValueError(f"alignment must be 0 or a power of two (bytes) up to 2**30, not "
-                         f"{alignment}")
+        raise ValueError(f"alignment must be 0 or a power of two (bytes) up to 2**30, not {alignment}")
     if align:
         return align
     tg = current_target()
@@ -191,7 +182,7 @@ def _elements(elements: Any) -> list[Any]:
 
 
 def _flatten(k: int, element: Any) -> _tree.Flat:
-    """Element ``k`` walked by the one walker; a container it cannot rebuild is refused."""
+    """A container it cannot rebuild is refused."""
     try:
         flat = _tree.flatten(element)
     except DLInspectError as exc:
@@ -203,7 +194,6 @@ def _flatten(k: int, element: Any) -> _tree.Flat:
 
 
 def _in_element(exc: Any, k: int, path: str) -> Any:
-    """``exc``, its message led by where it is: the element and the key path."""
     exc.args = (f"element {k}{' at ' + path if path else ''}: "
                 f"{exc.args[0] if exc.args else ''}",) + exc.args[1:]
     return exc
@@ -211,7 +201,6 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
 
 def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
-    """Leaf ``j`` of every element, stacked into one aligned array."""
     if allocate is aligned_empty:   # (arrays of one shape and dtype: a memcpy each, in C)
         stacked = stack_column(column, align)
         if stacked is not None:
@@ -236,8 +225,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
 
 
 def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> np.dtype[Any]:
-    """np.stack's dtype for ``arrays`` (native byte order; a structured one packed); or the
-    StackError of arrays of different shapes, or of dtypes with no common dtype."""
+    """np.stack's dtype; StackError for different shapes, or dtypes with no common one."""
     a0 = arrays[0]
     for k in range(1, len(arrays)):
         if arrays[k].shape != a0.shape:
@@ -257,8 +245,7 @@ def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> 
 
 def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
                allocate: Callable[..., Any], align: int = 0) -> Any:
-    """``allocate(shape, dtype, align)``, the memory of stacked leaf ``j``; or the StackError
-    of a shape NumPy has no array of, or the AllocationError of memory that cannot be had."""
+    """StackError for a shape NumPy has no array of; AllocationError."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(e for e in shape if e)
@@ -282,8 +269,7 @@ def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: 
 
 
 def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray:
-    """Leaf ``j`` of element ``k`` (no NumPy array) as one: a tensor as :func:`to_host` reads
-    it, anything else as ``numpy.asarray`` takes it."""
+    """A tensor as :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
     if isinstance(leaf, _SCALARS):
         return np.asarray(leaf)
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
@@ -318,14 +304,12 @@ def _where(first: _tree.Flat | None, j: int) -> str:
 
 
 def _there(first: _tree.Flat | None, j: int) -> str:
-    """Where the leaf is, after its key path led the message: "there", or, for examples
-    that are leaves themselves, their top level."""
+    """Where the leaf is, after its key path led the message."""
     return "there" if first is not None and first.keystr(j) else "at the examples' top level"
 
 
 def _allocator(pinned: bool) -> Callable[..., Any]:
-    """``allocate(shape, dtype, alignment)``: an uninitialised, aligned C-ordered NumPy array
-    (``pinned``: page-locked, by torch's CUDA host allocator; UnsupportedDeviceError without CUDA)."""
+    """``allocate(shape, dtype, alignment)``; UnsupportedDeviceError for ``pinned`` without CUDA."""
     if not pinned:
         return aligned_empty
     try:

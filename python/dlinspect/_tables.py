@@ -1,11 +1,8 @@
-"""The tables dlinspect reads, one per axis, beside the DLPack enums they are keyed by.
+"""The tables dlinspect reads, beside the DLPack enums they are keyed by; below the core.
 
-Below the core: this module imports nothing of dlinspect, and the core (which builds its
-C-speed tables from these rows), the words and the probes read it. A new device type is
-one row of ``_DEVICE_ROWS`` (and its value in include/dlinspect/dlpack.h and
-src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its DLDataTypeCode there).
-tests/test_abi.py keeps the enums, and :class:`Need`'s bits, in step with the C ones.
-Nothing here decides: the core's needs.pxi does, reading these rows.
+A new device type is one row of ``_DEVICE_ROWS`` (and its value in include/dlinspect/dlpack.h
+and src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its code there).
+tests/test_abi.py keeps the enums and :class:`Need`'s bits in step with the C ones.
 """
 
 from __future__ import annotations
@@ -26,23 +23,16 @@ class _SpecNamed(enum.IntEnum):
 
 
 class Device(NamedTuple):
-    """What dlinspect knows of one ``DLDeviceType``: a row of :data:`DEVICES`."""
-
     host: bool = False        # host-accessible: NumPy views it, JAX's CPU backend imports it
     pinned: bool = False      # pinned host memory, which a producer may export as kDLCPU
     platform: Any = None      # the JAX platform its memory belongs to (None: none JAX has)
     jax_maps: bool = True     # jax's own DLDeviceType map names it (its from_dlpack takes it)
     stream: bool = False      # __dlpack__ takes the consumer's stream (array API, *stream*)
-    # The stream that means the device's default stream (CUDA: 1, as the array API gives
-    # 0 no meaning there; ROCm: 0).
-    default_stream: int = 0
-    # The fix words: how its own libraries move a tensor to host memory; what JAX needs
-    # to take the memory where it is.
-    to_host: str = "torch: t.cpu()"
-    plugin: Any = None
+    default_stream: int = 0   # CUDA: 1 (the array API gives 0 no meaning there); ROCm: 0
+    to_host: str = "torch: t.cpu()"   # the fix words: how its libraries move it to the host,
+    plugin: Any = None                # and what JAX needs to take the memory where it is
 
 
-#: The row of every device type without one of its own.
 OTHER_DEVICE = Device()
 
 _CUDA_PLUGIN = "jax[cuda12]"
@@ -73,7 +63,6 @@ class DLDeviceType(_SpecNamed):
 
 
 _D = DLDeviceType
-# Every DLDeviceType's row (OTHER_DEVICE where dlinspect knows nothing of it).
 _DEVICE_ROWS = {
     _D.kDLCPU: Device(host=True, platform="cpu"),
     _D.kDLCUDA: Device(platform="cuda", stream=True, default_stream=1, plugin=_CUDA_PLUGIN),
@@ -86,18 +75,15 @@ _DEVICE_ROWS = {
                          plugin="the Intel jax plugin"),
 }
 
-#: The device table: ``DLDeviceType`` value to its :class:`Device` row.
 DEVICES = {m: _DEVICE_ROWS.get(m, OTHER_DEVICE) for m in DLDeviceType}
 _DEVICE_BY_VALUE = {int(m): m for m in DLDeviceType}
 
 
 def device_row(device_type: int) -> Device:
-    """The :class:`Device` row of ``device_type`` (:data:`OTHER_DEVICE` when it has none)."""
     return DEVICES.get(device_type, OTHER_DEVICE)  # type: ignore[call-overload]
 
 
 def as_device_type(value: int) -> Any:
-    """The ``DLDeviceType`` member for ``value``, or ``value`` itself when unknown."""
     return _DEVICE_BY_VALUE.get(value, value)
 
 
@@ -140,13 +126,9 @@ class DLDataType(NamedTuple):
 
 
 class DType(NamedTuple):
-    """What dlinspect knows of one lane's ``(code, bits)``: a row of :data:`DTYPES`."""
-
     name: str      # the NumPy / ml_dtypes name ("float32", "bfloat16", "int4")
     numpy: bool    # NumPy has it itself (False: ml_dtypes provides it, where installed)
-    # (code, bits) JAX narrows it to when x64 is off (jax.numpy's documented rule: 64-bit
-    # integers and floats to 32 bits, complex128 to complex64), else None.
-    x64_narrow: Any = None
+    x64_narrow: Any = None   # (code, bits) JAX narrows it to with x64 off (jax.numpy's rule)
 
 
 _C = DLDataTypeCode
@@ -172,34 +154,27 @@ _DTYPE_ROWS = (
                          ("float6_e3m2fn", 6), ("float4_e2m1fn", 4))),
 )
 
-#: The dtype table: ``(code, bits)`` of one lane to its :class:`DType` row.
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
 _DTYPE_BY_NAME = {row.name: (int(code), bits) for code, bits, row in _DTYPE_ROWS}
 # Names of codes whose width varies, for a (code, bits) with no row.
 _CODE_PREFIX: dict[int, str] = {_C.kDLInt: "int", _C.kDLUInt: "uint", _C.kDLFloat: "float",
                 _C.kDLComplex: "complex", _C.kDLOpaqueHandle: "opaque", _C.kDLBool: "bool"}
+_DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
 _names_cache: dict[tuple[int, int, int], str] = {}
 _numpy_cache: dict[int, Any] = {}   # (never emptied: the core borrows its values)
 
 
 def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
-    """The NumPy / ml_dtypes name of a ``DLDataType``: ``"float32"``, ``"bool"``,
-    ``"bfloat16"``, ``"float8_e4m3fn"``, ``"int4"``...; ``"float32x4"`` for a vector type
-    (``lanes > 1``), ``"opaque64"`` for an opaque handle, ``"DLDataType(code=42, bits=8)"``
-    for an unknown code."""
+    """The NumPy / ml_dtypes name (``"bfloat16"``); ``"float32x4"`` for 4 lanes,
+    ``"DLDataType(code=42, bits=8)"`` for an unknown code."""
     key = (code, bits, lanes)
     name = _names_cache.get(key)
     if name is not None:
         return name
     row = DTYPES.get((code, bits))
-    if row is not None:
-        name = row.name
-    elif code in _CODE_PREFIX:
-        name = f"{_CODE_PREFIX[code]}{bits}"
-    elif code in _DATA_TYPE_CODES:
-        name = f"{DLDataTypeCode(code).name}[bits={bits}]"
-    else:
-        name = f"DLDataType(code={code}, bits={bits})"
+    name = (row.name if row is not None else f"{_CODE_PREFIX[code]}{bits}" if code in _CODE_PREFIX
+            else f"{DLDataTypeCode(code).name}[bits={bits}]" if code in _DATA_TYPE_CODES
+            else f"DLDataType(code={code}, bits={bits})")
     if lanes != 1:
         name = f"{name}x{lanes}"
     if len(_names_cache) < 4096:
@@ -207,12 +182,8 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
     return name
 
 
-_DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
-
-
 def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
-    """The NumPy dtype of one element, or None where none exists (vector types, opaque
-    handles); bfloat16, float8/6/4, int4/uint4, int2/uint2 from ``ml_dtypes`` if installed."""
+    """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
     if lanes != 1:
         return None
     key = code | (bits << 8)
@@ -234,8 +205,7 @@ def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
 
 
 def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
-    """The ``(code, bits, lanes)`` of a NumPy (or ml_dtypes) dtype; ValueError where DLPack
-    has no code for it (object, string, datetime...)."""
+    """ValueError where DLPack has no code for the dtype (object, string, datetime...)."""
     name = numpy.dtype(dtype).name
     got = _DTYPE_BY_NAME.get(name)
     if got is not None:

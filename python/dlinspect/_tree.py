@@ -1,17 +1,8 @@
-"""The one pytree walker: how every entry point (plan, explain, to_jax, sharded to_jax,
-prefetch) finds the leaves of a batch and puts the batch back together.
-
-A batch is walked as JAX walks a pytree, and further into the containers PyTorch and
-Hugging Face loaders make that JAX does not register, each rebuilt as its own type around
-the converted values, keeping every other value it had (docs/loaders/index.md has the
-table): a ``Mapping`` as ``type(m)(dict_of_values)`` (as accelerate's ``send_to_device``),
-a dataclass as a copy with every field (``init=False`` ones too) set, not running
-``__init__`` again, a tuple or list subclass that is no namedtuple as ``type(x)(values)``,
-a ``SimpleNamespace`` as ``type(x)(**values)``. Everything else is a leaf, a tensor or not
-(:func:`dlinspect._core.is_tensor`). Each container is rebuilt once with its own values
-while the batch is walked, so one that cannot be rebuilt is found before any leaf is
-converted: it becomes a leaf with its ContainerError (:attr:`Flat.errors`). What no walk
-ends: see :func:`flatten`.
+"""The one pytree walker of every entry point: a batch walked as JAX walks a pytree, and into
+the containers JAX does not register (docs/loaders/index.md has the table), each rebuilt as
+its own type (:func:`_rebuild`; a dataclass as a copy, ``__init__`` not run again). Each
+container is rebuilt once with its own values during the walk, so one that cannot be is found
+before any leaf is converted (:attr:`Flat.errors`).
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ from .errors import ContainerError
 
 __all__ = ["Flat", "flatten", "is_leaf", "text_leaf", "MAX_DEPTH"]
 
-#: The deepest a batch may nest (containers inside containers).
-MAX_DEPTH = 200
+MAX_DEPTH = 200   # containers inside containers
 
 _LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
 _DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2   # a key as (kind, name): see _where
@@ -37,8 +27,9 @@ _KEY_KIND = {_MAPPING: _DICT_KEY, _DATACLASS: _ATTR_KEY, _SEQUENCE: _SEQUENCE_KE
              _NAMESPACE: _ATTR_KEY}
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
-_FIX = ("register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a "
-        "dict")
+_PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
+_FIX = "register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a dict"
 
 
 def _tensor_type(tp: type) -> bool:
@@ -47,18 +38,10 @@ def _tensor_type(tp: type) -> bool:
 
 
 def _classify(tp: type) -> int:
-    if _tensor_type(tp):
-        kind = _LEAF
-    elif issubclass(tp, Mapping):
-        kind = _MAPPING
-    elif dataclasses.is_dataclass(tp):
-        kind = _DATACLASS
-    elif issubclass(tp, (tuple, list)):   # jax walks exact tuples, lists and namedtuples
-        kind = _SEQUENCE
-    elif issubclass(tp, types.SimpleNamespace):
-        kind = _NAMESPACE
-    else:
-        kind = _LEAF
+    kind = (_LEAF if _tensor_type(tp) else _MAPPING if issubclass(tp, Mapping)
+            else _DATACLASS if dataclasses.is_dataclass(tp)
+            else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
+            else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
     if len(_kinds) >= _KINDS_MAX:
         _kinds.clear()
     _kinds[tp] = kind
@@ -74,28 +57,21 @@ _tree_util = functools.partial(jax_module, "jax.tree_util")
 
 
 class Flat:
-    """A pytree flattened once: its ``leaves`` (in ``jax.tree_util`` order, the leaves of a
-    container JAX does not register in its place), how to put it back, each leaf's key
-    path; ``errors``: by index, leaves that are containers which cannot be rebuilt (their
-    messages do not yet name the key path: see :meth:`keystr`)."""
+    """A pytree flattened once (an unregistered container's leaves in its place); ``errors``: by
+    leaf index, containers that cannot be rebuilt (their messages do not yet name the path)."""
 
     __slots__ = ("x", "leaves", "treedef", "parts", "errors", "is_leaf")
 
     def __init__(self, x: Any, leaves: list[Any], treedef: Any, parts: list[Any] | None,
                  errors: dict[int, ContainerError], is_leaf: Any = None):
-        self.x = x
+        self.x, self.leaves, self.treedef, self.errors = x, leaves, treedef, errors
         self.is_leaf = is_leaf   # text_leaf where lists of plain scalars are one leaf each
-        self.leaves = leaves
-        self.treedef = treedef
         # None: no leaf of jax's flattening is a container. Else one entry per jax
         # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
         self.parts = parts
-        self.errors = errors
 
     def unflatten(self, values: list[Any]) -> Any:
-        """The pytree with ``values`` (one per leaf) in place of the leaves; ContainerError
-        where a container cannot be rebuilt (in a walked batch only a constructor failing
-        for the new values: see :attr:`errors`)."""
+        """ContainerError where a container cannot be rebuilt around ``values``."""
         if self.parts is None:
             return self.treedef.unflatten(values)
         outer, pos = [], 0
@@ -114,10 +90,8 @@ class Flat:
         return self.treedef.unflatten(outer)
 
     def check_rebuild(self, values: list[Any]) -> None:
-        """Rebuild the batch with ``values`` in place of its leaves (arrays of the
-        conversion's type where tensors stand) and let the result go: what the conversion's
-        own rebuild will meet, tried before any leaf is taken. ContainerError where a
-        container refuses them, naming its type, its key path and what it raised."""
+        """Rebuild the batch around ``values`` (the conversion's array type where tensors
+        stand) before any leaf is taken; ContainerError naming a container that refuses them."""
         try:
             self.unflatten(values)
         except Exception as exc:
@@ -131,7 +105,6 @@ class Flat:
                 f"its pytree unflatten), or pass a dict.") from cause
 
     def key_paths(self) -> list[tuple[Any, ...]]:
-        """The ``jax.tree_util`` key path of every leaf, in leaf order."""
         paths = [tuple(path) for path, _ in
                  _tree_util().tree_flatten_with_path(self.x, is_leaf=self.is_leaf)[0]]
         if self.parts is None:
@@ -156,28 +129,21 @@ class Flat:
             for part in self.parts))
 
     def describe(self) -> str:
-        """The structure in words: JAX's treedef, and each container it does not walk
-        with its type and keys."""
         text = str(self.treedef)
         inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
                  for part in self.parts or () if part is not None]
         return text + (f" holding {', '.join(inner)}" if inner else "")
 
     def keystr(self, index: int) -> str:
-        """``jax.tree_util.keystr`` of leaf ``index``'s key path (``['x']['pixels']``)."""
         return _tree_util().keystr(self.key_paths()[index])
 
 
 def flatten(x: Any, text_lists: bool = False) -> Flat:
-    """Flatten batch ``x`` once (see this module's doc for what is walked). ``text_lists``:
-    a list or tuple of plain scalars (:func:`text_leaf`) is one leaf (a list as a new
-    list), as the conversions take it; :func:`~dlinspect.plan` walks into it.
-
-    ContainerError (naming where) for a batch that nests deeper than :data:`MAX_DEPTH`,
-    contains itself, or holds a dict whose keys do not sort (JAX sorts a dict's keys to
-    walk it): looked for before JAX walks the batch, as jaxlib's walk of such a batch
-    fails leaving the interpreter unable to go on.
-    """
+    """``text_lists``: a list or tuple of plain scalars (:func:`text_leaf`) is one leaf (a
+    list as a new list), as the conversions take it; ``plan`` walks into it. ContainerError
+    for a batch deeper than :data:`MAX_DEPTH`, that contains itself, or holds a dict whose
+    keys do not sort: looked for first, as jaxlib's walk of one leaves the interpreter
+    unable to go on."""
     is_leaf = text_leaf if text_lists else None
     level = _one_level(x, text_lists)
     if level:   # no container among the leaves JAX finds: nothing more to walk
@@ -192,31 +158,20 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
     return _flatten(x, is_leaf)
 
 
-#: The types of plain scalars: no walker descends into them.
-_PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
-
-
 def text_leaf(v: Any) -> bool:
-    """``v`` is a list or tuple of plain scalars only (a batch's string ids): nothing in
-    it is a tensor or a container, so a conversion keeps it whole."""
+    """``v`` is a list or tuple of plain scalars only (a batch's string ids), kept whole."""
     tp = type(v)
     return (tp is list or tp is tuple) and set(map(type, v)) <= _PLAIN_TYPES
 
 
 def is_leaf(v: Any) -> bool:
-    """``v`` is one leaf of a batch as :func:`flatten` finds it: not None (an empty node
-    to JAX), not a container walked here, not a node type registered with JAX."""
+    """Not None (an empty node to JAX), no container walked here or registered with JAX."""
     return v is not None and _kind(type(v)) == _LEAF and _tree_util().all_leaves([v])
 
 
-_WITH_TEXT = 2
-
-
 def _one_level(x: Any, text_lists: bool = False) -> int:
-    """``x`` is a dict (with keys that sort), list or tuple of leaves only (with
-    ``text_lists``, lists of plain scalars count as leaves: 2 where there is one): no
-    walk of it can fail to end, so it needs no looking for cycles (what a loader's batch
-    mostly is). 0 where it is not."""
+    """1 where ``x`` is a dict (keys that sort), list or tuple of leaves only (2: with a
+    :func:`text_leaf` among them), whose walk needs no looking for cycles; else 0."""
     tp = type(x)
     if tp is dict:
         try:
@@ -267,13 +222,11 @@ def _flatten(x: Any, is_leaf: Any = None) -> Flat:
 
 
 def _leaf_kind(tp: type, is_leaf: Any) -> int:
-    """:func:`_kind`, where a list or tuple ``is_leaf`` (:func:`text_leaf`) kept whole is a leaf."""
     return _LEAF if is_leaf is not None and (tp is list or tp is tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
-    """``(kind, obj, keys, names, subs)`` of a container JAX does not walk, or the
-    ContainerError that says it cannot be rebuilt (tried with its own values)."""
+    """``(kind, obj, keys, names, subs)``, or the ContainerError of its rebuild."""
     names, values = _named_values(kind, obj)
     try:
         _rebuild(kind, obj, names, values)
@@ -284,14 +237,11 @@ def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
 
 
 def _named_values(kind: int, obj: Any) -> tuple[list[Any], list[Any]]:
-    """The names (keys, indices, fields, attributes) of a container JAX does not walk,
-    and its values."""
     if kind == _MAPPING:
         names = list(obj.keys())
         return names, [obj[k] for k in names]
     if kind == _SEQUENCE:
         return list(range(len(obj))), list(obj)
-    # a dataclass's fields, a namespace's attributes
     names = [f.name for f in dataclasses.fields(obj)] if kind == _DATACLASS else list(vars(obj))
     return names, [getattr(obj, n) for n in names]
 
@@ -320,9 +270,8 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,
              path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], type, Any] | None:
-    """``(path, type, exception)`` of the innermost container of ``x`` that refuses to be
-    rebuilt with each of its values ``v`` as ``swap(v)``, or None (the search behind
-    :meth:`Flat.check_rebuild`'s error; ``path`` as :func:`_where` takes it)."""
+    """``(path, type, exception)`` of the innermost container refusing its values' ``swap(v)``,
+    or None."""
     pairs, treedef = _tree_util().tree_flatten_with_path(   # one level of JAX's walk
         x, is_leaf=lambda n: n is not x or (is_leaf is not None and is_leaf(n)))
     kind = _kind(type(x))
@@ -348,7 +297,6 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
 
 
 def _raw_key(key: Any) -> tuple[int, Any]:
-    """A jax key as ``(kind, name)`` (see :func:`_where`)."""
     for kind, attr in ((_DICT_KEY, "key"), (_SEQUENCE_KEY, "idx"), (_ATTR_KEY, "name")):
         if hasattr(key, attr):
             return kind, getattr(key, attr)
@@ -356,11 +304,9 @@ def _raw_key(key: Any) -> tuple[int, Any]:
 
 
 def _unwalkable(x: Any) -> ContainerError | None:
-    """The ContainerError of a batch no walk of which ends (see :func:`flatten`), else None.
-    One pass over the containers, without recursion; leaves are not looked at."""
+    """The ContainerError of a batch no walk of which ends, else None; no recursion."""
     on_path: list[int] = []          # the containers from the top to where the walk is
-    keys: list[Any] = []             # the key of each of them in its parent: (kind, name),
-                                     # made a jax key only to name where a walk cannot end
+    keys: list[Any] = []             # each one's (kind, name) in its parent
     stack: list[tuple[Any, Any, int]] = [(x, None, 0)]
     while stack:
         node, key, depth = stack.pop()
@@ -373,9 +319,8 @@ def _unwalkable(x: Any) -> ContainerError | None:
                 f"fix: pass a batch without the cycle.")
         if depth > MAX_DEPTH:
             return ContainerError(
-                f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); "
-                f"nothing was converted. To fix: pass a flatter batch (a dict or list of "
-                f"tensors).")
+                f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); nothing "
+                f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
         children = _children(node, path)
         if isinstance(children, ContainerError):
             return children
@@ -387,26 +332,22 @@ def _unwalkable(x: Any) -> ContainerError | None:
 
 
 def _where(raw: tuple[Any, ...]) -> str:
-    """A key path (of ``(kind, name)`` pairs) in words, as ``jax.tree_util.keystr``
-    writes it, its middle left out when it is long."""
+    """``jax.tree_util.keystr`` of ``(kind, name)`` pairs, its middle left out when long."""
     tree_util = _tree_util()
     if not raw:
         return "the top of the batch"
     path = tuple(map(_jax_key, raw))
     if len(path) <= 8:
         return tree_util.keystr(path)
-    return (f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, "
-            f"{len(path)} levels down")
+    return f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, {len(path)} levels down"
 
 
 def _jax_key(raw: tuple[int, Any]) -> Any:
-    """A ``(kind, name)`` key as the jax key it stands for."""
     return getattr(_tree_util(), ("DictKey", "SequenceKey", "GetAttrKey")[raw[0]])(raw[1])
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
-    """``[((kind, name), child)]`` of a container (``[]`` for anything else), or the
-    ContainerError of a dict whose keys do not sort."""
+    """``[((kind, name), child)]`` (``[]`` for a leaf), or a dict's ContainerError: unsortable keys."""
     kind = _kind(type(node))
     if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)

@@ -1,12 +1,7 @@
-"""The words of a route (its reason, error and warning; ``explain``'s lines), made from the
-facts the core's decision put in it (``dlinspect._core.Route``); nothing here decides or
-parses a message. :data:`PROBLEMS` words the error of each problem an error route can
-carry (one function each), :data:`REASONS` the reason of each action. An error is three
-parts: the tensor it is about (``subject``), the first sentence (what was found, why it
-cannot go there) and the rest (what to do). A route's ``reason`` is the subject and the
-first sentence; a shard's error inside a sharded tensor's is its first sentence and the
-rest, after the whole tensor. Below the core: it imports nothing of it (the tables it
-names are dlinspect._tables'), and the core imports it.
+"""The words of a route (reason, error, warning, ``explain``'s lines), from the facts the
+core's decision put in it; nothing here decides or parses a message. An error is three parts:
+``subject`` (the tensor), the first sentence (what was found) and the rest (what to do); a
+``reason`` is the first two. Below the core: it imports nothing of it.
 """
 
 from __future__ import annotations
@@ -18,32 +13,30 @@ from typing import Any
 from . import _tables as T
 from ._tables import DLDataTypeCode as Code
 from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
-from .errors import (
-    AllocationError,
-    CopyRequiredError,
-    DLInspectError,
-    NotDLPackError,
-    ShardingError,
-    UnsupportedDeviceError,
-    UnsupportedDTypeError,
-    UnsupportedShapeError,
-)
+from .errors import (AllocationError, CopyRequiredError, DLInspectError, NotDLPackError, ShardingError,
+                     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedShapeError)
 
 __all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain_one",
            "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
-           "name_leaf", "INSTALL_JAX"]
+           "name_leaf", "INSTALL_JAX", "first_line"]
+
+def first_line(exc: BaseException, typed: bool = True) -> str:
+    """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
+    text = str(exc)
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line}" if typed else line
+
 
 def into_call(into: str) -> str:
-    """The call a producer table's ``into`` makes, in words: ``out.copy_(x)`` for torch,
-    else ``x.NAME(out)``."""
     return "out.copy_(x)" if into == "torch" else f"x.{into}(out)"
 
 
-#: The one install hint for everything that needs jax.
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
 
 _SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
 Parts = tuple[type[Exception], str, str, str]
+_RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as jax.dlpack.from_dlpack "
+             "gives a transpose), and jax.device_put moves such an array wrong")
 
 
 def describe(info: Any) -> str:
@@ -78,7 +71,6 @@ def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
 
 
 def allocation_error(nbytes: int, what: str, total: int | None) -> AllocationError:
-    """The error for a copy of ``nbytes`` that cannot be allocated (plan and execution)."""
     return AllocationError(" ".join(_allocation_words(nbytes, what, total)))
 
 
@@ -90,9 +82,8 @@ def _allocation_words(nbytes: int, what: str, total: int | None) -> tuple[str, s
 
 
 def name_leaf(exc: Any, path: str) -> Any:
-    """``exc``, led by the pytree key path of the leaf it is about: a DLInspectError's
-    message starts with it (``['inputs']['pixels']: ...``), as its ``key_path`` attribute;
-    any other exception gets a note. The empty path (the whole input) changes nothing."""
+    """``exc`` named by a leaf's key path: a DLInspectError's message starts with it (and
+    ``key_path`` holds it); any other exception gets a note."""
     if not path:
         return exc
     if isinstance(exc, DLInspectError):
@@ -157,8 +148,7 @@ def _only_read_only(route: Any) -> bool:
 
 
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
-    """Why a JAX route copies (or would), with the fix for each: from its needs, its
-    devices and ``copy=True``."""
+    """Why a JAX route copies (or would), and the fix for each."""
     needs, f = route.needs, route.facts
     found = [words(route) for need, words in _COPY_NEEDS if needs & need]
     reasons, fixes = [r for r, _ in found], [fix for _, fix in found]
@@ -195,8 +185,7 @@ def _no_device_head(route: Any) -> str:
 
 
 def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
-    """The error of ``fallback="raise"`` for a producer on a device JAX has no device
-    for, judged from its ``__dlpack_device__`` before it was asked to export."""
+    """``fallback="raise"``'s error for a producer whose ``__dlpack_device__`` JAX has no device for."""
     tp = type(x)
     where = device_name(device_type, device_id)
     return (f"a {tp.__module__}.{tp.__qualname__} on {where} cannot go to JAX: this JAX has "
@@ -215,8 +204,7 @@ def _spread_words(f: dict[str, Any]) -> str:
     """The step that copies after the import, for a tensor spread over a sharding."""
     return (f"JAX's device_put copies it over the {f['ndevices']} devices of the sharding"
             if f["local"] else
-            "jax.make_array_from_process_local_data copies this process's part onto its "
-            "devices")
+            "jax.make_array_from_process_local_data copies this process's part onto its devices")
 
 
 def _index_text(index: tuple[slice, ...]) -> str:
@@ -243,8 +231,7 @@ def _lanes_share_bytes(route: Any) -> Parts:
     return (UnsupportedDTypeError, _subject(route),
             f"has {_dtype_text(info)}: {lanes} lanes of {bits} bits share each byte, so they "
             f"cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
-            "To fix: unpack it with its own library first (e.g. torch: view the bytes as "
-            "uint8).")
+            "To fix: unpack it with its own library first (e.g. torch: view the bytes as uint8).")
 
 
 def _shape(route: Any) -> Parts:
@@ -252,8 +239,7 @@ def _shape(route: Any) -> Parts:
     into = "NumPy" if route.target == "host" else "JAX"
     lanes = info.dtype[2] != 1
     if info.ndim + lanes > NUMPY_MAX_NDIM:
-        why = (f"it has {info.ndim} dimensions" + (", and its vector lanes one more" if lanes
-                                                   else "")
+        why = (f"it has {info.ndim} dimensions" + (", and its vector lanes one more" if lanes else "")
                + f", and the NumPy arrays it goes through hold at most {NUMPY_MAX_NDIM}")
         fix = "reshape it to fewer dimensions with its own library first"
     else:
@@ -319,8 +305,7 @@ def _no_device(route: Any) -> Parts:
              else "nothing (fallback='raise')")
     fix = device_fix(dt, t, bare) + (
         "" if bare else ', or pass fallback="host" so dlinspect goes through host memory')
-    return (UnsupportedDeviceError, "", _no_device_head(route),
-            f"Tried: {tried}. To fix: {fix}.")
+    return (UnsupportedDeviceError, "", _no_device_head(route), f"Tried: {tried}. To fix: {fix}.")
 
 
 def _packed_copy(route: Any) -> Parts:
@@ -335,8 +320,7 @@ def _packed_copy(route: Any) -> Parts:
 def _unpack(route: Any) -> Parts:
     info = route.info
     bits = info.dtype.bits * info.dtype.lanes
-    where = (f"with strides {info.strides}" if bits and 8 % bits == 0
-             else "across byte boundaries")
+    where = f"with strides {info.strides}" if bits and 8 % bits == 0 else "across byte boundaries"
     return (UnsupportedDTypeError, _subject(route),
             f"packs {bits}-bit elements {where}; dlinspect unpacks only C-contiguous 1-, 2- "
             f"and 4-bit data.", "To fix: ask the producer for padded storage (one element "
@@ -366,7 +350,6 @@ def _not_a_tensor(route: Any) -> Parts:
 
 
 def _copy_forbidden(route: Any) -> Parts:
-    """copy=False against the copy the route needs: the copy the facts say, in words."""
     f, t, subject = route.facts, route.target, _subject(route)
     if f.get("numpy_copy"):
         return (CopyRequiredError, _numpy_head(f),
@@ -412,11 +395,10 @@ def _uneven(route: Any) -> Parts:
                 f"most {ndim} entries, e.g. PartitionSpec() to replicate it.", "")
     _, axis, size, count, ndevices = u
     where = "the batch axis (axis 0)" if axis == 0 else f"axis {axis}"
-    return (ShardingError, subject, f"cannot be sharded: {where} has {size} elements, which do "
-            f"not split evenly into the {count} shards the sharding cuts it into ({ndevices} "
-            f"devices). To fix: make it a multiple of {count} (e.g. DataLoader(..., "
-            f"drop_last=True), or pad the last batch), or replicate this leaf with "
-            f"PartitionSpec().", "")
+    return (ShardingError, subject, f"cannot be sharded: {where} has {size} elements, which do not "
+            f"split evenly into the {count} shards the sharding cuts it into ({ndevices} devices). To "
+            f"fix: make it a multiple of {count} (e.g. DataLoader(..., drop_last=True), or pad the "
+            f"last batch), or replicate this leaf with PartitionSpec().", "")
 
 
 #: The words of every problem an error route carries ("raised": the producer's or the
@@ -456,12 +438,6 @@ def _array_put(route: Any) -> str:
     return f"A copy is needed: the jax.Array moves to {_where(f)} (jax.device_put)."
 
 
-#: Why a jax.Array in another layout than row-major is copied.
-_RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as "
-             "jax.dlpack.from_dlpack gives a transpose), and jax.device_put moves such an array "
-             "wrong")
-
-
 def _producer_copy(route: Any) -> str:
     f = route.facts
     where = device_name(int(route.info.device_type))
@@ -495,8 +471,7 @@ def _split(route: Any) -> str:
     views = sum(r.zero_copy for _, _, r in shards)
     text = f"{views} of {len(shards)} shards are views of the producer's memory"
     copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
-    return text + ("." if copying is None else f"; the shard for {copying[0]}: "
-                   f"{copying[1].reason}")
+    return text + ("." if copying is None else f"; the shard for {copying[0]}: {copying[1].reason}")
 
 
 def _spread(route: Any) -> str:
@@ -530,7 +505,6 @@ def _jax_copy(route: Any) -> str:
     return f"A copy is needed: {'; '.join(reasons)}."
 
 
-#: The reason of every action a route that is not an error carries.
 REASONS: dict[str, Callable[[Any], str]] = {
     T.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
                            f"{route.facts['leaf_type'].__qualname__}): left as it is."),
@@ -545,9 +519,8 @@ REASONS: dict[str, Callable[[Any], str]] = {
     T.PRODUCER_COPY: _producer_copy,
     T.NUMPY_PUT: lambda route: f"A copy is needed: {_numpy_put_words(route)}.",
     T.NUMPY_COPY: _numpy_copy, T.SPLIT: _split, T.DEVICE_PUT: _spread, T.PROCESS_LOCAL: _spread,
-    T.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements "
-                             f"are packed; NumPy holds one per byte, so they are unpacked into a "
-                             f"copy."),
+    T.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements are "
+                             f"packed; NumPy holds one per byte, so they are unpacked into a copy."),
     T.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_copy(route)),
     T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
@@ -573,14 +546,13 @@ def reason(route: Any) -> str:
 
 
 def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
-    """The DLInspectWarning a route that narrows emits (``Route.warning`` decides which
-    routes do): ``narrow`` is ``(code, bits, narrowed code, narrowed bits, warn)``."""
+    """The DLInspectWarning's text; ``narrow``: ``(code, bits, narrowed code, narrowed bits, warn)``."""
     code, bits, ncode, nbits, _ = narrow
     return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
 
 
 def explain_tree(flat: Any) -> str:
-    """``explain``'s text for a batch's routes (a :class:`dlinspect._tree.Flat` of them)."""
+    """``explain``'s text for a :class:`dlinspect._tree.Flat` of routes."""
     from jax.tree_util import keystr
     blocks: list[str] = []
     kept: list[Any] = []   # a run of untouched leaves under one parent, for one reason
@@ -594,8 +566,7 @@ def explain_tree(flat: Any) -> str:
 
     for path, route in zip(flat.key_paths(), flat.leaves):
         if route.action == T.KEEP:
-            if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason
-                         or not path):
+            if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason or not path):
                 end_run()
             kept.append((path, route.reason, keystr(path)))
             continue

@@ -42,7 +42,8 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     import numpy as np
 
     import dlinspect
-    from dlinspect._core import aligned_empty, first_line, header_capsule
+    from dlinspect._core import aligned_empty, header_capsule, jax_caps
+    from dlinspect._words import first_line
     from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
 
@@ -56,8 +57,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             jax = None
     report["jax"] = None
     if jax is not None:
-        from dlinspect._jaxcaps import caps
-        c = caps()
+        c = jax_caps()
         target = c.target   # built: its probes say which private symbols are used
         report["jax"] = {
             "platforms": sorted({d.platform for d in jax.devices()}),
@@ -183,9 +183,8 @@ def _inspect(args: argparse.Namespace) -> int:
         x = _load_subject(args, np, dlinspect)
     except Exception as exc:  # the user's file or expression: report it, no traceback
         if args.path is not None and not _is_npy(args.path):
-            return _fail(f"inspect: {args.path} is not a .npy file (it does not start with "
-                         f"NumPy's magic string \\x93NUMPY); give a file np.save wrote, or "
-                         f"--expr EXPRESSION")
+            return _fail(f"inspect: {args.path} is not a .npy file (it does not start with NumPy's "
+                         f"magic string \\x93NUMPY); give a file np.save wrote, or --expr EXPRESSION")
         what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not is_tensor(x):
@@ -233,8 +232,7 @@ def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
 
 
 def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[str]) -> str | None:
-    """What is wrong with a bench command line, checked before a run that may take
-    minutes (everything the output needs included); None when nothing is."""
+    """What is wrong with a bench command line, before a run that may take minutes."""
     unknown = [s for s in suites if s not in known]
     if unknown:
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"

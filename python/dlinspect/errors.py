@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "DLInspectError", "NotDLPackError", "NotNumericError", "CapsuleConsumedError",
-    "UnsupportedVersionError", "MalformedTensorError", "UnsupportedDeviceError",
-    "UnsupportedDTypeError", "UnsupportedShapeError", "CopyRequiredError", "ProducerError",
-    "NotDescribableError", "ShardingError", "ContainerError", "SourceExhaustedError",
-    "MemoryReuseError", "StackError", "AllocationError", "DLInspectWarning",
-]
+__all__ = ["DLInspectError", "NotDLPackError", "NotNumericError", "CapsuleConsumedError",
+           "UnsupportedVersionError", "MalformedTensorError", "UnsupportedDeviceError",
+           "UnsupportedDTypeError", "UnsupportedShapeError", "CopyRequiredError", "ProducerError",
+           "NotDescribableError", "ShardingError", "ContainerError", "SourceExhaustedError",
+           "MemoryReuseError", "StackError", "AllocationError", "DLInspectWarning"]
 
 
 class DLInspectError(Exception):

@@ -154,7 +154,7 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
                           device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
-    from ._jaxcaps import target
+    from ._core import jax_target as target
     to_jax = _ToJax(opts, reuse, target(), bool(device_buffer_size))
     ds = ds.map(to_jax)
     if device_buffer_size:
@@ -164,12 +164,9 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
 
 class _ToJax:
-    """``to_jax`` of each element as a grain map, its warnings kept with it (``threaded``: on
-    a prefetch thread, converting under the caller's x64 mode) or shown at the consumer's
-    line. ``device=`` the CPU device host memory is imported onto anyway (``jax.devices()[0]``
-    on a CPU-only JAX) is converted as ``device=None``, to_jax's batch fast path (the general
-    route costs about 60 µs more per leaf); a leaf then elsewhere (another device's memory, a
-    ``jax.Array``) is moved there with ``jax.device_put``, as ``to_jax(..., device=)`` does."""
+    """``to_jax`` as a grain map, its warnings kept (``threaded``) or shown. ``device=`` the CPU
+    device is converted as ``device=None``, the batch fast path (the general route costs about
+    60 µs more per leaf), and a leaf then elsewhere moved there with ``jax.device_put``."""
 
     __slots__ = ("context", "guard", "move_to", "options", "threaded", "x64")
 
@@ -199,8 +196,7 @@ class _ToJax:
 
 
 def _move(out: Any, device: Any) -> Any:
-    """``out`` with every jax.Array leaf on ``device`` (those elsewhere device_put there)."""
-    from ._jaxcaps import target
+    from ._core import jax_target as target
     from ._tree import flatten
     tg, flat = target(), flatten(out)
     moved = [tg.jax.device_put(x, device) if isinstance(x, tg.array_type) and x.devices() != {device}
@@ -209,8 +205,7 @@ def _move(out: Any, device: Any) -> Any:
 
 
 def _iter_dataset(ds: Any) -> tuple[Any, Any]:
-    """``ds`` as a grain IterDataset, and grain's ThreadPrefetchIterDataset; ImportError
-    (grain missing or too old) or TypeError (not a grain dataset) with the fix."""
+    """``ds`` as a grain IterDataset, and ThreadPrefetchIterDataset; ImportError, TypeError."""
     try:
         grain = importlib.import_module("grain")   # (mypy needs no grain installed)
     except ImportError as exc:
@@ -237,7 +232,6 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
 
 
 def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
-    """``device`` as ``jax.device_put`` takes it, split into to_jax's device= and sharding=."""
     if device is None or sharding is not None or _is_device(device):
         return device, sharding          # (both given: check_options says so)
     if hasattr(device, "device_set"):    # a Sharding

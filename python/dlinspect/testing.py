@@ -99,9 +99,8 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
     return _make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
-                               int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
-                               int(version[0]), int(version[1]), int(flags), counter, name,
-                               bool(null_deleter))
+                         int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
+                         int(version[0]), int(version[1]), int(flags), counter, name, bool(null_deleter))
 
 
 def _ints(values: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -187,14 +186,10 @@ class FakeProducer:
         self.device = (int(device[0]), None if device[1] is None else int(device[1]))
         self.capsule_device = ((self.device[0], self.device[1] or 0) if capsule_device is None
                                else capsule_device)
-        self.dtype = dtype
-        self.legacy_only = legacy_only
-        self.read_only = read_only
-        self.host_copy = host_copy
-        self.refuse = refuse
+        self.dtype, self.legacy_only, self.read_only = dtype, legacy_only, read_only
+        self.host_copy, self.refuse, self.host_align = host_copy, refuse, host_align
         self.counter = DeleterCounter() if counter is None else counter
         self.host_values = self.array if host_values is None else np.asarray(host_values)
-        self.host_align = host_align
         self.calls: list[dict[str, Any]] = []
         self.served: list[np.ndarray] = []
 
@@ -229,10 +224,8 @@ class FakeProducer:
 
 
 def _copy_in_its_order(values: np.ndarray, align: int) -> np.ndarray:
-    """A copy of ``values`` in fresh memory aligned to ``align`` bytes (and no more, up to
-    64), its axes in the order of the source's memory (as NumPy's ``order="K"`` and
-    torch's ``.cpu()`` keep them): a device producer's host copy of a transposed tensor
-    is transposed too."""
+    """A copy aligned to ``align`` bytes (and no more, up to 64), its axes in the order of
+    the source's memory, as NumPy's ``order="K"`` and torch's ``.cpu()`` keep them."""
     order = sorted(range(values.ndim), key=lambda axis: -abs(values.strides[axis]))
     memory = aligned_empty(tuple(values.shape[axis] for axis in order), values.dtype, 64,
                            offset=align % 64)
@@ -253,7 +246,6 @@ class CopyIntoFakeProducer(FakeProducer):
         self.served.append(out)
 
 
-# The producer table's row for it: copy_into is how it copies into host memory.
 PRODUCERS[("dlinspect", "CopyIntoFakeProducer")] = Producer(into="copy_into")
 
 

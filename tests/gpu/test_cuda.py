@@ -44,7 +44,7 @@ class TestZeroCopy:
 
     def test_fast_path_takes_it(self):
         # The C fast path imports a CUDA tensor that needs nothing (no Python route).
-        from dlinspect._jaxcaps import target
+        from dlinspect._core import jax_target as target
         t = torch.ones(32, 32, device="cuda")
         got = dlinspect._core.to_jax_fast(t, target())
         assert type(got) is not tuple and pointer(got) == t.data_ptr()
@@ -89,7 +89,7 @@ class TestStreams:
         assert float(jax.numpy.sum(y)) == pytest.approx(3.0 * (1 << 20), rel=1e-3)
 
     def test_stream_rule(self):
-        from dlinspect._jaxcaps import target
+        from dlinspect._core import jax_target as target
         s = target().stream_for(int(D.kDLCUDA), 0)
         assert s is not None and s != 0
 

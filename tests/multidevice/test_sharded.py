@@ -48,7 +48,7 @@ def test_aligned_batch_splits_zero_copy():
 
 
 def _xla_alignment():
-    from dlinspect._jaxcaps import caps
+    from dlinspect._core import jax_caps as caps
     return caps().cpu_alignment
 
 

@@ -34,7 +34,7 @@ from dlinspect import (  # noqa: E402
     Need,
     UnsupportedDTypeError,
 )
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect._jaxcaps import MIN_ALIGN  # noqa: E402
 from dlinspect.testing import FakeProducer, aligned_array, aligned_empty  # noqa: E402
 
@@ -98,7 +98,7 @@ def cpu_align() -> int:
     """The alignment (bytes) from which XLA:CPU views host memory, as dlinspect probed it:
     16 on jaxlib 0.4.30 (its importer takes any alignment; its compiled code needs
     dlinspect._jaxcaps.MIN_ALIGN), 64 on newer jaxlib."""
-    return djax.target().cpu_align
+    return djax.jax_target().cpu_align
 
 
 def jax_views(x: np.ndarray) -> bool:
@@ -255,9 +255,9 @@ def test_numpy_to_jax_nondefault_layout():
     f = aligned_array(np.arange(12).reshape(3, 4), np.float32).T
     route, y = to_jax_checked(f, f.ctypes.data)
     assert_computes_like(y, f)
-    permuted_ok = djax.target().permuted_ok
+    permuted_ok = djax.jax_target().permuted_ok
     assert permuted_ok == jax_reads(f)
-    assert route.kind == "copy" and djax.target().row_major(y)
+    assert route.kind == "copy" and djax.jax_target().row_major(y)
     assert bool(route.needs & Need.LAYOUT) == (not permuted_ok)
     assert bool(route.needs & Need.PERMUTED) == permuted_ok
 
@@ -419,7 +419,7 @@ def test_torch_to_jax_nondefault_layout(torch, dtype):
     x = torch.arange(4, dtype=getattr(torch, dtype)).reshape(2, 2).T
     route, y = to_jax_checked(x, x.data_ptr())
     assert_computes_like(y, x.numpy())
-    assert route.kind == "copy" and djax.target().row_major(y)
+    assert route.kind == "copy" and djax.jax_target().row_major(y)
 
 
 @pytest.mark.parametrize("perm", [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1),
@@ -435,8 +435,8 @@ def test_permuted_layouts(producer, perm, torch):
     ptr = x.ctypes.data if producer == "numpy" else x.data_ptr()
     route, y = to_jax_checked(x, ptr)
     assert_computes_like(y, block.transpose(perm))
-    viewed, permuted_ok = perm == (0, 1, 2), djax.target().permuted_ok
-    assert route.kind == ("zero-copy" if viewed else "copy") and djax.target().row_major(y)
+    viewed, permuted_ok = perm == (0, 1, 2), djax.jax_target().permuted_ok
+    assert route.kind == ("zero-copy" if viewed else "copy") and djax.jax_target().row_major(y)
     assert bool(route.needs & Need.LAYOUT) == (not viewed and not permuted_ok)
     assert bool(route.needs & Need.PERMUTED) == (not viewed and permuted_ok)
     assert dlinspect.peek(x).is_compact

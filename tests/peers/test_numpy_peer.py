@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import dlinspect  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect import (  # noqa: E402
     CapsuleConsumedError,
     CopyRequiredError,
@@ -95,7 +95,7 @@ def copy_needed(values, dtype=np.float32) -> np.ndarray:
     probed it); on a jaxlib that views any alignment (0.4.30: cpu_align 1), every other
     element of a buffer (a gap in the strides), which no jaxlib views."""
     values = np.asarray(values)
-    if djax.target().cpu_align > 4:
+    if djax.jax_target().cpu_align > 4:
         out = aligned_empty(values.shape, dtype, 64, offset=4)
     else:
         out = aligned_empty(values.shape + (2,), dtype, 64)[..., 0]
@@ -432,7 +432,7 @@ def test_non_contiguous(view, dtype):
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(np.asarray(j), np.asarray(jnp.asarray(y)))
     info = dlinspect.peek(y)
-    permuted = not y.flags.c_contiguous and not djax.target().permuted_ok
+    permuted = not y.flags.c_contiguous and not djax.jax_target().permuted_ok
     assert bool(route.needs & Need.LAYOUT) == (info.has_negative_strides or not info.is_compact
                                                or permuted)
 
@@ -553,7 +553,7 @@ def test_size1dims_arrays():
     assert h.ctypes.data == x.ctypes.data
     route, y = to_jax_checked(x, x.ctypes.data)
     np.testing.assert_array_equal(np.asarray(y), x.astype(np.float32))
-    assert bool(route.needs & Need.LAYOUT) == (not djax.target().permuted_ok)
+    assert bool(route.needs & Need.LAYOUT) == (not djax.jax_target().permuted_ok)
     c = np.ndarray(dtype="f4", shape=(5, 10, 1), strides=(40, 4, 2),
                    buffer=np.ones(1000, dtype=np.uint8))
     c[...] = np.arange(50).reshape(5, 10, 1)

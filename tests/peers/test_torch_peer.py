@@ -39,7 +39,7 @@ from dlinspect import (  # noqa: E402
     UnsupportedDeviceError,
     UnsupportedDTypeError,
 )
-from dlinspect import _jaxcaps as djax  # noqa: E402
+from dlinspect import _core as djax  # noqa: E402
 from dlinspect.testing import FakeProducer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/_versions.py
@@ -113,7 +113,7 @@ def copy_needed_view(t):
     past torch's 64-byte aligned allocation) where XLA:CPU needs more alignment than that,
     as dlinspect probed it; on a jaxlib that views any alignment (0.4.30), ``t[::2]`` (a gap
     in the strides, which no jaxlib views)."""
-    return t[1:] if djax.target().cpu_align > 4 else t[::2]
+    return t[1:] if djax.jax_target().cpu_align > 4 else t[::2]
 
 
 def jax_values(t) -> np.ndarray:
@@ -320,7 +320,7 @@ def test_from_dlpack_noncontiguous(dtype, view):
     route, j = to_jax_checked(y, y.data_ptr())
     np.testing.assert_array_equal(comparable(j), comparable(jax_values(y.contiguous())))
     info = dlinspect.peek(y)
-    permuted = not y.is_contiguous() and not djax.target().permuted_ok
+    permuted = not y.is_contiguous() and not djax.jax_target().permuted_ok
     assert bool(route.needs & Need.LAYOUT) == (info.has_broadcast or not info.is_compact
                                                or permuted)
     if "expand" in view:

@@ -83,7 +83,7 @@ def _statements(quick: bool) -> dict[str, Any]:
 
     import dlinspect
     from dlinspect._core import aligned_empty
-    from dlinspect._jaxcaps import target
+    from dlinspect._core import jax_target as target
 
     tg = target()
     imp, cpu = tg.import_fn, tg.cpu_device
@@ -149,7 +149,7 @@ def _split_floor(batch: dict[str, Any], sharding: Any) -> Any:
     of its row views, everything else made beforehand; None without that function."""
     from jax._src import core
 
-    from dlinspect._jaxcaps import caps
+    from dlinspect._core import jax_caps as caps
     put = caps()._put_fn
     if put is None:
         return None

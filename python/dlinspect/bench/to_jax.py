@@ -97,7 +97,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     if torch is not None:
         ns["t"] = torch.ones(32, 32)
         ns["d"] = {f"w{i:02d}": torch.ones(64, dtype=torch.float32) for i in range(16)}
-        from dlinspect._jaxcaps import target
+        from dlinspect._core import jax_target as target
         ns["imp"], ns["cpu"] = target().import_fn, target().cpu_device
         ns["arrays"] = [aligned_filled((64,)) for _ in range(16)]
     rows, targets = time_cases("to_jax", CASES, ns, repeat, quick, tick, TARGETS)
