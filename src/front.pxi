@@ -7,9 +7,8 @@ from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 # to_jax's string defaults, compared by identity on the hot path (an equal string: checked).
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
-cdef object _TARGET = None
-cdef object _CAPS = None
-cdef object _CAPS_LOCK = _threading.Lock()
+cdef object _TARGET = None, _CAPS = None
+cdef object _CAPS_LOCK = _threading.RLock()   # (re-entered: _jax_target, jax_caps)
 
 
 def jax_caps():
@@ -39,8 +38,9 @@ def set_target(tg):
 def force_public_api(bint on=True):
     """Route every JAX import through the public ``jax.dlpack.from_dlpack`` (the fallback,
     for tests); ``DLINSPECT_JAX_PUBLIC_API=1`` does the same at start-up."""
-    jax_caps()._set_direct(on, "forced by dlinspect._core.force_public_api()")
-    set_target(None)   # rebuilt with the import function chosen there
+    with _CAPS_LOCK:   # (a build in flight hands back no target of the other import)
+        jax_caps()._set_direct(on, "forced by dlinspect._core.force_public_api()")
+        set_target(None)   # rebuilt with the import function chosen there
 
 
 def current_target():
@@ -51,8 +51,8 @@ def current_target():
 
 cdef JaxTarget _jax_target():
     global _TARGET
-    if _TARGET is None:
-        _TARGET = jax_caps().target
+    with _CAPS_LOCK:   # built once, however many threads ask first (callers check _TARGET)
+        _TARGET = _TARGET if _TARGET is not None else jax_caps().target
     return _TARGET
 
 

@@ -216,6 +216,33 @@ def test_leak_soak(tmp_path):
             assert row["rss_growth_kib"] < 5 * 1024, (route, row)
 
 
+def test_threads_race_for_the_first_target():
+    """8 threads converting for the first time at once build one JaxTarget (its probes run
+    once), and every thread reads that one."""
+    code = """
+import threading, numpy as np, dlinspect
+from dlinspect import _core, _jaxcaps
+builds, seen = [], []
+narrow = _jaxcaps.JaxCaps._narrow_table   # called once per JaxTarget built
+_jaxcaps.JaxCaps._narrow_table = lambda self: builds.append(1) or narrow(self)
+barrier = threading.Barrier(8)
+def work(i):
+    a = np.arange(16, dtype=np.float32) + i
+    barrier.wait()
+    y = dlinspect.to_jax(a[::2], narrow="ok")
+    assert np.array_equal(np.asarray(y + 0), a[::2])
+    seen.append(id(_core.current_target()))
+threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(builds), len(seen), len(set(seen)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "8", "1"], proc.stdout
+
+
 def test_threads():
     """8 threads peek and convert shared and private tensors for a few seconds."""
     shared = values()
