@@ -195,7 +195,8 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         released unconsumed), so its refusals show in the plan. A ``jax.Array``
         is not exported at all (see :func:`to_jax`).
     target : {"jax", "host"}
-        Where it should go.
+        Where it should go. ``"host"`` takes one tensor, as :func:`to_host` does:
+        anything else gets the error route of what ``to_host`` raises for it.
     device : jax.Device or single-device Sharding, optional
         Destination device for ``target="jax"``; default: the source's own.
     copy : bool or None
@@ -213,8 +214,8 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         Read-only memory (versioned READ_ONLY flag) is copied by default;
         ``"share"`` imports it without a copy (see :func:`to_jax`).
     leaves : {"keep", "raise"}
-        A leaf that is not a tensor (a str, a number, a NumPy array of strings...;
-        the whole of ``x`` too, when it is one) gets an ``"untouched"`` route, or
+        For ``target="jax"``: a leaf that is not a tensor (a str, a number, a NumPy
+        array of strings...; the whole of ``x`` too) gets an ``"untouched"`` route, or
         (``"raise"``) a ``NotDLPackError`` route. The batch is walked as
         :func:`to_jax` walks it (Mappings and dataclasses included).
     narrow : {"warn", "ok"}
@@ -261,13 +262,16 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     if target != "jax" and target != "host":
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    tg = _jax_target() if target == "jax" else None
-    if isinstance(x, TensorInfo) or _is_tensor(x) and _one_place(opts, tg):
+    cdef JaxTarget tg = None   # (target="host": to_host's one tensor, whatever x is)
+    if target == "jax":
+        tg = _TARGET if _TARGET is not None else _jax_target()
+    if tg is None or isinstance(x, TensorInfo) or _is_tensor(x) and (
+            opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
         return _plan_one(x, tg, target, opts)
     parts, where = _parts(x, tg, opts, opts.flags, True)
     cdef set seen = set()
     for part in parts:
-        _plan_part(part, tg, target, seen)
+        _plan_part(part, tg, seen)
     return _rebuild_parts(parts, where, tg)
 
 
@@ -282,28 +286,23 @@ cdef object _plan_one(x, tg, str target, opts):
         return failed(exc, target)
 
 
-cdef bint _one_place(opts, JaxTarget tg) except -1:
-    return (opts.sharding is None or tg is None
-            or isinstance(opts.sharding, tg.jax.sharding.Sharding))
-
-
-cdef int _plan_part(_Part part, JaxTarget tg, str target, set seen) except -1:
-    """Every leaf's route of one part, in ``part.out``: each decided as to_jax decides it."""
+cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
+    """Every leaf's route into JAX of one part, in ``part.out``: each decided as to_jax decides it."""
     flat = part.flat
     errors = {} if flat is None else flat.errors
-    if tg is not None and flat is not None:   # (to_jax's check: a container refusing JAX arrays)
+    if flat is not None:   # (to_jax's check: a container refusing JAX arrays)
         _check_rebuild(flat, [i for i, leaf in enumerate(part.leaves)
                               if i not in errors and _is_tensor(leaf)], tg)
     cdef Py_ssize_t i, repeated = repeated_capsule(part.leaves, seen)
     part.out = []
     for i, leaf in enumerate(part.leaves):
         if i in errors:   # a container that cannot be rebuilt: its error, in its place
-            route = failed(errors[i], target)
+            route = failed(errors[i], "jax")
         elif i == repeated:    # the same capsule twice: the second is the error
-            route = failed(repeated_capsule_error(), target)
+            route = failed(repeated_capsule_error(), "jax")
         else:
-            route = (_plan_one(leaf, tg, target, part.opts) if _is_tensor(leaf)
-                     else untouched(leaf, target, part.opts))
+            route = (_plan_one(leaf, tg, "jax", part.opts) if _is_tensor(leaf)
+                     else untouched(leaf, "jax", part.opts))
         if route.problem is not None:
             route.key_path = part.keystr(i)
         part.out.append(route)

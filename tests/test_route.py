@@ -646,3 +646,15 @@ class TestShapesNoArrayHolds:
         cap = make_capsule(None, shape=(2**40, 0), dtype="float32")
         assert plan(cap).kind == "zero-copy"
         assert to_jax(cap).shape == (2**40, 0)
+
+
+@pytest.mark.parametrize("x", ["abc", 3, None, {"x": np.ones(3)}, [np.ones(2)],
+                               np.array(["a"]), np.array([object()])],
+                         ids=["str", "int", "None", "dict", "list", "str-array", "object-array"])
+def test_plan_to_host_of_what_is_not_one_tensor_is_what_to_host_raises(x):
+    """to_host takes one tensor: plan(x, "host") of anything else is the error route of
+    what to_host raises for it, not an "untouched" leaf."""
+    route = plan(x, "host")
+    with pytest.raises(type(route.error)) as raised:
+        dlinspect.to_host(x)
+    assert route.kind == "error" and str(raised.value) == str(route.error)
