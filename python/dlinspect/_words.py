@@ -16,10 +16,6 @@ from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
 from .errors import (AllocationError, CopyRequiredError, DLInspectError, NotDLPackError, ShardingError,
                      UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedShapeError)
 
-__all__ = ["PROBLEMS", "REASONS", "reason", "error", "narrowing_warning", "explain_one",
-           "explain_tree", "describe", "narrowing_text", "device_fix", "allocation_error",
-           "name_leaf", "INSTALL_JAX", "first_line"]
-
 def first_line(exc: BaseException, typed: bool = True) -> str:
     """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
     text = str(exc)
@@ -110,11 +106,6 @@ def _strides_word(info: Any) -> str:
             "negative strides" if info.has_negative_strides else "gaps between elements")
 
 
-def _narrowed(facts: dict[str, Any]) -> str:
-    code, bits, ncode, nbits, _ = facts["narrow"]
-    return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[1]
-
-
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
 _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
     (Need.LAYOUT, lambda r: (
@@ -136,7 +127,8 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
         f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
         f"allocate {r.facts['align']}-byte aligned memory (dlinspect.testing.aligned_empty; "
         f"torch tensors are)")),
-    (Need.NARROW, lambda r: (_narrowed(r.facts), 'jax.config.update("jax_enable_x64", True)')),
+    (Need.NARROW, lambda r: (narrowing_warning(r.facts["narrow"], True),
+                             'jax.config.update("jax_enable_x64", True)')),
 )
 
 
@@ -174,25 +166,29 @@ def _numpy_put_words(route: Any) -> str:
             f"them ({refusal}), so the elements are {how}")
 
 
+_VIA_HOST = ', or pass fallback="host" so dlinspect goes through host memory'
+
+
+def _no_jax_device(what: str, device_type: int, device_id: int, platforms: Any) -> str:
+    return (f"{what} cannot go to JAX: this JAX has no device for {device_name(device_type, device_id)}"
+            f" (platforms here: {', '.join(sorted(platforms)) or 'none'}).")
+
+
 def _no_device_head(route: Any) -> str:
-    info, f = route.info, route.facts
-    if f.get("lanes_only"):
+    info = route.info
+    if route.facts.get("lanes_only"):
         return (f"{describe(info)} has {info.dtype.lanes} lanes, which JAX holds only as a "
                 f"trailing axis of host memory.")
-    platforms = ", ".join(sorted(f["platforms"])) or "none"
-    return (f"{describe(info)} cannot go to JAX: this JAX has no device for "
-            f"{device_name(int(info.device_type), info.device_id)} (platforms here: {platforms}).")
+    return _no_jax_device(describe(info), int(info.device_type), info.device_id, route.facts["platforms"])
 
 
 def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
     """``fallback="raise"``'s error for a producer whose ``__dlpack_device__`` JAX has no device for."""
     tp = type(x)
-    where = device_name(device_type, device_id)
-    return (f"a {tp.__module__}.{tp.__qualname__} on {where} cannot go to JAX: this JAX has "
-            f"no device for {where} (platforms here: {', '.join(sorted(platforms)) or 'none'}"
-            f"). Tried: nothing (fallback='raise'; the producer was not asked to export). "
-            f"To fix: {device_fix(device_type, 'jax', False)}, or pass fallback=\"host\" so "
-            f"dlinspect goes through host memory.")
+    what = f"a {tp.__module__}.{tp.__qualname__} on {device_name(device_type, device_id)}"
+    return (f"{_no_jax_device(what, device_type, device_id, platforms)} Tried: nothing "
+            f"(fallback='raise'; the producer was not asked to export). To fix: "
+            f"{device_fix(device_type, 'jax', False)}{_VIA_HOST}.")
 
 
 def _numpy_head(f: dict[str, Any]) -> str:
@@ -303,8 +299,7 @@ def _no_device(route: Any) -> Parts:
                 "copy.", f"To fix: {device_fix(dt, t, True)}.")
     tried = ("nothing: a bare capsule has no producer to ask for a host copy" if bare
              else "nothing (fallback='raise')")
-    fix = device_fix(dt, t, bare) + (
-        "" if bare else ', or pass fallback="host" so dlinspect goes through host memory')
+    fix = device_fix(dt, t, bare) + ("" if bare else _VIA_HOST)
     return (UnsupportedDeviceError, "", _no_device_head(route), f"Tried: {tried}. To fix: {fix}.")
 
 
@@ -350,38 +345,33 @@ def _not_a_tensor(route: Any) -> Parts:
 
 
 def _copy_forbidden(route: Any) -> Parts:
-    f, t, subject = route.facts, route.target, _subject(route)
+    f, subject, fixes, refused = route.facts, _subject(route), [], "needs a copy, but copy=False"
     if f.get("numpy_copy"):
-        return (CopyRequiredError, _numpy_head(f),
-                f"cannot be described by DLPack ({f['why']}), so only a copy gives its values, "
-                f"but copy=False.", "To fix: pass copy=None, or make it native and C-ordered "
-                "first: numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
-    if "jax_array" in f:
+        subject = _numpy_head(f)
+        found = f"cannot be described by DLPack ({f['why']}), so only a copy gives its values, but copy=False"
+        fixes = ["make it native and C-ordered first: numpy.ascontiguousarray(x, "
+                 "dtype=x.dtype.newbyteorder('='))"]
+    elif "jax_array" in f:
         devices = ", ".join(map(str, f["jax_array"].devices()))
-        why = (f"{_RELAYOUT}, so it is copied into row-major order" if f["relayout"] else
-               f"a jax.Array on {devices} must move to {_where(f)}, which copies")
-        return (CopyRequiredError, "", f"{why}, but copy=False.", "To fix: pass copy=None.")
-    if f.get("through_host"):
-        if t == "host":
-            return (CopyRequiredError, subject, "is not in host memory. Bringing it to the host "
-                    "needs a copy, but copy=False.", "To fix: pass copy=None.")
-        return (CopyRequiredError, "", f"{_no_device_head(route)} Going through host memory "
-                f"needs a copy, but copy=False.", "To fix: pass copy=None, or move the tensor "
-                "to host memory yourself.")
-    if f.get("put"):
-        return (CopyRequiredError, subject, f"needs a copy, but copy=False: "
-                f"{_numpy_put_words(route)}.", "To fix: pass copy=None.")
-    if f.get("spread"):
-        return (CopyRequiredError, subject, f"needs a copy, but copy=False: it is not host "
-                f"memory bound for CPU devices, so {_spread_words(f)}, which copies.",
-                "To fix: pass copy=None.")
-    if t == "host":   # packed sub-byte data unpacked into NumPy
+        subject, found = "", (f"{_RELAYOUT}, so it is copied into row-major order" if f["relayout"] else
+                              f"a jax.Array on {devices} must move to {_where(f)}, which copies")
+        found += ", but copy=False"
+    elif f.get("through_host") and route.target == "host":
+        found = f"is not in host memory. Bringing it to the host {refused}"
+    elif f.get("through_host"):
+        subject, found = "", f"{_no_device_head(route)} Going through host memory {refused}"
+        fixes = ["move the tensor to host memory yourself"]
+    elif route.target == "host":   # packed sub-byte data unpacked into NumPy
         bits = route.info.dtype.bits * route.info.dtype.lanes
-        return (CopyRequiredError, subject, f"packs {bits}-bit elements, while NumPy stores one "
-                f"per byte: unpacking needs a copy, but copy=False.", "To fix: pass copy=None.")
-    reasons, fixes = _copy_reasons(route)
-    return (CopyRequiredError, subject, f"needs a copy, but copy=False: {'; '.join(reasons)}.",
-            f"To fix: {', or '.join(['pass copy=None'] + fixes)}.")
+        found = f"packs {bits}-bit elements, while NumPy stores one per byte: unpacking {refused}"
+    elif f.get("put"):
+        found = f"{refused}: {_numpy_put_words(route)}"
+    elif f.get("spread"):
+        found = f"{refused}: it is not host memory bound for CPU devices, so {_spread_words(f)}, which copies"
+    else:
+        reasons, fixes = _copy_reasons(route)
+        found = f"{refused}: {'; '.join(reasons)}"
+    return CopyRequiredError, subject, f"{found}.", f"To fix: {', or '.join(['pass copy=None'] + fixes)}."
 
 
 def _uneven(route: Any) -> Parts:
@@ -449,7 +439,7 @@ def _producer_copy(route: Any) -> str:
     words = ", else ".join(steps + ["numpy.asarray(x)"])
     if route.target == "host":
         return f"{where} memory is not host-accessible: {words}."
-    narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
+    narrowed = f" ({narrowing_warning(f['narrow'], True)})" if f.get("narrow") else ""
     peak = "" if f.get("into") else (", viewed where it can be, else copied once more "
                                      "(two copies at peak)")
     return f"{where} memory: {words}; JAX imports that{narrowed}{peak}."
@@ -460,7 +450,7 @@ def _numpy_copy(route: Any) -> str:
     words = f"{f['why']}; NumPy copies it into native, C-ordered memory"
     if route.target == "host":
         return f"A copy is needed: {words}."
-    narrowed = f" ({_narrowed(f)})" if f.get("narrow") else ""
+    narrowed = f" ({narrowing_warning(f['narrow'], True)})" if f.get("narrow") else ""
     then = (f"that copy is then split over the {f['spread']} devices of the sharding"
             if "spread" in f else "JAX views that copy")
     return f"A copy is needed: {words}{narrowed}; {then}."
@@ -545,10 +535,11 @@ def reason(route: Any) -> str:
     return f"{route.key_path}: {text}" if route.key_path else text
 
 
-def narrowing_warning(narrow: tuple[int, int, int, int, bool]) -> str:
-    """The DLInspectWarning's text; ``narrow``: ``(code, bits, narrowed code, narrowed bits, warn)``."""
+def narrowing_warning(narrow: tuple[int, int, int, int, bool], reason: bool = False) -> str:
+    """The DLInspectWarning's text (``reason``: the route's few words instead); ``narrow``:
+    ``(code, bits, narrowed code, narrowed bits, warn)``."""
     code, bits, ncode, nbits, _ = narrow
-    return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[0]
+    return narrowing_text(dtype_name(code, bits), dtype_name(ncode, nbits))[reason]
 
 
 def explain_tree(flat: Any) -> str:
