@@ -10,7 +10,6 @@ collecting = _threading.local()
 
 # dlinspect's own Python files (an editable install keeps the extension elsewhere).
 _HERE = _os.path.dirname(_sys.modules["dlinspect"].__file__) + _os.sep
-_folders = {}   # "jax", "grain" -> the package's folder, once it is imported
 
 
 def warn(message, bint at_consumer=False):
@@ -22,8 +21,8 @@ def warn(message, bint at_consumer=False):
         collected.append(message)
         return
     # The innermost Python frame (compiled functions have none) is stacklevel 1; ours, jax's pass.
-    level, frame_or_none = 1, _sys._getframe(0)
-    while frame_or_none is not None and _internal(frame_or_none.f_code.co_filename, at_consumer):
+    ours, level, frame_or_none = _internal(at_consumer), 1, _sys._getframe(0)
+    while frame_or_none is not None and frame_or_none.f_code.co_filename.startswith(ours):
         level, frame_or_none = level + 1, frame_or_none.f_back
     if frame_or_none is None:
         _warnings.warn(message, DLInspectWarning, stacklevel=level)
@@ -56,15 +55,7 @@ def _repeats_hidden(frame, message):
     return True
 
 
-def _internal(filename, bint grain):
-    if filename.startswith(_HERE):
-        return True
-    for name in ("jax", "grain") if grain else ("jax",):
-        if name not in _folders:
-            file = getattr(_sys.modules.get(name), "__file__", None)
-            if file is None:
-                continue
-            _folders[name] = _os.path.dirname(file) + _os.sep
-        if filename.startswith(_folders[name]):
-            return True
-    return False
+def _internal(bint grain):
+    """The folders of dlinspect, jax and (``grain``) grain, those imported, as ``startswith`` takes them."""
+    files = [getattr(_sys.modules.get(name), "__file__", None) for name in ("jax", "grain")[:1 + grain]]
+    return (_HERE,) + tuple(_os.path.dirname(file) + _os.sep for file in files if file)
