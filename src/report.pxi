@@ -122,12 +122,9 @@ cdef class LoaderReport:
         """A leaf of the general route: copied where its route copies (``forced``: copy=True)."""
         info = route.info
         cdef int64_t nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
-        if not route.copy_bytes:
-            reason = None
-        elif route.info is None:   # NumPy memory DLPack cannot describe
-            reason = "byte order or byte strides"
-        else:
-            reason = _copy_reason(route._needs, forced) or "sharding"
+        # (info None: NumPy memory DLPack cannot describe)
+        reason = (None if not route.copy_bytes else "byte order or byte strides" if info is None
+                  else _copy_reason(route._needs, forced) or "sharding")
         self._pending.append((i, nbytes, reason, info))
         return 0
 
@@ -177,9 +174,7 @@ cdef class LoaderReport:
     cdef int _count(self, list rows) except -1:
         cdef list entry
         for key, nbytes, reason in rows:
-            entry = self._leaves.get(key)
-            if entry is None:
-                entry = self._leaves[key] = [0, 0, {}]
+            entry = self._leaves.setdefault(key, [0, 0, {}])
             entry[0] += 1
             if reason is None:
                 entry[1] += nbytes
