@@ -7,12 +7,11 @@ ADVISE_MIN_BYTES = 64 * 1024
 # Why a loader copied a leaf it first imported zero-copy (its ``reuse="copy"``).
 cdef str _REUSED = "reused memory"
 
-# Need bits, in the words of the report (one reason per bit a copy can come from).
+# The Need bits a copy can come from, in the words of the report.
 cdef tuple _REASONS = (
-    (NEED_DEVICE, "foreign device"), (NEED_DTYPE, "dtype"), (NEED_NUMPY_PUT, "dtype"),
-    (NEED_PACKED, "dtype"), (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"),
-    (NEED_PERMUTED, "permuted order"), (NEED_READ_ONLY, "read-only"),
-    (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
+    (NEED_DEVICE, "foreign device"), (NEED_DTYPE | NEED_NUMPY_PUT | NEED_PACKED, "dtype"),
+    (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"), (NEED_PERMUTED, "permuted order"),
+    (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
 )
 # Why a copy with one reason is made, and what removes it, where the user can.
 cdef dict _REMEDIES = {
@@ -41,10 +40,8 @@ cdef str _copy_reason(uint32_t needs, bint forced):
         needs &= NEED_DEVICE | NEED_NARROW | NEED_DTYPE
     if needs & (NEED_LAYOUT | NEED_PERMUTED):   # gathered: its start's alignment and its
         needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # flag are moot
-    for bit, word in _REASONS:
-        if needs & <uint32_t>bit and word not in words:
-            words.append(word)
-    return ", ".join(words) if words else None
+    words += [word for bits, word in _REASONS if needs & <uint32_t>bits]
+    return ", ".join(words) or None
 
 
 cdef class LoaderReport:
