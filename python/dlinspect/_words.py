@@ -222,10 +222,9 @@ def _subject(route: Any) -> str:
 # ---- errors: one function per problem, (type, subject, first sentence, what to do) ----
 
 def _lanes_share_bytes(route: Any) -> Parts:
-    info = route.info
-    _, bits, lanes = info.dtype
+    _, bits, lanes = route.info.dtype
     return (UnsupportedDTypeError, _subject(route),
-            f"has {_dtype_text(info)}: {lanes} lanes of {bits} bits share each byte, so they "
+            f"has {_dtype_text(route.info)}: {lanes} lanes of {bits} bits share each byte, so they "
             f"cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
             "To fix: unpack it with its own library first (e.g. torch: view the bytes as uint8).")
 
@@ -465,8 +464,7 @@ def _split(route: Any) -> str:
 
 
 def _spread(route: Any) -> str:
-    f = route.facts
-    whole = f["whole"]
+    f, whole = route.facts, route.facts["whole"]
     if whole.zero_copy:
         return (f"A copy is needed: JAX first views the producer's memory, then "
                 f"{_spread_words(f)} (the one copy).")
