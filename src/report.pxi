@@ -87,7 +87,6 @@ cdef class LoaderReport:
 
     def __init__(self, *, bint at_delivery=False):
         self.new_epoch()
-        self._warned = False
         self._at_delivery = at_delivery
 
     def new_epoch(self):
