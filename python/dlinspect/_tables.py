@@ -132,33 +132,27 @@ class DType(NamedTuple):
 
 
 _C = DLDataTypeCode
-# One row per (code, bits) with a NumPy or ml_dtypes dtype.
+# Names of codes whose width varies (also for a (code, bits) with no row).
+_CODE_PREFIX: dict[int, str] = {_C.kDLInt: "int", _C.kDLUInt: "uint", _C.kDLFloat: "float",
+                _C.kDLComplex: "complex", _C.kDLOpaqueHandle: "opaque", _C.kDLBool: "bool"}
+# NumPy's own widths of each code: the widest (64 bits, complex128) JAX narrows to the next.
+_NUMPY_WIDTHS = {_C.kDLInt: (8, 16, 32, 64), _C.kDLUInt: (8, 16, 32, 64), _C.kDLFloat: (16, 32, 64),
+                 _C.kDLComplex: (64, 128)}
+# One row per (code, bits) with a NumPy or ml_dtypes dtype (ml_dtypes': numpy=False).
 _DTYPE_ROWS = (
     (_C.kDLBool, 8, DType("bool", True)),
-    (_C.kDLInt, 8, DType("int8", True)), (_C.kDLInt, 16, DType("int16", True)),
-    (_C.kDLInt, 32, DType("int32", True)), (_C.kDLInt, 64, DType("int64", True, (_C.kDLInt, 32))),
-    (_C.kDLUInt, 8, DType("uint8", True)), (_C.kDLUInt, 16, DType("uint16", True)),
-    (_C.kDLUInt, 32, DType("uint32", True)),
-    (_C.kDLUInt, 64, DType("uint64", True, (_C.kDLUInt, 32))),
-    (_C.kDLFloat, 16, DType("float16", True)), (_C.kDLFloat, 32, DType("float32", True)),
-    (_C.kDLFloat, 64, DType("float64", True, (_C.kDLFloat, 32))),
-    (_C.kDLComplex, 64, DType("complex64", True)),
-    (_C.kDLComplex, 128, DType("complex128", True, (_C.kDLComplex, 64))),
+    *((code, bits, DType(f"{_CODE_PREFIX[code]}{bits}", True,
+                         (code, bits // 2) if bits == widths[-1] else None))
+      for code, widths in _NUMPY_WIDTHS.items() for bits in widths),
     (_C.kDLBfloat, 16, DType("bfloat16", False)),
-    (_C.kDLInt, 4, DType("int4", False)), (_C.kDLInt, 2, DType("int2", False)),
-    (_C.kDLUInt, 4, DType("uint4", False)), (_C.kDLUInt, 2, DType("uint2", False)),
-    *((getattr(_C, "kDL" + name[0].upper() + name[1:]), bits, DType(name, False))
-      for name, bits in (("float8_e3m4", 8), ("float8_e4m3", 8), ("float8_e4m3b11fnuz", 8),
-                         ("float8_e4m3fn", 8), ("float8_e4m3fnuz", 8), ("float8_e5m2", 8),
-                         ("float8_e5m2fnuz", 8), ("float8_e8m0fnu", 8), ("float6_e2m3fn", 6),
-                         ("float6_e3m2fn", 6), ("float4_e2m1fn", 4))),
+    *((code, bits, DType(f"{_CODE_PREFIX[code]}{bits}", False))
+      for code in (_C.kDLInt, _C.kDLUInt) for bits in (4, 2)),
+    *((code, int(code.name[8]), DType(code.name[3:].lower(), False))   # kDLFloat8_e4m3fn...
+      for code in _C if code >= _C.kDLFloat8_e3m4),
 )
 
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
 _DTYPE_BY_NAME = {row.name: (int(code), bits) for code, bits, row in _DTYPE_ROWS}
-# Names of codes whose width varies, for a (code, bits) with no row.
-_CODE_PREFIX: dict[int, str] = {_C.kDLInt: "int", _C.kDLUInt: "uint", _C.kDLFloat: "float",
-                _C.kDLComplex: "complex", _C.kDLOpaqueHandle: "opaque", _C.kDLBool: "bool"}
 _DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
 _names_cache: dict[tuple[int, int, int], str] = {}
 _numpy_cache: dict[int, Any] = {}   # (never emptied: the core borrows its values)
