@@ -334,12 +334,19 @@ class JaxCaps:
         if not self.direct or put is None or self._shaped_array is None:
             return {"put": None}
 
-        def view(buf: np.ndarray) -> Any:
-            return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], False)
+        def view(buf: np.ndarray, committed: bool = False) -> Any:
+            return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], committed)
 
-        empty = self.core.aligned_empty
-        align = self._probe("batched_put", lambda: _puts_as_device_put(
-            self.jax, empty, put, self._make_aval, single, dev) and _first_viewed(empty, view))
+        def as_device_put() -> bool:   # jax.device_put's array, committed only when asked
+            x = self.core.aligned_empty((2, 3), np.float32, alignment=256)
+            x[...] = [[1, 2, 3], [4, 5, 6]]
+            ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
+            return [a._committed for a in ours] == [False, True] and all(
+                a.aval == theirs.aval and a.sharding == theirs.sharding
+                and np.asarray(a).tolist() == x.tolist() for a in ours)
+
+        align = self._probe("batched_put", lambda: as_device_put()
+                            and _first_viewed(self.core.aligned_empty, view))
         if align is None:
             return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
@@ -426,18 +433,6 @@ def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
                 if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
                     return align
     return None
-
-
-def _puts_as_device_put(jax: Any, empty: Any, put: Any, make_aval: Any, single: Any,
-                        dev: Any) -> bool:
-    """Whether the batched ``put`` gives ``jax.device_put``'s array, committed only when asked."""
-    x = empty((2, 3), np.float32, alignment=256)
-    x[...] = [[1, 2, 3], [4, 5, 6]]
-    ours = [put(make_aval((2, 3), x.dtype), single(dev), [x], [dev], c) for c in (False, True)]
-    theirs = jax.device_put(x, dev)
-    return [a._committed for a in ours] == [False, True] and all(
-        a.aval == theirs.aval and a.sharding == theirs.sharding
-        and np.asarray(a).tolist() == x.tolist() for a in ours)
 
 
 @contextlib.contextmanager
