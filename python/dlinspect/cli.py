@@ -364,14 +364,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        return _run(args)
-    except BrokenPipeError:  # e.g. `dlinspect doctor | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
         if args.command == "doctor":
             if args.json:
                 print(json.dumps(doctor_report(), indent=2))
@@ -379,9 +371,10 @@ def _run(args: argparse.Namespace) -> int:
                 _print_doctor(doctor_report(producers=False))
                 producers_report(_print_producer)
             return 0
-        if args.command == "inspect":
-            return _inspect(args)
-        return _bench(args)
+        return _inspect(args) if args.command == "inspect" else _bench(args)
+    except BrokenPipeError:  # e.g. `dlinspect doctor | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ImportError as exc:
         if "jax" not in str(exc) and getattr(exc, "name", None) not in ("jax", "jaxlib"):
             raise
