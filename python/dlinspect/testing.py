@@ -94,8 +94,7 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
         if not (data.flags.c_contiguous or data.flags.f_contiguous) and address is None:
             address = data.ctypes.data  # first element; `data` itself is kept alive
     if isinstance(dtype, tuple):   # (code, bits[, lanes])
-        code, bits, *rest = dtype
-        code, bits, lanes = int(code), int(bits), int(rest[0]) if rest else 1
+        code, bits, lanes = (int(v) for v in (*dtype, 1)[:3])
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
     return _make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
