@@ -70,8 +70,7 @@ cdef class JaxTarget:
                         and memcmp(slot.shape, shape, ndim * sizeof(int64_t)) == 0):
                     return <object>slot.aval
         got = self.sharded_aval(tuple([shape[i] for i in range(ndim)]), descr, None)
-        cdef PyObject* old_aval
-        cdef PyObject* old_descr
+        cdef PyObject *old_aval, *old_descr
         if ndim <= _INLINE_NDIM:
             slot = &self._recent[self._next_slot]
             self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
@@ -118,9 +117,7 @@ cdef class JaxTarget:
 
     def dtype_problem(self, int code, int bits, bint held=False):
         """None where JAX imports one lane of ``(code, bits)`` (``held``: holds it); else why."""
-        if self._dtype_ok(code, bits, held):
-            return None
-        return self.bad[code | (bits << 8) | (held << 16)]
+        return None if self._dtype_ok(code, bits, held) else self.bad[code | bits << 8 | held << 16]
 
     def refuse_device(self, x, int device_type, int device_id):
         """``fallback="raise"``: UnsupportedDeviceError before the export for a device JAX lacks."""
