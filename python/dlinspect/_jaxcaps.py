@@ -5,6 +5,7 @@ symbol used is in :data:`SYMBOLS` with its public fallback; ``dlinspect doctor``
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
@@ -129,17 +130,10 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
     return adapted, status._replace(reason=f"{how}: {missing} not passed")
 
 
-class CoreTools(NamedTuple):
-    """What the probes use of the core, handed over by the core that builds its
-    :class:`JaxCaps` (this module imports nothing of it)."""
-
-    JaxTarget: Any
-    aligned_empty: Any
-    capsule_of: Any
-    header_capsule: Any
-    import_capsule: Any
-    stream_of: Any
-    warn: Any
+# What the probes use of the core, handed over by the core that builds its JaxCaps (this
+# module imports nothing of it).
+CoreTools = collections.namedtuple("CoreTools", "JaxTarget aligned_empty capsule_of header_capsule "
+                                                "import_capsule stream_of warn")
 
 
 class _X64Flag:
