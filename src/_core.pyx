@@ -87,7 +87,7 @@ cdef extern from *:
 import sys as _sys
 from dlinspect.errors import (
     CapsuleConsumedError, DLInspectError, DLInspectWarning, MalformedTensorError,
-    NotDescribableError, NotDLPackError, NotNumericError, ProducerError, StackError,
+    NotDescribableError, NotDLPackError, NotNumericError, ProducerError,
     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedVersionError,
 )
 from dlinspect import _words
