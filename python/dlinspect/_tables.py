@@ -8,6 +8,7 @@ tests/test_abi.py keeps the enums and :class:`Need`'s bits in step with the C on
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, NamedTuple
 
 import numpy
@@ -154,48 +155,37 @@ _DTYPE_ROWS = (
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
 _DTYPE_BY_NAME = {row.name: (int(code), bits) for code, bits, row in _DTYPE_ROWS}
 _DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
-_names_cache: dict[tuple[int, int, int], str] = {}
-_numpy_cache: dict[int, Any] = {}   # (never emptied: the core borrows its values)
 
 
+@functools.lru_cache(maxsize=4096)
 def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
     """The NumPy / ml_dtypes name (``"bfloat16"``); ``"float32x4"`` for 4 lanes,
     ``"DLDataType(code=42, bits=8)"`` for an unknown code."""
-    key = (code, bits, lanes)
-    name = _names_cache.get(key)
-    if name is not None:
-        return name
     row = DTYPES.get((code, bits))
     name = (row.name if row is not None else f"{_CODE_PREFIX[code]}{bits}" if code in _CODE_PREFIX
             else f"{DLDataTypeCode(code).name}[bits={bits}]" if code in _DATA_TYPE_CODES
             else f"DLDataType(code={code}, bits={bits})")
-    if lanes != 1:
-        name = f"{name}x{lanes}"
-    if len(_names_cache) < 4096:
-        _names_cache[key] = name
-    return name
+    return name if lanes == 1 else f"{name}x{lanes}"
 
 
 def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
     """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
-    if lanes != 1:
-        return None
-    key = code | (bits << 8)
-    if key in _numpy_cache:
-        return _numpy_cache[key]
+    return _one_lane_dtype(code, bits) if lanes == 1 else None
+
+
+@functools.cache   # (never emptied: the core borrows its values)
+def _one_lane_dtype(code: int, bits: int) -> Any:
     row = DTYPES.get((code, bits))
-    found = None
     if row is not None and row.numpy:
-        found = numpy.dtype(row.name)
-    elif code != _C.kDLOpaqueHandle:   # ml_dtypes' types, by the name dtype_name gives
-        try:
-            import ml_dtypes
-        except ImportError:
-            ml_dtypes = None  # type: ignore[assignment]
-        scalar = getattr(ml_dtypes, dtype_name(code, bits), None)
-        found = None if scalar is None else numpy.dtype(scalar)
-    _numpy_cache[key] = found
-    return found
+        return numpy.dtype(row.name)
+    if code == _C.kDLOpaqueHandle:
+        return None
+    try:   # ml_dtypes' types, by the name dtype_name gives
+        import ml_dtypes
+    except ImportError:
+        return None
+    scalar = getattr(ml_dtypes, dtype_name(code, bits), None)
+    return None if scalar is None else numpy.dtype(scalar)
 
 
 def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
