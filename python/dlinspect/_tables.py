@@ -1,7 +1,8 @@
 """The tables dlinspect reads, beside the DLPack enums they are keyed by; below the core.
 
 A new device type is one row of ``_DEVICE_ROWS`` (and its value in include/dlinspect/dlpack.h
-and src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its code there).
+and src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its code there; a new
+float8/6/4 code needs only its member of DLDataTypeCode, whose name gives the row).
 tests/test_abi.py keeps the enums and :class:`Need`'s bits in step with the C ones.
 """
 
