@@ -25,12 +25,10 @@ cdef enum Guard:
     GUARD_NO_DLPACK = 5  # no DLPack form (ragged, sparse): refused, never kept as a leaf
     GUARD_PYARROW = 6    # non-numeric pyarrow arrays are not tensors
 
-# Refusal hints, tried in order against the producer's own words: the row's, then these.
+# Refusal hints (pattern, what to do), tried in order on the producer's words: the row's, then these.
 _GENERIC_HINTS = (
-    ("requires_grad", "call .detach() first (the tensor takes part in autograd)"),
-    ("gradient", "call .detach() first (the tensor takes part in autograd)"),
-    ("readonly", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
-    ("read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
+    ("requires_grad|gradient", "call .detach() first (the tensor takes part in autograd)"),
+    ("readonly|read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
     ("device", "move it to host memory with its own library first"),
 )
@@ -41,15 +39,14 @@ _TORCH_HINTS = (
     ("device", "move it to host memory first: t.cpu()"),
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),   # conjugate too
     ("negative bit", "call .resolve_neg() first"),
-    ("sparse", "call .to_dense() first (DLPack describes strided tensors only)"),
-    ("have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
+    ("sparse|have storage", "call .to_dense() first (DLPack describes strided tensors only)"),
     ("strided", "call .to_dense() or .contiguous() first (DLPack describes strided tensors only)"),
 )
 _PYARROW_HINTS = (
     ("null", "fill or drop the missing values first (pyarrow: arr.fill_null(0) or arr.drop_null())"),
     ("boolean", "cast it to a numeric type first (pyarrow stores booleans as bits: arr.cast('uint8'))"),
-    ("datatype", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
-    ("not compatible with dlpack", "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
+    ("datatype|not compatible with dlpack",
+     "convert it to a numeric type first (pyarrow: arr.cast('int32'))"),
 )
 
 
@@ -57,7 +54,7 @@ class Producer(_NamedTuple):
     """One row of :data:`PRODUCERS`: what dlinspect knows of one producer's tensor type."""
 
     guard: int = GUARD_NONE   # the guard run before any export (Guard)
-    hints: tuple = ()         # (word, what to do) pairs matched against its own refusals
+    hints: tuple = ()         # (pattern, what to do) pairs searched in its own refusals
     fix: object = None        # a tensor type with no DLPack form (refused): what to do instead
     # How it copies device memory into host memory dlinspect gives it ("torch": out.copy_(x);
     # another string: the method x.NAME(out)): a host fallback's one copy, into memory JAX views.
@@ -136,12 +133,9 @@ PRODUCERS = {
                                   contiguous="dpnp.ascontiguousarray(x)",
                                   other="take it as NumPy with dpnp.asnumpy(x)"),
     # Loaders: what a user meant to convert is each batch they give.
-    ("torch", "DataLoader"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
-    ("grain", "DataLoader"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
-    ("grain", "MapDataset"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
-    ("grain", "IterDataset"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
-    ("grain", "DatasetIterator"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
-    ("tensorflow", "DatasetV2"): Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX),
+    **dict.fromkeys([("torch", "DataLoader"), ("grain", "DataLoader"), ("grain", "MapDataset"),
+                     ("grain", "IterDataset"), ("grain", "DatasetIterator"),
+                     ("tensorflow", "DatasetV2")], Producer(GUARD_NO_DLPACK, fix=_LOADER_FIX)),
     ("datasets", "Dataset"): Producer(GUARD_NO_DLPACK, fix=(
         "it is a dataset, not a batch: iterate its batches through dlinspect.prefetch_to_jax("
         "ds.with_format('numpy').iter(batch_size=n))")),
@@ -155,10 +149,9 @@ cdef class _TypeEntry:
     cdef object api_owner          # the "dlpack_exchange_api" capsule that owns *api
     cdef const DLPackExchangeAPI* api
     cdef bint has_dlpack
-    cdef bint has_device           # ask __dlpack_device__ (not numpy: same source as its header)
-    cdef bint is_numpy             # exactly numpy.ndarray (its __dlpack_device__ is not asked)
+    cdef bint has_device           # ask __dlpack_device__ (not exactly numpy.ndarray's: the same
+                                   # source as its header)
     cdef bint numpy_export         # its __dlpack__ is NumPy's own (not a subclass's)
-    cdef bint is_torch             # torch.Tensor or a subclass: the torch guards apply
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
     cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
     cdef Guard guard               # the producer table's guard for this type
@@ -207,11 +200,9 @@ cdef _TypeEntry _entry_for(object tp):
     # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX)
-    entry.is_numpy = tp is _np_ndarray
     entry.numpy_export = (entry.guard == GUARD_NUMPY
                           and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
-    entry.has_device = hasattr(tp, "__dlpack_device__") and not entry.is_numpy
-    entry.is_torch = entry.guard == GUARD_TORCH
+    entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
     if len(_types) >= _TYPES_MAX:
         _types.clear()
@@ -221,7 +212,7 @@ cdef _TypeEntry _entry_for(object tp):
 
 cdef bint _pinned_possible(_TypeEntry entry):
     """Whether the producer may hand out pinned memory, which the exchange API calls kDLCPU."""
-    if entry.is_torch:
+    if entry.guard == GUARD_TORCH:
         try:
             return bool(_sys.modules["torch"].cuda.is_available())
         except Exception:
@@ -248,7 +239,7 @@ cdef object _producer_error(object obj, BaseException exc, str what):
         reason += "."
     low = reason.lower()
     hints = _entry_for(type(obj)).hints + _GENERIC_HINTS
-    todo = next((hint for key, hint in hints if key in low), _producer_row(type(obj)).other)
+    todo = next((hint for key, hint in hints if _re.search(key, low)), _producer_row(type(obj)).other)
     method = _METHOD.search(todo)
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
     return ProducerError(
@@ -334,6 +325,7 @@ cdef object _torch_take(object x, _TypeEntry entry):
             or dlm_ver == NULL):
         PyErr_Clear()
         return None
+    cap = None
     try:
         dev_type = dlm_ver.dl_tensor.device.device_type
         keep = dev_type == kDLCPU and not (dlm_ver.dl_tensor.dtype.code == kDLComplex
@@ -342,23 +334,26 @@ cdef object _torch_take(object x, _TypeEntry entry):
             _ask_device(x, &dev_type, &dev_id, &id_known)
             keep = dev_type == kDLCPU
         if keep:
-            return PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
-    except BaseException:
-        if dlm_ver.deleter != NULL:
+            cap = PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
+    finally:
+        if cap is None and dlm_ver.deleter != NULL:   # not kept, or an error: released
             dlm_ver.deleter(dlm_ver)
-        raise
-    if dlm_ver.deleter != NULL:
-        dlm_ver.deleter(dlm_ver)
-    return None
+    return cap
 
 
 # tf.DType names TensorFlow's __dlpack__ aborts the process on (GUARD_TF).
 cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 
 
-# contract: returns 0 or raises the guard's error (see Guard); runs before any export.
+# contract: returns 0 or raises NotDLPackError or the guard's error (see Guard); runs before
+# any export.
 cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
     cdef Guard g = entry.guard
+    if not entry.has_dlpack and entry.api == NULL:
+        raise NotDLPackError(
+            f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
+            f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
+            f"CuPy...) or the capsule its __dlpack__() returns.")
     if g == GUARD_TORCH:
         if mode != MODE_PEEK and x.is_neg():
             raise ProducerError(
@@ -490,7 +485,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
         return _handing(_peek_capsule(x), x, cap_out)
     if entry is None:
         entry = _entry_for(type(x))
-    _exportable(x, entry, mode)
+    _guard(x, entry, mode)
     cdef _Asked dev
     dev.dev_type = dev.dev_id = 0
     dev.asked, dev.id_known = False, True
@@ -510,33 +505,18 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     return _handing(info, cap, cap_out)
 
 
-cdef int _exportable(object x, _TypeEntry entry, Mode mode) except -1:
-    if not entry.has_dlpack and entry.api == NULL:
-        raise NotDLPackError(
-            f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
-            f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
-            f"CuPy...) or the capsule its __dlpack__() returns.")
-    if entry.guard > GUARD_NUMPY:
-        _guard(x, entry, mode)
-    return 0
-
-
 cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
                             PyObject** cap_out):
-    """The header through the DLPack C exchange API, or None (then ``__dlpack__``)."""
-    if mode == MODE_TAKE and entry.is_torch:
+    """The header through the DLPack C exchange API: a taken torch tensor's, or the TensorInfo
+    in MODE_PEEK; else None (then ``__dlpack__``), with the device in ``dev`` where the API
+    said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
+    if mode == MODE_HOST_COPY:
+        return None
+    if mode == MODE_TAKE and entry.guard == GUARD_TORCH:
         # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
         # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad).
         cap = _torch_take(x, entry)
         return None if cap is None else _handing(_peek_capsule(cap), cap, cap_out)
-    if mode != MODE_HOST_COPY:
-        return _exchange_header(x, entry, mode, dev)
-    return None
-
-
-cdef object _exchange_header(object x, _TypeEntry entry, Mode mode, _Asked* dev):
-    """The exchange API's header of ``x``: the TensorInfo in MODE_PEEK, else None with its
-    device in ``dev``; None, ``dev`` untouched, where the API refuses (``__dlpack__`` says why)."""
     cdef DLTensor t
     memset(&t, 0, sizeof(DLTensor))
     if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
