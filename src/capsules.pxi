@@ -97,7 +97,7 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
 def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int lanes,
                   int device_type, int device_id, uint64_t byte_offset, bint versioned,
                   int version_major, int version_minor, uint64_t flags, counter,
-                  name, bint null_deleter):
+                  str name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     if counter is not None and not isinstance(counter, DeleterCounter):
         raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
@@ -116,7 +116,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         t.shape = NULL
     if strides is None:
         t.strides = NULL
-    cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else _static_name(name))
+    cdef bytes cname = None if name is None else _names.setdefault(name, name.encode())
+    cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname)
     cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
     if versioned:
         (<DLManagedTensorVersioned*>managed).version = DLPackVersion(version_major, version_minor)
@@ -144,13 +145,6 @@ cdef object _forged_dims(shape, strides, int32_t ndim):
 
 # Capsule names must outlive the capsule: keep every forged name interned here.
 cdef dict _names = {}
-
-cdef const char* _static_name(str name) except NULL:
-    data = _names.get(name)
-    if data is None:
-        data = name.encode()
-        _names[name] = data
-    return <const char*>(<bytes>data)
 
 
 # ---- NumPy memory: described only where DLPack says exactly what it is -------
@@ -275,10 +269,6 @@ cdef void _adapter_deleter(DLManagedTensor* dlm) noexcept nogil:
         dlm_ver.deleter(dlm_ver)
 
 
-cdef void _free_only_deleter(DLManagedTensor* dlm) noexcept nogil:
-    free(dlm)
-
-
 cpdef object import_capsule(object import_fn, object cap, object device, object stream,
                             object copy, int dl_device_type):
     """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
@@ -308,8 +298,7 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
     except BaseException:
         if (PyCapsule_IsValid(legacy, LEGACY) and PyCapsule_IsValid(cap, VERSIONED_USED)
                 and dlm.deleter == _adapter_deleter):   # the adapter unconsumed: undone
-            dlm.manager_ctx = NULL
-            dlm.deleter = _free_only_deleter
+            dlm.manager_ctx = NULL   # (then its deleter frees only itself)
             PyCapsule_SetName(cap, VERSIONED)
         raise
 
