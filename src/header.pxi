@@ -8,6 +8,13 @@ cdef enum Source:
 
 _SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api")
 
+# TensorInfo.to_dict's keys, in order: the attributes of that name.
+_DICT_FIELDS = (
+    "device_type device_id capsule_device ndim shape strides byte_strides strides_null dtype "
+    "dtype_name itemsize size nbytes byte_offset data_ptr alignment version flags read_only "
+    "is_copied capsule_name source is_c_contiguous is_f_contiguous is_compact has_broadcast "
+    "has_negative_strides host_accessible").split()
+
 cdef enum:   # TensorInfo._contiguous's orders
     _F_ORDER = 0
     _C_ORDER = 1
@@ -364,24 +371,14 @@ cdef class TensorInfo:
 
     def to_dict(self):
         """All attributes as a dict of plain Python values (for logs and JSON)."""
+        out = {name: getattr(self, name) for name in _DICT_FIELDS}
+        for name, value in out.items():
+            if isinstance(value, tuple):   # shape, strides, dtype, version...: lists
+                out[name] = list(value)
         cap = self.capsule_device
-        return {
-            "device_type": device_name(self._dev_type), "device_id": self.device_id,
-            "capsule_device": None if cap is None else [device_name(cap[0]), cap[1]],
-            "ndim": self.ndim, "shape": list(self.shape), "strides": list(self.strides),
-            "byte_strides": list(self.byte_strides), "strides_null": self.strides_null,
-            "dtype": list(self.dtype), "dtype_name": self.dtype_name,
-            "itemsize": self.itemsize, "size": self.size, "nbytes": self.nbytes,
-            "byte_offset": self.byte_offset, "data_ptr": self.data_ptr,
-            "alignment": self.alignment,
-            "version": None if self.version is None else list(self.version),
-            "flags": self.flags, "read_only": self.read_only, "is_copied": self.is_copied,
-            "capsule_name": self.capsule_name, "source": self.source,
-            "is_c_contiguous": self.is_c_contiguous, "is_f_contiguous": self.is_f_contiguous,
-            "is_compact": self.is_compact, "has_broadcast": self.has_broadcast,
-            "has_negative_strides": self.has_negative_strides,
-            "host_accessible": self.host_accessible,
-        }
+        out["device_type"] = device_name(self._dev_type)
+        out["capsule_device"] = None if cap is None else [device_name(cap[0]), cap[1]]
+        return out
 
     def _state(self):
         # For pickling and equality only.
