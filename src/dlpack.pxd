@@ -9,16 +9,9 @@ cdef extern from "dlinspect/dlpack.h" nogil:
     uint64_t DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
     uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
-    # DLDeviceType, DLDataTypeCode and DLDataType are dlinspect._tables'; the C ones take c_.
-    ctypedef enum c_DLDeviceType "DLDeviceType":
-        kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL, kDLVulkan, kDLMetal, kDLVPI, kDLROCM, kDLROCMHost
-        kDLExtDev, kDLCUDAManaged, kDLOneAPI, kDLWebGPU, kDLHexagon, kDLMAIA, kDLTrn
-
-    ctypedef enum c_DLDataTypeCode "DLDataTypeCode":
-        kDLInt, kDLUInt, kDLFloat, kDLOpaqueHandle, kDLBfloat, kDLComplex, kDLBool
-        kDLFloat8_e3m4, kDLFloat8_e4m3, kDLFloat8_e4m3b11fnuz, kDLFloat8_e4m3fn
-        kDLFloat8_e4m3fnuz, kDLFloat8_e5m2, kDLFloat8_e5m2fnuz, kDLFloat8_e8m0fnu
-        kDLFloat6_e2m3fn, kDLFloat6_e3m2fn, kDLFloat4_e2m1fn
+    # The enum values the core names (dlinspect._tables has them all, and a DLDataType: c_ here).
+    enum: kDLCPU, kDLCUDAHost, kDLROCMHost, kDLCUDAManaged
+    enum: kDLInt, kDLUInt, kDLFloat, kDLComplex
 
     ctypedef struct DLPackVersion:
         uint32_t major, minor

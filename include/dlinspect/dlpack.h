@@ -87,21 +87,6 @@ typedef struct DLManagedTensorVersioned {
 
 /* ---- 1.3 C exchange API (type attribute __dlpack_c_exchange_api__) ---- */
 
-typedef int (*DLPackManagedTensorAllocator)(
-    DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
-    void (*SetError)(void *error_ctx, const char *kind, const char *message));
-
-typedef int (*DLPackManagedTensorFromPyObjectNoSync)(
-    void *py_object, DLManagedTensorVersioned **out);
-
-typedef int (*DLPackManagedTensorToPyObjectNoSync)(
-    DLManagedTensorVersioned *tensor, void **out_py_object);
-
-typedef int (*DLPackDLTensorFromPyObjectNoSync)(void *py_object, DLTensor *out);
-
-typedef int (*DLPackCurrentWorkStream)(
-    int32_t device_type, int32_t device_id, void **out_current_stream);
-
 typedef struct DLPackExchangeAPIHeader {
   DLPackVersion version;
   struct DLPackExchangeAPIHeader *prev_api;
@@ -109,11 +94,13 @@ typedef struct DLPackExchangeAPIHeader {
 
 typedef struct DLPackExchangeAPI {
   DLPackExchangeAPIHeader header;
-  DLPackManagedTensorAllocator managed_tensor_allocator;
-  DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
-  DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync;
-  DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync; /* may be NULL */
-  DLPackCurrentWorkStream current_work_stream;
+  int (*managed_tensor_allocator)(
+      DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+      void (*SetError)(void *error_ctx, const char *kind, const char *message));
+  int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+  int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out); /* may be NULL */
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_current_stream);
 } DLPackExchangeAPI;
 
 #ifdef __cplusplus
