@@ -8,7 +8,7 @@ cdef tuple _MAX_VERSION = (DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
 cdef str _S_DLPACK = "__dlpack__"
 cdef str _S_DLPACK_DEVICE = "__dlpack_device__"
 cdef tuple _KW_MV = ("max_version",)
-cdef tuple _KW_S_MV = ("stream", "max_version")
+cdef tuple _KW_MV_S = ("max_version", "stream")
 cdef tuple _KW_MV_DEV_COPY = ("max_version", "dl_device", "copy")
 cdef tuple _HOST_DEVICE = (1, 0)    # (kDLCPU, 0)
 cdef object _TRUE = True            # (a bare True cast to PyObject* would be the C int 1)
@@ -155,7 +155,6 @@ cdef class _TypeEntry:
     cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
     cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
     cdef Guard guard               # the producer table's guard for this type
-    cdef tuple hints               # the producer table's refusal hints
     cdef object fix                # GUARD_NO_DLPACK: what to do instead
     cdef object into               # how the producer copies into given host memory, or None
 
@@ -196,7 +195,7 @@ cdef _TypeEntry _entry_for(object tp):
             entry.api = api
             entry.api_owner = api_obj
     row = _producer_row(tp)
-    entry.guard, entry.hints, entry.fix, entry.into = row.guard, row.hints, row.fix, row.into
+    entry.guard, entry.fix, entry.into = row.guard, row.fix, row.into
     # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX)
@@ -238,17 +237,25 @@ cdef object _producer_error(object obj, BaseException exc, str what):
     if not reason.endswith((".", "!", "?")):
         reason += "."
     low = reason.lower()
-    hints = _entry_for(type(obj)).hints + _GENERIC_HINTS
-    todo = next((hint for key, hint in hints if _re.search(key, low)), _producer_row(type(obj)).other)
+    row = _producer_row(type(obj))
+    todo = next((hint for key, hint in row.hints + _GENERIC_HINTS if _re.search(key, low)), row.other)
     method = _METHOD.search(todo)
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
     return ProducerError(
         f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 
-# contract: fills dev_type/dev_id (id_known False for a None id) or raises ProducerError
+ctypedef struct _Asked:
+    # The device a producer reported (__dlpack_device__, or the exchange API's header).
+    int32_t dev_type
+    int32_t dev_id
+    bint asked       # a device was reported: the header is reconciled with it
+    bint id_known    # False where the producer said None for the id (paddle)
+
+
+# contract: fills ``out`` (id_known False for a None id; asked) or raises ProducerError
 # (the producer raised) or MalformedTensorError (not a device pair).
-cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_known) except -1:
+cdef int _ask_device(object x, _Asked* out) except -1:
     cdef PyObject* args[1]
     args[0] = <PyObject*>x
     try:
@@ -260,10 +267,10 @@ cdef int _ask_device(object x, int32_t* dev_type, int32_t* dev_id, bint* id_know
         kind, ordinal = (<tuple>dev)[0], (<tuple>dev)[1]
         if PyIndex_Check(kind) and (ordinal is None or PyIndex_Check(ordinal)):
             try:
-                dev_type[0] = kind
-                id_known[0] = ordinal is not None
+                out.dev_type, out.asked = kind, True
+                out.id_known = ordinal is not None
                 if ordinal is not None:
-                    dev_id[0] = ordinal
+                    out.dev_id = ordinal
                 return 0
             except OverflowError:
                 pass
@@ -277,23 +284,19 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
     """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``,
     again without the new keywords only where its TypeError is about them (an older
     producer: numpy < 2.1, torch < 2.4; no host copy asked), its type remembered for that."""
-    cdef PyObject* args[5]
-    cdef tuple names
-    args[0] = <PyObject*>x
+    cdef PyObject* args[4]
+    cdef tuple names = _KW_MV
     if entry.bare_only and not host_copy:
         return _call_bare(x, stream)
+    args[0] = <PyObject*>x
+    args[1] = <PyObject*>_MAX_VERSION
     if host_copy:
-        args[1] = <PyObject*>_MAX_VERSION
         args[2] = <PyObject*>_HOST_DEVICE
         args[3] = <PyObject*>_TRUE
         names = _KW_MV_DEV_COPY
-    elif stream is None:
-        args[1] = <PyObject*>_MAX_VERSION
-        names = _KW_MV
-    else:
-        args[1] = <PyObject*>stream
-        args[2] = <PyObject*>_MAX_VERSION
-        names = _KW_S_MV
+    elif stream is not None:
+        args[2] = <PyObject*>stream
+        names = _KW_MV_S
     try:
         return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
     except Exception as exc:
@@ -317,8 +320,8 @@ cdef object _torch_take(object x, _TypeEntry entry):
     as it is (the API makes none of its refusals: requires_grad, the conjugate bit); else None
     (CUDA memory takes a stream; the API calls pinned memory kDLCPU)."""
     cdef DLManagedTensorVersioned* dlm_ver = NULL
-    cdef int32_t dev_type = 0, dev_id = 0
-    cdef bint id_known = True, keep
+    cdef _Asked dev
+    cdef bint keep
     if x.requires_grad:
         return None
     if (entry.api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0
@@ -327,12 +330,11 @@ cdef object _torch_take(object x, _TypeEntry entry):
         return None
     cap = None
     try:
-        dev_type = dlm_ver.dl_tensor.device.device_type
-        keep = dev_type == kDLCPU and not (dlm_ver.dl_tensor.dtype.code == kDLComplex
-                                           and x.is_conj())
+        keep = (dlm_ver.dl_tensor.device.device_type == kDLCPU
+                and not (dlm_ver.dl_tensor.dtype.code == kDLComplex and x.is_conj()))
         if keep and entry.ask_device_on_cpu:
-            _ask_device(x, &dev_type, &dev_id, &id_known)
-            keep = dev_type == kDLCPU
+            _ask_device(x, &dev)
+            keep = dev.dev_type == kDLCPU
         if keep:
             cap = PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
     finally:
@@ -433,19 +435,18 @@ cdef inline bint _is_tensor(x) except -1:
     return True
 
 
-cdef int _reconcile(TensorInfo info, object x, int32_t dev_type, int32_t dev_id,
-                    bint id_known, _TypeEntry entry) except -1:
+cdef int _reconcile(TensorInfo info, object x, const _Asked* dev, _TypeEntry entry) except -1:
     """Set ``info``'s device from ``__dlpack_device__``'s, checked against the header
     (TensorInfo, Notes); a jax.Array's own header's (jaxlib says id 0 for every CPU device)."""
-    cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id
-    if dev_type == hdr_type or (_pinned(dev_type) and hdr_type == kDLCPU):
-        if not id_known or entry.guard == GUARD_JAX:
+    cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id, dev_id = dev.dev_id
+    if dev.dev_type == hdr_type or (_pinned(dev.dev_type) and hdr_type == kDLCPU):
+        if not dev.id_known or entry.guard == GUARD_JAX:
             dev_id = hdr_id
-        if dev_id == hdr_id or dev_type != hdr_type:
-            info._dev_type = dev_type
+        if dev_id == hdr_id or dev.dev_type != hdr_type:
+            info._dev_type = dev.dev_type
             info.device_id = dev_id
             return 0
-    said = device_name(dev_type, dev_id if id_known else None)
+    said = device_name(dev.dev_type, dev_id if dev.id_known else None)
     raise ProducerError(
         f"{_type_name(x)}.__dlpack_device__() says {said}, but the header of the capsule "
         f"its __dlpack__() returned says {device_name(hdr_type, hdr_id)}; DLPack requires "
@@ -467,14 +468,6 @@ cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out)
     return info
 
 
-ctypedef struct _Asked:
-    # The device a producer reported (__dlpack_device__, or the exchange API's header).
-    int32_t dev_type
-    int32_t dev_id
-    bint asked       # a device was reported: the header is reconciled with it
-    bint id_known    # False where the producer said None for the id (paddle)
-
-
 # contract: returns the TensorInfo and sets *cap_out to a new reference to the capsule
 # (left NULL only in MODE_PEEK through the exchange API; an out-parameter: peek is on the
 # hot path); a bare capsule is read, never consumed; on a raise *cap_out is untouched.
@@ -494,14 +487,13 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
         if info is not None:
             return info
     if not dev.asked and entry.has_device and mode != MODE_HOST_COPY:
-        _ask_device(x, &dev.dev_type, &dev.dev_id, &dev.id_known)
-        dev.asked = True
+        _ask_device(x, &dev)
     if refuse_device is not None and dev.asked:   # fallback="raise": judged before the export
         refuse_device(x, dev.dev_type, dev.dev_id)
     cap = _dlpack_capsule(x, entry, mode, stream_for, &dev)
     info = _peek_capsule(cap)
     if dev.asked and mode != MODE_HOST_COPY:
-        _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known, entry)
+        _reconcile(info, x, &dev, entry)
     return _handing(info, cap, cap_out)
 
 
@@ -525,11 +517,11 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
     dev.dev_type, dev.dev_id = t.device.device_type, t.device.device_id
     dev.asked = True
     if dev.dev_type == kDLCPU and entry.ask_device_on_cpu:
-        _ask_device(x, &dev.dev_type, &dev.dev_id, &dev.id_known)   # pinned memory says kDLCPU here
+        _ask_device(x, dev)   # pinned memory says kDLCPU here
     if mode != MODE_PEEK:
         return None
     info = _new_info(&t, SRC_EXCHANGE, 0)
-    _reconcile(info, x, dev.dev_type, dev.dev_id, dev.id_known, entry)
+    _reconcile(info, x, dev, entry)
     return info
 
 
@@ -622,8 +614,6 @@ def peek(obj, /):
     ((3, 4), (4, 1), 'float32', True)
     """
     cdef PyObject* cap = NULL
-    if PyCapsule_CheckExact(obj):
-        return _peek_capsule(obj)
     info = _export(obj, MODE_PEEK, None, &cap)
     Py_XDECREF(cap)
     return info
