@@ -284,9 +284,7 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
         raise MemoryError()
-    dlm.dl_tensor = dlm_ver.dl_tensor
-    dlm.manager_ctx = dlm_ver
-    dlm.deleter = _adapter_deleter
+    dlm.dl_tensor, dlm.manager_ctx, dlm.deleter = dlm_ver.dl_tensor, dlm_ver, _adapter_deleter
     try:
         legacy = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
     except BaseException:
