@@ -53,8 +53,9 @@ cdef class LoaderReport:
     (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"permuted
     order"``, ``"foreign device"``, ``"dtype"``, ``"copy=True"``; several joined with
     ", " where one copy serves them all; ``"reused memory"``: a zero-copy leaf the loader
-    copied, its source having handed the memory over again, see ``reuse=``). ``prefetch_to_jax`` counts a batch once it is
-    handed to the user (batches converted ahead and never asked for do not count), each
+    copied, its source having handed the memory over again, see ``reuse=``).
+    ``prefetch_to_jax`` counts a batch once it is handed to the user (batches converted
+    ahead and never asked for do not count), each
     epoch in a report of its own; ``dlinspect.grain.device_put`` counts an element once
     it is converted; a failed batch not at all. ``str(report)`` is a table, :meth:`as_dict`
     the same figures. What a recipe copied before dlinspect saw the batch (``stack`` of
