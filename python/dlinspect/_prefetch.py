@@ -234,7 +234,8 @@ def _progress_bar(iterable: Any) -> Any:
 def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: int,
            thread: bool | None, x64: bool) -> Iterator[Any]:
     """One epoch, converted on the consumer's thread or by a worker (see ``thread``)."""
-    worker = _Worker(it, guard, size, x64) if thread else None
+    batches = map(guard.convert, it)   # the one delivery, whichever thread draws on it
+    worker = _Worker(batches, size, x64) if thread else None
     timings: list[tuple[float, float]] = []   # (loading, the consumer's work meanwhile)
     # Held here: a generator still alive at interpreter exit is finalized after the
     # modules' globals are gone, when its `finally` below can do nothing (the atexit
@@ -243,7 +244,9 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
     try:
         while True:
             start = time.perf_counter()
-            item = worker.get() if worker is not None else _convert_next(it, guard)
+            item = next(batches, _END) if worker is None else worker.ready.get()
+            if isinstance(item, BaseException):   # what the worker raised, at this batch
+                raise item
             if item is _END:
                 return
             if bar is not None:
@@ -256,16 +259,10 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
                 timings.append((handed - start, time.perf_counter() - handed))
                 if len(timings) == _PROBE and not _on_cpu(guard.options) and min(
                         map(statistics.median, zip(*timings))) > _OVERLAP_S:
-                    worker = _Worker(it, guard, size, x64)
+                    worker = _Worker(batches, size, x64)
     finally:
         if not finalizing():
             _end(worker, it, bar)
-
-
-def _convert_next(it: Iterator[Any], guard: ReuseGuard) -> Any:
-    for batch in it:
-        return guard.convert(batch)
-    return _END
 
 
 def _on_cpu(options: Options) -> bool:
@@ -280,19 +277,12 @@ def _on_cpu(options: Options) -> bool:
 class _Worker(threading.Thread):
     """Converts ahead under the caller's x64 mode; what it raises is raised at that batch."""
 
-    def __init__(self, it: Iterator[Any], guard: ReuseGuard, size: int, x64: bool) -> None:
+    def __init__(self, batches: Iterator[Any], size: int, x64: bool) -> None:
         super().__init__(name="dlinspect-prefetch", daemon=True)
-        self.it, self.guard, self.x64 = it, guard, x64
-        self.ready: queue.Queue[Any] = queue.Queue(maxsize=size)
+        self.batches, self.x64 = batches, x64
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=size)   # Kept, _END or an exception
         self.stop = threading.Event()
         self.start()
-
-    def get(self) -> Any:
-        """A ``Kept`` or ``_END``; what the worker raised, raised."""
-        item = self.ready.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
@@ -306,27 +296,25 @@ class _Worker(threading.Thread):
         context = target().x64_context
         try:
             with context(self.x64) if context is not None else contextlib.nullcontext():
-                for batch in self.it:
-                    if not self._put(self.guard.convert(batch)):
+                for item in self.batches:
+                    if not self._put(item):
                         return
         except BaseException as exc:  # handed to the consumer, raised at this batch
             self._put(exc)
             return
         self._put(_END)
 
-    def end(self) -> bool:
-        """Stop, drop the batches it holds, join; whether it is still in next() after _JOIN_S."""
-        self.stop.set()
-        _drain(self.ready)            # frees batches waiting ahead; unblocks a waiting put
-        if threading.current_thread() is not self:  # (a GC pass may finalize us there)
-            self.join(_JOIN_S)
-        _drain(self.ready)
-        return self.is_alive()
-
 
 def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> None:
-    """Stop the worker, close the source (unless stuck inside next()) and the bar."""
-    if worker is not None and worker.end():
+    """Stop the worker, drop the batches it holds and join it; close the source (unless the
+    worker is still inside next() after _JOIN_S) and the bar."""
+    if worker is not None:
+        worker.stop.set()
+        _drain(worker.ready)          # frees batches waiting ahead; unblocks a waiting put
+        if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
+            worker.join(_JOIN_S)
+        _drain(worker.ready)
+    if worker is not None and worker.is_alive():
         warn_at_consumer(
             f"prefetch_to_jax stopped, but its source has been inside next() for over "
             f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
