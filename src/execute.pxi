@@ -1,6 +1,8 @@
 # execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
+import math as _math
+
 cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
     """The decide half for one tensor (to_jax's, to_host's, plan's): its route to ``target``,
     its export (unconsumed) and header; ``reuse``: a split decided before for this header
@@ -134,11 +136,9 @@ def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
 def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
     """A new empty array put as ``jax.device_put`` puts one: ``jnp.zeros`` compiles a fill,
     and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1)."""
-    cdef TensorInfo info = route.info
-    take(cap)
-    dtype = tg.jax.dtypes.canonicalize_dtype(info.numpy_dtype)
-    return _put_host(tg, _np_empty(info._host_shape(), dtype), route.jax_device,
-                     (<int>opts.flags) & _OPT_PLACED, False)
+    host = _host_empty(route, cap, x)
+    host = host.astype(tg.jax.dtypes.canonicalize_dtype(host.dtype))
+    return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
 
 
 def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
@@ -151,17 +151,12 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
         src = dest if dest.platform == "cpu" else tg.cpu_device
         arr = _put_host(tg, out, src, placed)
         return arr if src == dest or placed else tg.uncommit(tg.jax.device_put(arr, dest))
-    host_cap, host_info, host = _host_from_producer(x, route.info, "jax", tried)
+    host = _host_from_producer(x, route.info, "jax", tried)
     # (the caller's narrowing warning, once the copy is in hand: see _prepare)
     if route.warning is not None:
         warn(route.warning)
     quiet = opts.quiet(route.jax_device)
-    if host_cap is None:   # a NumPy array from the producer's own method
-        inner, host_cap = _numpy_route(host, tg, quiet)
-    else:
-        inner = route_jax(host_info, _needs_jax(host_info, tg, opts.readonly == "share"), tg,
-                          quiet, host_cap)
-        host = host_cap
+    inner, host_cap, _ = _decide_leaf(host, tg, "jax", quiet)
     arr = _execute(inner, host_cap, host, tg, quiet)
     return arr if placed else tg.uncommit(arr)
 
@@ -245,16 +240,6 @@ cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
     return arr
 
 
-cdef tuple _numpy_route(arr, JaxTarget tg, opts):
-    """A NumPy array dlinspect holds: its route and capsule (None: NumPy copies it)."""
-    try:
-        cap = numpy_capsule(arr)
-    except NotDescribableError as exc:
-        return route_numpy_copy(exc, tg, "jax", opts), None
-    cdef TensorInfo info = _peek_capsule(cap)
-    return route_jax(info, _needs_jax(info, tg, opts.readonly == "share"), tg, opts, cap), cap
-
-
 cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
     """The producer's copy into memory dlinspect allocates: ``(array, [])``, ``(None, tried)``."""
     if route.facts.get("into") is None:
@@ -265,19 +250,19 @@ cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
     return (out, []) if failure is None else (None, [failure])
 
 
-cdef tuple _host_from_producer(x, TensorInfo info, str target, list tried):
-    """export_host_copy's copy, as ``(capsule, info, None)`` or ``(None, None, ndarray)``, checked
-    against the header (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
+cdef object _host_from_producer(x, TensorInfo info, str target, list tried):
+    """export_host_copy's copy, a capsule or an ndarray, checked against the header
+    (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
     got, host_info = export_host_copy(x)
     if isinstance(host_info, TensorInfo):
         if host_info.shape != info.shape or host_info.dtype != info.dtype:
             raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
-        return got, host_info, None
+        return got
     if got is not None:
         want = info.numpy_dtype
         if got.shape != info._host_shape() or (want is not None and got.dtype != want):
             raise _copy_mismatch(x, info, got.shape, got.dtype.name)
-        return None, None, got
+        return got
     raise UnsupportedDeviceError(
         f"{_words.describe(info)} could not be brought to host memory. Tried: "
         f"{'; '.join(tried + host_info)}. To fix: "
@@ -343,10 +328,7 @@ cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
     try:
         return aligned_empty(shape, dtype, alignment)
     except MemoryError:
-        nbytes = 1
-        for extent in shape:
-            nbytes *= extent
-        nbytes *= _np_dtype(dtype).itemsize
+        nbytes = _math.prod(shape) * _np_dtype(dtype).itemsize
         what = _words.describe(info) if info is not None else (
             f"a {_np_dtype(dtype).name} NumPy array of shape {shape}")
         raise _words.allocation_error(nbytes, what, physical_memory()) from None
@@ -379,13 +361,12 @@ cdef object _host_execute(Route route, cap, x):
 def _host_producer_copy(Route route, cap, x):
     del cap
     out, tried = _copy_into_host(route, x, 64)
-    if out is not None:
+    if out is None:
+        out = _host_from_producer(x, route.info, "host", tried)
+    if not PyCapsule_CheckExact(out):
         return out
-    host_cap, host_info, host = _host_from_producer(x, route.info, "host", tried)
-    if host_cap is None:
-        return host
-    return _host_execute(route_host(host_info, _needs_host(host_info), None, host_cap),
-                         host_cap, host_cap)
+    inner, host_cap, _ = _decide_leaf(out, None, "host", _options_module.DEFAULT)
+    return _host_execute(inner, host_cap, out)
 
 
 def _host_empty(Route route, cap, x):
