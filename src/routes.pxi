@@ -153,15 +153,13 @@ cdef class Route:
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
     def __reduce__(self):   # (see Notes: a plan a loader's worker logs travels)
-        state = dict(kind=self.kind, action=self.action, info=self.info, target=self.target,
-                     needs=self._needs, copy_bytes=self.copy_bytes,
-                     import_type=self.import_type, key_path=self.key_path,
-                     reason=self.reason, error=_picklable_error(self.error),
-                     jax_device=_device_ref(self.jax_device),
-                     import_device=_device_ref(self.import_device),
-                     shards=tuple((_device_ref(d), idx, r) for d, idx, r in self.shards),
-                     facts={k: v for k, v in self.facts.items() if _plain(v)})
-        return (_restored_route, (state,))
+        kw = dict(needs=self._needs, copy_bytes=self.copy_bytes, import_type=self.import_type,
+                  jax_device=_device_ref(self.jax_device),
+                  import_device=_device_ref(self.import_device),
+                  shards=tuple((_device_ref(d), idx, r) for d, idx, r in self.shards),
+                  **{k: v for k, v in self.facts.items() if _plain(v)})
+        return (_restored_route, ((self.kind, self.action, self.info, self.target), kw,
+                                  self.key_path, self.reason, _picklable_error(self.error)))
 
 
 def _plain(value):
@@ -197,20 +195,13 @@ def _found_device(ref):
         return None
 
 
-def _restored_route(dict state):
+def _restored_route(tuple args, dict kw, str key_path, reason, error):
     """Unpickle a Route (see Route's Notes)."""
-    facts = state["facts"]
-    cdef Route route = Route(state["kind"], state["action"], state["info"], state["target"],
-                  needs=state["needs"], copy_bytes=state["copy_bytes"],
-                  jax_device=_found_device(state["jax_device"]),
-                  import_device=_found_device(state["import_device"]),
-                  import_type=state["import_type"],
-                  shards=tuple((_found_device(d), idx, r) for d, idx, r in state["shards"]),
-                  **facts)
-    route.key_path = state["key_path"]
-    route._reason = state["reason"]
-    route._error = state["error"]
-    route.problem = None if state["error"] is None else "raised"
+    kw["shards"] = tuple((_found_device(d), idx, r) for d, idx, r in kw["shards"])
+    cdef Route route = Route(*args, jax_device=_found_device(kw.pop("jax_device")),
+                             import_device=_found_device(kw.pop("import_device")), **kw)
+    route.key_path, route._reason, route._error = key_path, reason, error
+    route.problem = None if error is None else "raised"
     return route
 
 
@@ -262,7 +253,9 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     host = _host_accessible(info._dev_type)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        return _fits(_route_through_host(info, needs, tg, opts, source, narrow))
+        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
+        return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
+                                   facts, opts.device, tg.cpu_device, narrow)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -373,20 +366,19 @@ def route_numpy_copy(exc, JaxTarget tg, str target, opts):
                        narrow=_narrowing(code, bits, needs, tg, opts), **facts))
 
 
-cdef Route _route_through_host(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source,
-                               narrow):
-    """Memory JAX has no device for (or lanes in device memory): via host memory, or the error."""
-    facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
+cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
+                               bint refuse, dict facts, device=None, cpu=None, narrow=None):
+    """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
+    host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
-    if opts.fallback == "raise" or bare:
-        return fail("no-device", info, "jax", needs, bare=bare, **facts)
-    if opts.copy is False:
-        return fail("copy-forbidden", info, "jax", needs, through_host=True, **facts)
-    return Route(HOST_FALLBACK, PRODUCER_COPY, info, "jax", needs=needs,
-                 copy_bytes=info.nbytes,
-                 jax_device=tg.cpu_device if opts.device is None else opts.device,
-                 methods=tuple(host_methods(source)), into=_copy_into(info, needs, source),
-                 narrow=narrow, **facts)
+    if refuse or bare:
+        return fail("no-device", info, target, needs, bare=bare, **facts)
+    if copy is False:
+        return fail("copy-forbidden", info, target, needs, through_host=True, **facts)
+    return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
+                       copy_bytes=info.nbytes, jax_device=device or cpu,
+                       methods=tuple(host_methods(source)), into=_copy_into(info, needs, source),
+                       narrow=narrow, **facts))
 
 
 cdef object _copy_into(TensorInfo info, uint32_t needs, source):
@@ -409,13 +401,7 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     if needs & NEED_EMPTY:
         return Route(ZERO_COPY, EMPTY, info, "host", needs=needs)
     if needs & NEED_DEVICE:
-        if PyCapsule_CheckExact(source):
-            return fail("no-device", info, "host", needs, bare=True)
-        if copy is False:
-            return fail("copy-forbidden", info, "host", needs, through_host=True)
-        return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, "host", needs=needs,
-                           copy_bytes=info.nbytes, methods=tuple(host_methods(source)),
-                           into=_copy_into(info, needs, source)))
+        return _route_through_host(info, needs, "host", copy, source, False, {})
     if needs & NEED_PACKED:
         if copy is False:
             return fail("copy-forbidden", info, "host", needs)
