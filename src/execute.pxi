@@ -102,7 +102,9 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
                          route.import_type)
     if route.facts["relayout"]:   # device memory in a permuted order: made row-major there
         arr = arr.copy()
-    return _finish(tg, arr, route, False)
+    if route._needs & NEED_NARROW:   # device memory: JAX narrows
+        arr = tg.jnp.asarray(arr, dtype=tg.jax.dtypes.canonicalize_dtype(arr.dtype))
+    return _finish(tg, arr, route)
 
 
 def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
@@ -112,8 +114,7 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
     out = route._out if route._out is not None else _copy_memory(route, tg)
     route._out = None
     if info._lanes != 1 or info._bits % 8:
-        host = _host_copy(cap, info, out)
-        return _finish(tg, _put_host(tg, host, route.import_device, placed), route)
+        return _finish(tg, _host_copy(cap, info, out), route, opts)
     return _finish(tg, _copy_taken(cap, info, out, tg, route.import_device, placed), route)
 
 
@@ -129,8 +130,7 @@ cdef object _copy_memory(Route route, JaxTarget tg):
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
-    return _finish(tg, _put_host(tg, _host_view(cap, route.info), route.import_device,
-                                 (<int>opts.flags) & _OPT_PLACED), route)
+    return _finish(tg, _host_view(cap, route.info), route, opts)
 
 
 def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
@@ -176,8 +176,7 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
     if "spread" in route.facts:
         inner, inner_cap, _ = _decide_leaf(host, tg, "jax", opts)
         return _execute(inner, inner_cap, host, tg, opts)
-    return _finish(tg, _put_host(tg, host, route.import_device,
-                                 (<int>opts.flags) & _OPT_PLACED), route)
+    return _finish(tg, host, route, opts)
 
 
 def _ex_split(Route route, cap, x, JaxTarget tg, opts):
@@ -187,12 +186,11 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
         return _split_import(cap, info, f["parts"], f["devices"], f["sharding"], tg)
     owner = take(cap)
-    devices, arrays = [], []
-    for dev, _, shard in route._shards:
+    arrays = []
+    for _, _, shard in route._shards:
         part = view_capsule(owner, shard.info)
-        devices.append(dev)
         arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
-    return tg.assemble(info.shape, f["sharding"], devices, arrays)
+    return tg.assemble(info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
 
 
 def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
@@ -231,10 +229,11 @@ EXECUTORS = {
 }
 
 
-cdef object _finish(JaxTarget tg, arr, Route route, bint narrowed=True):
-    if not narrowed and route._needs & NEED_NARROW:
-        canon = tg.jax.dtypes.canonicalize_dtype(arr.dtype)   # device memory: JAX narrows
-        arr = tg.jnp.asarray(arr, dtype=canon)
+cdef object _finish(JaxTarget tg, arr, Route route, opts=None):
+    """``arr`` (host memory dlinspect holds, put where the route imports it first where
+    ``opts`` is given) moved to the device the route ends on."""
+    if opts is not None:
+        arr = _put_host(tg, arr, route.import_device, (<int>opts.flags) & _OPT_PLACED)
     if route.jax_device is not None and route.jax_device != route.import_device:
         arr = tg.jax.device_put(arr, route.jax_device)
     return arr
@@ -315,9 +314,6 @@ cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
 
 cdef int _copy_values(out, src) except -1:
     # NumPy's cast swaps bytes, gathers strides and narrows as JAX does (overflow: inf; wraps).
-    if out.dtype == src.dtype:
-        _np.copyto(out, src)
-        return 0
     with _np.errstate(over="ignore", invalid="ignore"):
         _np.copyto(out, src, casting="unsafe")
     return 0

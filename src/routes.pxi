@@ -78,13 +78,11 @@ cdef class Route:
     """
 
     cdef readonly str kind, action, target
-    cdef readonly object info, jax_device, import_device, import_copy, problem, facts
-    cdef readonly object copy_bytes
+    cdef readonly object info, jax_device, import_device, import_copy, problem, facts, copy_bytes
     cdef readonly int import_type
     cdef uint32_t _needs
-    cdef object _shards
     cdef public str key_path
-    cdef object _error, _reason
+    cdef object _shards, _error, _reason
     cdef object _out   # a copy's memory, allocated before anything is taken (_prepare)
 
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,

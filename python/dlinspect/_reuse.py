@@ -52,8 +52,7 @@ class Kept:
     messages: list[str]
 
     def emit(self) -> Any:
-        if self.messages:
-            warn_at_consumer(*self.messages)
+        warn_at_consumer(*self.messages)
         return self.out
 
 
