@@ -201,6 +201,4 @@ cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
     """``info``'s :class:`Need` bits to JAX (``target``) or NumPy (None); 0: viewed as it is."""
-    if target is None:
-        return _needs_host(info)
-    return _needs_jax(info, target, share_readonly)
+    return _needs_host(info) if target is None else _needs_jax(info, target, share_readonly)

@@ -184,12 +184,9 @@ def _device_ref(device):
 
 def _found_device(ref):
     """The device of this process with ``ref``'s platform and id (None if none)."""
-    if ref is None:
-        return None
-    jax = _sys.modules.get("jax")
     try:
-        return next(d for d in jax.devices(ref[0]) if d.id == ref[1])
-    except Exception:   # no jax imported here, no such platform or device
+        return next(d for d in _sys.modules["jax"].devices(ref[0]) if d.id == ref[1])
+    except Exception:   # no ref (None), no jax imported here, no such platform or device
         return None
 
 
