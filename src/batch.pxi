@@ -33,7 +33,10 @@ cdef class _Part:
     cdef object rebuild(self):
         if self.flat is not None:
             return self.flat.unflatten(self.out)
-        return _rebuilt(self.tp, self.keys, self.out)
+        cdef Py_ssize_t i
+        if self.tp is dict:
+            return {self.keys[i]: self.out[i] for i in range(len(self.keys))}
+        return self.out if self.tp is list else tuple(self.out)
 
 
 cdef _Part _part(x, tuple prefix, opts, bint planned):
@@ -47,9 +50,9 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
     cdef bint text_lists = not (planned or part.flags & _OPT_LEAVES_RAISE)
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
-        values = _container_values(x, tp, part.keys)
-        if values is not None and _plain_values(values, text_lists):
-            part.tp, part.leaves = tp, values
+        part.leaves = _plain_leaves(x, tp, part.keys, text_lists)
+        if part.leaves is not None:
+            part.tp = tp
             return part
     part.flat = _tree.flatten(x, text_lists)
     part.leaves = part.flat.leaves
@@ -308,51 +311,28 @@ cdef int _rank(route):
     return 0 if action in _TAKES_NOTHING else 1
 
 
-cdef inline bint _tensor_type(v):
-    """A tensor by its type alone (a capsule, or a type that exports): never a container."""
-    if PyCapsule_CheckExact(v):
-        return True
-    cdef _TypeEntry entry = _entry_for(type(v))
-    return entry.has_dlpack or entry.api != NULL
-
-
-cdef bint _plain_values(list values, bint text_lists) except -1:
-    """Every value a tensor, a plain scalar or (``text_lists``) a list or tuple of scalars (a
-    batch's string ids), each one leaf (a list kept as a new list, as JAX's walk gives)."""
-    cdef Py_ssize_t i
-    for i in range(len(values)):
-        v = values[i]
-        if _tensor_type(v) or _plain_scalar(v):
-            continue
-        tp = type(v)
-        if not text_lists or not (tp is list or tp is tuple):
-            return False
-        for item in v:
-            if not _plain_scalar(item):
-                return False
-        if tp is list:
-            values[i] = list(<list>v)
-    return True
-
-
-cdef list _container_values(x, type tp, list keys):
-    """The values in JAX's order (``keys``: a dict's, sorted); None where keys do not sort."""
+cdef list _plain_leaves(x, type tp, list keys, bint text_lists):
+    """The values of dict, list or tuple ``x`` in JAX's order (``keys``: a dict's, sorted) where
+    each is one leaf: a tensor, a plain scalar or (``text_lists``) a list or tuple of scalars (a
+    batch's string ids; a list kept as a new list, as JAX's walk gives); else None."""
     if tp is dict:
         keys.extend(<dict>x)
         try:
             keys.sort()
         except TypeError:
             return None
-        return [(<dict>x)[k] for k in keys]
-    return list(x)
-
-
-cdef object _rebuilt(type tp, list keys, list out):
-    cdef dict d
+    cdef list values = [(<dict>x)[k] for k in keys] if tp is dict else list(x)
     cdef Py_ssize_t i
-    if tp is dict:
-        d = {}
-        for i in range(len(keys)):
-            d[keys[i]] = out[i]
-        return d
-    return out if tp is list else tuple(out)
+    for i in range(len(values)):
+        v = values[i]
+        if _is_tensor(v) or _plain_scalar(v):
+            continue
+        tp = type(v)
+        if not text_lists or not (tp is list or tp is tuple):
+            return None
+        for item in v:
+            if not _plain_scalar(item):
+                return None
+        if tp is list:
+            values[i] = list(<list>v)
+    return values
