@@ -35,17 +35,20 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
         for i in range(n):
             leaf = leaves[i]
             entry = None
-            if not PyCapsule_CheckExact(leaf):
-                entry = _entry_for(type(leaf))
-                if not _exported_type(entry, leaf, tg, i):
-                    out[i] = leaf   # not a tensor, or a jax.Array (no device or copy asked for)
-                    continue
-                if entry.guard == GUARD_JAX:
-                    # a jax.Array in another layout than row-major: its route copies it
-                    decided.append(_new_leaf(i, None, None, 0, False))
-                    continue
             p = NULL
             try:
+                if not PyCapsule_CheckExact(leaf):
+                    entry = _entry_for(type(leaf))
+                    if not entry.has_dlpack and entry.api == NULL:
+                        out[i] = leaf   # not a tensor
+                        continue
+                    if entry.guard == GUARD_JAX:   # (a dead one refused)
+                        _refuse_dead_array(leaf)
+                        if _row_major_array(leaf, tg):
+                            out[i] = leaf   # kept (no device or copy asked for)
+                        else:   # in another layout than row-major: its route copies it
+                            decided.append(_new_leaf(i, None, None, 0, False))
+                        continue
                 info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
                 cap = _take_ref(p)
                 needs = _needs_jax(info, tg, share)
@@ -63,20 +66,6 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
     except BaseException:
         decided = cap = None   # the exports let go of with the error handled (see _convert)
         raise
-
-
-cdef bint _exported_type(_TypeEntry entry, leaf, JaxTarget tg, Py_ssize_t i) except -1:
-    """A tensor the batch takes (a jax.Array only out of row-major order; a dead one refused)."""
-    if not entry.has_dlpack and entry.api == NULL:
-        return False
-    if entry.guard == GUARD_JAX:
-        try:
-            _refuse_dead_array(leaf)
-        except BaseException as exc:
-            _mark_leaf(exc, i)
-            raise
-        return not _row_major_array(leaf, tg)   # (exported: no; routed: where not row-major)
-    return True
 
 
 cdef inline bint _plain_scalar(v):
