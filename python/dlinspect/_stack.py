@@ -314,11 +314,16 @@ def _allocator(pinned: bool) -> Callable[..., Any]:
         return aligned_empty
     try:
         import torch
+        why = "" if torch.cuda.is_available() else (
+            "torch has no CUDA device here (torch.cuda.is_available() is False)")
     except ImportError:
-        raise UnsupportedDeviceError(_no_pinned_memory("torch is not installed here")) from None
-    if not torch.cuda.is_available():
-        raise UnsupportedDeviceError(_no_pinned_memory(
-            "torch has no CUDA device here (torch.cuda.is_available() is False)"))
+        why = "torch is not installed here"
+    if why:
+        raise UnsupportedDeviceError(
+            f"dlinspect.stack(pinned=True) writes the batch into page-locked host memory from "
+            f"torch's CUDA host allocator, and {why}, so no pinned memory can be allocated. "
+            f"To fix: pinned=False (the default) where there is no GPU; pinned memory only "
+            f"speeds up copies to one.")
 
     def allocate(shape: tuple[int, ...], dtype: Any, alignment: int) -> np.ndarray:
         dt = np.dtype(dtype)
@@ -328,9 +333,3 @@ def _allocator(pinned: bool) -> Callable[..., Any]:
         return block[start:start + nbytes].view(dt).reshape(shape)
     return allocate
 
-
-def _no_pinned_memory(why: str) -> str:
-    return (f"dlinspect.stack(pinned=True) writes the batch into page-locked host memory from "
-            f"torch's CUDA host allocator, and {why}, so no pinned memory can be allocated. "
-            f"To fix: pinned=False (the default) where there is no GPU; pinned memory only "
-            f"speeds up copies to one.")
