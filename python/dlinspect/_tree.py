@@ -183,13 +183,9 @@ def _one_level(x: Any, text_lists: bool = False) -> int:
         values = x
     else:
         return 0
-    kinds = _kinds
     level = 1
     for v in values:
-        kind = kinds.get(type(v))
-        if kind is None:
-            kind = _classify(type(v))
-        if kind != _LEAF:
+        if _kind(type(v)) != _LEAF:
             if not (text_lists and text_leaf(v)):
                 return 0
             level = _WITH_TEXT
