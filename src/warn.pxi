@@ -14,14 +14,17 @@ _HERE = _os.path.dirname(_sys.modules["dlinspect"].__file__) + _os.sep
 
 def warn(message, bint at_consumer=False):
     """A DLInspectWarning at the first caller outside dlinspect and jax (``at_consumer``: and
-    grain), or kept on a collecting thread; once shown where the filters hide repeats, not
-    warned there again while they stay as they were (a loader's step warns once)."""
-    collected = None if at_consumer else getattr(collecting, "messages", None)
+    grain, the line that iterates a loader), or kept on a collecting thread; once shown where
+    the filters hide repeats, not warned there again while they stay as they were (a loader's
+    step warns once)."""
+    collected = getattr(collecting, "messages", None)
     if collected is not None:
         collected.append(message)
         return
     # The innermost Python frame (compiled functions have none) is stacklevel 1; ours, jax's pass.
-    ours, level, frame_or_none = _internal(at_consumer), 1, _sys._getframe(0)
+    files = [getattr(_sys.modules.get(name), "__file__", None) for name in ("jax", "grain")[:1 + at_consumer]]
+    ours = (_HERE,) + tuple(_os.path.dirname(file) + _os.sep for file in files if file)
+    level, frame_or_none = 1, _sys._getframe(0)
     while frame_or_none is not None and frame_or_none.f_code.co_filename.startswith(ours):
         level, frame_or_none = level + 1, frame_or_none.f_back
     if frame_or_none is None:
@@ -54,8 +57,3 @@ def _repeats_hidden(frame, message):
             return action != "always"
     return True
 
-
-def _internal(bint grain):
-    """The folders of dlinspect, jax and (``grain``) grain, those imported, as ``startswith`` takes them."""
-    files = [getattr(_sys.modules.get(name), "__file__", None) for name in ("jax", "grain")[:1 + grain]]
-    return (_HERE,) + tuple(_os.path.dirname(file) + _os.sep for file in files if file)

@@ -14,9 +14,9 @@ import time
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport
+from ._core import LoaderReport, warn
 from ._options import Fallback, Leaves, Narrow, Options, ReadOnly
-from ._reuse import ReuseGuard, loader_options, warn_at_consumer
+from ._reuse import ReuseGuard, loader_options
 from .errors import SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
@@ -315,10 +315,9 @@ def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> No
             worker.join(_JOIN_S)
         _drain(worker.ready)
     if worker is not None and worker.is_alive():
-        warn_at_consumer(
-            f"prefetch_to_jax stopped, but its source has been inside next() for over "
-            f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
-            f"thread) and the source is not closed.")
+        warn(f"prefetch_to_jax stopped, but its source has been inside next() for over "
+             f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
+             f"thread) and the source is not closed.", True)
     else:
         it.close()
     if bar is not None:

@@ -16,7 +16,7 @@ from ._core import LoaderReport, collecting, convert, warn
 from ._options import Options, options as check_options
 from .errors import MemoryReuseError
 
-__all__ = ["ReuseGuard", "Kept", "loader_options", "warn_at_consumer"]
+__all__ = ["ReuseGuard", "Kept", "loader_options"]
 
 _FIX = ("To fix: make the source put every batch in new memory (a new array per batch: np.stack, "
         "torch's default collate, dlinspect.stack), or pass copy=True to copy every batch")
@@ -35,14 +35,6 @@ def loader_options(sizes: dict[str, Any], least: int, reuse: Any, *to_jax: Any) 
     return check_options(*to_jax)
 
 
-def warn_at_consumer(*messages: str) -> None:
-    """DLInspectWarnings at the line that iterates a loader; kept instead where this thread
-    keeps its warnings for another (a worker iterating another loader)."""
-    at_consumer = getattr(collecting, "messages", None) is None
-    for message in messages:
-        warn(message, at_consumer)
-
-
 @dataclasses.dataclass(slots=True, eq=False)
 class Kept:
     """A converted batch and the warnings its conversion kept, for the consumer's thread
@@ -52,7 +44,8 @@ class Kept:
     messages: list[str]
 
     def emit(self) -> Any:
-        warn_at_consumer(*self.messages)
+        for message in self.messages:
+            warn(message, True)
         return self.out
 
 
