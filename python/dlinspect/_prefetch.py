@@ -14,7 +14,7 @@ import time
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport, warn
+from ._core import LoaderReport, jax_target, warn
 from ._options import Fallback, Leaves, Narrow, Options, ReadOnly
 from ._reuse import ReuseGuard, loader_options
 from .errors import SourceExhaustedError
@@ -104,9 +104,8 @@ class PrefetchLoader:
         bar = _progress_bar(self.source) if self._progress else None
         self.report = self.report._next_epoch()
         guard = ReuseGuard(self.reuse, self.options, self.report, protect=True)
-        from ._core import jax_target as target
         # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
-        x64 = bool(target().x64.value)
+        x64 = bool(jax_target().x64.value)
         return _epoch(guard.watch(it), guard, bar, self.size, self.thread, x64)
 
     def __repr__(self) -> str:
@@ -292,8 +291,7 @@ class _Worker(threading.Thread):
         return False
 
     def run(self) -> None:
-        from ._core import jax_target as target
-        context = target().x64_context
+        context = jax_target().x64_context
         try:
             with context(self.x64) if context is not None else contextlib.nullcontext():
                 for item in self.batches:

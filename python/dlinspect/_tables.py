@@ -169,17 +169,13 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
     return name if lanes == 1 else f"{name}x{lanes}"
 
 
+@functools.cache   # (never emptied: the core borrows its values)
 def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
     """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
-    return _one_lane_dtype(code, bits) if lanes == 1 else None
-
-
-@functools.cache   # (never emptied: the core borrows its values)
-def _one_lane_dtype(code: int, bits: int) -> Any:
     row = DTYPES.get((code, bits))
-    if row is not None and row.numpy:
+    if lanes == 1 and row is not None and row.numpy:
         return numpy.dtype(row.name)
-    if code == _C.kDLOpaqueHandle:
+    if lanes != 1 or code == _C.kDLOpaqueHandle:
         return None
     try:   # ml_dtypes' types, by the name dtype_name gives
         import ml_dtypes

@@ -219,8 +219,6 @@ def _subject(route: Any) -> str:
     return describe(route.info) if route.info is not None else ""
 
 
-# ---- errors: one function per problem, (type, subject, first sentence, what to do) ----
-
 def _lanes_share_bytes(route: Any) -> Parts:
     _, bits, lanes = route.info.dtype
     return (UnsupportedDTypeError, _subject(route),
@@ -246,8 +244,7 @@ def _shape(route: Any) -> Parts:
 
 
 def _widen(route: Any) -> str:
-    """Converting to the narrowest standard dtype that holds every value, with the
-    producer's own method: "convert it to complex64 first (t.to(torch.complex64))"."""
+    """"convert it to complex64 first (t.to(torch.complex64))": the narrowest standard dtype."""
     code, bits, _ = route.info.dtype
     if code == Code.kDLOpaqueHandle:   # no values an array type could hold: no dtype helps
         return ("read it with the library that made it: an opaque handle's bytes mean "
@@ -414,8 +411,6 @@ def error(route: Any) -> Exception | None:
             exc.__cause__ = route.facts["shard"][2].error
     return name_leaf(exc, route.key_path)
 
-
-# ---- reasons: one function per action ------------------------------------------------
 
 def _array_put(route: Any) -> str:
     f = route.facts

@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 from typing import Any
 
-from ._core import LoaderReport
+from ._core import LoaderReport, jax_target
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
 from ._reuse import Kept, ReuseGuard, loader_options
 
@@ -154,8 +154,7 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
                           device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
-    from ._core import jax_target as target
-    to_jax = _ToJax(opts, reuse, target(), bool(device_buffer_size))
+    to_jax = _ToJax(opts, reuse, jax_target(), bool(device_buffer_size))
     ds = ds.map(to_jax)
     if device_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(Kept.emit)
@@ -196,9 +195,8 @@ class _ToJax:
 
 
 def _move(out: Any, device: Any) -> Any:
-    from ._core import jax_target as target
     from ._tree import flatten
-    tg, flat = target(), flatten(out)
+    tg, flat = jax_target(), flatten(out)
     moved = [tg.jax.device_put(x, device) if isinstance(x, tg.array_type) and x.devices() != {device}
              else x for x in flat.leaves]
     return flat.unflatten(moved) if any(a is not b for a, b in zip(moved, flat.leaves)) else out
