@@ -152,8 +152,7 @@ class JaxCaps:
         except ImportError as exc:
             raise ImportError("dlinspect's JAX routes need jax, which is not installed "
                               "here; install it with: pip install 'dlinspect[jax]'") from exc
-        self.core = core
-        self.jax, self.jnp = jax, jax.numpy
+        self.core, self.jax, self.jnp = core, jax, jax.numpy
         resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
         self.symbols = {name: status for name, (_, status) in resolved.items()}
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,

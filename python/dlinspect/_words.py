@@ -67,14 +67,14 @@ def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
 
 
 def allocation_error(nbytes: int, what: str, total: int | None) -> AllocationError:
-    return AllocationError(" ".join(_allocation_words(nbytes, what, total)))
+    return AllocationError(" ".join(_allocation(nbytes, what, total)[2:]))
 
 
-def _allocation_words(nbytes: int, what: str, total: int | None) -> tuple[str, str]:
+def _allocation(nbytes: int, what: str, total: int | None) -> Parts:
     have = f"; this machine has {total} bytes of physical memory" if total else ""
-    return (f"{what} needs a copy of {nbytes} bytes, which cannot be allocated{have}; nothing "
-            f"was consumed.", "To fix: copy a smaller part (slice it first), or make it "
-            "contiguous with its own library where it fits.")
+    return (AllocationError, "", f"{what} needs a copy of {nbytes} bytes, which cannot be "
+            f"allocated{have}; nothing was consumed.", "To fix: copy a smaller part (slice it "
+            "first), or make it contiguous with its own library where it fits.")
 
 
 def name_leaf(exc: Any, path: str) -> Any:
@@ -318,12 +318,6 @@ def _unpack(route: Any) -> Parts:
             "per byte), or unpack with its own library.")
 
 
-def _allocation(route: Any) -> Parts:
-    f = route.facts
-    first, rest = _allocation_words(f["nbytes"], _subject(route) or "the tensor", f["total"])
-    return AllocationError, "", first, rest
-
-
 def _shard(route: Any) -> Parts:
     dev, index, shard = route.facts["shard"]
     _, _, first, rest = PROBLEMS[shard.problem](shard)
@@ -393,7 +387,8 @@ PROBLEMS: dict[str, Callable[[Any], Parts]] = {
     "lanes-share-bytes": _lanes_share_bytes, "dtype": _dtype, "host-dtype": _host_dtype,
     "numpy-dtype": _numpy_dtype, "layout-not-host": _layout_not_host, "no-device": _no_device,
     "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
-    "allocation": _allocation, "uneven": _uneven, "shard": _shard,
+    "uneven": _uneven, "shard": _shard,
+    "allocation": lambda r: _allocation(r.facts["nbytes"], _subject(r) or "the tensor", r.facts["total"]),
     "not-a-tensor": _not_a_tensor, "shape": _shape,
 }
 

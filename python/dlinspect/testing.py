@@ -97,13 +97,10 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
         code, bits, lanes = (int(v) for v in (*dtype, 1)[:3])
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
-    return _make_capsule(data, address, _ints(shape), ndim, _ints(strides), code, bits, lanes,
+    shape, strides = (None if v is None else tuple(map(int, v)) for v in (shape, strides))
+    return _make_capsule(data, address, shape, ndim, strides, code, bits, lanes,
                          int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
                          int(version[0]), int(version[1]), int(flags), counter, name, bool(null_deleter))
-
-
-def _ints(values: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if values is None else tuple(map(int, values))
 
 
 def _element_strides(arr: np.ndarray) -> tuple[int, ...]:
