@@ -417,8 +417,7 @@ def _row_major(arr: Any) -> bool:
 
 def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
     """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies what it
-    cannot view, silently), ``buf`` (made by ``empty``) that many bytes past a boundary of twice
-    as many; or None."""
+    cannot view, silently); or None."""
     with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
         for align in ALIGNMENTS:
             buf = empty((64,), np.uint8, alignment=2 * align, offset=align)

@@ -304,8 +304,6 @@ class _Worker(threading.Thread):
 
 
 def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> None:
-    """Stop the worker, drop the batches it holds and join it; close the source (unless the
-    worker is still inside next() after _JOIN_S) and the bar."""
     if worker is not None:
         worker.stop.set()
         _drain(worker.ready)          # frees batches waiting ahead; unblocks a waiting put

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._words import INSTALL_JAX
+from ._words import INSTALL_JAX, first_line
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -43,7 +43,6 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
 
     import dlinspect
     from dlinspect._core import aligned_empty, header_capsule, jax_caps
-    from dlinspect._words import first_line
     from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
 
