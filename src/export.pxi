@@ -439,7 +439,7 @@ cdef int _reconcile(TensorInfo info, object x, const _Asked* dev, _TypeEntry ent
     """Set ``info``'s device from ``__dlpack_device__``'s, checked against the header
     (TensorInfo, Notes); a jax.Array's own header's (jaxlib says id 0 for every CPU device)."""
     cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id, dev_id = dev.dev_id
-    if dev.dev_type == hdr_type or (_pinned(dev.dev_type) and hdr_type == kDLCPU):
+    if dev.dev_type == hdr_type or (_dev_is(dev.dev_type, _DEV_PINNED) and hdr_type == kDLCPU):
         if not dev.id_known or entry.guard == GUARD_JAX:
             dev_id = hdr_id
         if dev_id == hdr_id or dev.dev_type != hdr_type:
@@ -530,7 +530,7 @@ cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream
     """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
     if (mode == MODE_TAKE and dev.asked and stream_for is not None
-            and _takes_stream(dev.dev_type)):
+            and _dev_is(dev.dev_type, _DEV_STREAM)):
         stream = stream_for(dev.dev_type, dev.dev_id)
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
@@ -660,7 +660,7 @@ def export_host_copy(x):
     try:
         info = _export(x, MODE_HOST_COPY, None, &p)
         cap = _take_ref(p)
-        if _host_accessible(info._dev_type):
+        if _dev_is(info._dev_type, _DEV_HOST):
             return (cap, info)
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")

@@ -169,7 +169,7 @@ cdef class TensorInfo:
 
     @property
     def host_accessible(self):
-        return _host_accessible(self._dev_type)
+        return _dev_is(self._dev_type, _DEV_HOST)
 
     @property
     def shape(self):

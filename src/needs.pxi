@@ -72,7 +72,7 @@ cdef inline uint32_t _device_needs(TensorInfo info, JaxTarget tg, bint* on_cpu) 
     if key in tg.devices:
         on_cpu[0] = key in tg.cpu_keys
         return 0
-    if _host_accessible(dt):
+    if _dev_is(dt, _DEV_HOST):
         return NEED_VIA_CPU
     on_cpu[0] = False
     return NEED_DEVICE
@@ -104,7 +104,7 @@ cdef inline bint _packed(TensorInfo info) noexcept:
 
 cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
-    if not _host_accessible(info._dev_type):
+    if not _dev_is(info._dev_type, _DEV_HOST):
         n |= NEED_DEVICE
     if numpy_dtype(info._code, info._bits, 1) is None:
         n |= NEED_DTYPE

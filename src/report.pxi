@@ -138,7 +138,7 @@ cdef class LoaderReport:
                     and src is not out):
                 start = info._data + info.byte_offset
                 space = (info._dev_type, info.device_id)
-                if _host_accessible(info._dev_type):
+                if _dev_is(info._dev_type, _DEV_HOST):
                     space = 0
                 views.append((key, src, out, space, start, start + nbytes, reason is None))
         self._pending = []

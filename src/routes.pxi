@@ -246,7 +246,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     if needs & NEED_EMPTY:
         dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
-    host = _host_accessible(info._dev_type)
+    host = _dev_is(info._dev_type, _DEV_HOST)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
@@ -416,7 +416,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
     lay = layout(sharding, info.shape)
     if lay.uneven is not None:
         return fail("uneven", info, "jax", needs, sharding=sharding, uneven=lay.uneven)
-    if (lay.split and _host_accessible(info._dev_type)
+    if (lay.split and _dev_is(info._dev_type, _DEV_HOST)
             and not needs & (NEED_DTYPE | NEED_LANES | NEED_PACKED | NEED_NUMPY_PUT)):
         return _route_split(info, needs, tg, lay, opts, source)
     whole = route_jax(info, needs, tg, opts.with_device(None), source)

@@ -22,22 +22,14 @@ for _value, _row in DEVICES.items():
 del _value, _row
 
 
-cdef inline bint _host_accessible(int32_t device_type) noexcept nogil:
-    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_HOST) != 0
-
-
-cdef inline bint _pinned(int32_t device_type) noexcept nogil:
-    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_PINNED) != 0
-
-
-cdef inline bint _takes_stream(int32_t device_type) noexcept nogil:
-    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & _DEV_STREAM) != 0
+cdef inline bint _dev_is(int32_t device_type, int bit) noexcept nogil:
+    return 0 <= device_type < 64 and (_DEVICE_BITS[device_type] & bit) != 0
 
 
 def stream_of(int device_type, jax_device):
     """``__dlpack__``'s ``stream`` for memory bound for ``jax_device``: None where it takes none,
     else the one JAX waits on, 0 made ``default_stream`` (CUDA forbids 0; 1: legacy default)."""
-    if not _takes_stream(device_type) or jax_device is None:
+    if not _dev_is(device_type, _DEV_STREAM) or jax_device is None:
         return None
     try:
         stream = jax_device.get_stream_for_external_ready_events()

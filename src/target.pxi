@@ -122,7 +122,7 @@ cdef class JaxTarget:
     def refuse_device(self, x, int device_type, int device_id):
         """``fallback="raise"``: UnsupportedDeviceError before the export for a device JAX lacks."""
         if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
-                or _host_accessible(device_type)):
+                or _dev_is(device_type, _DEV_HOST)):
             return
         raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id,
                                                         self.platforms))
