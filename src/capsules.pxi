@@ -99,12 +99,17 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   int version_major, int version_minor, uint64_t flags, counter,
                   str name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
-    if counter is not None and not isinstance(counter, DeleterCounter):
+    if not isinstance(counter, (DeleterCounter, type(None))):
         raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
     cdef _Held held = _Held.__new__(_Held)
     cdef int32_t nd = len(shape) if ndim is None else ndim
-    cdef cnp.ndarray dims = _forged_dims(shape, strides, nd)
-    cdef Py_ssize_t n = dims.shape[1]
+    ext, steps = shape or (), strides or ()
+    # Extents (row 0) and strides (row 1), padded with 1 to back a forged ``ndim`` (up to
+    # _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further.
+    cdef Py_ssize_t n = max(min(nd, _FORGE_NDIM_BACKED), len(ext), len(steps))
+    cdef cnp.ndarray dims = _np.ones((2, n), _np.int64)
+    dims[0, :len(ext)] = ext
+    dims[1, :len(steps)] = steps
     cdef int64_t* p = <int64_t*>cnp.PyArray_DATA(dims)
     held.data = data
     if data is not None and address is None:
@@ -132,17 +137,6 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
 
 #: make_capsule backs a forged ndim with at most this many shape/stride entries.
 cdef Py_ssize_t _FORGE_NDIM_BACKED = 1024
-
-
-cdef object _forged_dims(shape, strides, int32_t ndim):
-    """A test capsule's extents (row 0) and strides (row 1), padded with 1 to back a forged
-    ``ndim`` (up to _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further."""
-    n = max(min(ndim, _FORGE_NDIM_BACKED), len(shape or ()), len(strides or ()))
-    dims = _np.ones((2, n), _np.int64)
-    dims[0, :len(shape or ())] = shape or ()
-    dims[1, :len(strides or ())] = strides or ()
-    return dims
-
 # Capsule names must outlive the capsule: keep every forged name interned here.
 cdef dict _names = {}
 
