@@ -79,22 +79,17 @@ cdef inline uint32_t _device_needs(TensorInfo info, JaxTarget tg, bint* on_cpu) 
 
 
 cdef inline uint32_t _layout_needs(TensorInfo info, JaxTarget tg) except? 0xFFFFFFFF:
+    cdef int i
     if not info._contiguous(_C_ORDER):   # (vector lanes: a trailing axis of row-major memory)
         return (NEED_PERMUTED if tg.permuted_ok and info._lanes == 1
                 and info._contiguous(_ANY_ORDER) else NEED_LAYOUT)
-    if not tg.unit_strides_ok and _odd_unit_strides(info):
-        return NEED_LAYOUT   # (jaxlib 0.4.30 infers a layout from them that its jit refuses)
+    # Strides (extent-1 axes' too, which DLPack lets be anything) that increase somewhere:
+    # jaxlib 0.4.30 infers a layout from their order that its jit refuses.
+    if not tg.unit_strides_ok:
+        for i in range(1, info.ndim):
+            if info._strides[i - 1] < info._strides[i]:
+                return NEED_LAYOUT
     return 0
-
-
-cdef bint _odd_unit_strides(TensorInfo info) noexcept:
-    """Strides (extent-1 axes' too, which DLPack lets be anything) that increase somewhere:
-    jaxlib 0.4.30 infers a layout from their order (JaxTarget.unit_strides_ok)."""
-    cdef int i
-    for i in range(1, info.ndim):
-        if info._strides[i - 1] < info._strides[i]:
-            return True
-    return False
 
 
 cdef inline bint _packed(TensorInfo info) noexcept:
@@ -147,10 +142,6 @@ def physical_memory():
 cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
-cdef inline bint _fits_in_memory(int64_t nbytes) noexcept:
-    return nbytes <= _PHYSICAL_BYTES
-
-
 def stack_column(list column, Py_ssize_t alignment):
     """``np.stack(column)`` in new ``alignment``-aligned memory, a ``memcpy`` per array, where
     all are C-contiguous NumPy arrays of one shape and a native, unstructured, non-object
@@ -159,11 +150,14 @@ def stack_column(list column, Py_ssize_t alignment):
     cdef Py_ssize_t k, n = len(column)
     if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
         return None   # (a batch of 65 dimensions: the caller's path says why not)
-    if not _uniform_column(column):
-        return None
     shape, dtype = column[0].shape, column[0].dtype
+    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
+        return None   # (np.stack packs structured dtypes)
+    for a in column:
+        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
+            return None
     total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
-    if total == 0 or total > 0x7FFFFFFFFFFFFFFF or not _fits_in_memory(total):
+    if total == 0 or total > _PHYSICAL_BYTES:
         return None   # (empty: its extents may pass what NumPy holds; the caller's path)
     out = aligned_empty((n,) + shape, dtype, alignment)
     cdef char* dst = <char*>_buffer_address(out)
@@ -178,17 +172,6 @@ def stack_column(list column, Py_ssize_t alignment):
     return out
 
 
-cdef bint _uniform_column(list column) except -1:
-    """Arrays of ``column[0]``'s shape and native non-object dtype (np.stack packs structured)."""
-    shape, dtype = column[0].shape, column[0].dtype
-    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
-        return False
-    for a in column:
-        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
-            return False
-    return True
-
-
 cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
                                | NEED_PERMUTED)
 
@@ -196,7 +179,7 @@ cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     """The fast path's copy rule (put.pxi, ``_fill``): only _C_COPY_NEEDS, whole bytes, fits."""
     return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
-            and _fits_in_memory(info.nbytes))
+            and info.nbytes <= _PHYSICAL_BYTES)
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):

@@ -161,7 +161,6 @@ cdef class Route:
 
 
 def _plain(value):
-    """A fact that travels: numbers, text and containers of them."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
     if isinstance(value, (tuple, list, frozenset)):
@@ -183,7 +182,6 @@ def _device_ref(device):
 
 
 def _found_device(ref):
-    """The device of this process with ``ref``'s platform and id (None if none)."""
     try:
         return next(d for d in _sys.modules["jax"].devices(ref[0]) if d.id == ref[1])
     except Exception:   # no ref (None), no jax imported here, no such platform or device
@@ -212,8 +210,7 @@ def failed(BaseException exc, str target, info=None):
 
 
 cdef Route _fits(Route route):
-    """``route``, or an AllocationError route where its copy exceeds physical memory."""
-    if not _fits_in_memory(route.copy_bytes):
+    if route.copy_bytes > _PHYSICAL_BYTES:
         return fail("allocation", route.info, route.target, route._needs,
                     nbytes=route.copy_bytes, total=physical_memory())
     return route
