@@ -140,7 +140,6 @@ PRODUCERS = {
         "it is a dataset, not a batch: iterate its batches through dlinspect.prefetch_to_jax("
         "ds.with_format('numpy').iter(batch_size=n))")),
 }
-cdef object _NO_ROW = Producer()
 
 
 # ---- per-type facts, looked up once per type -------------------------------
@@ -165,8 +164,7 @@ TYPES_MAX = 256
 cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
 
 
-cdef object _producer_row(object tp):
-    """The producer table's row for type ``tp`` (a row of defaults where it has none)."""
+cdef object _producer_row(object tp):   # (a row of defaults where the table has none)
     jax = _sys.modules.get("jax")
     if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
         return PRODUCERS[("jax", "Array")]
@@ -175,7 +173,7 @@ cdef object _producer_row(object tp):
                              getattr(cls, "__name__", None)))
         if row is not None:
             return row
-    return _NO_ROW
+    return Producer()
 
 
 cdef _TypeEntry _entry_for(object tp):
@@ -184,7 +182,6 @@ cdef _TypeEntry _entry_for(object tp):
         return <_TypeEntry>hit
     cdef _TypeEntry entry = _TypeEntry.__new__(_TypeEntry)
     cdef const DLPackExchangeAPI* api
-    entry.api = NULL
     # Only a type that defines the table itself: a subclass may override __dlpack__,
     # and the table's functions expect objects of the type that owns it.
     api_obj = getattr(tp, "__dict__", {}).get("__dlpack_c_exchange_api__")
@@ -211,12 +208,10 @@ cdef _TypeEntry _entry_for(object tp):
 
 cdef bint _pinned_possible(_TypeEntry entry):
     """Whether the producer may hand out pinned memory, which the exchange API calls kDLCPU."""
-    if entry.guard == GUARD_TORCH:
-        try:
-            return bool(_sys.modules["torch"].cuda.is_available())
-        except Exception:
-            return True
-    return True
+    try:
+        return entry.guard != GUARD_TORCH or bool(_sys.modules["torch"].cuda.is_available())
+    except Exception:
+        return True
 
 
 def exchange_api_version(tp):
@@ -225,9 +220,6 @@ def exchange_api_version(tp):
     if entry.api == NULL:
         return None
     return (entry.api.header.version.major, entry.api.header.version.minor)
-
-
-_METHOD = _re.compile(r"\.\w+\(\)")  # ".detach()" in a hint
 
 
 cdef object _producer_error(object obj, BaseException exc, str what):
@@ -239,7 +231,7 @@ cdef object _producer_error(object obj, BaseException exc, str what):
     low = reason.lower()
     row = _producer_row(type(obj))
     todo = next((hint for key, hint in row.hints + _GENERIC_HINTS if _re.search(key, low)), row.other)
-    method = _METHOD.search(todo)
+    method = _re.search(r"\.\w+\(\)", todo)   # ".detach()" in a hint
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
     return ProducerError(
         f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
@@ -416,7 +408,6 @@ def is_tensor(x):
 
 
 cdef inline bint _is_tensor(x) except -1:
-    """:func:`is_tensor`, the one test (the hot path's too)."""
     if PyCapsule_CheckExact(x):
         return True
     if PyType_Check(x):
@@ -479,9 +470,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     if entry is None:
         entry = _entry_for(type(x))
     _guard(x, entry, mode)
-    cdef _Asked dev
-    dev.dev_type = dev.dev_id = 0
-    dev.asked, dev.id_known = False, True
+    cdef _Asked dev = _Asked(0, 0, False, True)
     if entry.api != NULL:
         info = _api_header(x, entry, mode, &dev, cap_out)
         if info is not None:
@@ -546,8 +535,7 @@ cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream
     return cap
 
 
-cdef inline object _take_ref(PyObject* p):
-    """The object of new reference ``p`` (None for NULL), the reference handed over."""
+cdef inline object _take_ref(PyObject* p):   # (a new reference, handed over; NULL: None)
     if p == NULL:
         return None
     obj = <object>p
