@@ -40,8 +40,7 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
     return arr
 
 
-cdef object _view_of(object owner, TensorInfo info, bint writeable):
-    """A NumPy view of the memory ``info`` describes (one lane per element), kept by ``owner``."""
+cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one lane an element)
     return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 

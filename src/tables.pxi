@@ -43,7 +43,6 @@ cdef PyObject* _numpy_by_key[1 << 16]
 
 
 cdef inline object _numpy_dtype(int code, int bits):
-    """:func:`numpy_dtype` of one lane (None where NumPy has none)."""
     cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8)
     cdef PyObject* got = _numpy_by_key[key]
     if got != NULL:
