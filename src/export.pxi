@@ -278,29 +278,24 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
     producer: numpy < 2.1, torch < 2.4; no host copy asked), its type remembered for that."""
     cdef PyObject* args[4]
     cdef tuple names = _KW_MV
-    if entry.bare_only and not host_copy:
-        return _call_bare(x, stream)
-    args[0] = <PyObject*>x
-    args[1] = <PyObject*>_MAX_VERSION
-    if host_copy:
-        args[2] = <PyObject*>_HOST_DEVICE
-        args[3] = <PyObject*>_TRUE
-        names = _KW_MV_DEV_COPY
-    elif stream is not None:
-        args[2] = <PyObject*>stream
-        names = _KW_MV_S
-    try:
-        return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
-    except Exception as exc:
-        # (not a TypeError about the tensor itself: pyarrow's nulls)
-        if (host_copy or not isinstance(exc, TypeError)
-                or not ("keyword" in str(exc) or "max_version" in str(exc))):
-            raise _producer_error(x, exc, "__dlpack__()") from exc
-    entry.bare_only = True
-    return _call_bare(x, stream)
-
-
-cdef object _call_bare(object x, object stream):
+    if not entry.bare_only or host_copy:
+        args[0] = <PyObject*>x
+        args[1] = <PyObject*>_MAX_VERSION
+        if host_copy:
+            args[2] = <PyObject*>_HOST_DEVICE
+            args[3] = <PyObject*>_TRUE
+            names = _KW_MV_DEV_COPY
+        elif stream is not None:
+            args[2] = <PyObject*>stream
+            names = _KW_MV_S
+        try:
+            return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
+        except Exception as exc:
+            # (not a TypeError about the tensor itself: pyarrow's nulls)
+            if (host_copy or not isinstance(exc, TypeError)
+                    or not ("keyword" in str(exc) or "max_version" in str(exc))):
+                raise _producer_error(x, exc, "__dlpack__()") from exc
+        entry.bare_only = True
     try:
         return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
     except Exception as exc:

@@ -92,12 +92,8 @@ cdef class LoaderReport:
 
     def new_epoch(self):
         """Start the counts again (a new epoch); the one warning stays given."""
-        self.batches = 0
-        self._leaves = {}
-        self._pending = []
-        self._staged = []
-        self._last = []
-        self._views = []
+        self.batches, self._leaves = 0, {}
+        self._pending, self._staged, self._last, self._views = [], [], [], []
 
     def _next_epoch(self):
         """A new report for the loader's next epoch (one still running counts into its own)."""

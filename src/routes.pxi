@@ -88,20 +88,11 @@ cdef class Route:
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
                  import_copy=None, shards=(), problem=None, **facts):
-        self.kind = kind
-        self.action = action
-        self._needs = needs
-        self.info = info
-        self.target = target
-        self.copy_bytes = copy_bytes
-        self.jax_device = jax_device
+        self.kind, self.action, self._needs, self.info, self.target = kind, action, needs, info, target
+        self.copy_bytes, self.jax_device, self._shards = copy_bytes, jax_device, shards
         self.import_device = import_device   # where jaxlib imports it
         self.import_type = import_type       # dl_device_type handed to jaxlib
-        self.import_copy = import_copy
-        self._shards = shards
-        self.problem = problem
-        self.facts = facts
-        self.key_path = ""
+        self.import_copy, self.problem, self.facts, self.key_path = import_copy, problem, facts, ""
 
     @property
     def needs(self):
