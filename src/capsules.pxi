@@ -1,6 +1,8 @@
 # capsules.pxi: capsules dlinspect owns (host views, the test factory, the versioned->legacy
 # adapter) and HostOwner, which owns a consumed tensor. Nothing here calls a producer.
 
+import math as _math
+
 cdef void _owned_capsule_destructor(object cap) noexcept:
     # Called with the GIL held. Frees the tensor only while nobody consumed it.
     if PyCapsule_IsValid(cap, LEGACY):
@@ -356,10 +358,7 @@ def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=
     """
     dt = _np_dtype("float32" if dtype is None else dtype)
     shape = tuple(shape)
-    nbytes = dt.itemsize
-    for extent in shape:
-        nbytes *= extent
-    raw = _np_empty(nbytes + alignment + offset, "uint8")
+    raw = _np_empty(dt.itemsize * _math.prod(shape) + alignment + offset, "uint8")
     start = (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset
     return _np_ndarray(shape, dt, raw, start)
 

@@ -1,8 +1,6 @@
 # execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
-import math as _math
-
 cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
     """The decide half for one tensor (to_jax's, to_host's, plan's): its route to ``target``,
     its export (unconsumed) and header; ``reuse``: a split decided before for this header

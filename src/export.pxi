@@ -650,18 +650,17 @@ def export_host_copy(x):
     except ProducerError as exc:
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
                      f"{first_line(exc.__cause__ or exc)}")
-    import numpy
     for name in host_methods(x):
         try:
             arr = getattr(x, name)()
         except Exception as exc:
             tried.append(f"x.{name}() raised {first_line(exc)}")
             continue
-        if isinstance(arr, numpy.ndarray) and arr.dtype != object:
+        if isinstance(arr, _np_ndarray) and arr.dtype != object:
             return (arr, None)
         tried.append(f"x.{name}() gave {type(arr).__name__}, not a numeric NumPy array")
     try:
-        arr = numpy.asarray(x)
+        arr = _np.asarray(x)
         if arr.dtype != object:
             return (arr, None)
         tried.append("numpy.asarray gave an object array (the producer has no __array__)")

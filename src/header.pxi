@@ -546,8 +546,7 @@ cdef TensorInfo _peek_capsule(object cap):
                 f"version 1 only, so no field past 'flags' was read. Ask the producer for "
                 f"__dlpack__(max_version=(1, {DLINSPECT_DLPACK_MINOR})).")
         info = _new_info(&dlm_ver.dl_tensor, SRC_VERSIONED, dlm_ver.flags)
-        info._ver_major = dlm_ver.version.major
-        info._ver_minor = dlm_ver.version.minor
+        info._ver_major, info._ver_minor = dlm_ver.version.major, dlm_ver.version.minor
         return info
     if name != NULL and strcmp(name, LEGACY) == 0:
         dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, name)

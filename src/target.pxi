@@ -77,9 +77,7 @@ cdef class JaxTarget:
             old_aval, old_descr = slot.aval, slot.descr
             Py_INCREF(got)
             Py_INCREF(descr)
-            slot.aval = <PyObject*>got
-            slot.descr = <PyObject*>descr
-            slot.ndim = ndim
+            slot.aval, slot.descr, slot.ndim = <PyObject*>got, <PyObject*>descr, ndim
             memcpy(slot.shape, shape, ndim * sizeof(int64_t))
             # The slot is whole before anything is let go of (another thread may read it).
             Py_XDECREF(old_aval)
