@@ -315,7 +315,6 @@ cdef int _copy_values(out, src) except -1:
 
 
 cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
-    """``aligned_empty``, with a failed allocation as AllocationError naming the bytes."""
     try:
         return aligned_empty(shape, dtype, alignment)
     except MemoryError:

@@ -160,7 +160,6 @@ def _plain(value):
 
 
 def _picklable_error(error):
-    """``error`` itself where it pickles; else a DLInspectError with its words."""
     try:
         _pickle.dumps(error)
     except Exception:
@@ -358,17 +357,12 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
         return fail("no-device", info, target, needs, bare=bare, **facts)
     if copy is False:
         return fail("copy-forbidden", info, target, needs, through_host=True, **facts)
+    # The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane).
+    into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
+            else _entry_for(type(source)).into)
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
                        copy_bytes=info.nbytes, jax_device=device or cpu,
-                       methods=tuple(host_methods(source)), into=_copy_into(info, needs, source),
-                       narrow=narrow, **facts))
-
-
-cdef object _copy_into(TensorInfo info, uint32_t needs, source):
-    """The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane)."""
-    if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None:
-        return None
-    return _entry_for(type(source)).into
+                       methods=tuple(host_methods(source)), into=into, narrow=narrow, **facts))
 
 
 cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
@@ -426,8 +420,7 @@ cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
     cdef uint32_t n
     cdef bint share = opts.readonly == "share", one_pass = opts.copy is not True
     cdef bint may_copy = opts.copy is None
-    copy_bytes = 0
-    narrow = None
+    copy_bytes, narrow = 0, None
     for index in lay.indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share)
