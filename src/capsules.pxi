@@ -238,8 +238,7 @@ def numpy_capsule(arr, refusal=None):
 
 def view_capsule(owner, TensorInfo info):
     """A "dltensor_versioned" capsule over ``owner``'s memory as ``info`` (a slice) says it."""
-    cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type,
-                                                            info._cap_dev_id),
+    cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type, info._cap_dev_id),
                                info.ndim, c_DLDataType(info._code, info._bits, info._lanes),
                                info._shape, info._strides, 0)
     cdef uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED

@@ -45,8 +45,7 @@ cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=Fals
 
 
 # The actions that make a new array of a tensor's values (uncommitted where not placed).
-cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT,
-                                       NUMPY_COPY])
+cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT, NUMPY_COPY])
 
 
 cdef int _prepare(Route route, JaxTarget tg) except -1:
@@ -94,8 +93,7 @@ def repeated_capsule_error():
 
 def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
-    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type,
-                                                                route.info.device_id)
+    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type, route.info.device_id)
     arr = import_capsule(tg.import_fn, cap, route.import_device, stream, route.import_copy,
                          route.import_type)
     if route.facts["relayout"]:   # device memory in a permuted order: made row-major there
@@ -165,8 +163,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
     narrow = route.facts.get("narrow")
-    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]),
-                        tg.copy_align)
+    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]), tg.copy_align)
     if "spread" in route.facts:
         inner, inner_cap, _ = _decide_leaf(host, tg, "jax", opts)
         return _execute(inner, inner_cap, host, tg, opts)
@@ -301,8 +298,7 @@ cdef object _host_copy(cap, TensorInfo info, out=None):
 
 cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
     """NumPy's copy of ``arr``: native byte order, C order, aligned (``dtype``: cast, for x64)."""
-    out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype,
-                    alignment, None)
+    out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype, alignment, None)
     _copy_values(out, arr)
     return out
 
@@ -329,8 +325,7 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     cdef int bits = info._bits
     cdef int64_t span[2]   # (the bytes, one apart)
     span[0], span[1] = info.nbytes, 1
-    raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8),
-                   False)
+    raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8), False)
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
     vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]

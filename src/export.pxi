@@ -481,8 +481,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     return _handing(info, cap, cap_out)
 
 
-cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
-                            PyObject** cap_out):
+cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, PyObject** cap_out):
     """The header through the DLPack C exchange API: a taken torch tensor's, or the TensorInfo
     in MODE_PEEK; else None (then ``__dlpack__``), with the device in ``dev`` where the API
     said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
@@ -509,8 +508,7 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev,
     return info
 
 
-cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for,
-                            _Asked* dev):
+cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for, _Asked* dev):
     """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
     if (mode == MODE_TAKE and dev.asked and stream_for is not None

@@ -172,8 +172,7 @@ def stack_column(list column, Py_ssize_t alignment):
     return out
 
 
-cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT
-                               | NEED_PERMUTED)
+cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT | NEED_PERMUTED)
 
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:

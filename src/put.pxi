@@ -65,8 +65,7 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
                     _numpy_dtype(dst_code, dst_bits), True)
 
 
-cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device,
-                        bint committed):
+cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device, bint committed):
     """Copy ``cap``'s memory into ``out`` and put that on ``device``: ``cap`` is taken before it
     is read (another thread would free it mid-copy), freed after, unconsumed after a failure."""
     owner = take(cap)
@@ -187,8 +186,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
             and (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
         for i in range(a.ndim):
             dims[i] = a.shape[i]
-        return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device],
-                      committed)
+        return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device], committed)
     if view:
         out = import_capsule(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
                              device, None, None, kDLCPU)

@@ -18,8 +18,7 @@ from dlinspect._tables import (
 JAX_ACTIONS = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY, NUMPY_PUT,
                          NUMPY_COPY, RAISE, PASS, ARRAY_PUT, ARRAY_COPY, SPLIT, DEVICE_PUT,
                          PROCESS_LOCAL])
-HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_VIEW,
-                          NUMPY_COPY])
+HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_VIEW, NUMPY_COPY])
 
 cdef class Route:
     """Where a tensor goes and why: the result of :func:`dlinspect.plan`.
@@ -246,8 +245,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     return _fits(_route_import(info, needs, tg, opts, narrow, host))
 
 
-cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow,
-                         bint host):
+cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow, bint host):
     """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
     src, dest = _import_devices(info, needs, tg, opts.device, host)
@@ -338,8 +336,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, opts):
     if sharding is not None and not _is_plain_device(sharding):
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
-            return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven,
-                        **facts)
+            return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
         facts["spread"] = len(sharding.device_set)
     device = opts.device
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
@@ -406,8 +403,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
         return whole
     nd = len(sharding.device_set)
     if opts.copy is False:
-        return fail("copy-forbidden", info, "jax", needs, spread=True, local=lay.local,
-                    ndevices=nd)
+        return fail("copy-forbidden", info, "jax", needs, spread=True, local=lay.local, ndevices=nd)
     return Route(COPY, DEVICE_PUT if lay.local else PROCESS_LOCAL, info, "jax", needs=needs,
                  copy_bytes=whole.copy_bytes + info.nbytes, whole=whole, local=lay.local,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
@@ -486,8 +482,7 @@ def route_jax_array(x, opts, JaxTarget tg):
     if there and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or committed else ARRAY_PUT
-        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x,
-                     where=want)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x, where=want)
     if opts.copy is False:
         return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,

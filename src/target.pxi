@@ -122,8 +122,7 @@ cdef class JaxTarget:
         if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
                 or _dev_is(device_type, _DEV_HOST)):
             return
-        raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id,
-                                                        self.platforms))
+        raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id, self.platforms))
 
 def _same(arr):
     return arr
