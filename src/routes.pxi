@@ -357,9 +357,11 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     # The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane).
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
+    if target == "jax":   # (a host route has no narrowing fact)
+        facts["narrow"] = narrow
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
                        copy_bytes=info.nbytes, jax_device=device or cpu,
-                       methods=tuple(host_methods(source)), into=into, narrow=narrow, **facts))
+                       methods=tuple(host_methods(source)), into=into, **facts))
 
 
 cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):

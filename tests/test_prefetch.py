@@ -86,6 +86,30 @@ def test_conversion_error_raised_at_its_batch(thread):
     assert seen == [0, 1]
 
 
+@pytest.mark.parametrize("thread", [None, True, False])
+def test_stop_iteration_in_a_conversion_is_an_error_not_the_end(thread):
+    # A pytree whose flatten leaks StopIteration: the epoch must not end quietly there,
+    # dropping the batches after it.
+    class Leaky:
+        pass
+
+    def flatten(_):
+        raise StopIteration
+
+    jax.tree_util.register_pytree_node(Leaky, flatten, lambda aux, children: Leaky())
+
+    def source():
+        for i in range(4):
+            yield {"x": Leaky()} if i == 2 else batch_of(i)
+
+    seen = []
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        for b in prefetch_to_jax(source(), thread=thread):
+            seen.append(int(b["y"][0]))
+    assert seen == [0, 1]
+    assert prefetch_threads() == []
+
+
 def test_early_stop_joins_the_thread_and_frees_every_batch():
     counter = DeleterCounter()
     made = []

@@ -658,3 +658,14 @@ def test_plan_to_host_of_what_is_not_one_tensor_is_what_to_host_raises(x):
     with pytest.raises(type(route.error)) as raised:
         dlinspect.to_host(x)
     assert route.kind == "error" and str(raised.value) == str(route.error)
+
+
+def test_host_fallback_facts_differ_by_target_only_where_they_should():
+    # Device memory routed through the producer's host copy: the JAX route carries the
+    # narrowing fact (None here: float32), the host route has none to carry.
+    x = FakeProducer(np.zeros(4, np.float32), (D.kDLCUDA, 0))
+    to_host_route = dlinspect.plan(x, target="host")
+    to_jax_route = dlinspect.plan(x)
+    assert to_host_route.action == to_jax_route.action == "producer-copy"
+    assert "narrow" not in to_host_route.facts
+    assert to_jax_route.facts["narrow"] is None
