@@ -78,7 +78,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
     cdef list parts = []
 
     def part_of(path, s, sub):
-        leaf_opts = opts if s is sharding else opts.with_sharding(s)
+        leaf_opts = opts if s is sharding else opts.placed(sharding=s)
         parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
@@ -87,7 +87,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
 
 cdef object _leaf_options(opts, sharding):
     if sharding is not None and _is_plain_device(sharding):
-        return opts.with_device(next(iter(sharding.device_set)))
+        return opts.placed(next(iter(sharding.device_set)))
     return opts
 
 

@@ -400,7 +400,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
     if (lay.split and _dev_is(info._dev_type, _DEV_HOST)
             and not needs & (NEED_DTYPE | NEED_LANES | NEED_PACKED | NEED_NUMPY_PUT)):
         return _route_split(info, needs, tg, lay, opts, source)
-    whole = route_jax(info, needs, tg, opts.with_device(None), source)
+    whole = route_jax(info, needs, tg, opts.placed(None), source)
     if whole.kind == ERROR:
         return whole
     nd = len(sharding.device_set)
@@ -451,7 +451,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
 
 
 cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, opts, source):
-    return tuple([(dev, index, route_jax(part, n, tg, opts.with_device(dev), source))
+    return tuple([(dev, index, route_jax(part, n, tg, opts.placed(dev), source))
                   for dev, index, (part, n) in zip(devices, indices, parts)])
 
 
@@ -512,7 +512,7 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
     if sharding is not None:
-        opts = opts.with_device(next(iter(sharding.device_set)))
+        opts = opts.placed(next(iter(sharding.device_set)))
     return route_jax(info, needs, tg, opts, source)
 
 

@@ -61,11 +61,8 @@ class Options:
                  | (LEAVES_RAISE if self.leaves == "raise" else 0))
         object.__setattr__(self, "flags", flags)
 
-    def with_device(self, device: Any) -> Options:
-        return dataclasses.replace(self, device=device, sharding=None)
-
-    def with_sharding(self, sharding: Any) -> Options:
-        return dataclasses.replace(self, device=None, sharding=sharding)
+    def placed(self, device: Any = None, sharding: Any = None) -> Options:
+        return dataclasses.replace(self, device=device, sharding=sharding)
 
     def quiet(self, device: Any) -> Options:
         """What a producer's host copy is routed with: onto ``device``, with no host

@@ -233,8 +233,7 @@ def _progress_bar(iterable: Any) -> Any:
 def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: int,
            thread: bool | None, x64: bool) -> Iterator[Any]:
     """One epoch, converted on the consumer's thread or by a worker (see ``thread``)."""
-    # The one delivery, whichever thread draws on it; a generator, so that a StopIteration
-    # leaked by a conversion is a RuntimeError at its batch (PEP 479), not a quiet end.
+    # The one delivery, whichever thread draws (a generator: a leaked StopIteration raises).
     batches = (guard.convert(b) for b in it)
     worker = _Worker(batches, size, x64) if thread else None
     timings: list[tuple[float, float]] = []   # (loading, the consumer's work meanwhile)
