@@ -42,34 +42,30 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     import numpy as np
 
     import dlinspect
-    from dlinspect._core import aligned_empty, header_capsule, jax_caps
+    from dlinspect._core import header_capsule, jax_caps
     from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
+    from dlinspect.testing import aligned_array
 
-    report: dict[str, Any] = {"versions": versions()}
+    report: dict[str, Any] = {"versions": versions(), "jax": None}
     jax = optional("jax")
-    if jax is not None:
-        try:
-            jax.devices()
-        except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
-            report["jax_error"] = first_line(exc)
-            jax = None
-    report["jax"] = None
+    try:
+        devices = [] if jax is None else jax.devices()
+    except Exception as exc:  # e.g. JAX_PLATFORMS names a backend this jaxlib lacks
+        report["jax_error"], jax = first_line(exc), None
     if jax is not None:
         c = jax_caps()
         target = c.target   # built: its probes say which private symbols are used
         report["jax"] = {
-            "platforms": sorted({d.platform for d in jax.devices()}),
-            "devices": [str(d) for d in jax.devices()],
+            "platforms": sorted({d.platform for d in devices}), "devices": [str(d) for d in devices],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
             "cpu_alignment": target.cpu_align,
             "dlpack_platforms": {str(as_device_type(k)): v for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
                                 for s in c.symbols.values()],
         }
-    rows = []
-    x = aligned_empty((4, 4), np.float32, 64)
-    x[...] = 1
+    report["device_types"] = rows = []
+    x = aligned_array(np.ones((4, 4)))
     for dt in dlinspect.DLDeviceType:
         row = {"name": str(dt), "value": int(dt), "route": "error",
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
@@ -78,7 +74,6 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
                 x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, int(dt))))
             row.update(route=route.kind, reason=route.reason)
         rows.append(row)
-    report["device_types"] = rows
     if producers:
         report["producers"] = producers_report()
     return report
@@ -222,11 +217,9 @@ def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
     from dlinspect.bench._common import optional
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
-    for name in ("torch", "jax"):
-        if (mod := optional(name)) is not None:
+    for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
+        if (mod := optional(module)) is not None:
             scope[name] = mod
-    if "jax" in scope:
-        scope["jnp"] = scope["jax"].numpy
     return eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
 
 
@@ -239,10 +232,9 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"--repeat must be at least 1, not {args.repeat}"
     for path in (p for p in (args.json, args.plot, args.markdown) if p):
         folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            return f"cannot write {path}: the folder {folder} does not exist"
-        if not os.access(folder, os.W_OK):
-            return f"cannot write {path}: the folder {folder} is not writable"
+        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            why = "is not writable" if os.path.isdir(folder) else "does not exist"
+            return f"cannot write {path}: the folder {folder} {why}"
     if not args.plot:
         return None
     if "sweep" not in suites:
