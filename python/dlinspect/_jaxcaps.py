@@ -115,19 +115,17 @@ _IMPORT_SIGNATURES = (
 def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] | None, SymbolStatus]:
     """A 5-argument import function over jaxlib's ``fn``, or None. Without ``copy`` a
     misaligned import may copy silently: the alignment probe checks pointers."""
+    if fn is None:   # not found: its status says why
+        return None, status
     doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
     names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
     if names is None:
         return None, status._replace(found=None, reason=f"found at {status.found} with another "
                                      f"signature: {doc!r}; using {SYMBOLS['import'].fallback}")
     n, how = len(names), f"signature ({', '.join(names)})"
-    if n == 5:
-        return fn, status._replace(reason=how)
-
-    def adapted(*args: Any) -> Any:   # (capsule, device, stream, copy, dl_device_type)
-        return fn(*args[:n])
     missing = ", ".join(_IMPORT_SIGNATURES[0][n:])
-    return adapted, status._replace(reason=f"{how}: {missing} not passed")
+    adapted = fn if n == 5 else lambda *args: fn(*args[:n])   # args: _IMPORT_SIGNATURES[0]
+    return adapted, status._replace(reason=f"{how}: {missing} not passed" if missing else how)
 
 
 # What the probes use of the core, handed over by the core that builds its JaxCaps (this
@@ -161,10 +159,7 @@ class JaxCaps:
                         for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._x64_state = x64_state
-        self._direct_fn: Callable[..., Any] | None = None
-        if import_fn is not None:
-            self._direct_fn, self.symbols["import"] = _import_adapter(import_fn,
-                                                                      self.symbols["import"])
+        self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
         self.devices, self.cpu_keys, self.platforms = self._local_devices()

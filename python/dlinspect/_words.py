@@ -204,8 +204,7 @@ def _spread_words(f: dict[str, Any]) -> str:
 
 
 def _index_text(index: tuple[slice, ...]) -> str:
-    parts = [":" if sl == slice(None) else
-             f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
+    parts = [f"{'' if sl.start is None else sl.start}:{'' if sl.stop is None else sl.stop}"
              + (f":{sl.step}" if sl.step not in (None, 1) else "") for sl in index]
     return f"[{', '.join(parts)}]"
 
