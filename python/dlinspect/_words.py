@@ -37,9 +37,8 @@ _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as ja
 
 def describe(info: Any) -> str:
     """``"a float32 tensor of shape (2, 3) on kDLCPU:0"`` (``"an int64 ..."``)."""
-    name = info.dtype_name
-    article = "an" if name[:1] in "aeio" else "a"   # an int64, a uint8, a float32
-    return (f"{article} {name} tensor of shape {info.shape} on "
+    article = "an" if info.dtype_name[:1] in "aeio" else "a"   # an int64, a uint8, a float32
+    return (f"{article} {info.dtype_name} tensor of shape {info.shape} on "
             f"{device_name(info.device_type, info.device_id)}")
 
 
@@ -80,13 +79,12 @@ def _allocation(nbytes: int, what: str, total: int | None) -> Parts:
 def name_leaf(exc: Any, path: str) -> Any:
     """``exc`` named by a leaf's key path: a DLInspectError's message starts with it (and
     ``key_path`` holds it); any other exception gets a note."""
-    if not path:
+    if not path or getattr(exc, "key_path", None):   # (a DLInspectError is named once)
         return exc
     if isinstance(exc, DLInspectError):
-        if not getattr(exc, "key_path", None):
-            exc.key_path = path  # type: ignore[attr-defined]
-            exc.args = (f"{path}: {exc.args[0] if exc.args else ''}",) + exc.args[1:]
-    elif hasattr(exc, "add_note"):
+        exc.key_path = path  # type: ignore[attr-defined]
+        exc.args = (f"{path}: {exc.args[0] if exc.args else ''}",) + exc.args[1:]
+    else:
         exc.add_note(f"(dlinspect: while converting the pytree leaf {path})")
     return exc
 
