@@ -232,9 +232,10 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"--repeat must be at least 1, not {args.repeat}"
     for path in (p for p in (args.json, args.plot, args.markdown) if p):
         folder = os.path.dirname(os.path.abspath(path))
-        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-            why = "is not writable" if os.path.isdir(folder) else "does not exist"
-            return f"cannot write {path}: the folder {folder} {why}"
+        if not os.path.isdir(folder):
+            return f"cannot write {path}: the folder {folder} does not exist"
+        if not os.access(folder, os.W_OK):
+            return f"cannot write {path}: the folder {folder} is not writable"
     if not args.plot:
         return None
     if "sweep" not in suites:
