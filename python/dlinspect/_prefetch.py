@@ -244,7 +244,7 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
     try:
         while True:
             start = time.perf_counter()
-            item = next(batches, _END) if worker is None else worker.ready.get()
+            item: Any = next(batches, _END) if worker is None else worker.ready.get()
             if isinstance(item, BaseException):   # what the worker raised, at this batch
                 raise item
             if item is _END:
