@@ -136,14 +136,12 @@ cdef class TensorInfo:
 
     cdef int _alloc(self, int32_t ndim) except -1:
         # contract: called once, by _new_info, before any other use.
+        self._shape = self._inline   # (shape, then strides: ndim entries each)
         if ndim > _INLINE_NDIM:
             self._shape = <int64_t*>malloc(2 * ndim * sizeof(int64_t))
             if self._shape == NULL:
                 raise MemoryError()
-            self._strides = self._shape + ndim
-        else:
-            self._shape = self._inline
-            self._strides = self._inline + _INLINE_NDIM
+        self._strides = self._shape + ndim
         return 0
 
     cdef inline uintptr_t _ptr(self) noexcept:
@@ -249,22 +247,17 @@ cdef class TensorInfo:
         """Dense: the axes of extent > 1 in ``order`` (or by stride), strided by the faster ones."""
         cdef int64_t expected = 1
         cdef int i, j, k, n = 0
-        cdef int axes[_MAX_NDIM]   # _ANY_ORDER's axes, sorted by stride
+        cdef int axes[_MAX_NDIM]   # the axes of extent > 1 in order (_ANY_ORDER: by stride)
         if self.size == 0:
             return True
         for k in range(self.ndim):
             i = self.ndim - 1 - k if order == _C_ORDER else k
             if self._shape[i] == 1:
                 continue
-            if order != _ANY_ORDER:   # (the hot path's C order: no sorting)
-                if self._strides[i] != expected:
-                    return False
-                expected *= self._shape[i]
-                continue
-            if self._strides[i] <= 0:
+            if self._strides[i] <= 0:   # (never the dense stride: the sizes fit int64)
                 return False
             j = n
-            while j > 0 and self._strides[axes[j - 1]] > self._strides[i]:
+            while order == _ANY_ORDER and j > 0 and self._strides[axes[j - 1]] > self._strides[i]:
                 axes[j] = axes[j - 1]
                 j -= 1
             axes[j] = i
