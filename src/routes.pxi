@@ -248,7 +248,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
 cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow, bint host):
     """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
-    src, dest = _import_devices(info, needs, tg, opts.device, host)
+    src, dest, import_type = _import_devices(info, needs, tg, opts.device, host)
     blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._contiguous(_ANY_ORDER))
@@ -264,13 +264,9 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
     facts["relayout"] = relayout
-    import_type = kDLCPU if needs & NEED_VIA_CPU else info._dev_type
-    if view:
-        return Route(ZERO_COPY, action, info, "jax", needs=needs, jax_device=dest,
-                     import_type=import_type, import_device=src, **facts)
-    return Route(COPY, action, info, "jax", needs=needs, copy_bytes=info.nbytes,
-                 jax_device=dest, import_type=import_type, import_device=src,
-                 import_copy=True if bytes_copy and not relayout else None,
+    return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
+                 copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=src,
+                 import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
                  copy_true=bool(copy), **facts)
 
 
@@ -280,13 +276,15 @@ cdef inline bint _bytes_copy(uint32_t needs, bint host) noexcept:
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
-    """``(src, dest)``: the JAX device that imports the memory (host memory bound for a CPU
-    device: that one, which views it as it is) and the one the array ends on (``device``)."""
+    """``(src, dest, import_type)``: the JAX device that imports the memory (host memory bound
+    for a CPU device: that one, which views it as it is), the one the array ends on
+    (``device``) and the device type handed to jaxlib."""
     src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
     if (device is not None and device != src and host and src.platform == "cpu"
             and getattr(device, "platform", None) == "cpu"):
         src = device
-    return src, src if device is None else device
+    return (src, src if device is None else device,
+            kDLCPU if needs & NEED_VIA_CPU else info._dev_type)
 
 
 cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host):
@@ -473,7 +471,6 @@ def route_jax_array(x, opts, JaxTarget tg):
     sharding = None if opts.sharding is None else check_sharding(opts.sharding)
     want = sharding if sharding is not None else opts.device
     cdef bint relayout = not _row_major_array(x, tg)
-    cdef bint committed = getattr(x, "_committed", True)
     if want is None:
         there = True
     elif sharding is not None:
@@ -483,7 +480,7 @@ def route_jax_array(x, opts, JaxTarget tg):
             None, want.default_memory().kind)
     if there and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
-        action = PASS if want is None or committed else ARRAY_PUT
+        action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
         return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x, where=want)
     if opts.copy is False:
         return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
