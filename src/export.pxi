@@ -343,20 +343,17 @@ cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
             f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
             f"CuPy...) or the capsule its __dlpack__() returns.")
-    if g == GUARD_TORCH:
-        if mode != MODE_PEEK and x.is_neg():
-            raise ProducerError(
-                f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
-                f"__dlpack__ exports without applying: the values would arrive negated. To fix: "
-                f"call .resolve_neg() first.")
-    elif g == GUARD_TF:
-        name = x.dtype.name
-        if name in _TF_NOT_NUMERIC:
-            raise NotNumericError(
-                f"a {_type_name(x)} of dtype tf.{name} and shape {tuple(x.shape)} is not a "
-                f"numeric tensor: DLPack has no {name} type (and TensorFlow's __dlpack__ "
-                f"aborts the process on it, so dlinspect does not call it). Inside a batch it "
-                f"is a leaf kept as it is (leaves='keep').")
+    if g == GUARD_TORCH and mode != MODE_PEEK and x.is_neg():
+        raise ProducerError(
+            f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
+            f"__dlpack__ exports without applying: the values would arrive negated. To fix: "
+            f"call .resolve_neg() first.")
+    elif g == GUARD_TF and x.dtype.name in _TF_NOT_NUMERIC:
+        raise NotNumericError(
+            f"a {_type_name(x)} of dtype tf.{x.dtype.name} and shape {tuple(x.shape)} is not a "
+            f"numeric tensor: DLPack has no {x.dtype.name} type (and TensorFlow's __dlpack__ "
+            f"aborts the process on it, so dlinspect does not call it). Inside a batch it "
+            f"is a leaf kept as it is (leaves='keep').")
     elif g == GUARD_JAX:
         _refuse_dead_array(x)
         if not hasattr(type(x), "__dlpack__"):
@@ -648,20 +645,15 @@ def export_host_copy(x):
     except ProducerError as exc:
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) raised "
                      f"{first_line(exc.__cause__ or exc)}")
-    for name in host_methods(x):
+    for name in host_methods(x) + [None]:   # None: numpy.asarray, last
+        what = f"x.{name}()" if name else "numpy.asarray"
         try:
-            arr = getattr(x, name)()
+            arr = getattr(x, name)() if name else _np.asarray(x)
         except Exception as exc:
-            tried.append(f"x.{name}() raised {first_line(exc)}")
+            tried.append(f"{what} raised {first_line(exc)}")
             continue
         if isinstance(arr, _np_ndarray) and arr.dtype != object:
             return (arr, None)
-        tried.append(f"x.{name}() gave {type(arr).__name__}, not a numeric NumPy array")
-    try:
-        arr = _np.asarray(x)
-        if arr.dtype != object:
-            return (arr, None)
-        tried.append("numpy.asarray gave an object array (the producer has no __array__)")
-    except Exception as exc:
-        tried.append(f"numpy.asarray raised {first_line(exc)}")
+        tried.append(f"{what} gave {type(arr).__name__}, not a numeric NumPy array" if name
+                     else "numpy.asarray gave an object array (the producer has no __array__)")
     return (None, tried)
