@@ -119,20 +119,18 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         address = <uintptr_t>held.view.buf
     cdef DLTensor t = DLTensor(<void*><uintptr_t>(address or 0), DLDevice(device_type, device_id),
                                nd, c_DLDataType(code, bits, lanes), p, p + n, byte_offset)
-    if shape is None:
-        t.shape = NULL
-    if strides is None:
-        t.strides = NULL
+    t.shape, t.strides = (NULL if shape is None else p), (NULL if strides is None else p + n)
     cdef bytes cname = None if name is None else _names.setdefault(name, name.encode())
     cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname)
     cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
+    # null_deleter: never freed (a deliberate, small leak): the header must keep pointing at
+    # live memory for as long as anyone reads it
     if versioned:
         (<DLManagedTensorVersioned*>managed).version = DLPackVersion(version_major, version_minor)
-    if null_deleter:   # then never freed (a deliberate, small leak): the header must keep
-        if versioned:  # pointing at live memory for as long as anyone reads it
+        if null_deleter:
             (<DLManagedTensorVersioned*>managed).deleter = NULL
-        else:
-            (<DLManagedTensor*>managed).deleter = NULL
+    elif null_deleter:
+        (<DLManagedTensor*>managed).deleter = NULL
     held.counter = counter   # (last: a capsule that failed to be made counts no call)
     return cap
 
@@ -324,12 +322,8 @@ def take(cap):
 
 cdef int _untake(HostOwner owner, object cap) except -1:
     """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``owner`` nothing."""
-    if owner.dlm_ver != NULL:
-        owner.dlm_ver = NULL
-        PyCapsule_SetName(cap, VERSIONED)
-    elif owner.dlm != NULL:
-        owner.dlm = NULL
-        PyCapsule_SetName(cap, LEGACY)
+    PyCapsule_SetName(cap, VERSIONED if owner.dlm_ver != NULL else LEGACY)   # (take took one)
+    owner.dlm, owner.dlm_ver = NULL, NULL
     return 0
 
 
