@@ -376,12 +376,11 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
         return Route(ZERO_COPY, EMPTY, info, "host", needs=needs)
     if needs & NEED_DEVICE:
         return _route_through_host(info, needs, "host", copy, source, False, {})
-    if needs & NEED_PACKED:
-        if copy is False:
-            return fail("copy-forbidden", info, "host", needs)
-        return _fits(Route(COPY, UNPACK, info, "host", needs=needs, copy_bytes=info.nbytes))
-    if copy:
-        return _fits(Route(COPY, HOST_COPY, info, "host", needs=needs, copy_bytes=info.nbytes))
+    if needs & NEED_PACKED and copy is False:
+        return fail("copy-forbidden", info, "host", needs)
+    if needs & NEED_PACKED or copy:
+        return _fits(Route(COPY, UNPACK if needs & NEED_PACKED else HOST_COPY, info, "host",
+                           needs=needs, copy_bytes=info.nbytes))
     return Route(ZERO_COPY, HOST_VIEW, info, "host", needs=needs)
 
 
@@ -415,7 +414,6 @@ cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
     cdef TensorInfo part
     cdef uint32_t n
     cdef bint share = opts.readonly == "share", one_pass = opts.copy is not True
-    cdef bint may_copy = opts.copy is None
     copy_bytes, narrow = 0, None
     for index in lay.indices:
         part = info.sliced(index)
@@ -424,7 +422,7 @@ cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
             copy_bytes += part.nbytes
             if n & NEED_NARROW and narrow is None:
                 narrow = _narrowing(part._code, part._bits, n, tg, opts)
-            one_pass = one_pass and may_copy and _c_copy(part, n & ~NEED_VIA_CPU)
+            one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
     return parts, copy_bytes, narrow, one_pass
 
@@ -471,13 +469,9 @@ def route_jax_array(x, opts, JaxTarget tg):
     sharding = None if opts.sharding is None else check_sharding(opts.sharding)
     want = sharding if sharding is not None else opts.device
     cdef bint relayout = not _row_major_array(x, tg)
-    if want is None:
-        there = True
-    elif sharding is not None:
-        there = x.sharding.is_equivalent_to(sharding, x.ndim)
-    else:
-        there = x.devices() == {want} and getattr(x.sharding, "memory_kind", None) in (
-            None, want.default_memory().kind)
+    there = want is None or (x.sharding.is_equivalent_to(sharding, x.ndim) if sharding is not None
+                             else x.devices() == {want} and getattr(x.sharding, "memory_kind", None)
+                             in (None, want.default_memory().kind))
     if there and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
