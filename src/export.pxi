@@ -259,10 +259,8 @@ cdef int _ask_device(object x, _Asked* out) except -1:
         kind, ordinal = (<tuple>dev)[0], (<tuple>dev)[1]
         if PyIndex_Check(kind) and (ordinal is None or PyIndex_Check(ordinal)):
             try:
-                out.dev_type, out.asked = kind, True
-                out.id_known = ordinal is not None
-                if ordinal is not None:
-                    out.dev_id = ordinal
+                out.dev_type, out.dev_id = kind, (out.dev_id if ordinal is None else ordinal)
+                out.asked, out.id_known = True, ordinal is not None
                 return 0
             except OverflowError:
                 pass

@@ -529,7 +529,6 @@ cdef TensorInfo _peek_capsule(object cap):
     cdef TensorInfo info
     cdef const char* name = PyCapsule_GetName(cap)
     cdef DLManagedTensorVersioned* dlm_ver
-    cdef DLManagedTensor* dlm
     if name != NULL and strcmp(name, VERSIONED) == 0:
         dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, name)
         if dlm_ver.version.major != 1:
@@ -542,8 +541,7 @@ cdef TensorInfo _peek_capsule(object cap):
         info._ver_major, info._ver_minor = dlm_ver.version.major, dlm_ver.version.minor
         return info
     if name != NULL and strcmp(name, LEGACY) == 0:
-        dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, name)
-        return _new_info(&dlm.dl_tensor, SRC_LEGACY, 0)
+        return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, name)).dl_tensor, SRC_LEGACY, 0)
     _raise_bad_capsule(cap, name)
 
 
