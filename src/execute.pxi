@@ -355,9 +355,8 @@ def _host_producer_copy(Route route, cap, x):
 
 
 def _host_empty(Route route, cap, x):
-    cdef TensorInfo info = route.info
     take(cap)
-    return _np_empty(info._host_shape(), info.numpy_dtype)
+    return _np_empty((<TensorInfo>route.info)._host_shape(), route.info.numpy_dtype)
 
 
 #: One executor per action of a host route: (route, capsule, source) -> array.

@@ -492,8 +492,7 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, 
     if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
         PyErr_Clear()
         return None
-    dev.dev_type, dev.dev_id = t.device.device_type, t.device.device_id
-    dev.asked = True
+    dev.dev_type, dev.dev_id, dev.asked = t.device.device_type, t.device.device_id, True
     if dev.dev_type == kDLCPU and entry.ask_device_on_cpu:
         _ask_device(x, dev)   # pinned memory says kDLCPU here
     if mode != MODE_PEEK:

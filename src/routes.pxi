@@ -133,8 +133,7 @@ cdef class Route:
         """The error to raise, let go of by the route (no cycle: error -> traceback ->
         the caller's frame -> route -> error, which would keep the capsule alive)."""
         error = self.error
-        self._error = None
-        self.problem = None
+        self._error, self.problem = None, None
         return error
 
     def __repr__(self):
