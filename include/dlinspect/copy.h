@@ -306,115 +306,52 @@ DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
   }
 }
 
-/* The register transposes: W rows of 16 bytes (W elements of 16 / W bytes each; row k
- * holds elements (k, 0 .. W)) become W columns (v_m holds elements (0 .. W, m)). One
- * stage replaces v_0 .. v_W-1 by LO(v_0, v_W/2), HI(v_0, v_W/2), LO(v_1, v_W/2+1), ...:
- * the (row, column) index bits rotate by one, so log2(W) stages swap them. */
-#define DL_ZIP2(LO, HI, a, b)    \
-  do {                           \
-    __m128i t0_ = LO(a, b);      \
-    b = HI(a, b);                \
-    a = t0_;                     \
-  } while (0)
-#define DL_ZIP4(LO, HI, a, b, c, d)                                 \
-  do {                                                              \
-    __m128i t0_ = LO(a, c), t1_ = HI(a, c), t2_ = LO(b, d), t3_ = HI(b, d); \
-    a = t0_;                                                        \
-    b = t1_;                                                        \
-    c = t2_;                                                        \
-    d = t3_;                                                        \
-  } while (0)
-#define DL_ZIP8(LO, HI, a, b, c, d, e, f, g, h)                     \
-  do {                                                              \
-    __m128i t0_ = LO(a, e), t1_ = HI(a, e), t2_ = LO(b, f), t3_ = HI(b, f); \
-    __m128i t4_ = LO(c, g), t5_ = HI(c, g), t6_ = LO(d, h), t7_ = HI(d, h); \
-    a = t0_;                                                        \
-    b = t1_;                                                        \
-    c = t2_;                                                        \
-    d = t3_;                                                        \
-    e = t4_;                                                        \
-    f = t5_;                                                        \
-    g = t6_;                                                        \
-    h = t7_;                                                        \
-  } while (0)
-
-/* Loads of 16 source bytes (row k at src + k * si), stores of 16 (column m at dst + m * dj). */
-#define DL_LD(k) _mm_loadu_si128((const __m128i*)(src + (k) * si))
-#define DL_ST(m, v) dl_store16(dst + (m) * dj, v, nt)
-#define DL_ST4(m, a, b, c, d) \
-  do {                        \
-    DL_ST(m, a);              \
-    DL_ST((m) + 1, b);        \
-    DL_ST((m) + 2, c);        \
-    DL_ST((m) + 3, d);        \
-  } while (0)
+/* contract: the units of `e` bytes (1, 2, 4 or 8) of a and b interleaved, from their low
+ * halves (hi = 0) or their high halves. */
+DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
+  switch (e) {
+    case 1:
+      return hi ? _mm_unpackhi_epi8(a, b) : _mm_unpacklo_epi8(a, b);
+    case 2:
+      return hi ? _mm_unpackhi_epi16(a, b) : _mm_unpacklo_epi16(a, b);
+    case 4:
+      return hi ? _mm_unpackhi_epi32(a, b) : _mm_unpacklo_epi32(a, b);
+    default:
+      return hi ? _mm_unpackhi_epi64(a, b) : _mm_unpacklo_epi64(a, b);
+  }
+}
 
 /* contract: one microtile of w x w elements (w = 16 / size, or 32 / size narrowed):
  * dst + m * dj + k * out gets the element at src + k * si + m * size, as cast says, for
  * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w stores of 16
- * bytes (streaming where nt). */
+ * bytes (streaming where nt). The transpose: row k of r holds elements (k, 0 .. w); each
+ * stage replaces r by LO(r_0, r_w/2), HI(r_0, r_w/2), LO(r_1, r_w/2+1), ..., which rotates
+ * the (row, column) index bits by one, so log2(w) stages leave column m in r_m. */
 DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
                         dl_copy_cast cast, int nt) {
-  if (cast != DL_COPY_SAME && size == 8) { /* 4 x 4: 4 doubles (uint64) per source row */
-    __m128i r0 = dl_narrow4(src, cast), r1 = dl_narrow4(src + si, cast);
-    __m128i r2 = dl_narrow4(src + 2 * si, cast), r3 = dl_narrow4(src + 3 * si, cast);
-    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ST4(0, r0, r1, r2, r3);
-  } else if (cast != DL_COPY_SAME) { /* 2 x 2: 2 complex per source row, 8 bytes out */
-    __m128i r0 = dl_narrow4(src, cast), r1 = dl_narrow4(src + si, cast);
-    DL_ZIP2(_mm_unpacklo_epi64, _mm_unpackhi_epi64, r0, r1);
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-  } else if (size == 16) { /* the element is the row */
-    DL_ST(0, DL_LD(0));
-  } else if (size == 8) {
-    __m128i r0 = DL_LD(0), r1 = DL_LD(1);
-    DL_ZIP2(_mm_unpacklo_epi64, _mm_unpackhi_epi64, r0, r1);
-    DL_ST(0, r0);
-    DL_ST(1, r1);
-  } else if (size == 4) {
-    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
-    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ZIP4(_mm_unpacklo_epi32, _mm_unpackhi_epi32, r0, r1, r2, r3);
-    DL_ST4(0, r0, r1, r2, r3);
-  } else if (size == 2) {
-    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
-    __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
-    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
-    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
-    DL_ZIP8(_mm_unpacklo_epi16, _mm_unpackhi_epi16, r0, r1, r2, r3, r4, r5, r6, r7);
-    DL_ST4(0, r0, r1, r2, r3);
-    DL_ST4(4, r4, r5, r6, r7);
-  } else { /* 1 byte: 16 x 16, as two 8-row halves per stage */
-    __m128i r0 = DL_LD(0), r1 = DL_LD(1), r2 = DL_LD(2), r3 = DL_LD(3);
-    __m128i r4 = DL_LD(4), r5 = DL_LD(5), r6 = DL_LD(6), r7 = DL_LD(7);
-    __m128i r8 = DL_LD(8), r9 = DL_LD(9), r10 = DL_LD(10), r11 = DL_LD(11);
-    __m128i r12 = DL_LD(12), r13 = DL_LD(13), r14 = DL_LD(14), r15 = DL_LD(15);
-    int s;
-    for (s = 0; s < 4; s++) { /* t_2k = lo(r_k, r_k+8), t_2k+1 = hi(r_k, r_k+8) */
-      __m128i t0 = _mm_unpacklo_epi8(r0, r8), t1 = _mm_unpackhi_epi8(r0, r8);
-      __m128i t2 = _mm_unpacklo_epi8(r1, r9), t3 = _mm_unpackhi_epi8(r1, r9);
-      __m128i t4 = _mm_unpacklo_epi8(r2, r10), t5 = _mm_unpackhi_epi8(r2, r10);
-      __m128i t6 = _mm_unpacklo_epi8(r3, r11), t7 = _mm_unpackhi_epi8(r3, r11);
-      __m128i t8 = _mm_unpacklo_epi8(r4, r12), t9 = _mm_unpackhi_epi8(r4, r12);
-      __m128i t10 = _mm_unpacklo_epi8(r5, r13), t11 = _mm_unpackhi_epi8(r5, r13);
-      __m128i t12 = _mm_unpacklo_epi8(r6, r14), t13 = _mm_unpackhi_epi8(r6, r14);
-      __m128i t14 = _mm_unpacklo_epi8(r7, r15), t15 = _mm_unpackhi_epi8(r7, r15);
-      r0 = t0, r1 = t1, r2 = t2, r3 = t3, r4 = t4, r5 = t5, r6 = t6, r7 = t7;
-      r8 = t8, r9 = t9, r10 = t10, r11 = t11, r12 = t12, r13 = t13, r14 = t14, r15 = t15;
-    }
-    DL_ST4(0, r0, r1, r2, r3);
-    DL_ST4(4, r4, r5, r6, r7);
-    DL_ST4(8, r8, r9, r10, r11);
-    DL_ST4(12, r12, r13, r14, r15);
+  const int64_t w = (cast == DL_COPY_SAME ? 16 : 32) / (int64_t)size, e = 16 / w;
+  __m128i r[16], t[16];
+  int64_t k, s;
+#pragma GCC unroll 16
+  for (k = 0; k < w; k++) {
+    r[k] = cast == DL_COPY_SAME ? _mm_loadu_si128((const __m128i*)(src + k * si))
+                                : dl_narrow4(src + k * si, cast);
   }
+#pragma GCC unroll 4
+  for (s = 1; s < w; s *= 2) {
+#pragma GCC unroll 8
+    for (k = 0; k < w / 2; k++) {
+      t[2 * k] = dl_zip(r[k], r[k + w / 2], e, 0);
+      t[2 * k + 1] = dl_zip(r[k], r[k + w / 2], e, 1);
+    }
+#pragma GCC unroll 16
+    for (k = 0; k < w; k++) r[k] = t[k];
+  }
+#pragma GCC unroll 16
+  for (k = 0; k < w; k++) dl_store16(dst + k * dj, r[k], nt);
 }
-#undef DL_LD
-#undef DL_ST
-#undef DL_ST4
 
-/* contract: the nj x ni elements (both multiples of w) of a plane as dl_plane says,
+/* contract: the nj x ni elements (both multiples of w) of a plane as dl_plane_copy says,
  * with a source dense along j (sj = size), by microtiles, panel by panel. */
 DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
@@ -484,100 +421,58 @@ static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni,
 #endif
 
 /* contract: the nj x ni block, dst + j * dj + i * out getting the element at
- * src + j * sj + i * si as cast says, one element at a time. */
-static inline void dl_block_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
-                                   int64_t sj, int64_t si, int64_t dj, size_t size,
-                                   dl_copy_cast cast) {
-  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
-  int64_t j, i;
-  for (j = 0; j < nj; j++) {
-    if (cast == DL_COPY_SAME) {
-      dl_gather_scalar(dst + j * dj, src + j * sj, ni, si, size);
-    } else {
-      for (i = 0; i < ni; i++) dl_put1(dst + j * dj + i * out, src + j * sj + i * si, size, cast);
-    }
-  }
-}
-
-/* Scalar blocks: 16 elements along j by 16 along i (a block's source lines stay in L1). */
-#define DL_TILE_SCALAR 16
-
-/* contract: as dl_block_scalar, block by block. */
+ * src + j * sj + i * si as cast says, one element at a time, in blocks of 16 x 16 elements
+ * (a block's source lines stay in L1). */
 static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
                                   int64_t sj, int64_t si, int64_t dj, size_t size,
                                   dl_copy_cast cast) {
   const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
-  int64_t j0, i0;
-  for (j0 = 0; j0 < nj; j0 += DL_TILE_SCALAR) {
-    const int64_t cj = nj - j0 < DL_TILE_SCALAR ? nj - j0 : DL_TILE_SCALAR;
-    for (i0 = 0; i0 < ni; i0 += DL_TILE_SCALAR) {
-      const int64_t ci = ni - i0 < DL_TILE_SCALAR ? ni - i0 : DL_TILE_SCALAR;
-      dl_block_scalar(dst + j0 * dj + i0 * out, src + j0 * sj + i0 * si, cj, ci, sj, si, dj,
-                      size, cast);
+  int64_t j0, i0, j, i;
+  for (j0 = 0; j0 < nj; j0 += 16) {
+    const int64_t ej = nj - j0 < 16 ? nj : j0 + 16;
+    for (i0 = 0; i0 < ni; i0 += 16) {
+      const int64_t ci = ni - i0 < 16 ? ni - i0 : 16;
+      for (j = j0; j < ej; j++) {
+        char* d = dst + j * dj + i0 * out;
+        const char* s = src + j * sj + i0 * si;
+        if (cast == DL_COPY_SAME) {
+          dl_gather_scalar(d, s, ci, si, size);
+        } else {
+          for (i = 0; i < ci; i++) dl_put1(d + i * out, s + i * si, size, cast);
+        }
+      }
     }
   }
 }
 
-/* A transposed plane, copied by the odometer at each offset: dst + j * dj + i * out gets
- * the element at src + j * sj + i * si (as cast says; out = size, or size / 2 narrowed)
- * for j < nj, i < ni, i the destination's innermost axis and 0 < |sj| < |si|. */
-typedef struct {
-  int64_t nj, ni, sj, si, dj;
-  int64_t flip_s, flip_d; /* offsets of the plane's first row once j runs upwards */
-  int64_t wj, wi;         /* the rows and columns the microtiles cover (0 without) */
-  size_t size;
-  dl_copy_cast cast;
-  int stream;             /* streaming stores where the destination is 16-byte aligned */
-} dl_plane;
-
-/* contract: fills `P` for the plane described above (stream: whether its microtiles may
- * store streaming); j is made to run upwards in the source. */
-static inline void dl_plane_make(dl_plane* P, int64_t nj, int64_t ni, int64_t sj, int64_t si,
-                                 int64_t dj, size_t size, dl_copy_cast cast, int stream) {
-  P->nj = nj;
-  P->ni = ni;
-  P->si = si;
-  P->size = size;
-  P->cast = cast;
-  P->flip_s = P->flip_d = 0;
-  if (sj < 0) { /* walk j upwards in the source: the destination's rows go down */
-    P->flip_s = (nj - 1) * sj;
-    P->flip_d = (nj - 1) * dj;
-    sj = -sj;
-    dj = -dj;
-  }
-  P->sj = sj;
-  P->dj = dj;
-  P->wj = P->wi = 0;
-  P->stream = stream && (dj & 15) == 0;
+/* contract: copies a transposed plane: dst + j * dj + i * out gets the element at
+ * src + j * sj + i * si (as cast says; out = size, or size / 2 narrowed) for j < nj, i < ni,
+ * i the destination's innermost axis and 0 < sj < |si|. Where j is dense (sj = size),
+ * microtiles cover the first wj x wi elements (storing streaming where `stream` and the
+ * destination's rows are 16-byte aligned); the rest goes one element at a time. */
+DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni, int64_t sj,
+                             int64_t si, int64_t dj, size_t size, dl_copy_cast cast,
+                             int stream) {
+  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  int64_t wj = 0, wi = 0;
 #if DL_COPY_SSE2
   if (sj == (int64_t)size && (cast != DL_COPY_SAME || (size <= 16 && (size & (size - 1)) == 0))) {
     const int64_t w = (int64_t)(cast == DL_COPY_SAME ? 16 / size : 32 / size);
-    P->wj = nj - nj % w;
-    P->wi = ni - ni % w;
+    wj = nj - nj % w;
+    wi = ni - ni % w;
+    if (wj > 0 && wi > 0) {
+      dl_tile_simd_any(dst, src, wj, wi, si, dj, size, cast,
+                       stream && (dj & 15) == 0 && ((uintptr_t)dst & 15) == 0);
+    }
   }
+#else
+  (void)stream;
 #endif
-}
-
-/* contract: copies plane `P` from `src` (its element (0, 0)) to `dst`: microtiles over the
- * first wj x wi elements, the rest one element at a time. */
-DL_INLINE void dl_plane_copy(const dl_plane* P, char* dst, const char* src) {
-  const int64_t out = (int64_t)(P->cast == DL_COPY_SAME ? P->size : P->size / 2);
-  src += P->flip_s;
-  dst += P->flip_d;
-#if DL_COPY_SSE2
-  if (P->wj > 0 && P->wi > 0) {
-    dl_tile_simd_any(dst, src, P->wj, P->wi, P->si, P->dj, P->size, P->cast,
-                     P->stream && ((uintptr_t)dst & 15) == 0);
+  if (wi < ni) {
+    dl_tile_scalar(dst + wi * out, src + wi * si, wj, ni - wi, sj, si, dj, size, cast);
   }
-#endif
-  if (P->wi < P->ni) {
-    dl_tile_scalar(dst + P->wi * out, src + P->wi * P->si, P->wj, P->ni - P->wi, P->sj, P->si,
-                   P->dj, P->size, P->cast);
-  }
-  if (P->wj < P->nj) {
-    dl_tile_scalar(dst + P->wj * P->dj, src + P->wj * P->sj, P->nj - P->wj, P->ni, P->sj,
-                   P->si, P->dj, P->size, P->cast);
+  if (wj < nj) {
+    dl_tile_scalar(dst + wj * dj, src + wj * sj, nj - wj, ni, sj, si, dj, size, cast);
   }
 }
 
@@ -643,7 +538,6 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
                                   size_t src_size, dl_copy_cast cast, int fresh, int part,
                                   int nparts) {
   dl_layout L;
-  dl_plane P = {0}; /* used where tj >= 0 */
   int64_t oe[64], os[64], od[64], idx[64]; /* the odometer's axes */
   int m = 0, d, tj = -1, n, stream;
   if (!dl_layout_make(&L, ndim, shape, strides, src_size, cast)) return;
@@ -702,9 +596,12 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
     dst += lo * L.dstr[a];
     L.ext[a] = hi - lo;
   }
-  if (tj >= 0) {
-    dl_plane_make(&P, L.ext[tj], L.ext[n - 1], L.sstr[tj], L.sstr[n - 1], L.dstr[tj], L.size,
-                  cast, stream);
+  if (tj >= 0 && L.sstr[tj] < 0) { /* walk j upwards in the source: the destination's rows
+                                      go down */
+    src += (L.ext[tj] - 1) * L.sstr[tj];
+    dst += (L.ext[tj] - 1) * L.dstr[tj];
+    L.sstr[tj] = -L.sstr[tj];
+    L.dstr[tj] = -L.dstr[tj];
   }
   for (d = 0; d < n - 1; d++) {
     if (d == tj) continue;
@@ -718,7 +615,8 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
     int64_t so = 0, doff = 0; /* bytes from src, dst to this position: inside both */
     for (;;) {
       if (tj >= 0) {
-        dl_plane_copy(&P, dst + doff, src + so);
+        dl_plane_copy(dst + doff, src + so, L.ext[tj], L.ext[n - 1], L.sstr[tj], L.sstr[n - 1],
+                      L.dstr[tj], L.size, cast, stream);
       } else {
         dl_row(dst + doff, src + so, L.ext[n - 1], L.sstr[n - 1], L.size, cast, stream);
       }
