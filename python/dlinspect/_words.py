@@ -18,9 +18,12 @@ from .errors import (AllocationError, CopyRequiredError, DLInspectError, NotDLPa
 
 def first_line(exc: BaseException, typed: bool = True) -> str:
     """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
-    text = str(exc)
-    line = text.splitlines()[0] if text else ""
+    line = (str(exc).splitlines() or [""])[0]
     return f"{type(exc).__name__}: {line}" if typed else line
+
+
+def type_name(tp: type) -> str:
+    return f"{tp.__module__}.{tp.__qualname__}"
 
 
 def into_call(into: str) -> str:
@@ -37,9 +40,8 @@ _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as ja
 
 def describe(info: Any) -> str:
     """``"a float32 tensor of shape (2, 3) on kDLCPU:0"`` (``"an int64 ..."``)."""
-    article = "an" if info.dtype_name[:1] in "aeio" else "a"   # an int64, a uint8, a float32
-    return (f"{article} {info.dtype_name} tensor of shape {info.shape} on "
-            f"{device_name(info.device_type, info.device_id)}")
+    return (f"{'an' if info.dtype_name[:1] in 'aeio' else 'a'} {info.dtype_name} tensor of shape "
+            f"{info.shape} on {device_name(info.device_type, info.device_id)}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -90,8 +92,7 @@ def name_leaf(exc: Any, path: str) -> Any:
 
 
 def _dtype_text(info: Any) -> str:
-    code, bits, lanes = info.dtype
-    return f"DLDataType(code={code}, bits={bits}, lanes={lanes}) ({info.dtype_name})"
+    return f"{info.dtype!r} ({info.dtype_name})"   # DLDataType(code=2, bits=32, lanes=1)
 
 
 def _strides_word(info: Any) -> str:
@@ -182,8 +183,7 @@ def _no_device_head(route: Any) -> str:
 
 def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
     """``fallback="raise"``'s error for a producer whose ``__dlpack_device__`` JAX has no device for."""
-    tp = type(x)
-    what = f"a {tp.__module__}.{tp.__qualname__} on {device_name(device_type, device_id)}"
+    what = f"a {type_name(type(x))} on {device_name(device_type, device_id)}"
     return (f"{_no_jax_device(what, device_type, device_id, platforms)} Tried: nothing "
             f"(fallback='raise'; the producer was not asked to export). To fix: "
             f"{device_fix(device_type, 'jax', False)}{_VIA_HOST}.")
@@ -324,9 +324,8 @@ def _shard(route: Any) -> Parts:
 
 
 def _not_a_tensor(route: Any) -> Parts:
-    tp = route.facts["leaf_type"]
     return (NotDLPackError, "",
-            f"a leaf of type {tp.__module__}.{tp.__qualname__} is not a tensor, and "
+            f"a leaf of type {type_name(route.facts['leaf_type'])} is not a tensor, and "
             f"leaves='raise' was asked for.", "To fix: pass leaves='keep' to leave "
             "non-tensor leaves as they are, or take it out of the batch.")
 
@@ -481,8 +480,7 @@ def _jax_copy(route: Any) -> str:
 
 
 REASONS: dict[str, Callable[[Any], str]] = {
-    T.KEEP: lambda route: (f"Not a tensor ({route.facts['leaf_type'].__module__}."
-                           f"{route.facts['leaf_type'].__qualname__}): left as it is."),
+    T.KEEP: lambda route: f"Not a tensor ({type_name(route.facts['leaf_type'])}): left as it is.",
     T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
                            if "where" in route.facts else
                            "It already is a jax.Array: returned as it is (no DLPack round trip)."),

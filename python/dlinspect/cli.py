@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._words import INSTALL_JAX, first_line
+from ._words import INSTALL_JAX, first_line, type_name
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -118,7 +118,7 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
     m = importlib.import_module(module)
     tp = eval(expr, {"m": m})  # noqa: S307 - the producer table's own expression
     version = exchange_api_version(tp)
-    row: dict[str, Any] = {"type": f"{tp.__module__}.{tp.__qualname__}",
+    row: dict[str, Any] = {"type": type_name(tp),
                            "exchange_api": list(version) if version else None}
     try:
         params = inspect.signature(tp.__dlpack__).parameters
@@ -188,8 +188,8 @@ def _inspect(args: argparse.Namespace) -> int:
             except dlinspect.NotNumericError as exc:
                 return _fail(f"inspect: {args.path or args.expr}: {exc}")
         return _fail(f"inspect: expected a tensor (an object with __dlpack__ or a DLPack capsule), "
-                     f"got {type(x).__module__}.{type(x).__qualname__}; inspect looks at one tensor "
-                     f"at a time (for a dict or list, inspect each leaf).")
+                     f"got {type_name(type(x))}; inspect looks at one tensor at a time (for a "
+                     f"dict or list, inspect each leaf).")
     options: dict[str, Any] = {"copy": {"none": None, "true": True, "false": False}[args.copy]}
     if args.target == "jax":
         options.update(fallback=args.fallback, readonly=args.readonly)
