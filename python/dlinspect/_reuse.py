@@ -110,8 +110,7 @@ class ReuseGuard:
             self._purge()
         fresh, again = [], {}
         for key, src, arr, space, start, end, zero in views:
-            hit = self._overlap(space, start, end, src)
-            if hit is not None:
+            if (hit := self._overlap(space, start, end, src)) is not None:
                 self._say(key, hit)   # MemoryReuseError, or (reuse="copy") the one warning
             if hit is not None or (zero and key in self._copying):
                 again[key] = arr if zero else None
@@ -142,8 +141,7 @@ class ReuseGuard:
 
     def _overlap(self, space: Any, start: int, end: int, src: Any) -> _Span | None:
         """The live span ``[start, end)`` overlaps, other than ``src`` itself unchanged."""
-        live = self._spans.get(space)
-        if not live:
+        if not (live := self._spans.get(space)):
             return None
         reach = start - self._longest[space]   # a span starting before this ends by start
         j = bisect.bisect_left(live, end, key=_START) - 1
@@ -173,8 +171,7 @@ class ReuseGuard:
         """``again`` (key path -> the zero-copy array, or None): copied now and from now on."""
         self._copying.update(again)
         self.report._reused(again)
-        copied = {id(arr) for arr in again.values() if arr is not None}
-        if not copied:
+        if not (copied := {id(arr) for arr in again.values() if arr is not None}):
             return out
         from ._tree import flatten
         flat = flatten(out)
@@ -217,8 +214,7 @@ _WATCHED: dict[int, tuple[Any, Any, Any]] = {}
 
 def _gone(ref: Any) -> None:
     _, guard, src = _WATCHED.pop(id(ref), (None, None, None))
-    owner = guard() if guard is not None else None
-    if owner is not None:
+    if guard is not None and (owner := guard()) is not None:
         owner._dead = True
     if src is not None:
         try:   # (a plain try: at interpreter exit this module's globals may be gone)

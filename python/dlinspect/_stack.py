@@ -201,10 +201,9 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
 
 def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
                 allocate: Callable[..., Any]) -> Any:
-    if allocate is aligned_empty:   # (arrays of one shape and dtype: a memcpy each, in C)
-        stacked = stack_column(column, align)
-        if stacked is not None:
-            return stacked
+    # (arrays of one shape and dtype: a memcpy each, in C)
+    if allocate is aligned_empty and (stacked := stack_column(column, align)) is not None:
+        return stacked
     t0 = type(column[0])
     if (t0 in _SCALARS or issubclass(t0, np.generic)) and all(type(leaf) is t0 for leaf in column):
         # Scalars of one type (labels): NumPy reads them in one call, with np.stack's dtype.

@@ -225,8 +225,7 @@ def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
 
 def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[str]) -> str | None:
     """What is wrong with a bench command line, before a run that may take minutes."""
-    unknown = [s for s in suites if s not in known]
-    if unknown:
+    if unknown := [s for s in suites if s not in known]:
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
@@ -253,8 +252,7 @@ def _bench(args: argparse.Namespace) -> int:
     suites = list(args.suites or bench.DEFAULT_SUITES)
     if args.instructions and "instructions" not in suites:
         suites.append("instructions")
-    problem = _bench_problem(args, suites, bench.SUITES)
-    if problem is not None:
+    if (problem := _bench_problem(args, suites, bench.SUITES)) is not None:
         return _fail(f"bench: {problem}")
     report = bench.run_suites(suites, quick=args.quick, repeat=args.repeat,
                               progress=not args.no_progress)
