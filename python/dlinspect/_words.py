@@ -252,11 +252,10 @@ def _widen(route: Any) -> str:
 
 
 def _dtype(route: Any) -> Parts:
-    f = route.facts
     return (UnsupportedDTypeError, _subject(route),
-            f"has {_dtype_text(route.info)}, which JAX cannot hold: {f['why']}.",
+            f"has {_dtype_text(route.info)}, which JAX cannot hold: {route.facts['why']}.",
             f"To fix: {_widen(route)}" + (", or take it as NumPy with dlinspect.to_host."
-                                          if f["host_ok"] else "."))
+                                          if route.facts["host_ok"] else "."))
 
 
 def _host_dtype(route: Any) -> Parts:

@@ -20,6 +20,7 @@ __all__ = ["main", "doctor_report", "producers_report"]
 
 EXIT_USAGE = 1
 EXIT_ERROR_ROUTE = 2
+_KEYWORDS = ("max_version", "dl_device", "copy")   # of __dlpack__, as doctor reports them
 
 
 def _fail(message: str) -> int:
@@ -55,11 +56,11 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
         report["jax_error"], jax = first_line(exc), None
     if jax is not None:
         c = jax_caps()
-        target = c.target   # built: its probes say which private symbols are used
         report["jax"] = {
             "platforms": sorted({d.platform for d in devices}), "devices": [str(d) for d in devices],
             "direct_import": c.direct, "direct_reason": c.direct_reason,
-            "cpu_alignment": target.cpu_align,
+            # (c.target, built before the symbols are read: its probes say which are used)
+            "cpu_alignment": c.target.cpu_align,
             "dlpack_platforms": {str(as_device_type(k)): v for k, v in sorted(c.mapping.items())},
             "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
                                 for s in c.symbols.values()],
@@ -123,10 +124,9 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
     try:
         params = inspect.signature(tp.__dlpack__).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        for key in ("max_version", "dl_device", "copy"):
-            row[key] = key in params or takes_any
+        row.update({key: key in params or takes_any for key in _KEYWORDS})
     except (TypeError, ValueError, AttributeError):   # a C method without a signature
-        row.update(max_version=None, dl_device=None, copy=None)
+        row.update(dict.fromkeys(_KEYWORDS))
     return row
 
 
@@ -160,8 +160,7 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
         return
     api = row["exchange_api"]
     words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"] + [
-        f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}"
-        for key in ("max_version", "dl_device", "copy")]
+        f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}" for key in _KEYWORDS]
     print(f"  {row['type']}: " + ", ".join(words), flush=True)
 
 
