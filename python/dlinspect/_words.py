@@ -296,12 +296,11 @@ def _no_device(route: Any) -> Parts:
 
 
 def _packed_copy(route: Any) -> Parts:
-    bits = route.info.dtype.bits * route.info.dtype.lanes
     return (UnsupportedDTypeError, _subject(route),
-            f"packs {bits}-bit elements and needs a copy ({'; '.join(_copy_reasons(route)[0])}"
-            f"), but dlinspect copies packed sub-byte data only into NumPy (dlinspect.to_host "
-            f"unpacks it).", "To fix: give JAX aligned, contiguous memory, or unpack it with "
-            "its own library first.")
+            f"packs {route.info.dtype.bits * route.info.dtype.lanes}-bit elements and needs a "
+            f"copy ({'; '.join(_copy_reasons(route)[0])}), but dlinspect copies packed sub-byte "
+            f"data only into NumPy (dlinspect.to_host unpacks it).", "To fix: give JAX aligned, "
+            "contiguous memory, or unpack it with its own library first.")
 
 
 def _unpack(route: Any) -> Parts:

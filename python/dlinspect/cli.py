@@ -264,8 +264,7 @@ def _bench(args: argparse.Namespace) -> int:
         bench.plot_sweep(report, args.plot)
         print(f"wrote {args.plot}")
     if args.markdown:
-        command = "dlinspect bench " + " ".join(sys.argv[2:])
-        bench.write_markdown(report, args.markdown, command,
+        bench.write_markdown(report, args.markdown, "dlinspect bench " + " ".join(sys.argv[2:]),
                              os.path.relpath(args.plot, os.path.dirname(args.markdown) or ".")
                              if args.plot else None)
         print(f"wrote {args.markdown}")
