@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
-from ._tables import dldtype_from_numpy, dtype_name, numpy_dtype
+from ._tables import dtype_name, numpy_dtype
 from ._words import first_line, narrowing_text
 
 __all__ = ["CoreTools", "JaxCaps", "SYMBOLS"]
@@ -249,22 +249,10 @@ class JaxCaps:
 
     def _narrow_table(self) -> dict[int, tuple[int, str]]:
         """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
-        with x64 off, the warning); the dtype table's narrowing where x64 is not thread-local."""
-        table = {}
-        for (code, bits), row in DTYPES.items():
-            if row.x64_narrow is None:
-                continue
-            wide = np.dtype(row.name)
-            if self._x64_state is None:
-                narrow = np.dtype(numpy_dtype(*row.x64_narrow))
-            else:
-                with self._x64_state(False):
-                    narrow = np.dtype(self.jax.dtypes.canonicalize_dtype(wide))
-            if narrow != wide:
-                ncode, nbits, _ = dldtype_from_numpy(narrow)
-                table[code | bits << 8] = (ncode | nbits << 8,
-                                           narrowing_text(wide.name, narrow.name)[0])
-        return table
+        with x64 off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule)."""
+        return {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
+                                   narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
+                for (code, bits), row in DTYPES.items() if row.x64_narrow is not None}
 
     @property
     def import_fn(self) -> Callable[..., Any]:
