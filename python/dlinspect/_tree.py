@@ -144,18 +144,13 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
     for a batch deeper than :data:`MAX_DEPTH`, that contains itself, or holds a dict whose
     keys do not sort: looked for first, as jaxlib's walk of one leaves the interpreter
     unable to go on."""
-    is_leaf = text_leaf if text_lists else None
     level = _one_level(x, text_lists)
-    if level:   # no container among the leaves JAX finds: nothing more to walk
-        outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
-        if level == _WITH_TEXT:
-            outer = [list(v) if type(v) is list else v for v in outer]
-        return Flat(x, outer, treedef, None, {}, is_leaf)
-    if _kind(type(x)) != _LEAF:   # (a leaf: a tensor, scalar or node JAX walks; nothing to check)
+    # (one level of leaves, or a leaf: a tensor, scalar or node JAX walks; nothing to check)
+    if not level and _kind(type(x)) != _LEAF:
         unwalkable = _unwalkable(x)
         if unwalkable is not None:
             raise unwalkable
-    return _flatten(x, is_leaf)
+    return _flatten(x, text_leaf if text_lists else None, level)
 
 
 def text_leaf(v: Any) -> bool:
@@ -192,11 +187,13 @@ def _one_level(x: Any, text_lists: bool = False) -> int:
     return level
 
 
-def _flatten(x: Any, is_leaf: Any = None) -> Flat:
+def _flatten(x: Any, is_leaf: Any = None, level: int = 0) -> Flat:
+    """``level``: :func:`_one_level`'s answer, where no container among the leaves JAX finds
+    needs walking (and no list is kept whole where it is 1)."""
     outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
-    if is_leaf is not None:   # (a list JAX gives as a leaf is one is_leaf kept whole)
+    if is_leaf is not None and level != 1:   # (a list JAX gives as a leaf is one is_leaf kept whole)
         outer = [list(v) if type(v) is list else v for v in outer]
-    if all(_leaf_kind(tp, is_leaf) == _LEAF for tp in set(map(type, outer))):
+    if level or all(_leaf_kind(tp, is_leaf) == _LEAF for tp in set(map(type, outer))):
         return Flat(x, outer, treedef, None, {}, is_leaf)
     leaves: list[Any] = []
     parts: list[Any] = []
