@@ -74,18 +74,13 @@ class Flat:
         """ContainerError where a container cannot be rebuilt around ``values``."""
         if self.parts is None:
             return self.treedef.unflatten(values)
-        outer, pos = [], 0
+        it, outer = iter(values), []
         for part in self.parts:
             if part is None:
-                outer.append(values[pos])
-                pos += 1
+                outer.append(next(it))
                 continue
             kind, obj, _, names, subs = part
-            new = []
-            for sub in subs:
-                n = len(sub.leaves)
-                new.append(sub.unflatten(values[pos:pos + n]))
-                pos += n
+            new = [sub.unflatten([next(it) for _ in sub.leaves]) for sub in subs]
             outer.append(_rebuild(kind, obj, names, new))
         return self.treedef.unflatten(outer)
 
