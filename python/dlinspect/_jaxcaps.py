@@ -190,8 +190,7 @@ class JaxCaps:
                 for d in local:
                     hw = getattr(d, "local_hardware_id", None)
                     devices[(dl_type, d.id if hw is None else hw)] = d
-        cpu_keys = {k for k, d in devices.items() if d.platform == "cpu"}
-        return devices, cpu_keys, platforms
+        return devices, {k for k, d in devices.items() if d.platform == "cpu"}, platforms
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))

@@ -102,10 +102,8 @@ class Flat:
     def key_paths(self) -> list[tuple[Any, ...]]:
         paths = [tuple(path) for path, _ in
                  _tree_util().tree_flatten_with_path(self.x, is_leaf=self.is_leaf)[0]]
-        if self.parts is None:
-            return paths
         out: list[tuple[Any, ...]] = []
-        for path, part in zip(paths, self.parts):
+        for path, part in zip(paths, self.parts or [None] * len(paths)):
             if part is None:
                 out.append(path)
                 continue
@@ -124,10 +122,9 @@ class Flat:
             for part in self.parts))
 
     def describe(self) -> str:
-        text = str(self.treedef)
         inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
                  for part in self.parts or () if part is not None]
-        return text + (f" holding {', '.join(inner)}" if inner else "")
+        return str(self.treedef) + (f" holding {', '.join(inner)}" if inner else "")
 
     def keystr(self, index: int) -> str:
         return _tree_util().keystr(self.key_paths()[index])
