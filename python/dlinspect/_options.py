@@ -7,8 +7,8 @@ import importlib
 import sys
 from typing import Any, Literal, Protocol, get_args
 
-__all__ = ["Options", "DEFAULT", "options", "single_device", "jax_module", "check_sharding",
-           "SupportsDLPack", "Target", "Fallback", "ReadOnly", "Leaves", "Narrow"]
+__all__ = ["Options", "DEFAULT", "options", "single_device", "is_device", "jax_module",
+           "check_sharding", "SupportsDLPack", "Target", "Fallback", "ReadOnly", "Leaves", "Narrow"]
 
 # The values of each string option, for type checkers (checked at run time by options()).
 Target = Literal["jax", "host"]
@@ -109,18 +109,21 @@ def options(device: Any = None, copy: Any = None, sharding: Any = None,
 
 def single_device(device: Any) -> Any:
     """The one ``jax.Device`` of ``device`` (a Device or a single-device Sharding)."""
-    if device is None:
-        return None
-    if not hasattr(device, "device_set"):
-        if not (hasattr(device, "platform") and hasattr(device, "id")):
-            raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
-                            f"{device!r}; e.g. device=jax.devices('cpu')[0].")
+    if device is None or is_device(device):
         return device
+    if not hasattr(device, "device_set"):
+        raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
+                        f"{device!r}; e.g. device=jax.devices('cpu')[0].")
     devices = device.device_set
     if len(devices) != 1:
         raise ValueError(f"to_jax takes a jax.Device or a single-device sharding; this sharding "
                          f"spans {len(devices)} devices.")
     return next(iter(devices))
+
+
+def is_device(x: Any) -> bool:
+    """A ``jax.Device`` (by its attributes: no sharding, which has a ``device_set``)."""
+    return hasattr(x, "platform") and hasattr(x, "id") and not hasattr(x, "device_set")
 
 
 def jax_module(name: str) -> Any:

@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 from ._core import LoaderReport, jax_target
-from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly
+from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly, is_device
 from ._reuse import Kept, ReuseGuard, loader_options
 
 __all__ = ["device_put"]
@@ -230,19 +230,15 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
 
 
 def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
-    if device is None or sharding is not None or _is_device(device):
+    if device is None or sharding is not None or is_device(device):
         return device, sharding          # (both given: check_options says so)
     if hasattr(device, "device_set"):    # a Sharding
         return (device, None) if len(device.device_set) == 1 else (None, device)
     import jax
     from jax.sharding import Sharding, SingleDeviceSharding
     leaves = jax.tree_util.tree_leaves(device)
-    if not leaves or not all(isinstance(x, Sharding) or _is_device(x) for x in leaves):
+    if not leaves or not all(isinstance(x, Sharding) or is_device(x) for x in leaves):
         raise TypeError(f"device must be a jax.Device, a jax.sharding.Sharding or a pytree of "
                         f"them (as jax.device_put takes), not {device!r}")
     return None, jax.tree_util.tree_map(
-        lambda x: SingleDeviceSharding(x) if _is_device(x) else x, device)
-
-
-def _is_device(x: Any) -> bool:
-    return hasattr(x, "platform") and hasattr(x, "id") and not hasattr(x, "device_set")
+        lambda x: SingleDeviceSharding(x) if is_device(x) else x, device)
