@@ -291,18 +291,16 @@ def _raw_key(key: Any) -> tuple[int, Any]:
 def _unwalkable(x: Any) -> ContainerError | None:
     """The ContainerError of a batch no walk of which ends, else None; no recursion."""
     on_path: list[int] = []          # the containers from the top to where the walk is
-    keys: list[Any] = []             # each one's (kind, name) in its parent
-    stack: list[tuple[Any, Any, int]] = [(x, None, 0)]
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(x, ())]   # (node, its (kind, name) path)
     while stack:
-        node, key, depth = stack.pop()
-        del on_path[depth:], keys[depth:]
-        path = tuple(keys[1:]) + ((key,) if depth else ())
+        node, path = stack.pop()
+        del on_path[len(path):]
         if id(node) in on_path:
             return ContainerError(
                 f"the batch contains itself: {_where(path)} is one of the containers it is "
                 f"in (a reference cycle), so no walk of it ends; nothing was converted. To "
                 f"fix: pass a batch without the cycle.")
-        if depth > MAX_DEPTH:
+        if len(path) > MAX_DEPTH:
             return ContainerError(
                 f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); nothing "
                 f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
@@ -310,8 +308,7 @@ def _unwalkable(x: Any) -> ContainerError | None:
         if isinstance(children, ContainerError):
             return children
         on_path.append(id(node))
-        keys.append(key)
-        stack.extend((child, k, depth + 1) for k, child in reversed(children)
+        stack.extend((child, path + (k,)) for k, child in reversed(children)
                      if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
     return None
 
