@@ -223,9 +223,8 @@ def _copy_in_its_order(values: np.ndarray, align: int) -> np.ndarray:
     """A copy aligned to ``align`` bytes (and no more, up to 64), its axes in the order of
     the source's memory, as NumPy's ``order="K"`` and torch's ``.cpu()`` keep them."""
     order = sorted(range(values.ndim), key=lambda axis: -abs(values.strides[axis]))
-    memory = aligned_empty(tuple(values.shape[axis] for axis in order), values.dtype, 64,
-                           offset=align % 64)
-    out = memory.transpose(np.argsort(order).tolist())
+    out = aligned_empty(tuple(values.shape[axis] for axis in order), values.dtype, 64,
+                        offset=align % 64).transpose(np.argsort(order).tolist())
     out[...] = values
     return out
 
