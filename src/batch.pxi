@@ -136,7 +136,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                 raise repeated_capsule_error()
             if part.flags & _OPT_LEAVES_RAISE:
                 for i in range(len(part.leaves)):
-                    if not _is_tensor(part.leaves[i]):
+                    if not is_tensor(part.leaves[i]):
                         _raise_route(untouched(part.leaves[i], "jax", part.opts))
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
             start = len(plan)
@@ -210,7 +210,7 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     cdef _Leaf leaf
     cdef bint reuse = part.opts.sharding is not None
     for i in range(len(part.leaves)):
-        if not _is_tensor(part.leaves[i]):
+        if not is_tensor(part.leaves[i]):
             continue
         try:
             route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
@@ -325,7 +325,7 @@ cdef list _plain_leaves(x, type tp, list keys, bint text_lists):
     cdef Py_ssize_t i
     for i in range(len(values)):
         v = values[i]
-        if _is_tensor(v) or _plain_scalar(v):
+        if is_tensor(v) or _plain_scalar(v):
             continue
         tp = type(v)
         if not text_lists or not (tp is list or tp is tuple):

@@ -392,12 +392,8 @@ cdef int _refuse_dead_array(object x) except -1:
     return 0
 
 
-def is_tensor(x):
+cpdef inline bint is_tensor(x) except -1:
     """Whether ``x`` is a pytree leaf to convert (not a class, nor a non-numeric array)."""
-    return _is_tensor(x)
-
-
-cdef inline bint _is_tensor(x) except -1:
     if PyCapsule_CheckExact(x):
         return True
     if PyType_Check(x):

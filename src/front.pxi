@@ -265,7 +265,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     cdef JaxTarget tg = None   # (target="host": to_host's one tensor, whatever x is)
     if target == "jax":
         tg = _TARGET if _TARGET is not None else _jax_target()
-    if tg is None or isinstance(x, TensorInfo) or _is_tensor(x) and (
+    if tg is None or isinstance(x, TensorInfo) or is_tensor(x) and (
             opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
         return _plan_one(x, tg, target, opts)
     parts, where = _parts(x, tg, opts, opts.flags, True)
@@ -292,7 +292,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
     errors = {} if flat is None else flat.errors
     if flat is not None:   # (to_jax's check: a container refusing JAX arrays)
         _check_rebuild(flat, [i for i, leaf in enumerate(part.leaves)
-                              if i not in errors and _is_tensor(leaf)], tg)
+                              if i not in errors and is_tensor(leaf)], tg)
     cdef Py_ssize_t i, repeated = repeated_capsule(part.leaves, seen)
     part.out = []
     for i, leaf in enumerate(part.leaves):
@@ -301,7 +301,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), "jax")
         else:
-            route = (_plan_one(leaf, tg, "jax", part.opts) if _is_tensor(leaf)
+            route = (_plan_one(leaf, tg, "jax", part.opts) if is_tensor(leaf)
                      else untouched(leaf, "jax", part.opts))
         if route.problem is not None:
             route.key_path = part.keystr(i)
@@ -320,7 +320,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
     """The one engine's entry: a lone tensor by the fast path, anything else as a batch."""
     tp = type(x)
     if (tp is dict or tp is list or tp is tuple or report is not None
-            or flags & _OPT_PLACED and opts.sharding is not None or not _is_tensor(x)):
+            or flags & _OPT_PLACED and opts.sharding is not None or not is_tensor(x)):
         return _convert_batch(x, tg, opts, flags, report)
     cap = got = None
     try:
