@@ -233,12 +233,13 @@ cdef object _finish(JaxTarget tg, arr, Route route, opts=None):
 
 cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
     """The producer's copy into memory dlinspect allocates: ``(array, [])``, ``(None, tried)``."""
-    if route.facts.get("into") is None:
+    into = route.facts.get("into")
+    if into is None:
         return None, []
     info = route.info
     out = _allocate(info.shape, info.numpy_dtype, align, info)
-    failure = export_host_copy_into(x, out)
-    return (out, []) if failure is None else (None, [failure])
+    tried = _producer_copy_into(x, into, out)
+    return (None if tried else out), tried
 
 
 cdef object _host_from_producer(x, TensorInfo info, str target, list tried):

@@ -607,19 +607,17 @@ def host_methods(x):
     return [name for name in HOST_METHODS if callable(getattr(type(x), name, None))]
 
 
-def export_host_copy_into(x, out):
-    """The producer's copy of ``x`` into ``out`` (its row's ``into``): None, or what failed."""
-    into = _entry_for(type(x)).into
+cdef list _producer_copy_into(x, into, out):
+    """The producer's copy of ``x`` into ``out`` (its row's ``into``): [], or [what failed]."""
     try:
         if into == "torch":
-            torch = _sys.modules["torch"]
             flat = out.reshape(-1).view("uint8")
-            torch.from_numpy(flat).view(x.dtype).view(x.shape).copy_(x)
+            _sys.modules["torch"].from_numpy(flat).view(x.dtype).view(x.shape).copy_(x)
         else:
             getattr(x, into)(out)
     except Exception as exc:
-        return f"{_words.into_call(into)} raised {first_line(exc)}"
-    return None
+        return [f"{_words.into_call(into)} raised {first_line(exc)}"]
+    return []
 
 
 def export_host_copy(x):
