@@ -85,12 +85,6 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
     return parts, where
 
 
-cdef object _leaf_options(opts, sharding):
-    if sharding is not None and _is_plain_device(sharding):
-        return opts.placed(next(iter(sharding.device_set)))
-    return opts
-
-
 cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
     """Every leaf decided before any is consumed, then the plan run; errors name the leaf."""
     if report is not None:

@@ -501,9 +501,14 @@ def decide(TensorInfo info, tg, str target, opts, source=None):
     sharding = opts.sharding
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
-    if sharding is not None:
-        opts = opts.placed(next(iter(sharding.device_set)))
-    return route_jax(info, needs, tg, opts, source)
+    return route_jax(info, needs, tg, _leaf_options(opts, sharding), source)
+
+
+cdef object _leaf_options(opts, sharding):
+    """``opts`` placed on the one device of a single-device ``sharding`` (as ``device=``)."""
+    if sharding is not None and _is_plain_device(sharding):
+        return opts.placed(next(iter(sharding.device_set)))
+    return opts
 
 
 cdef inline object _refuser(tg, int flags):
