@@ -340,10 +340,6 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     return vals.view(info.numpy_dtype).reshape(shape).copy()
 
 
-cdef object _host_execute(Route route, cap, x):
-    return HOST_EXECUTORS[route.action](route, cap, x)
-
-
 def _host_producer_copy(Route route, cap, x):
     del cap
     out, tried = _copy_into_host(route, x, 64)
@@ -352,7 +348,7 @@ def _host_producer_copy(Route route, cap, x):
     if not PyCapsule_CheckExact(out):
         return out
     inner, host_cap, _ = _decide_leaf(out, None, "host", _options_module.DEFAULT)
-    return _host_execute(inner, host_cap, out)
+    return HOST_EXECUTORS[inner.action](inner, host_cap, out)
 
 
 def _host_empty(Route route, cap, x):

@@ -431,7 +431,7 @@ def to_host(x, copy=None):
     """
     route, cap, _ = _decide_leaf(x, None, "host", _check_options(copy=copy))
     try:
-        return _host_execute(route, cap, x)
+        return HOST_EXECUTORS[route.action](route, cap, x)
     except BaseException:
         cap = None   # (see _convert)
         raise
