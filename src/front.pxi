@@ -262,9 +262,8 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     if target != "jax" and target != "host":
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
     opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    cdef JaxTarget tg = None   # (target="host": to_host's one tensor, whatever x is)
-    if target == "jax":
-        tg = _TARGET if _TARGET is not None else _jax_target()
+    # (target="host": to_host's one tensor, whatever x is)
+    cdef JaxTarget tg = jax_target() if target == "jax" else None
     if tg is None or isinstance(x, TensorInfo) or is_tensor(x) and (
             opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
         return _plan_one(x, tg, target, opts)
