@@ -59,14 +59,12 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
+cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part)."""
     sharding = opts.sharding
-    if tg is None or not flags & _OPT_PLACED or sharding is None:
-        return [_part(x, (), opts, planned)], None
-    Sharding = tg.jax.sharding.Sharding
-    if isinstance(sharding, Sharding):
+    if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
         return [_part(x, (), _leaf_options(opts, sharding), planned)], None
+    Sharding = tg.jax.sharding.Sharding
     tree_util = tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -85,11 +83,11 @@ cdef tuple _parts(x, JaxTarget tg, opts, int flags, bint planned=False):
     return parts, where
 
 
-cdef object _convert_batch(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
+cdef object _convert_batch(x, JaxTarget tg, opts, LoaderReport report=None):
     """Every leaf decided before any is consumed, then the plan run; errors name the leaf."""
     if report is not None:
         report._pending = []   # (what a failed batch noted)
-    parts, where = _parts(x, tg, opts, flags)
+    parts, where = _parts(x, tg, opts)
     cdef list plan
     try:
         plan = _decide_batch(parts, tg, report)

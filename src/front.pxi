@@ -267,7 +267,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     if tg is None or isinstance(x, TensorInfo) or is_tensor(x) and (
             opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
         return _plan_one(x, tg, target, opts)
-    parts, where = _parts(x, tg, opts, opts.flags, True)
+    parts, where = _parts(x, tg, opts, True)
     cdef set seen = set()
     for part in parts:
         _plan_part(part, tg, seen)
@@ -320,7 +320,7 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
     tp = type(x)
     if (tp is dict or tp is list or tp is tuple or report is not None
             or flags & _OPT_PLACED and opts.sharding is not None or not is_tensor(x)):
-        return _convert_batch(x, tg, opts, flags, report)
+        return _convert_batch(x, tg, opts, report)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
