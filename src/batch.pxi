@@ -167,10 +167,8 @@ cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                     _mark_leaf(leaf.route.error, leaf.index)
                     _raise_route(leaf.route)
                 leaf.rank = _rank(leaf.route)
-            if report is not None and leaf.route is None:
-                report._note(part.offset + leaf.index, <TensorInfo>leaf.info, leaf.needs)
-            elif report is not None:
-                report._note_route(part.offset + leaf.index, leaf.route, False)
+            if report is not None:
+                report._note(part.offset + leaf.index, leaf.route, leaf.info, leaf.needs, False)
             plan.append(leaf)
     except BaseException:
         decided = leaf = None   # the exports let go of with the error handled (see _convert)
@@ -209,21 +207,20 @@ cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
         except BaseException as exc:
             _mark_leaf(exc, i)
             raise
-        if type(route) is _SplitViews:   # viewed as the same split was before
-            leaf = _new_leaf(i, cap, info, 0, False)
-            leaf.part, leaf.split = k, route
-            if report is not None:
-                report._note(part.offset + i, <TensorInfo>info, 0)
-            plan.append(leaf)
-            continue
-        if route.problem is not None:
+        split = type(route) is _SplitViews   # viewed as the same split was before
+        if not split and route.problem is not None:
             cap = None   # let go of before raising (see _convert)
             _mark_leaf(route.error, i)
             _raise_route(route)
         if report is not None:
-            report._note_route(part.offset + i, route, part.flags & _OPT_COPY_ALWAYS)
-        leaf = _new_leaf(i, cap, None, 0, False)
-        leaf.part, leaf.route, leaf.rank = k, route, _rank(route)
+            report._note(part.offset + i, None if split else route, info, 0,
+                         part.flags & _OPT_COPY_ALWAYS)
+        leaf = _new_leaf(i, cap, info, 0, False)
+        leaf.part = k
+        if split:
+            leaf.split = route
+        else:
+            leaf.route, leaf.rank = route, _rank(route)
         plan.append(leaf)
     return 0
 

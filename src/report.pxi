@@ -106,18 +106,18 @@ cdef class LoaderReport:
         if self._staged:
             self._count(self._staged.pop(0))
 
-    cdef int _note(self, Py_ssize_t i, TensorInfo info, uint32_t needs) except -1:
-        """A leaf the fast path decided: copied where it needs anything but a view."""
-        self._pending.append((i, info.nbytes, _copy_reason(needs, False), info))
-        return 0
-
-    cdef int _note_route(self, Py_ssize_t i, Route route, bint forced) except -1:
-        """A leaf of the general route: copied where its route copies (``forced``: copy=True)."""
-        info = route.info
-        cdef int64_t nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
+    cdef int _note(self, Py_ssize_t i, route, info, uint32_t needs, bint forced) except -1:
+        """A leaf of the general route: copied where its route copies (``forced``: copy=True);
+        without a route (the fast path's, a split viewed again): where ``needs`` asks for
+        anything but a view."""
+        if route is None:
+            self._pending.append((i, info.nbytes, _copy_reason(needs, False), info))
+            return 0
+        info = (<Route>route).info
         # (info None: NumPy memory DLPack cannot describe)
+        nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
         reason = (None if not route.copy_bytes else "byte order or byte strides" if info is None
-                  else _copy_reason(route._needs, forced) or "sharding")
+                  else _copy_reason((<Route>route)._needs, forced) or "sharding")
         self._pending.append((i, nbytes, reason, info))
         return 0
 
