@@ -10,7 +10,7 @@ nothing of the core, and it never reaches up. Pointers: ``dlm`` a ``DLManagedTen
 
 cimport cython
 from libc.stdint cimport (
-    int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, UINTPTR_MAX,
+    int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MIN, UINTPTR_MAX,
 )
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy, memcmp
@@ -52,35 +52,7 @@ cdef extern from "dlinspect/copy.h":
                         const int64_t* strides, size_t src_size, dl_copy_cast cast, int fresh,
                         int part, int nparts) noexcept nogil
 
-cdef extern from *:
-    """
-    #define DLINSPECT_INT64_MIN INT64_MIN
-    /* contract: *out = a * b (a + b); returns 1 when that overflows int64 (then *out
-       is unspecified). GCC/Clang builtins; a portable check elsewhere (MSVC). */
-    static inline int dl_mul_overflow(int64_t a, int64_t b, int64_t* out) {
-    #if defined(__GNUC__) || defined(__clang__)
-        return __builtin_mul_overflow(a, b, out);
-    #else
-        if (a == 0 || b == 0) { *out = 0; return 0; }
-        if ((a == -1 && b == INT64_MIN) || (b == -1 && a == INT64_MIN)) return 1;
-        if ((a > 0 && b > 0 && a > INT64_MAX / b) || (a < 0 && b < 0 && a < INT64_MAX / b)
-            || (a > 0 && b < 0 && b < INT64_MIN / a) || (a < 0 && b > 0 && a < INT64_MIN / b))
-            return 1;
-        *out = a * b;
-        return 0;
-    #endif
-    }
-    static inline int dl_add_overflow(int64_t a, int64_t b, int64_t* out) {
-    #if defined(__GNUC__) || defined(__clang__)
-        return __builtin_add_overflow(a, b, out);
-    #else
-        if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) return 1;
-        *out = a + b;
-        return 0;
-    #endif
-    }
-    """
-    int64_t DLINSPECT_INT64_MIN
+cdef extern from "dlinspect/checked.h":
     bint dl_mul_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
     bint dl_add_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
 
@@ -102,11 +74,12 @@ cdef enum:
     _MAX_NDIM = 64
     _INLINE_NDIM = 8
 
-cdef const char* LEGACY = DLINSPECT_CAPSULE_LEGACY
-cdef const char* LEGACY_USED = DLINSPECT_CAPSULE_LEGACY_USED
-cdef const char* VERSIONED = DLINSPECT_CAPSULE_VERSIONED
-cdef const char* VERSIONED_USED = DLINSPECT_CAPSULE_VERSIONED_USED
-cdef const char* EXCHANGE_API = DLINSPECT_CAPSULE_EXCHANGE_API
+# Capsule names (the array API's DLPack Python specification).
+cdef const char* LEGACY = b"dltensor"
+cdef const char* LEGACY_USED = b"used_dltensor"
+cdef const char* VERSIONED = b"dltensor_versioned"
+cdef const char* VERSIONED_USED = b"used_dltensor_versioned"
+cdef const char* EXCHANGE_API = b"dlpack_exchange_api"
 
 FLAG_READ_ONLY = <uint64_t>DLPACK_FLAG_BITMASK_READ_ONLY
 FLAG_IS_COPIED = <uint64_t>DLPACK_FLAG_BITMASK_IS_COPIED

@@ -336,7 +336,7 @@ cdef class TensorInfo:
             shape_buf[i] = count
             if dl_mul_overflow(self._strides[i], step, &strides_buf[i]):
                 raise MalformedTensorError(f"slice {i} of {index} strides past 2**63-1")
-        if delta == DLINSPECT_INT64_MIN:
+        if delta == INT64_MIN:
             raise MalformedTensorError(f"the slices {index} move the data by -2**63 bytes")
         if delta >= 0:
             offset += <uint64_t>delta
@@ -513,7 +513,7 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
         return 0
     for i in range(info.ndim):
         stride = info._strides[i]
-        if (stride == DLINSPECT_INT64_MIN
+        if (stride == INT64_MIN
                 or dl_mul_overflow(info._shape[i] - 1, -stride if stride < 0 else stride, &reach)
                 or dl_add_overflow(span, reach, &span)):
             raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
