@@ -1,54 +1,73 @@
-# Cython declarations of include/dlinspect/dlpack.h (dlinspect's own DLPack 1.3 header).
+# dlinspect's own declaration of the DLPack 1.3 C ABI, written from the specification's facts
+# (not a copy of upstream `dlpack.h`): the structs in their C layout, the flag bits of
+# DLManagedTensorVersioned.flags and the enum values the core names. dlinspect._tables holds
+# every DLDeviceType and DLDataTypeCode value. tests/test_abi.py writes these declarations out
+# as C and checks every sizeof, offsetof and value against an official header where one is
+# installed. Field names are upstream's; our own constants carry a DLINSPECT_ prefix.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-cdef extern from "dlinspect/dlpack.h" nogil:
-    const char *DLINSPECT_CAPSULE_LEGACY, *DLINSPECT_CAPSULE_LEGACY_USED
-    const char *DLINSPECT_CAPSULE_VERSIONED, *DLINSPECT_CAPSULE_VERSIONED_USED
-    const char *DLINSPECT_CAPSULE_EXCHANGE_API
-    int DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR
-    uint64_t DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED
-    uint64_t DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+cdef enum:
+    DLINSPECT_DLPACK_MAJOR = 1
+    DLINSPECT_DLPACK_MINOR = 3
+    DLPACK_FLAG_BITMASK_READ_ONLY = 1 << 0
+    DLPACK_FLAG_BITMASK_IS_COPIED = 1 << 1
+    DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED = 1 << 2
+    # DLDeviceType and DLDataTypeCode values (dlinspect._tables has them all).
+    kDLCPU = 1
+    kDLCUDAHost = 3
+    kDLROCMHost = 11
+    kDLCUDAManaged = 13
+    kDLInt = 0
+    kDLUInt = 1
+    kDLFloat = 2
+    kDLComplex = 5
 
-    # The enum values the core names (dlinspect._tables has them all, and a DLDataType: c_ here).
-    enum: kDLCPU, kDLCUDAHost, kDLROCMHost, kDLCUDAManaged
-    enum: kDLInt, kDLUInt, kDLFloat, kDLComplex
+cdef struct DLPackVersion:
+    uint32_t major, minor
 
-    ctypedef struct DLPackVersion:
-        uint32_t major, minor
+cdef struct DLDevice:
+    int32_t device_type, device_id   # device_type a DLDeviceType, any int32 value readable
 
-    ctypedef struct DLDevice:
-        int32_t device_type, device_id
+cdef struct c_DLDataType:   # DLDataType (the name dlinspect's Python class has)
+    uint8_t code, bits   # a DLDataTypeCode; the bits of one lane
+    uint16_t lanes       # 1 for scalars; > 1 for vector types
 
-    ctypedef struct c_DLDataType "DLDataType":
-        uint8_t code, bits
-        uint16_t lanes
+cdef struct DLTensor:
+    void* data   # the allocation; the data begins byte_offset bytes in
+    DLDevice device
+    int32_t ndim
+    c_DLDataType dtype
+    int64_t *shape, *strides   # strides in elements; NULL means row-major (before 1.2)
+    uint64_t byte_offset
 
-    ctypedef struct DLTensor:
-        void* data
-        DLDevice device
-        int32_t ndim
-        c_DLDataType dtype
-        int64_t *shape, *strides
-        uint64_t byte_offset
+cdef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept nogil
 
-    ctypedef struct DLManagedTensor:
-        DLTensor dl_tensor
-        void* manager_ctx
-        void (*deleter)(DLManagedTensor*) noexcept nogil
+cdef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void* manager_ctx
+    void (*deleter)(DLManagedTensorVersioned*) noexcept nogil
+    uint64_t flags
+    DLTensor dl_tensor
 
-    ctypedef struct DLManagedTensorVersioned:
-        DLPackVersion version
-        void* manager_ctx
-        void (*deleter)(DLManagedTensorVersioned*) noexcept nogil
-        uint64_t flags
-        DLTensor dl_tensor
+# The C exchange API (DLPack 1.3), in its whole layout; the core reads the version and the
+# two functions that export a Python object.
+cdef struct DLPackExchangeAPIHeader:
+    DLPackVersion version
+    DLPackExchangeAPIHeader* prev_api
 
-    # The exchange API as far as the core reads it (the C header has every field).
-    ctypedef struct DLPackExchangeAPIHeader:
-        DLPackVersion version
-
-    ctypedef struct DLPackExchangeAPI:
-        DLPackExchangeAPIHeader header
-        int (*managed_tensor_from_py_object_no_sync)(
-            void* py_object, DLManagedTensorVersioned** out) noexcept
-        int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept
+cdef struct DLPackExchangeAPI:
+    DLPackExchangeAPIHeader header
+    int (*managed_tensor_allocator)(
+        DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+        void (*SetError)(void* error_ctx, const char* kind, const char* message) noexcept
+    ) noexcept
+    int (*managed_tensor_from_py_object_no_sync)(
+        void* py_object, DLManagedTensorVersioned** out) noexcept
+    int (*managed_tensor_to_py_object_no_sync)(
+        DLManagedTensorVersioned* tensor, void** out_py_object) noexcept
+    int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept   # or NULL
+    int (*current_work_stream)(
+        int32_t device_type, int32_t device_id, void** out_current_stream) noexcept

@@ -1,23 +1,25 @@
-"""Our own DLPack header, include/dlinspect/dlpack.h, against an official one.
+"""Our own DLPack declarations, src/dlpack.pxd and dlinspect._tables, against an official
+dlpack.h.
 
-One C probe prints ``name value`` lines: sizeof, alignment and the offset and
-size of every field of each DLPack struct, every enum value, the flag bits and
-the ABI version. It is compiled twice, once with the official ``dlpack.h``
-(shipped by the ``apache-tvm-ffi`` wheel) and once with ours; the two outputs
+The declarations are written out as a C header (``our_header``: the pxd's structs and
+constants, _tables' enum values). One C probe prints ``name value`` lines: sizeof,
+alignment and the offset and size of every field of each DLPack struct, every enum value,
+the flag bits and the ABI version. It is compiled twice, once with the official
+``dlpack.h`` (shipped by the ``apache-tvm-ffi`` wheel) and once with ours; the two outputs
 must be identical. Skips when that wheel or a C compiler is missing.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-INCLUDE_DIR = Path(__file__).resolve().parents[1] / "include"
-OUR_HEADER = INCLUDE_DIR / "dlinspect" / "dlpack.h"
+PXD = Path(__file__).resolve().parents[1] / "src" / "dlpack.pxd"
 
 STRUCTS = {
     "DLPackVersion": ["major", "minor"],
@@ -50,6 +52,49 @@ FLAGS = [
     "DLPACK_FLAG_BITMASK_IS_COPIED",
     "DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED",
 ]
+
+
+def _pxd_blocks() -> dict[str, list[str]]:
+    """The pxd's top-level blocks (``cdef enum`` and each ``cdef struct NAME``): their
+    statements, comments dropped and continuation lines joined."""
+    blocks: dict[str, list[str]] = {}
+    body: list[str] = []
+    pending = ""
+    for raw in PXD.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#")[0].rstrip()
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            header = re.match(r"cdef (enum|struct (\w+)):", line)
+            body = blocks.setdefault(header.group(2) or "enum", []) if header else []
+            continue
+        pending += " " + line.strip()
+        if pending.count("(") == pending.count(")"):
+            body.append(pending.strip())
+            pending = ""
+    return blocks
+
+
+def our_header() -> str:
+    """Our declarations as C: _tables' enums, the pxd's constants and its structs (in the
+    pxd's order, c_DLDataType under its C name DLDataType)."""
+    from dlinspect._tables import DLDataTypeCode, DLDeviceType
+    lines = ["#include <stdint.h>", "#include <stddef.h>"]
+    for enum in (DLDeviceType, DLDataTypeCode):
+        values = ", ".join(f"{m.name} = {m.value}" for m in enum)
+        lines.append(f"typedef enum {{ {values} }} {enum.__name__};")
+    blocks = _pxd_blocks()
+    for statement in blocks.pop("enum"):
+        name, value = statement.split(" = ")
+        if not name.startswith("kDL"):   # (the kDL values are _tables': test_enums_...)
+            lines.append(f"#define {name} ((uint64_t)({value}))")
+    for name in blocks:
+        lines.append(f"typedef struct {name} {name};")
+    for name, fields in blocks.items():
+        lines.append(f"struct {name} {{")
+        lines += [f"  {re.sub(r' (noexcept|nogil)', '', field)};" for field in fields]
+        lines.append("};")
+    return "\n".join(lines).replace("c_DLDataType", "DLDataType") + "\n"
 
 
 def probe_source() -> str:
@@ -121,9 +166,9 @@ def run_probe(cc: str, tmp_path: Path, label: str, include_args: list[str]) -> l
 
 def test_abi_matches_official_header(compiler: str, official_header: Path, tmp_path: Path):
     theirs = run_probe(compiler, tmp_path, "official", ["-include", str(official_header)])
-    ours = run_probe(
-        compiler, tmp_path, "ours", ["-I", str(INCLUDE_DIR), "-include", "dlinspect/dlpack.h"]
-    )
+    ours_h = tmp_path / "ours.h"
+    ours_h.write_text(our_header())
+    ours = run_probe(compiler, tmp_path, "ours", ["-include", str(ours_h)])
     expected_lines = 4 + sum(2 + 2 * len(f) for f in STRUCTS.values())
     expected_lines += len(DEVICE_TYPES) + len(DTYPE_CODES) + len(FLAGS)
     assert len(theirs) == len(ours) == expected_lines
@@ -133,38 +178,31 @@ def test_abi_matches_official_header(compiler: str, official_header: Path, tmp_p
         if a != b
     ]
     assert not differ, (
-        f"{OUR_HEADER} disagrees with {official_header} on {len(differ)} of {len(ours)} "
-        "values:\n" + "\n".join(differ)
+        f"{PXD} (as {ours_h}) disagrees with {official_header} on {len(differ)} of "
+        f"{len(ours)} values:\n" + "\n".join(differ)
     )
 
 
 def test_our_header_is_self_contained_c99(compiler: str, tmp_path: Path):
+    """The pxd's declarations are whole C: every field type declared, nothing missing."""
     source = tmp_path / "alone.c"
-    source.write_text('#include "dlinspect/dlpack.h"\nint main(void) { return 0; }\n')
+    source.write_text(our_header() + "int main(void) { return 0; }\n")
     flags = ["-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic"]
-    compile_c(compiler, [*flags, "-I", str(INCLUDE_DIR), "-c", str(source),
-                         "-o", str(tmp_path / "alone.o")])
+    compile_c(compiler, [*flags, "-c", str(source), "-o", str(tmp_path / "alone.o")])
 
 
-def test_enums_follow_our_header():
-    """dlinspect._tables declares exactly the DLDeviceType and DLDataTypeCode values of our
-    include/dlinspect/dlpack.h (one axis of change: a new value is added in both), and
-    Need's bits are the core's C constants (src/needs.pxi)."""
-    import re
+def test_enums_follow_our_declarations():
+    """The kDL values src/dlpack.pxd names are dlinspect._tables' (which has every
+    DLDeviceType and DLDataTypeCode value, one device row for each), and Need's bits are
+    the core's C constants (src/needs.pxi)."""
     from dlinspect._tables import DEVICES, DLDataTypeCode, DLDeviceType, Need
-    root = Path(__file__).parents[1]
-    header = (root / "include" / "dlinspect" / "dlpack.h").read_text(encoding="utf-8")
-
-    def block(name: str) -> dict[str, int]:
-        body = re.search(r"typedef enum[^{]*\{([^}]*)\}\s*" + name + r"\s*;", header)
-        assert body is not None, f"no enum {name} in dlpack.h"
-        return {m.group(1): int(m.group(2))
-                for m in re.finditer(r"(kDL\w+)\s*=\s*(\d+)", body.group(1))}
-
-    assert block("DLDeviceType") == {m.name: m.value for m in DLDeviceType}
-    assert block("DLDataTypeCode") == {m.name: m.value for m in DLDataTypeCode}
+    named = dict(s.split(" = ") for s in _pxd_blocks()["enum"] if s.startswith("kDL"))
+    assert len(named) == 8
+    for name, value in named.items():
+        member = DLDeviceType.__members__.get(name) or DLDataTypeCode.__members__[name]
+        assert int(value) == member.value, name
     assert set(DEVICES) == set(DLDeviceType)   # one row per device type
-    needs = (root / "src" / "needs.pxi").read_text(encoding="utf-8")
+    needs = (PXD.parent / "needs.pxi").read_text(encoding="utf-8")
     bits = {m.group(1): 1 << int(m.group(2))
             for m in re.finditer(r"^    NEED_(\w+) = 1 << (\d+)$", needs, re.M)}
     assert bits == {m.name: m.value for m in Need}

@@ -1,9 +1,10 @@
 """The tables dlinspect reads, beside the DLPack enums they are keyed by; below the core.
 
-A new device type is one row of ``_DEVICE_ROWS`` (and its value in include/dlinspect/dlpack.h
-and src/dlpack.pxd); a new dtype one row of ``_DTYPE_ROWS`` (and its code there; a new
-float8/6/4 code needs only its member of DLDataTypeCode, whose name gives the row).
-tests/test_abi.py keeps the enums and :class:`Need`'s bits in step with the C ones.
+A new device type is one row of ``_DEVICE_ROWS`` (and its member of DLDeviceType); a new
+dtype one row of ``_DTYPE_ROWS`` (and its member of DLDataTypeCode; a new float8/6/4 code
+needs only that member, whose name gives the row). These enums are the one declaration of
+the values (src/dlpack.pxd names the few the core tests); tests/test_abi.py checks them
+against an official dlpack.h and keeps :class:`Need`'s bits in step with the C ones.
 """
 
 from __future__ import annotations
