@@ -67,8 +67,9 @@ def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[s
     ``namespace``) and check ``(description, measured, baseline, limit)`` ratio targets.
 
     The cases take turns: each of the ``repeat`` rounds runs every case's calibrated loop
-    once, so that the machine's drift over time (large on shared virtual machines) falls
-    on a measured case and its baseline alike."""
+    once, starting one case further on than the round before, so that the machine's drift
+    over time (large on shared virtual machines) and what a case leaves behind for the next
+    fall on a measured case and its baseline alike."""
     chosen = [(name, stmt) for name, stmt, needs_torch in cases
               if not needs_torch or "t" in namespace]
     timers = {}
@@ -77,8 +78,9 @@ def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[s
             tick(f"{suite}: {name}")
         timers[name] = _calibrated(stmt, namespace, 0.02 if quick else 0.2)
     runs_us: dict[str, list[float]] = {name: [] for name, _ in chosen}
-    for _ in range(repeat):
-        for name, (timer, number) in timers.items():
+    order = list(timers.items())
+    for r in range(repeat):
+        for name, (timer, number) in order[r % len(order):] + order[:r % len(order)]:
             runs_us[name].append(timer.timeit(number) / number * 1e6)
     rows = [{"name": name, **_row(stmt, timers[name][1], runs_us[name])} for name, stmt in chosen]
     by_name = {r["name"]: r for r in rows}

@@ -143,11 +143,12 @@ def _pass(method: str, batches: Any, step: Any = None, sync: bool = False,
 def _rates(methods: list[str], make_batches: Callable[[], Any], repeat: int, step: Any = None,
            sync: bool = False, sharding: Any = None) -> dict[str, dict[str, Any]]:
     """Median batches/s of each method over ``repeat`` passes after one warm-up pass.
-    The methods take turns within each repetition, so that the machine's drift over
-    time falls on all of them alike."""
+    The methods take turns within each repetition, each repetition starting one method
+    further on, so that the machine's drift over time and whatever a pass leaves behind
+    for the next fall on all of them alike."""
     runs: dict[str, list[float]] = {method: [] for method in methods}
     for run in range(repeat + 1):
-        for method in methods:
+        for method in methods[run % len(methods):] + methods[:run % len(methods)]:
             rate = _pass(method, make_batches(), step, sync, sharding)
             if run:
                 runs[method].append(rate)
