@@ -132,10 +132,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                         _raise_route(untouched(part.leaves[i], "jax", part.opts))
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
             start = len(plan)
-            if not part.flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-                _decide_fast(part, k, tg, plan, report)
-            else:
-                _decide_general(part, k, tg, plan, report)
+            _decide_part(part, k, tg, plan, report)
             if part.flat is not None:   # its containers tried with JAX arrays, before any take
                 _check_rebuild(part.flat, [(<_Leaf>leaf).index for leaf in plan[start:]], tg)
         except BaseException as exc:
@@ -148,30 +145,51 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
     return plan
 
 
-cdef int _decide_fast(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
+cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
-    """Every leaf through the fast path's decision, the general route for the rest."""
-    part.out, decided = _fast_many(part.leaves, tg, part.flags)
-    opts = part.opts
+    """Every leaf decided into the plan: by the fast path (the general route for the rest), or,
+    where a device, a sharding or ``copy=True`` was asked for, each tensor leaf's route in turn."""
+    cdef int flags = part.flags
+    cdef bint reuse = part.opts.sharding is not None
+    cdef Py_ssize_t i
     cdef _Leaf leaf
+    decided = None
+    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
+        part.out = list(part.leaves)
+    else:
+        part.out, decided = _fast_many(part.leaves, tg, flags)
     try:
-        for leaf in decided:
+        for i in range(len(part.leaves) if decided is None else len(decided)):
+            if decided is not None:
+                leaf = decided[i]
+                if not leaf.fast:
+                    leaf.route = _fast_route(part.leaves[leaf.index], leaf.cap, leaf.info,
+                                             leaf.needs, tg, part.opts)
+            elif not is_tensor(part.leaves[i]):
+                continue
+            else:
+                try:
+                    route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
+                except BaseException as exc:
+                    _mark_leaf(exc, i)
+                    raise
+                leaf = _new_leaf(i, cap, info, 0, False)
+                if type(route) is _SplitViews:   # viewed as the same split was before
+                    leaf.split = route
+                else:
+                    leaf.route = route
             leaf.part = k
-            if leaf.cap is None:   # NumPy memory DLPack cannot describe, or a jax.Array
-                leaf.route = (route_numpy_copy(leaf.info, tg, "jax", opts) if leaf.info is not None
-                              else route_jax_array(part.leaves[leaf.index], opts, tg))
-            elif not leaf.fast:
-                leaf.route = route_jax(leaf.info, leaf.needs, tg, opts, part.leaves[leaf.index])
             if leaf.route is not None:
                 if (<Route>leaf.route).problem is not None:
                     _mark_leaf(leaf.route.error, leaf.index)
                     _raise_route(leaf.route)
                 leaf.rank = _rank(leaf.route)
             if report is not None:
-                report._note(part.offset + leaf.index, leaf.route, leaf.info, leaf.needs, False)
+                report._note(part.offset + leaf.index, leaf.route, leaf.info, leaf.needs,
+                             flags & _OPT_COPY_ALWAYS)
             plan.append(leaf)
     except BaseException:
-        decided = leaf = None   # the exports let go of with the error handled (see _convert)
+        decided = leaf = cap = None   # the exports let go of with the error handled (see _convert)
         raise
     return 0
 
@@ -190,39 +208,6 @@ cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
 
 
 cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
-
-
-cdef int _decide_general(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
-                         LoaderReport report) except -1:
-    """Every tensor leaf's route (a device, a sharding or ``copy=True`` was asked for)."""
-    part.out = list(part.leaves)
-    cdef Py_ssize_t i
-    cdef _Leaf leaf
-    cdef bint reuse = part.opts.sharding is not None
-    for i in range(len(part.leaves)):
-        if not is_tensor(part.leaves[i]):
-            continue
-        try:
-            route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
-        except BaseException as exc:
-            _mark_leaf(exc, i)
-            raise
-        split = type(route) is _SplitViews   # viewed as the same split was before
-        if not split and route.problem is not None:
-            cap = None   # let go of before raising (see _convert)
-            _mark_leaf(route.error, i)
-            _raise_route(route)
-        if report is not None:
-            report._note(part.offset + i, None if split else route, info, 0,
-                         part.flags & _OPT_COPY_ALWAYS)
-        leaf = _new_leaf(i, cap, info, 0, False)
-        leaf.part = k
-        if split:
-            leaf.split = route
-        else:
-            leaf.route, leaf.rank = route, _rank(route)
-        plan.append(leaf)
-    return 0
 
 
 cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:

@@ -23,48 +23,28 @@ cdef _Leaf _new_leaf(Py_ssize_t i, cap, info, uint32_t needs, bint fast):
 
 
 cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
+    """Each leaf's ``to_jax_fast`` decision, nothing taken: ``(out, decided)``, the leaves kept
+    as they are in ``out``, a ``_Leaf`` per other tensor in ``decided``."""
     cdef Py_ssize_t i, n = len(leaves)
     cdef list out = [None] * n
     cdef list decided = []
-    cdef bint share = flags & _OPT_SHARE_READONLY
-    cdef uint32_t needs
-    cdef PyObject* p
-    cdef TensorInfo info
-    cdef _TypeEntry entry
     try:
         for i in range(n):
             leaf = leaves[i]
-            entry = None
-            p = NULL
             try:
-                if not PyCapsule_CheckExact(leaf):
-                    entry = _entry_for(type(leaf))
-                    if not entry.has_dlpack and entry.api == NULL:
-                        out[i] = leaf   # not a tensor
-                        continue
-                    if entry.guard == GUARD_JAX:   # (a dead one refused)
-                        _refuse_dead_array(leaf)
-                        if _row_major_array(leaf, tg):
-                            out[i] = leaf   # kept (no device or copy asked for)
-                        else:   # in another layout than row-major: its route copies it
-                            decided.append(_new_leaf(i, None, None, 0, False))
-                        continue
-                info = _export(leaf, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
-                cap = _take_ref(p)
-                needs = _needs_jax(info, tg, share)
+                got = to_jax_fast(leaf, tg, flags, i)
             except NotNumericError:
-                out[i] = leaf            # not a numeric tensor: a leaf kept as it is
-                continue
-            except NotDescribableError as exc:
-                decided.append(_new_leaf(i, None, exc, 0, False))   # the general route: NumPy's copy
-                continue
+                got = leaf               # not a numeric tensor: a leaf kept as it is
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
-            decided.append(_new_leaf(i, cap, info, needs, _fast_kind(info, needs, flags, tg) != 0))
+            if got is leaf:
+                out[i] = leaf
+            else:
+                decided.append(got)
         return out, decided
     except BaseException:
-        decided = cap = None   # the exports let go of with the error handled (see _convert)
+        decided = got = None   # the exports let go of with the error handled (see _convert)
         raise
 
 
@@ -128,22 +108,51 @@ cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, int flags):
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 
-cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0):
+cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0, Py_ssize_t leaf=-1):
     """One tensor's array; else ``(capsule, TensorInfo, needs)`` for the general route, the
-    capsule unconsumed; None for a ``jax.Array`` in another layout than row-major."""
+    capsule unconsumed (no capsule: NumPy memory DLPack cannot describe, its error in place of
+    the header; neither: a ``jax.Array`` in another layout than row-major); a row-major
+    ``jax.Array`` as it is. ``leaf``, a batch's leaf index: nothing taken, its ``_Leaf``
+    instead (``x`` itself where it is kept, not a tensor)."""
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
+    cdef TensorInfo info
+    cdef uint32_t n
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        if entry.guard == GUARD_JAX:
+        if leaf >= 0 and not entry.has_dlpack and entry.api == NULL:
+            return x   # not a tensor
+        if entry.guard == GUARD_JAX:   # (a dead one refused)
             _refuse_dead_array(x)
-            return x if _row_major_array(x, tg) else None
-    cdef TensorInfo info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
-    cap = _take_ref(p)
-    cdef uint32_t n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
-    if _fast_kind(info, n, flags, tg) == 0:
-        return (cap, info, n)
+            return x if _row_major_array(x, tg) else _general(leaf, None, None, 0)
+    try:
+        info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
+        cap = _take_ref(p)
+        n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
+        if _fast_kind(info, n, flags, tg) == 0:
+            return _general(leaf, cap, info, n)
+        if leaf >= 0:
+            return _new_leaf(leaf, cap, info, n, True)
+    except NotDescribableError as exc:   # (from the export: nothing taken)
+        return _general(leaf, None, exc, 0)
+    except BaseException:
+        cap = None   # (see _convert)
+        raise
     return _import_fast(cap, info, n, tg, flags, x)
+
+
+cdef object _general(Py_ssize_t i, cap, info, uint32_t needs):
+    """A tensor for the general route: batch leaf ``i``'s ``_Leaf``, else to_jax_fast's tuple."""
+    return (cap, info, needs) if i < 0 else _new_leaf(i, cap, info, needs, False)
+
+
+cdef object _fast_route(x, cap, info, uint32_t needs, JaxTarget tg, opts):
+    """The general route of a tensor the fast path does not take (``to_jax_fast``'s tuple)."""
+    if cap is not None:
+        return route_jax(info, needs, tg, opts, x)
+    if info is None:   # a jax.Array in another layout than row-major
+        return route_jax_array(x, opts, tg)
+    return route_numpy_copy(info, tg, "jax", opts)   # NumPy memory DLPack cannot describe
 
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,

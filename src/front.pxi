@@ -326,16 +326,11 @@ cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None)
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
             route, cap, _ = _decide_leaf(x, tg, "jax", opts)
             return _execute(route, cap, x, tg, opts)
-        try:
-            got = to_jax_fast(x, tg, flags)
-        except NotDescribableError as exc:
-            return _execute(route_numpy_copy(exc, tg, "jax", opts), None, x, tg, opts)
-        if got is None:   # a jax.Array in another layout than row-major
-            return _execute(route_jax_array(x, opts, tg), None, x, tg, opts)
+        got = to_jax_fast(x, tg, flags)
         if type(got) is not tuple:
             return got
         cap, info, needs = got
-        return _execute(route_jax(info, needs, tg, opts, x), cap, x, tg, opts)
+        return _execute(_fast_route(x, cap, info, needs, tg, opts), cap, x, tg, opts)
     except BaseException:
         # The export is let go of here, with the error handled rather than pending: a
         # producer's capsule destructor may run Python code (warp's is a ctypes callback).
