@@ -213,9 +213,11 @@ class JaxCaps:
         want = np.asarray(want, np.float32)
         try:
             arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
-            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in (
+            # (annotated: older mypy joins the lambdas and jit's wrapper to "object")
+            checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
-                lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a)))
+                lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
+            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in checks)
         except Exception:
             return False
 
