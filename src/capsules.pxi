@@ -98,7 +98,7 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
 
 def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int lanes,
                   int device_type, int device_id, uint64_t byte_offset, bint versioned,
-                  int version_major, int version_minor, uint64_t flags, counter,
+                  uint32_t version_major, uint32_t version_minor, uint64_t flags, counter,
                   str name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     if not isinstance(counter, (DeleterCounter, type(None))):

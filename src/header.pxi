@@ -120,7 +120,7 @@ cdef class TensorInfo:
     cdef uint8_t _code, _bits
     cdef uint16_t _lanes
     cdef uintptr_t _data
-    cdef int _ver_major, _ver_minor
+    cdef uint32_t _ver_major, _ver_minor
     cdef Source _source
     cdef int64_t* _shape
     cdef int64_t* _strides
@@ -413,7 +413,7 @@ def _rebuild_info(state):
 cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev_id,
                            int32_t ndim, int code, int bits, int lanes, int64_t* shape,
                            int64_t* strides, uint64_t byte_offset, Source source,
-                           uint64_t flags, int ver_major, int ver_minor, int32_t dev_type,
+                           uint64_t flags, uint32_t ver_major, uint32_t ver_minor, int32_t dev_type,
                            int32_t dev_id):
     cdef DLTensor t = DLTensor(<void*>data, DLDevice(cap_dev_type, cap_dev_id), ndim,
                                c_DLDataType(code, bits, lanes), shape, strides, byte_offset)
@@ -505,7 +505,7 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
     if bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
         if dl_mul_overflow(info.size, bits_total, &info.nbytes):
             raise _corrupt(f"{info.size} elements of {bits_total} bits overflow int64.")
-        info.nbytes = (info.nbytes + 7) // 8
+        info.nbytes = info.nbytes // 8 + (info.nbytes % 8 != 0)   # (+ 7 could overflow)
     elif dl_mul_overflow(info.size, item, &info.nbytes):
         raise _corrupt(f"DLTensor.shape {_ints_text(info._shape, info.ndim)} times "
                        f"{item} bytes per element overflows int64.")

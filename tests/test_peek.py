@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -158,6 +159,14 @@ class TestCapsules:
         with pytest.raises(NotDLPackError, match="not_a_tensor"):
             peek(cap)
 
+    def test_version_fields_are_unsigned(self):
+        """DLPackVersion's fields are uint32: a minor of 2**32 - 1 reads as itself (it read -1)."""
+        info = peek(make_capsule(np.ones(2), version=(1, 2**32 - 1)))
+        assert info.version == (1, 2**32 - 1)
+        assert pickle.loads(pickle.dumps(info)).version == (1, 2**32 - 1)
+        with pytest.raises(UnsupportedVersionError, match="version 4294967295.0"):
+            peek(make_capsule(np.ones(2), version=(2**32 - 1, 0)))
+
     @pytest.mark.parametrize("major", [0, 2, 3])
     def test_unsupported_major_version(self, major):
         cap = make_capsule(shape=(2,), address=4096, version=(major, 7), ndim=-5)
@@ -226,6 +235,23 @@ class TestMalformed:
         with pytest.raises(BufferError):
             peek(cap)
         assert counter.calls == 0
+        del cap
+        assert counter.calls == 1
+
+    @pytest.mark.parametrize("n", [2**63 - 8, 2**63 - 7, 2**63 - 1])
+    def test_packed_bits_near_int64_max(self, n):
+        """1-bit elements whose bit count rounds up past 2**63 - 1 (UBSan found the rounding
+        overflowing): counted right, and converting it is a dlinspect error that consumes
+        nothing."""
+        counter = DeleterCounter()
+        cap = make_capsule(np.zeros(16, np.uint8), shape=[n], dtype=(1, 1, 1), counter=counter)
+        assert peek(cap).nbytes == (n + 7) // 8
+        for convert in (dlinspect.to_host, dlinspect.to_jax):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dlinspect.DLInspectWarning)
+                with pytest.raises(dlinspect.DLInspectError):
+                    convert(cap)
+            assert capsule_name(cap) == "dltensor_versioned"
         del cap
         assert counter.calls == 1
 
