@@ -88,7 +88,10 @@ def check_one(name: str, x: object, target: str, kw: dict, want_dev: jax.Device)
         ref = jax.device_put(jnp.asarray(reference(x)), want_dev)
         row["device"] = str(next(iter(a.devices())))
         row["dtype"] = f"{a.dtype} (ref {ref.dtype})"
-        row["problems"] = computations(a, jax.device_put(ref, next(iter(a.devices()))))
+        if route is not None and route.jax_device is not None and {route.jax_device} != a.devices():
+            row.setdefault("problems", []).append(f"plan said {route.jax_device}")
+        row["problems"] = row.get("problems", []) + computations(
+            a, jax.device_put(ref, next(iter(a.devices()))))
         if a.dtype != ref.dtype:
             row["problems"].append(f"dtype {a.dtype} != {ref.dtype}")
         if set(a.devices()) != {want_dev}:
@@ -103,12 +106,13 @@ def check_one(name: str, x: object, target: str, kw: dict, want_dev: jax.Device)
 def placements(accel: jax.Device) -> list[tuple[str, dict, jax.Device]]:
     cpu = jax.devices("cpu")[0]
     mesh = jax.sharding.Mesh(np.array([accel]), ("data",))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return [
         ("default", {}, jax.devices()[0]),
         ("device=accel", {"device": accel}, accel),
         ("device=cpu", {"device": cpu}, cpu),
         ("SingleDeviceSharding", {"sharding": jax.sharding.SingleDeviceSharding(accel)}, accel),
-        ("NamedSharding", {"sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}, accel),
+        ("NamedSharding", {"sharding": whole}, accel),
     ]
 
 
@@ -116,8 +120,8 @@ def timings(accel: jax.Device) -> list[dict]:
     rows = []
     for size in (4 << 10, 1 << 20, 16 << 20, 64 << 20):
         x = np.random.default_rng(1).standard_normal(size // 4).astype(np.float32)
-        cases = {"to_jax": lambda: dlinspect.to_jax(x, device=accel).block_until_ready(),
-                 "device_put": lambda: jax.device_put(x, accel).block_until_ready()}
+        cases = {"to_jax": lambda x=x: dlinspect.to_jax(x, device=accel).block_until_ready(),
+                 "device_put": lambda x=x: jax.device_put(x, accel).block_until_ready()}
         runs: dict[str, list[float]] = {k: [] for k in cases}
         for fn in cases.values():
             fn()
@@ -154,7 +158,8 @@ def main() -> int:
         print(json.dumps(t))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"jax": jax.__version__, "device": str(accel), "rows": rows, "times": times}, f, indent=1)
+            json.dump({"jax": jax.__version__, "device": str(accel), "rows": rows, "times": times},
+                      f, indent=1)
     print(f"tpu_check.py: {len(rows) - len(bad)} of {len(rows)} ok")
     return 1 if bad else 0
 

@@ -139,10 +139,7 @@ def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
     cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out, tried = _copy_into_host(route, x, tg.copy_align)
     if out is not None:
-        dest = route.jax_device
-        src = dest if dest.platform == "cpu" else tg.cpu_device
-        arr = _put_host(tg, out, src, placed)
-        return arr if src == dest or placed else tg.uncommit(tg.jax.device_put(arr, dest))
+        return _put_host(tg, out, route.jax_device, placed)
     host = _host_from_producer(x, route.info, "jax", tried)
     # (the caller's narrowing warning, once the copy is in hand: see _prepare)
     if route.warning is not None:

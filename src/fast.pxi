@@ -67,12 +67,15 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 # own DLPack device (CUDA, ROCm, pinned host memory on a JAX that has their platform).
 cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     if info._dev_type == kDLCPU and info.device_id == 0:
+        if tg.default_device is not None:   # (put on it: the general route)
+            return 0
         if n == 0:
             return 1
         if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
             return 2
         return 0
-    if n == 0 and (info._dev_type, info.device_id) in tg.devices:
+    key = (info._dev_type, info.device_id)
+    if n == 0 and key in tg.devices and (tg.default_device is None or key not in tg.cpu_keys):
         return 3
     return 0
 

@@ -71,7 +71,10 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         are not tensors (str, numbers, non-numeric arrays...) are kept, the whole
         of ``x`` too when it is one (see ``leaves``).
     device : jax.Device or single-device Sharding, optional
-        Destination; a device other than the source's means import, then ``device_put``.
+        Destination, committed there. None: where ``jnp.asarray`` puts it, uncommitted:
+        device memory JAX has a device for stays on it; other memory goes to JAX's default
+        device (``jax_default_device``, else ``jax.devices()[0]``, read once per process),
+        viewed in place when that is a CPU device, else copied onto it.
     copy : bool or None
         Array API ``copy`` (``from_dlpack``): True always copies; False never does and
         raises ``CopyRequiredError`` naming why a copy is needed (alignment, strides,
@@ -198,7 +201,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         Where it should go. ``"host"`` takes one tensor, as :func:`to_host` does:
         anything else gets the error route of what ``to_host`` raises for it.
     device : jax.Device or single-device Sharding, optional
-        Destination device for ``target="jax"``; default: the source's own.
+        Destination device for ``target="jax"``; default: as :func:`to_jax`'s.
     copy : bool or None
         Array API ``copy``: True always copies, False never (a needed copy becomes a
         ``CopyRequiredError`` route), None copies only where needed.

@@ -181,6 +181,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
     cdef cnp.ndarray a = arr
     cdef int64_t dims[_MAX_NDIM]
     cdef int i
+    view = view and getattr(device, "platform", "cpu") == "cpu"   # (an accelerator: a copy)
     if tg.put is not None and (not view or (
             cnp.PyArray_IS_C_CONTIGUOUS(a)
             and (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):

@@ -216,6 +216,7 @@ cdef bint _unpackable(TensorInfo info):
 
 cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
     """The route of header ``info`` into JAX (pure); ``source``: what the caller passed."""
+    opts = _default_place(info, tg, opts)
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     if needs & NEED_SHAPE:
         return fail("shape", info, "jax", needs)
@@ -244,10 +245,21 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     return _fits(_route_import(info, needs, tg, opts, narrow, host))
 
 
+cdef object _default_place(TensorInfo info, JaxTarget tg, opts):
+    """``opts``; with no place named, memory a CPU device would hold goes where ``jnp.asarray``
+    puts it: JAX's default device where that is not the CPU device (uncommitted)."""
+    if tg.default_device is None or opts.device is not None or opts.sharding is not None:
+        return opts
+    key = (info._dev_type, info.device_id)
+    return opts.unplaced(tg.default_device) if key not in tg.devices or key in tg.cpu_keys else opts
+
+
 cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow, bint host):
     """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
-    src, dest, import_type = _import_devices(info, needs, tg, opts.device, host)
+    src, dest, into, import_type, moved = _import_devices(info, needs, tg, opts.device, host)
+    if moved:   # the put copies it there, whatever its alignment or write flag
+        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)
     blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._contiguous(_ANY_ORDER))
@@ -259,12 +271,12 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
-    action = _import_action(needs, view, bytes_copy, host)
+    action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
     facts["relayout"] = relayout
     return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
-                 copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=src,
+                 copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
                  copy_true=bool(copy), **facts)
 
@@ -275,20 +287,25 @@ cdef inline bint _bytes_copy(uint32_t needs, bint host) noexcept:
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
-    """``(src, dest, import_type)``: the JAX device that imports the memory (host memory bound
-    for a CPU device: that one, which views it as it is), the one the array ends on
-    (``device``) and the device type handed to jaxlib."""
+    """``(src, dest, into, import_type, moved)``: the JAX device that imports the memory (host
+    memory bound for a CPU device: that one, which views it as it is), the one the array ends
+    on (``device``), the one dlinspect puts it on (host memory bound for an accelerator,
+    ``moved``: that one, one transfer), and the device type handed to jaxlib."""
     src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
-    if (device is not None and device != src and host and src.platform == "cpu"
-            and getattr(device, "platform", None) == "cpu"):
-        src = device
-    return (src, src if device is None else device,
-            kDLCPU if needs & NEED_VIA_CPU else info._dev_type)
+    dest = src if device is None else device
+    if dest != src and host and src.platform == "cpu" and dest.platform == "cpu":
+        src = dest
+    moved = host and dest.platform != "cpu"
+    return (src, dest, dest if moved else src, kDLCPU if needs & NEED_VIA_CPU else info._dev_type,
+            moved)
 
 
-cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host):
+cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host, bint moved):
     """How memory JAX has a device for gets there: viewed (vector lanes through NumPy),
-    copied by dlinspect (host memory), or imported (a device copy by JAX's importer)."""
+    copied by dlinspect (host memory), put from a view (host memory bound for an
+    accelerator), or imported (a device copy by JAX's importer)."""
+    if moved and not bytes_copy:
+        return HOST_VIEW
     if view:
         return HOST_VIEW if needs & NEED_LANES else IMPORT
     return HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
@@ -329,13 +346,14 @@ def route_numpy_copy(exc, JaxTarget tg, str target, opts):
     if needs & (NEED_DTYPE | NEED_NUMPY_PUT):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
-    sharding = opts.sharding
+    sharding, device = opts.sharding, opts.device or tg.default_device
     if sharding is not None and not _is_plain_device(sharding):
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
             return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
-        facts["spread"] = len(sharding.device_set)
-    device = opts.device
+        facts["spread"], device = len(sharding.device_set), None
+    elif sharding is not None:
+        device = next(iter(sharding.device_set))
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,

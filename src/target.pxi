@@ -16,7 +16,7 @@ cdef class JaxTarget:
     """The installed JAX, built once per process by ``dlinspect._jaxcaps.JaxCaps.target``,
     whose docstrings say what each keyword is (``dlinspect doctor``: how each was resolved).
     ``put``, jaxlib's batched put: None where it does not view aligned row-major memory."""
-    cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn
+    cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn, default_device
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
     cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
@@ -34,12 +34,12 @@ cdef class JaxTarget:
                  x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
                  dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
                  put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
-                 uncommit=None, bint unit_strides_ok=True, row_major=None):
+                 uncommit=None, bint unit_strides_ok=True, row_major=None, default_device=None):
         for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
             if align == 0 or (align & (align - 1)) != 0:
                 raise ValueError(f"{name} must be a power of two, not {align}")
         self.jax, self.jnp, self.import_fn, self.direct = jax, jnp, import_fn, direct
-        self.cpu_device, self.cpu_align = cpu_device, cpu_align
+        self.cpu_device, self.cpu_align, self.default_device = cpu_device, cpu_align, default_device
         self.x64, self.x64_context, self.devices = x64, x64_context, devices
         self.cpu_keys, self.platforms = cpu_keys, frozenset(platforms)
         self.probe, self.hold, self.narrow, self.warn = probe, hold, narrow, warn

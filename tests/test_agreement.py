@@ -135,6 +135,12 @@ def pointer_of(result):
     return result.addressable_data(0).unsafe_buffer_pointer()
 
 
+def _on_cpu(make):
+    """An uncommitted jax.Array on the CPU (where JAX's default device is a TPU too)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        return make()
+
+
 def check(make, reference, target, **options):
     """plan() on one export, the conversion on another: they must agree."""
     info = dlinspect.peek(make())
@@ -225,7 +231,7 @@ def test_real_tensors(path, tgt, copy):
     try:
         makers = {name: (lambda a=a: a) for name, a in _numpy_cases().items()}
         makers["bfloat16 numpy"] = lambda: np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
-        makers["jax"] = lambda: jax.numpy.arange(6.0).reshape(2, 3)
+        makers["jax"] = lambda: _on_cpu(lambda: jax.numpy.arange(6.0).reshape(2, 3))
         makers["vulkan"] = lambda: FakeProducer(np.arange(3, dtype=np.float32), (D.kDLVulkan, 0))
         makers["refusing"] = lambda: FakeProducer(np.ones(2), refuse=TypeError("nulls"))
         try:

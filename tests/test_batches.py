@@ -192,8 +192,9 @@ class TestJaxArrays:
         assert "jax.Array" in dlinspect.explain(j)
 
     def test_device_and_copy(self):
-        j = jax.numpy.arange(4.0)
         dev = jax.devices("cpu")[0]
+        with jax.default_device(dev):   # (uncommitted on the CPU, where JAX's default is a TPU too)
+            j = jax.numpy.arange(4.0)
         # committed there, as jax.device_put commits, without a copy
         placed = to_jax(j, device=dev)
         assert placed._committed and not j._committed and plan(j, device=dev).kind == "zero-copy"

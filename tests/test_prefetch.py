@@ -248,7 +248,8 @@ def test_auto_takes_a_thread_only_with_work_on_both_sides(monkeypatch):
     # a list's batches as quick and a sleep as slow.
     monkeypatch.setattr(_prefetch, "_OVERLAP_S", 0.004)
     from dlinspect._options import DEFAULT, options
-    assert _prefetch._on_cpu(DEFAULT) and _prefetch._on_cpu(options(jax.devices("cpu")[0]))
+    assert _prefetch._on_cpu(DEFAULT) == (jax.default_backend() == "cpu")   # (where no device is named)
+    assert _prefetch._on_cpu(options(jax.devices("cpu")[0]))
     assert [b["x"].shape for b in prefetch_to_jax([batch_of(i) for i in range(6)])] == [(4, 3)] * 6
     monkeypatch.setattr(_prefetch, "_on_cpu", lambda options: False)   # as on a GPU
 
@@ -282,7 +283,7 @@ def test_auto_never_takes_a_thread_for_cpu_devices(monkeypatch):
             yield batch_of(i)
 
     seen = []
-    for _ in prefetch_to_jax(slow_source()):
+    for _ in prefetch_to_jax(slow_source(), device=jax.devices("cpu")[0]):
         seen.append(len(prefetch_threads()))
         time.sleep(0.002)
     assert seen == [0] * 8

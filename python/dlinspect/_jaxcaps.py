@@ -281,8 +281,15 @@ class JaxCaps:
                 # from it that its own jit refuses
                 unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
                 assemble=self._assembler(), uncommit=self._uncommitter(),
-                row_major=_row_major, **self._put())
+                row_major=_row_major, default_device=self._default_device(), **self._put())
         return self._target
+
+    def _default_device(self) -> Any:
+        """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
+        where it is not the CPU device that views host memory, else None (viewed there)."""
+        default = self.jax.config.jax_default_device or self.jax.devices()[0]
+        default = self.jax.devices(default)[0] if isinstance(default, str) else default
+        return None if default == self._cpu else default
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
         """With its sharding where JAX has them (as ``jax.device_put``'s carries its mesh)."""

@@ -64,6 +64,12 @@ class Options:
     def placed(self, device: Any = None, sharding: Any = None) -> Options:
         return dataclasses.replace(self, device=device, sharding=sharding)
 
+    def unplaced(self, device: Any) -> Options:
+        """Onto ``device`` with no device named: JAX's default device, the array uncommitted."""
+        out = dataclasses.replace(self, device=device)
+        object.__setattr__(out, "flags", self.flags)
+        return out
+
     def quiet(self, device: Any) -> Options:
         """What a producer's host copy is routed with: onto ``device``, with no host
         fallback of its own, no non-tensor leaves and no second narrowing warning."""

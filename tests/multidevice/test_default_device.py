@@ -1,0 +1,107 @@
+"""With no device named, to_jax puts a tensor where ``jnp.asarray`` puts it: JAX's default
+device, uncommitted. On an accelerator machine that is the TPU or GPU (scripts/tpu_check.sh);
+here ``jax_default_device`` names the second of 4 CPU devices, which views host memory too."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dlinspect
+from dlinspect import DLInspectWarning
+from dlinspect._core import jax_caps, set_target
+
+
+def _rebuilt(device):
+    """JAX's default device set to ``device``, and the target (which reads it) built anew."""
+    jax.config.update("jax_default_device", device)
+    jax_caps()._target = None
+    set_target(None)
+    assert dlinspect._core.jax_target().default_device == device
+
+
+@pytest.fixture
+def default():
+    dev = jax.devices()[1]
+    _rebuilt(dev)
+    yield dev
+    _rebuilt(None)
+
+
+def _aligned(shape, dtype=np.float32):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(n + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start:start + n].view(dtype).reshape(shape)
+    out[...] = np.arange(out.size).reshape(shape) % 7
+    return out
+
+
+def _sources():
+    base = _aligned((6, 8))
+    ro = base.copy()
+    ro.flags.writeable = False
+    out = {"aligned": base, "read-only": ro, "misaligned": np.arange(49, dtype=np.float32)[1:],
+           "sliced": base[::2, 1::3], "transposed": base.T, "float64": base.astype(np.float64),
+           "bool": base > 2, "empty": np.zeros((0, 3), np.float32),
+           "byte-swapped": base.astype(">f4")}
+    try:
+        import torch
+    except ImportError:
+        return out
+    t = torch.arange(48.0).reshape(6, 8)
+    out.update({"torch": t, "torch transposed": t.T})
+    return out
+
+
+def _same_values(a, ref):
+    assert a.dtype == ref.dtype and a.shape == ref.shape
+    np.testing.assert_array_equal(np.asarray(a + 0), np.asarray(ref + 0))
+    assert float(a.astype(jnp.float32).sum()) == float(ref.astype(jnp.float32).sum())
+    assert bool(jax.jit(lambda u, v: (u == v).all())(a, ref))
+
+
+@pytest.mark.parametrize("name", list(_sources()))
+def test_no_device_lands_where_jnp_asarray_puts_it(default, name):
+    src = _sources()[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DLInspectWarning)
+        route = dlinspect.plan(src)
+        got = dlinspect.to_jax(src)
+        host = np.asarray(src)
+        ref = jnp.asarray(host.astype(host.dtype.newbyteorder("=")))   # (JAX takes no '>f4')
+    assert got.devices() == ref.devices() == {default}, name
+    assert route.jax_device == default, name
+    assert got._committed is False and ref._committed is False, name
+    _same_values(got, ref)
+    moved = jax.device_put(got, jax.devices()[2])
+    _same_values(moved, jax.device_put(ref, jax.devices()[2]))
+
+
+def test_the_default_cpu_device_still_views_host_memory(default):
+    src = _aligned((16, 16))
+    route = dlinspect.plan(src)
+    got = dlinspect.to_jax(src)
+    assert route.zero_copy and got.unsafe_buffer_pointer() == src.ctypes.data
+
+
+def test_a_named_device_wins_and_commits(default):
+    cpu0 = jax.devices()[0]
+    got = dlinspect.to_jax(_aligned((4, 4)), device=cpu0)
+    assert got.devices() == {cpu0} and got._committed is True
+
+
+def test_batches_and_loaders_land_there_too(default):
+    batch = {"x": _aligned((4, 4)), "y": np.arange(4, dtype=np.int32), "t": _aligned((4, 4)).T}
+    out = dlinspect.to_jax(batch)
+    routes = dlinspect.plan(batch)
+    for key, value in out.items():
+        assert value.devices() == {default} and not value._committed, key
+        assert routes[key].jax_device == default, key
+        _same_values(value, jnp.asarray(np.asarray(batch[key])))
+    for got in dlinspect.prefetch_to_jax([batch, batch]):
+        assert all(v.devices() == {default} for v in got.values())
