@@ -121,7 +121,9 @@ def timings(accel: jax.Device) -> list[dict]:
     for size in (4 << 10, 1 << 20, 16 << 20, 64 << 20):
         x = np.random.default_rng(1).standard_normal(size // 4).astype(np.float32)
         cases = {"to_jax": lambda x=x: dlinspect.to_jax(x, device=accel).block_until_ready(),
-                 "device_put": lambda x=x: jax.device_put(x, accel).block_until_ready()}
+                 "device_put": lambda x=x: jax.device_put(x, accel).block_until_ready(),
+                 "to_jax no device": lambda x=x: dlinspect.to_jax(x).block_until_ready(),
+                 "jnp.asarray": lambda x=x: jnp.asarray(x).block_until_ready()}
         runs: dict[str, list[float]] = {k: [] for k in cases}
         for fn in cases.values():
             fn()
@@ -134,7 +136,8 @@ def timings(accel: jax.Device) -> list[dict]:
                 runs[k].append((time.perf_counter() - t0) / n * 1e6)
         med = {k: statistics.median(v) for k, v in runs.items()}
         rows.append({"bytes": size, **{f"{k} us": round(v, 1) for k, v in med.items()},
-                     "ratio": round(med["to_jax"] / med["device_put"], 3)})
+                     "ratio": round(med["to_jax"] / med["device_put"], 3),
+                     "ratio no device": round(med["to_jax no device"] / med["jnp.asarray"], 3)})
     return rows
 
 
