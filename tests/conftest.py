@@ -21,6 +21,17 @@ os.environ.setdefault("DLINSPECT_AGREEMENT_SCALE", QUICK_SCALE)
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_is_the_default():
+    """The suite's routes are a CPU machine's. Where JAX's default device is an accelerator
+    (scripts/tpu_check.sh sets JAX_PLATFORMS=tpu,cpu), the CPU is made JAX's default
+    device; the accelerator's own routes are scripts/tpu_check.py's."""
+    if os.environ["JAX_PLATFORMS"] == "cpu":
+        return
+    import jax
+    jax.config.update("jax_default_device", jax.devices("cpu")[0])
+
+
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")

@@ -471,6 +471,10 @@ def _jax_view(route: Any) -> str:
     return f"JAX views the producer's memory on {route.facts['dest']}."
 
 
+def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a copy)
+    return _jax_view(route) if route.zero_copy else _jax_copy(route)
+
+
 def _jax_copy(route: Any) -> str:
     reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
                                          if route.needs & Need.LANES else [])
@@ -496,8 +500,8 @@ REASONS: dict[str, Callable[[Any], str]] = {
                                 if route.target == "host" else _jax_copy(route)),
     T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
                                 f"memory directly{_host_lanes(route.info)}."
-                                if route.target == "host" else _jax_view(route)),
-    T.IMPORT: lambda route: _jax_view(route) if route.zero_copy else _jax_copy(route),
+                                if route.target == "host" else _jax_words(route)),
+    T.IMPORT: lambda route: _jax_words(route),
 }
 
 
