@@ -19,6 +19,8 @@ and this script writes what is between the two lines from the block's source:
                                                         producers and loaders)
     gpu                                                 benchmarks/gpu/ (the GPU check's
                                                         files, when a run is committed)
+    tpu                                                 benchmarks/tpu/ (the TPU check's
+                                                        files, when a run is committed)
     pipelines                                           benchmarks/loaders.json (the run of
                                                         benchmarks/bench_loaders.py)
     setup                                               benchmarks/setup.json (what the
@@ -47,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.json"
 LOADERS = ROOT / "benchmarks" / "loaders.json"
 GPU_DIR = ROOT / "benchmarks" / "gpu"
+TPU_DIR = ROOT / "benchmarks" / "tpu"
 
 BLOCK = re.compile(r"(<!-- generated: ([a-z-]+) \(python scripts/figures\.py\) -->\n)"
                    r"(.*?)"
@@ -264,6 +267,30 @@ def gpu(old: str = "", folder: Path = GPU_DIR) -> str:
     return "\n".join(out) + "\n"
 
 
+def tpu(old: str = "", folder: Path = TPU_DIR) -> str:
+    """The TPU check's figures, from benchmarks/tpu/tpu-check.json (and the closing line of
+    benchmarks/tpu/suite.log beside it)."""
+    check = folder / "tpu-check.json"
+    if not check.exists():
+        return "No run of the TPU check is recorded in this repository.\n"
+    report = json.loads(check.read_text(encoding="utf-8"))
+    rows = report["rows"]
+    bad = [r for r in rows if r.get("error") or r.get("problems")]
+    out = [f"Run: jax {report['jax']} on {report['device']}: {len(rows) - len(bad)} of "
+           f"{len(rows)} conversions computed right (`a + 0`, a reduction, indexing, a jit "
+           f"beside `jnp.asarray`'s array), before and after `jax.device_put`.", ""]
+    log = folder / "suite.log"
+    if log.exists():
+        last = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out += [f"The CPU suite's route tests beside the TPU: {last[-1].strip('= ')}.", ""]
+    out += ["| bytes | `to_jax(x, device=tpu)` µs | `jax.device_put` µs | ratio "
+            "| `to_jax(x)` µs | `jnp.asarray` µs | ratio |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [f"| {_size(t['bytes'])} | {t['to_jax us']:,.0f} | {t['device_put us']:,.0f} | "
+            f"{t['ratio']:.2f} | {t['to_jax no device us']:,.0f} | {t['jnp.asarray us']:,.0f} | "
+            f"{t['ratio no device']:.2f} |" for t in report["times"]]
+    return "\n".join(out) + "\n"
+
+
 def run(old: str = "") -> str:
     return run_line() + "\n"
 
@@ -410,7 +437,7 @@ def layout(old: str = "") -> str:
 BLOCKS: dict[str, Callable[[str], str]] = {
     "layout": layout, "run": run, "compare": compare, "speed": speed, "summary": summary,
     "per-call": per_call, "loader": loader, "copies": copies, "stacks": stacks, "requirements": requirements,
-    "producers": producers, "gpu": gpu, "pipelines": pipelines, "setup": setup,
+    "producers": producers, "gpu": gpu, "tpu": tpu, "pipelines": pipelines, "setup": setup,
 }
 
 
