@@ -284,7 +284,7 @@ def tpu(old: str = "", folder: Path = TPU_DIR) -> str:
         last = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
         out += [f"The CPU suite's route tests beside the TPU: {last[-1].strip('= ')}.", ""]
     out += ["| bytes | `to_jax(x, device=tpu)` µs | `jax.device_put` µs | ratio "
-            "| `to_jax(x)` µs | `jnp.asarray` µs | ratio |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| `to_jax(x)` µs | `jnp.asarray` µs | ratio |", "|" + " ---: |" * 7]
     out += [f"| {_size(t['bytes'])} | {t['to_jax us']:,.0f} | {t['device_put us']:,.0f} | "
             f"{t['ratio']:.2f} | {t['to_jax no device us']:,.0f} | {t['jnp.asarray us']:,.0f} | "
             f"{t['ratio no device']:.2f} |" for t in report["times"]]

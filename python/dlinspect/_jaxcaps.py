@@ -287,7 +287,7 @@ class JaxCaps:
     def _default_device(self) -> Any:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
         where it is not the CPU device that views host memory, else None (viewed there)."""
-        default = self.jax.config.jax_default_device or self.jax.devices()[0]
+        default = getattr(self.jax.config, "jax_default_device", None) or self.jax.devices()[0]
         default = self.jax.devices(default)[0] if isinstance(default, str) else default
         return None if default == self._cpu else default
 
