@@ -140,7 +140,7 @@ EXPECTED_BLOCKS = {
     "docs/performance.md": {"run", "per-call", "copies", "loader", "pipelines", "summary"},
     "docs/reliability.md": {"stacks", "producers"},
     "docs/getting-started.md": {"requirements", "setup"},
-    "docs/gpu.md": {"gpu"},
+    "docs/gpu.md": {"gpu", "tpu"},
     "docs/loaders/grain.md": {"pip-grain"},
     "docs/loaders/huggingface.md": {"pip-hf"},
     "docs/loaders/ray.md": {"pip-ray"},
