@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._options import jax_module
+from ._words import type_name
 from .errors import ContainerError
 
 __all__ = ["Flat", "flatten", "is_leaf", "text_leaf", "MAX_DEPTH"]
@@ -94,10 +95,10 @@ class Flat:
             path, tp, cause = _refusal(self.x, lambda v: swap.get(id(v), v), self.is_leaf) or (
                 (), type(self.x), exc)
             raise ContainerError(
-                f"the {tp.__module__}.{tp.__qualname__} at {_where(path)} refuses the arrays the "
-                f"conversion gives ({type(cause).__name__}: {cause}); nothing was converted. "
-                f"To fix: let {tp.__qualname__} hold jax.Array values (its constructor, or "
-                f"its pytree unflatten), or pass a dict.") from cause
+                f"the {type_name(tp)} at {_where(path)} refuses the arrays the conversion gives "
+                f"({type(cause).__name__}: {cause}); nothing was converted. To fix: let "
+                f"{tp.__qualname__} hold jax.Array values (its constructor, or its pytree "
+                f"unflatten), or pass a dict.") from cause
 
     def key_paths(self) -> list[tuple[Any, ...]]:
         paths = [tuple(path) for path, _ in
@@ -139,9 +140,7 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
     level = _one_level(x, text_lists)
     # (one level of leaves, or a leaf: a tensor, scalar or node JAX walks; nothing to check)
     if not level and _kind(type(x)) != _LEAF:
-        unwalkable = _unwalkable(x)
-        if unwalkable is not None:
-            raise unwalkable
+        _check_walkable(x)
     return _flatten(x, text_leaf if text_lists else None, level)
 
 
@@ -248,9 +247,8 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
         how = {_MAPPING: f"{tp.__qualname__}(dict)", _SEQUENCE: f"{tp.__qualname__}(values)",
                _NAMESPACE: f"{tp.__qualname__}(**values)"}.get(kind, "a copy with its fields set")
         raise ContainerError(
-            f"a {tp.__module__}.{tp.__qualname__} in the batch cannot be rebuilt around its "
-            f"converted values with {how} ({type(exc).__name__}: {exc}); nothing was "
-            f"converted. To fix: {_FIX}.") from exc
+            f"a {type_name(tp)} in the batch cannot be rebuilt around its converted values with {how} "
+            f"({type(exc).__name__}: {exc}); nothing was converted. To fix: {_FIX}.") from exc
 
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,
@@ -288,29 +286,26 @@ def _raw_key(key: Any) -> tuple[int, Any]:
     return _SEQUENCE_KEY, str(key)
 
 
-def _unwalkable(x: Any) -> ContainerError | None:
-    """The ContainerError of a batch no walk of which ends, else None; no recursion."""
+def _check_walkable(x: Any) -> None:
+    """ContainerError for a batch no walk of which ends; no recursion."""
     on_path: list[int] = []          # the containers from the top to where the walk is
     stack: list[tuple[Any, tuple[Any, ...]]] = [(x, ())]   # (node, its (kind, name) path)
     while stack:
         node, path = stack.pop()
         del on_path[len(path):]
         if id(node) in on_path:
-            return ContainerError(
+            raise ContainerError(
                 f"the batch contains itself: {_where(path)} is one of the containers it is "
                 f"in (a reference cycle), so no walk of it ends; nothing was converted. To "
                 f"fix: pass a batch without the cycle.")
         if len(path) > MAX_DEPTH:
-            return ContainerError(
+            raise ContainerError(
                 f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); nothing "
                 f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
         children = _children(node, path)
-        if isinstance(children, ContainerError):
-            return children
         on_path.append(id(node))
         stack.extend((child, path + (k,)) for k, child in reversed(children)
                      if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
-    return None
 
 
 def _where(raw: tuple[Any, ...]) -> str:
@@ -329,7 +324,7 @@ def _jax_key(raw: tuple[int, Any]) -> Any:
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
-    """``[((kind, name), child)]`` (``[]`` for a leaf), or a dict's ContainerError: unsortable keys."""
+    """``[((kind, name), child)]`` (``[]`` for a leaf); a dict's ContainerError: unsortable keys."""
     kind = _kind(type(node))
     if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)
@@ -340,8 +335,8 @@ def _children(node: Any, path: tuple[Any, ...]) -> Any:
         names = sorted(node) if type(node) is dict else list(node)
     except TypeError:
         kinds = sorted({type(k).__name__ for k in node})
-        return ContainerError(
+        raise ContainerError(
             f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
             f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
-            f"converted. To fix: give its keys one type (e.g. str(key)).")
+            f"converted. To fix: give its keys one type (e.g. str(key)).") from None
     return [((_DICT_KEY, k), node[k]) for k in names]
