@@ -17,6 +17,7 @@ from typing import Any
 from ._core import LoaderReport, jax_target, warn
 from ._options import Fallback, Leaves, Narrow, Options, ReadOnly
 from ._reuse import ReuseGuard, loader_options
+from ._words import type_name
 from .errors import SourceExhaustedError
 
 __all__ = ["prefetch_to_jax", "PrefetchLoader"]
@@ -92,9 +93,8 @@ class PrefetchLoader:
             # (a generator another loop already finished, this loader's or any other's)
             finished = inspect.isgenerator(it) and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED
             if self._spent or finished:
-                tp = type(self.source)
                 raise SourceExhaustedError(
-                    f"the source of this PrefetchLoader, a {tp.__module__}.{tp.__qualname__}, "
+                    f"the source of this PrefetchLoader, a {type_name(type(self.source))}, "
                     f"is an iterator that has given all its items in an earlier "
                     f"{'epoch' if self._spent else 'loop (it is finished)'}, so a new "
                     f"epoch over it would have no batches. To fix: pass what starts "

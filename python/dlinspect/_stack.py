@@ -13,6 +13,7 @@ from . import _tree
 from ._core import aligned_empty, capsule_of, current_target, is_tensor, physical_memory
 from ._core import stack_column, to_host
 from ._tables import NUMPY_MAX_NDIM
+from ._words import type_name
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
 
 __all__ = ["stack"]
@@ -20,6 +21,9 @@ __all__ = ["stack"]
 MAX_ALIGNMENT = 1 << 30   # bytes
 _CAPSULE = type(capsule_of(np.zeros(1, np.uint8)))
 _SCALARS = (np.generic, int, float, complex, str, bytes)
+_PASS_LIST = "To fix: pass a list of elements, e.g. stack([example_0, example_1])."
+_SAME_STRUCTURE = ("a batch stacks leaves position by position, so every element needs the same "
+                   "structure. To fix: give every element the same keys and nesting")
 
 
 def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
@@ -116,10 +120,8 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
         for k in range(1, len(flats)):
             if first.structure() != flats[k].structure():
                 raise StackError(
-                    f"element {k} of the elements to stack has the structure {flats[k].describe()}, "
-                    f"and element 0 {first.describe()}; a batch stacks leaves position by position, "
-                    f"so every element needs the same structure. To fix: give every element the "
-                    f"same keys and nesting (fill what an element lacks before batching).")
+                    f"element {k} of the elements to stack has the structure {flats[k].describe()}, and "
+                    f"element 0 {first.describe()}; {_SAME_STRUCTURE} (fill what an element lacks first).")
         columns = [[flat.leaves[j] for flat in flats] for j in range(len(first.leaves))]
     return first.unflatten([_stack_leaf(first, j, columns[j], align, allocate)
                             for j in range(len(columns))])
@@ -162,19 +164,14 @@ def _alignment(alignment: Any) -> int:
 def _elements(elements: Any) -> list[Any]:
     if type(elements) is list and elements:
         return elements
-    if isinstance(elements, Mapping) or (is_tensor(elements)
-                                         and not isinstance(elements, np.ndarray)):
-        raise StackError(
-            f"dlinspect.stack takes a sequence of elements to stack (one example each), "
-            f"but was given one {type(elements).__module__}.{type(elements).__qualname__}. "
-            f"To fix: pass a list of elements, e.g. stack([example_0, example_1]).")
+    if isinstance(elements, Mapping) or (is_tensor(elements) and not isinstance(elements, np.ndarray)):
+        raise StackError(f"dlinspect.stack takes a sequence of elements to stack (one example each), but "
+                         f"was given one {type_name(type(elements))}. {_PASS_LIST}")
     try:
         items = list(elements)
     except TypeError:
-        raise StackError(
-            f"dlinspect.stack takes a sequence of elements to stack, but "
-            f"{type(elements).__module__}.{type(elements).__qualname__} is not iterable. To "
-            f"fix: pass a list of elements, e.g. stack([example_0, example_1]).") from None
+        raise StackError(f"dlinspect.stack takes a sequence of elements to stack, but "
+                         f"{type_name(type(elements))} is not iterable. {_PASS_LIST}") from None
     if not items:
         raise StackError("dlinspect.stack was given no elements, and a batch needs at least "
                          "one. To fix: pass a non-empty sequence of elements.")
@@ -272,11 +269,8 @@ def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray
     if isinstance(leaf, _SCALARS):
         return np.asarray(leaf)
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
-        raise StackError(
-            f"{_where(first, j)}element {k} has a {type(leaf).__module__}."
-            f"{type(leaf).__qualname__} {_there(first, j)}, where element 0 has a leaf; a "
-            f"batch stacks leaves position by position, so every element needs the same "
-            f"structure. To fix: give every element the same keys and nesting.")
+        raise StackError(f"{_where(first, j)}element {k} has a {type_name(type(leaf))} "
+                         f"{_there(first, j)}, where element 0 has a leaf; {_SAME_STRUCTURE}.")
     if is_tensor(leaf):
         if type(leaf) is _CAPSULE:
             raise StackError(
@@ -292,9 +286,8 @@ def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray
         return np.asarray(leaf)
     except (TypeError, ValueError) as exc:
         raise StackError(
-            f"{_where(first, j)}element {k} is a {type(leaf).__module__}."
-            f"{type(leaf).__qualname__} that NumPy makes no array of ({exc}). To fix: make "
-            f"that leaf an array (or a number) in every element.") from None
+            f"{_where(first, j)}element {k} is a {type_name(type(leaf))} that NumPy makes no array "
+            f"of ({exc}). To fix: make that leaf an array (or a number) in every element.") from None
 
 
 def _where(first: _tree.Flat | None, j: int) -> str:

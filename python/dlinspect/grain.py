@@ -17,6 +17,7 @@ from typing import Any
 from ._core import LoaderReport, jax_target
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly, is_device
 from ._reuse import Kept, ReuseGuard, loader_options
+from ._words import type_name
 
 __all__ = ["device_put"]
 
@@ -225,8 +226,8 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
                         "pipeline as a dataset (grain.MapDataset.source(...)...batch(n), "
                         ".mp_prefetch(...) for worker processes).")
     raise TypeError(f"dlinspect.grain.device_put takes a grain IterDataset or MapDataset, not "
-                    f"{type(ds).__module__}.{type(ds).__qualname__}; for any other iterable of "
-                    f"batches use dlinspect.prefetch_to_jax(iterable, ...).")
+                    f"{type_name(type(ds))}; for any other iterable of batches use "
+                    f"dlinspect.prefetch_to_jax(iterable, ...).")
 
 
 def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
