@@ -286,9 +286,11 @@ class JaxCaps:
 
     def _default_device(self) -> Any:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
-        where it is not the CPU device that views host memory, else None (viewed there)."""
-        default = getattr(self.jax.config, "jax_default_device", None) or self.jax.devices()[0]
-        default = self.jax.devices(default)[0] if isinstance(default, str) else default
+        where it is not the CPU device that views host memory, else None (viewed there); this
+        process's own first device, as JAX's (jax.devices()[0] is process 0's in a cluster)."""
+        default = getattr(self.jax.config, "jax_default_device", None)
+        if default is None or isinstance(default, str):
+            default = self.jax.local_devices(backend=default)[0]
         return None if default == self._cpu else default
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
