@@ -295,7 +295,7 @@ cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device
     dest = src if device is None else device
     if dest != src and host and src.platform == "cpu" and dest.platform == "cpu":
         src = dest
-    moved = host and dest.platform != "cpu"
+    moved = host and dest != src and dest.platform != "cpu"   # (pinned memory's own: imported)
     return (src, dest, dest if moved else src, kDLCPU if needs & NEED_VIA_CPU else info._dev_type,
             moved)
 
@@ -414,7 +414,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
     if (lay.split and _dev_is(info._dev_type, _DEV_HOST)
             and not needs & (NEED_DTYPE | NEED_LANES | NEED_PACKED | NEED_NUMPY_PUT)):
         return _route_split(info, needs, tg, lay, opts, source)
-    whole = route_jax(info, needs, tg, opts.placed(None), source)
+    whole = route_jax(info, needs, tg, opts, source)   # (where it is: not JAX's default device)
     if whole.kind == ERROR:
         return whole
     nd = len(sharding.device_set)

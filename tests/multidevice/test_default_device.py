@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import dlinspect
+from dlinspect import DLDeviceType as D
 from dlinspect import DLInspectWarning
 from dlinspect._core import jax_caps, set_target
+from dlinspect.testing import DeleterCounter, make_capsule
 
 
 def _rebuilt(device):
@@ -105,3 +107,55 @@ def test_batches_and_loaders_land_there_too(default):
         _same_values(value, jnp.asarray(np.asarray(batch[key])))
     for got in dlinspect.prefetch_to_jax([batch, batch]):
         assert all(v.devices() == {default} for v in got.values())
+
+
+class _Accelerator:
+    """A stand-in for a TPU or GPU device: the routes read its platform (no array lands on it)."""
+
+    def __init__(self, platform):
+        self.platform, self.id = platform, 0
+
+    def __repr__(self):
+        return f"{self.platform}:0"
+
+
+@pytest.fixture
+def rebuilt(monkeypatch):
+    """Patch the target's inputs (``jax_caps()``'s attributes), then build it anew; undone after."""
+    caps = jax_caps()
+    caps.target   # (its devices read before they are patched)
+
+    def patch(**attrs):
+        for name, value in attrs.items():
+            monkeypatch.setattr(caps, name, value)
+        caps._target = None
+        set_target(None)
+    yield patch
+    monkeypatch.undo()
+    _rebuilt(None)
+
+
+def test_a_sharded_put_starts_where_the_memory_is(rebuilt):
+    # A tensor no split takes (vector lanes) is put whole, then spread by the sharding: from
+    # host memory, not first copied onto the default device (a TPU: there and back again).
+    rebuilt(_default_device=lambda: _Accelerator("tpu"))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    lanes = make_capsule(_aligned((16,)), shape=(4,), dtype=(2, 32, 4))
+    route = dlinspect.plan(lanes, sharding=sharding)
+    whole = route.facts["whole"]
+    assert whole.jax_device == jax.devices()[0] and whole.zero_copy, whole
+    assert route.copy_bytes == 64, route
+
+
+
+def test_pinned_memory_of_a_jax_device_is_imported_there(rebuilt):
+    # Pinned host memory JAX has a device for (CUDA's) is imported there as it is, as the
+    # fast path does: a put would copy it, which plan() would call zero-copy.
+    gpu = _Accelerator("cuda")
+    rebuilt(devices={**jax_caps().devices, (int(D.kDLCUDAHost), 0): gpu})
+    for copy in (None, False):
+        route = dlinspect.plan(make_capsule(_aligned((4,)), device=(D.kDLCUDAHost, 0)), copy=copy)
+        assert (route.kind, route.action, route.jax_device) == ("zero-copy", "import", gpu), route
+
+
