@@ -125,6 +125,17 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     return _aligned_array(info, code, bits, tg.copy_align)
 
 
+def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
+    """Host memory viewed by NumPy, then put (vector lanes; onto an accelerator, its one
+    transfer): a failed put consumes nothing."""
+    view = _host_view(cap, route.info)
+    try:
+        return _finish(tg, view, route, opts)
+    except BaseException:
+        _untake(<HostOwner>view.base, cap)
+        raise
+
+
 def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
     """A new empty array put as ``jax.device_put`` puts one: ``jnp.zeros`` compiles a fill,
     and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1)."""
@@ -209,7 +220,7 @@ cdef object _array_copy(x, JaxTarget tg):
 #: One executor per action of a JAX route: (route, capsule, source, target, options) -> array.
 EXECUTORS = {
     IMPORT: _ex_import, HOST_COPY: _ex_host_copy, EMPTY: _ex_empty,
-    HOST_VIEW: lambda route, cap, x, tg, opts: _finish(tg, _host_view(cap, route.info), route, opts),
+    HOST_VIEW: _ex_host_view,
     PRODUCER_COPY: _ex_producer_copy, NUMPY_PUT: _ex_numpy_put, NUMPY_COPY: _ex_numpy_copy,
     SPLIT: _ex_split, DEVICE_PUT: _ex_spread, PROCESS_LOCAL: _ex_spread,
     PASS: lambda route, cap, x, tg, opts: x, ARRAY_PUT: _ex_array_put,

@@ -148,6 +148,16 @@ def test_a_sharded_put_starts_where_the_memory_is(rebuilt):
     assert route.copy_bytes == 64, route
 
 
+def test_a_failed_put_onto_an_accelerator_consumes_nothing(rebuilt):
+    rebuilt(_default_device=lambda: _Accelerator("tpu"))   # (jaxlib refuses to put onto it)
+    counter = DeleterCounter()
+    cap = make_capsule(_aligned((4, 4)), counter=counter)
+    assert dlinspect.plan(cap).action == "host-view"
+    with pytest.raises(TypeError):
+        dlinspect.to_jax(cap)
+    assert counter.calls == 0
+    np.testing.assert_array_equal(dlinspect.to_host(cap), _aligned((4, 4)))
+
 
 def test_pinned_memory_of_a_jax_device_is_imported_there(rebuilt):
     # Pinned host memory JAX has a device for (CUDA's) is imported there as it is, as the
