@@ -172,7 +172,7 @@ class _ToJax:
 
     def __init__(self, options: Options, reuse: str, tg: Any, threaded: bool) -> None:
         self.options, self.threaded, self.move_to = options, threaded, None
-        if tg.cpu_device is not None and options.device == tg.cpu_device and options.copy is None:
+        if tg.default_device is None and options.device == tg.cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
             self.move_to = options.device

@@ -169,3 +169,10 @@ def test_pinned_memory_of_a_jax_device_is_imported_there(rebuilt):
         assert (route.kind, route.action, route.jax_device) == ("zero-copy", "import", gpu), route
 
 
+def test_grain_device_cpu_views_where_the_default_device_is_another(default):
+    from dlinspect._options import options
+    from dlinspect.grain import _ToJax
+    cpu0, x = jax.devices()[0], _aligned((8, 8))
+    got = _ToJax(options(device=cpu0), "error", dlinspect._core.jax_target(), False)({"x": x})
+    assert got["x"].devices() == {cpu0} and got["x"].unsafe_buffer_pointer() == x.ctypes.data
+
