@@ -176,3 +176,21 @@ def test_grain_device_cpu_views_where_the_default_device_is_another(default):
     got = _ToJax(options(device=cpu0), "error", dlinspect._core.jax_target(), False)({"x": x})
     assert got["x"].devices() == {cpu0} and got["x"].unsafe_buffer_pointer() == x.ctypes.data
 
+
+def test_plan_agrees_with_to_jax_on_the_default_device(default, monkeypatch):
+    # tests/test_agreement.py's generated headers, each conversion also where jnp.asarray puts it
+    import test_agreement as agreement
+    check = agreement.check
+
+    def check_there(make, reference, target, **options):
+        route = check(make, reference, target, **options)
+        if target == "jax" and route.kind != "error":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DLInspectWarning)
+                got = dlinspect.to_jax(make(), **options)
+            assert got.devices() == {default} and route.jax_device == default, route
+            assert not got._committed, route
+        return route
+    monkeypatch.setattr(agreement, "check", check_there)
+    monkeypatch.setattr(agreement, "EXAMPLES", min(agreement.EXAMPLES, 40))
+    agreement.test_generated_headers("direct")
