@@ -165,8 +165,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
 class _ToJax:
     """``to_jax`` as a grain map, its warnings kept (``threaded``) or shown. ``device=`` the CPU
-    device is converted as ``device=None``, the batch fast path (the general route costs about
-    60 µs more per leaf), and a leaf then elsewhere moved there with ``jax.device_put``."""
+    device, where it is JAX's default, is converted as ``device=None``, the batch fast path
+    (the general route costs about 60 µs more per leaf), and a leaf then elsewhere moved there."""
 
     __slots__ = ("context", "guard", "move_to", "options", "threaded", "x64")
 
