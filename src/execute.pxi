@@ -126,8 +126,7 @@ cdef object _copy_memory(Route route, JaxTarget tg):
 
 
 def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
-    """Host memory viewed by NumPy, then put (vector lanes; onto an accelerator, its one
-    transfer): a failed put consumes nothing."""
+    """A NumPy view, put (vector lanes; onto an accelerator: one transfer), or nothing taken."""
     view = _host_view(cap, route.info)
     try:
         return _finish(tg, view, route, opts)
