@@ -116,8 +116,13 @@ cdef class LoaderReport:
         info = (<Route>route).info
         # (info None: NumPy memory DLPack cannot describe)
         nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
-        reason = (None if not route.copy_bytes else "byte order or byte strides" if info is None
-                  else _copy_reason((<Route>route)._needs, forced) or "sharding")
+        reason = None
+        if route.copy_bytes:
+            reason = ("byte order or byte strides" if route.action is NUMPY_COPY
+                      else info is not None and _copy_reason((<Route>route)._needs, forced))
+            # (no need named: moved to another device, or spread over a sharding's devices)
+            reason = reason or ("copy=True" if forced else "sharding" if route.jax_device is None
+                                else "device move")
         self._pending.append((i, nbytes, reason, info))
         return 0
 

@@ -194,3 +194,21 @@ def test_plan_agrees_with_to_jax_on_the_default_device(default, monkeypatch):
     monkeypatch.setattr(agreement, "check", check_there)
     monkeypatch.setattr(agreement, "EXAMPLES", min(agreement.EXAMPLES, 40))
     agreement.test_generated_headers("direct")
+
+
+def test_a_loader_names_a_device_move_as_its_reason():
+    """A copy no need explains is a move to another device (a jax.Array put on another
+    device here; host memory put onto an accelerator), or a sharding's spread."""
+    cpu0, cpu1 = jax.devices()[:2]
+    with jax.default_device(cpu0):
+        batch = {"x": jnp.arange(8.0)}
+    loader = dlinspect.prefetch_to_jax([batch, batch], device=cpu1)
+    assert [b["x"].devices() for b in loader] == [{cpu1}, {cpu1}]
+    assert set(loader.report.as_dict()["['x']"]["copied_bytes"]) == {"device move"}
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    loader = dlinspect.prefetch_to_jax([{"x": np.arange(33, dtype=np.float32)[1:].reshape(8, 4)[:, :3]}],
+                                       sharding=spread)
+    list(loader)
+    copied = loader.report.as_dict()["['x']"]["copied_bytes"]
+    assert copied and "device move" not in copied
