@@ -70,6 +70,8 @@ class Producer(_NamedTuple):
 _LOADER_FIX = ("it is a data loader, not a batch: iterate it through "
                "dlinspect.prefetch_to_jax(loader), which converts each batch it gives")
 _SPARSE_FIX = "make it dense with x.toarray(), or take x.data and its index arrays apart"
+_COLUMNS_FIX = ("take its columns as arrays, {{name: x.column(name).to_numpy() for name in x.{}}} "
+                "(Ray: batch_format='numpy')")
 
 #: The one list of producers: ``(top-level package, class name in the type's MRO)`` to its
 #: :class:`Producer` row; a type takes its most derived class's row (a ``jax.Array``, a
@@ -79,20 +81,17 @@ PRODUCERS = {
                                    astype="x.astype(numpy.{})"),
     ("torch", "Tensor"): Producer(GUARD_TORCH, _TORCH_HINTS, into="torch",
                                   doctor=("torch", "m.Tensor"), astype="t.to(torch.{})",
-                                  contiguous="t.contiguous()",
-                                  other="convert it with torch first (t.cpu(), "
-                                  "t.contiguous(), t.to(dtype))"),
+                                  contiguous="t.contiguous()", other="convert it with torch "
+                                  "first (t.cpu(), t.contiguous(), t.to(dtype))"),
     ("jax", "Array"): Producer(GUARD_JAX, (
         ("dlpack equivalent", "take it as NumPy with numpy.asarray(x), or convert it "
          "first with x.astype(jax.numpy.int8)"),), doctor=("jax", "type(m.numpy.zeros(1))"),
         astype="x.astype(jax.numpy.{})", other="take it as NumPy with numpy.asarray(x)"),
     ("cupy", "ndarray"): Producer(doctor=("cupy", "m.ndarray"), astype="x.astype(cupy.{})",
-                                  contiguous="cupy.ascontiguousarray(x)",
-                                  other="convert it with CuPy first (cupy.asnumpy(x), "
-                                  "cupy.ascontiguousarray(x))"),
-    ("tensorflow", "EagerTensor"): Producer(GUARD_TF,
+                                  contiguous="cupy.ascontiguousarray(x)", other="convert it "
+                                  "with CuPy first (cupy.asnumpy(x), cupy.ascontiguousarray(x))"),
+    ("tensorflow", "EagerTensor"): Producer(GUARD_TF, astype="tf.cast(x, tf.{})",
                                             doctor=("tensorflow", "type(m.constant(1.0))"),
-                                            astype="tf.cast(x, tf.{})",
                                             other="take it as NumPy with x.numpy()"),
     ("tensorflow", "RaggedTensor"): Producer(
         GUARD_NO_DLPACK, fix="make it dense with x.to_tensor() (pads the rows), or take "
@@ -105,12 +104,8 @@ PRODUCERS = {
         "tf.convert_to_tensor(x)"),
     ("scipy", "spmatrix"): Producer(GUARD_NO_DLPACK, fix=_SPARSE_FIX),
     ("scipy", "_spbase"): Producer(GUARD_NO_DLPACK, fix=_SPARSE_FIX),
-    ("pyarrow", "Table"): Producer(
-        GUARD_NO_DLPACK, fix="take its columns as arrays, {name: x.column(name).to_numpy() "
-        "for name in x.column_names} (Ray: batch_format='numpy')"),
-    ("pyarrow", "RecordBatch"): Producer(
-        GUARD_NO_DLPACK, fix="take its columns as arrays, {name: x.column(name).to_numpy() "
-        "for name in x.schema.names} (Ray: batch_format='numpy')"),
+    ("pyarrow", "Table"): Producer(GUARD_NO_DLPACK, fix=_COLUMNS_FIX.format("column_names")),
+    ("pyarrow", "RecordBatch"): Producer(GUARD_NO_DLPACK, fix=_COLUMNS_FIX.format("schema.names")),
     ("pandas", "DataFrame"): Producer(
         GUARD_NO_DLPACK, fix="take its columns as arrays, {c: x[c].to_numpy() for c in x} "
         "(Ray: batch_format='numpy'; datasets: with_format('numpy'))"),
@@ -120,14 +115,12 @@ PRODUCERS = {
     ("pyarrow", "ChunkedArray"): Producer(
         GUARD_PYARROW, _PYARROW_HINTS, fix="join its chunks first: x.combine_chunks() (one "
         "pyarrow Array, which has __dlpack__)"),
-    ("warp", "array"): Producer(doctor=("warp", "m.array"),
-                                other="take it as NumPy with x.numpy()"),
+    ("warp", "array"): Producer(doctor=("warp", "m.array"), other="take it as NumPy with x.numpy()"),
     ("mlx", "array"): Producer(doctor=("mlx.core", "m.array"), astype="a.astype(mlx.core.{})",
                                other="take it as NumPy with numpy.array(a)"),
     ("paddle", "Tensor"): Producer(doctor=("paddle", "m.Tensor"), astype="x.astype(paddle.{})",
                                    other="take it as NumPy with x.numpy()"),
-    ("array_api_strict", "Array"): Producer(doctor=("array_api_strict",
-                                                    "type(m.asarray([1]))")),
+    ("array_api_strict", "Array"): Producer(doctor=("array_api_strict", "type(m.asarray([1]))")),
     ("tvm_ffi", "Tensor"): Producer(doctor=("tvm_ffi", "m.Tensor")),
     ("dpnp", "ndarray"): Producer(doctor=("dpnp", "m.ndarray"), astype="x.astype(dpnp.{})",
                                   contiguous="dpnp.ascontiguousarray(x)",
@@ -145,17 +138,16 @@ PRODUCERS = {
 # ---- per-type facts, looked up once per type -------------------------------
 
 cdef class _TypeEntry:
-    cdef object api_owner          # the "dlpack_exchange_api" capsule that owns *api
     cdef const DLPackExchangeAPI* api
-    cdef bint has_dlpack
-    cdef bint has_device           # ask __dlpack_device__ (not exactly numpy.ndarray's: the same
-                                   # source as its header)
-    cdef bint numpy_export         # its __dlpack__ is NumPy's own (not a subclass's)
-    cdef bint ask_device_on_cpu    # exchange API: a kDLCPU header may be pinned host memory
-    cdef bint bare_only            # its __dlpack__ refused max_version once: an older producer
     cdef Guard guard               # the producer table's guard for this type
-    cdef object fix                # GUARD_NO_DLPACK: what to do instead
-    cdef object into               # how the producer copies into given host memory, or None
+    # api_owner: the "dlpack_exchange_api" capsule that owns *api; fix (GUARD_NO_DLPACK): what
+    # to do instead; into: how the producer copies into given host memory, or None.
+    cdef object api_owner, fix, into
+    # has_device: ask __dlpack_device__ (not exactly numpy.ndarray's: the same source as its
+    # header); numpy_export: its __dlpack__ is NumPy's own (not a subclass's);
+    # ask_device_on_cpu: exchange API: a kDLCPU header may be pinned host memory;
+    # bare_only: its __dlpack__ refused max_version once: an older producer.
+    cdef bint has_dlpack, has_device, numpy_export, ask_device_on_cpu, bare_only
 
 cdef dict _types = {}
 _TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
@@ -238,11 +230,11 @@ cdef object _producer_error(object obj, BaseException exc, str what):
 
 
 ctypedef struct _Asked:
-    # The device a producer reported (__dlpack_device__, or the exchange API's header).
-    int32_t dev_type
-    int32_t dev_id
-    bint asked       # a device was reported: the header is reconciled with it
-    bint id_known    # False where the producer said None for the id (paddle)
+    # The device a producer reported (__dlpack_device__, or the exchange API's header);
+    # asked: a device was reported, the header is reconciled with it; id_known: False where
+    # the producer said None for the id (paddle).
+    int32_t dev_type, dev_id
+    bint asked, id_known
 
 
 # contract: fills ``out`` (id_known False for a None id; asked) or raises ProducerError
