@@ -98,14 +98,13 @@ cdef inline bint _packed(TensorInfo info) noexcept:
 
 
 cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
-    cdef uint32_t n = 0
+    cdef uint32_t n = _shape_needs(info)
     if not _dev_is(info._dev_type, _DEV_HOST):
         n |= NEED_DEVICE
     if numpy_dtype(info._code, info._bits, 1) is None:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES
-    n |= _shape_needs(info)
     if info.size == 0:
         return n | NEED_EMPTY
     if _packed(info):

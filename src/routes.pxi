@@ -267,7 +267,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
         return fail("copy-forbidden", info, "jax", needs, **facts)
     # Layout, read-only and alignment need a copy of the bytes; narrowing and device moves
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
-    cdef bint bytes_copy = _bytes_copy(needs, host) or bool(copy)
+    cdef bint bytes_copy = bool(copy) or bool(blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
     cdef bint view = not (blocking or dest != src or copy)
@@ -279,11 +279,6 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
                  copy_true=bool(copy), **facts)
-
-
-cdef inline bint _bytes_copy(uint32_t needs, bint host) noexcept:
-    return bool(needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN)
-                or (needs & NEED_NARROW and host))
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):

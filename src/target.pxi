@@ -5,8 +5,7 @@ cdef enum:
 
 
 ctypedef struct _AvalSlot:
-    PyObject* aval      # a reference owned by the JaxTarget, or NULL
-    PyObject* descr     # the NumPy dtype (a reference owned too)
+    PyObject *aval, *descr   # a reference owned by the JaxTarget, or NULL; the NumPy dtype (owned too)
     int32_t ndim
     int64_t shape[_INLINE_NDIM]
 
@@ -106,12 +105,10 @@ cdef class JaxTarget:
         if self._known[key]:
             return self._known[key] == 1
         reason = (self.hold if held else self.probe)(code, bits)
-        if reason is None:
-            self._known[key] = 1
-            return True
-        self.bad[key] = reason
-        self._known[key] = 2
-        return False
+        if reason is not None:
+            self.bad[key] = reason
+        self._known[key] = 1 if reason is None else 2
+        return reason is None
 
     def dtype_problem(self, int code, int bits, bint held=False):
         """None where JAX imports one lane of ``(code, bits)`` (``held``: holds it); else why."""
