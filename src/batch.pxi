@@ -8,13 +8,12 @@ from dlinspect import _tree
 @cython.final
 cdef class _Part:
     """One sub-tree of a batch (the whole batch, or one under a sharding) and its options."""
-    cdef object prefix    # the sub-tree's key path in the batch (jax keys; () for the batch)
-    cdef object flat      # its dlinspect._tree.Flat, or None: a plain container walked here
+    # prefix: the sub-tree's key path in the batch (jax keys; () for the batch); flat: its
+    # dlinspect._tree.Flat, or None: a plain container walked here.
+    cdef object prefix, flat, opts
     cdef type tp          # (plain container) dict, list or tuple
-    cdef list keys        # (plain dict) its keys in sorted order, as JAX walks them
-    cdef list leaves
-    cdef list out         # what each leaf becomes
-    cdef object opts
+    # keys: (plain dict) its keys in sorted order, as JAX walks them; out: what each leaf becomes.
+    cdef list keys, leaves, out
     cdef int flags
     cdef Py_ssize_t offset   # its first leaf's index among the batch's
 
@@ -43,10 +42,7 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
     """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
     here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf)."""
     cdef _Part part = _Part.__new__(_Part)
-    part.prefix = prefix
-    part.opts = opts
-    part.flags = opts.flags
-    part.keys = []
+    part.prefix, part.opts, part.flags, part.keys = prefix, opts, opts.flags, []
     cdef bint text_lists = not (planned or part.flags & _OPT_LEAVES_RAISE)
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
@@ -64,8 +60,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False):
     sharding = opts.sharding
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
         return [_part(x, (), _leaf_options(opts, sharding), planned)], None
-    Sharding = tg.jax.sharding.Sharding
-    tree_util = tg.jax.tree_util
+    Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
         tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)

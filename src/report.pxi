@@ -80,10 +80,10 @@ cdef class LoaderReport:
 
     cdef public Py_ssize_t batches
     cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
-    cdef list _pending    # (leaf index, bytes, reason or None, TensorInfo) of the batch
-    cdef list _staged     # converted batches' rows (key, bytes, reason), not yet handed over
-    cdef list _last       # the latest converted batch's rows
-    cdef list _views      # the latest converted batch's zero-copy leaves (see _end)
+    # _pending: (leaf index, bytes, reason or None, TensorInfo) of the batch; _staged: converted
+    # batches' rows (key, bytes, reason), not yet handed over; _last: the latest converted
+    # batch's rows; _views: the latest converted batch's zero-copy leaves (see _end).
+    cdef list _pending, _staged, _last, _views
     cdef bint _warned, _at_delivery
 
     def __init__(self, *, bint at_delivery=False):
@@ -137,14 +137,10 @@ cdef class LoaderReport:
             # (a read-only leaf: a copy, as the loader marks a NumPy array a batch views)
             if ((reason is None or reason == "read-only") and nbytes and info is not None
                     and src is not out):
-                start = info._data + info.byte_offset
-                space = (info._dev_type, info.device_id)
-                if _dev_is(info._dev_type, _DEV_HOST):
-                    space = 0
+                start = info._ptr()
+                space = 0 if _dev_is(info._dev_type, _DEV_HOST) else info.device
                 views.append((key, src, out, space, start, start + nbytes, reason is None))
-        self._pending = []
-        self._views = views
-        self._last = rows
+        self._pending, self._views, self._last = [], views, rows
         if self._at_delivery:
             self._staged.append(rows)
         else:
