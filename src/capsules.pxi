@@ -189,9 +189,8 @@ def capsule_of(arr, bint read_only=False):
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
-    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
+    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM], row = 1
     cdef int32_t i, ndim = arr.ndim
-    cdef int64_t row = 1
     item = arr.itemsize
     # An extent-1 axis may carry any stride (NumPy gives some 0): the header gets the row-major
     # one (jaxlib 0.4.30 takes a stride-0 axis for the minor one, a layout its jit refuses).

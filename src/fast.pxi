@@ -4,15 +4,14 @@
 cdef class _Leaf:
     """One tensor leaf of a batch's plan (batch.pxi): its decision, its copy's memory."""
     cdef int rank            # the order it runs in (batch.pxi, _rank)
-    cdef Py_ssize_t part     # its part of the batch
-    cdef Py_ssize_t index    # its index among the part's leaves
-    cdef object route        # its Route; None where the fast path imports it
-    cdef object split        # a split decided before, viewed again (_SplitViews), or None
-    cdef object cap          # its export (None: NumPy memory DLPack cannot describe)
-    cdef object info         # its TensorInfo (or the NotDescribableError)
+    cdef Py_ssize_t part, index   # its part of the batch, its index among the part's leaves
+    # route: its Route, None where the fast path imports it; split: a split decided before,
+    # viewed again (_SplitViews), or None; cap: its export (None: NumPy memory DLPack cannot
+    # describe); info: its TensorInfo (or the NotDescribableError); prepared: the copy's
+    # memory (_prepare_copy), before anything is taken.
+    cdef object route, split, cap, info, prepared
     cdef uint32_t needs
     cdef bint fast           # the fast path's import takes it
-    cdef object prepared     # the copy's memory (_prepare_copy), before anything is taken
 
 
 cdef _Leaf _new_leaf(Py_ssize_t i, cap, info, uint32_t needs, bint fast):
@@ -26,8 +25,7 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
     """Each leaf's ``to_jax_fast`` decision, nothing taken: ``(out, decided)``, the leaves kept
     as they are in ``out``, a ``_Leaf`` per other tensor in ``decided``."""
     cdef Py_ssize_t i, n = len(leaves)
-    cdef list out = [None] * n
-    cdef list decided = []
+    cdef list out = [None] * n, decided = []
     try:
         for i in range(n):
             leaf = leaves[i]
@@ -206,8 +204,7 @@ cdef class _SplitViews:
     """A zero-copy split kept for the next tensor of this header and sharding (a loader's every
     step: deciding again costs more than the put), at its address; it holds no tensor."""
     cdef TensorInfo whole     # the first tensor's header
-    cdef list parts           # each slice's header, at the first tensor's address
-    cdef list devices
+    cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
     cdef cnp.dtype descr
     cdef int flags            # the options' bits it was decided under (_split_flags)

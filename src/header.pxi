@@ -122,9 +122,7 @@ cdef class TensorInfo:
     cdef uintptr_t _data
     cdef uint32_t _ver_major, _ver_minor
     cdef Source _source
-    cdef int64_t* _shape
-    cdef int64_t* _strides
-    cdef int64_t _inline[2 * _INLINE_NDIM]
+    cdef int64_t *_shape, *_strides, _inline[2 * _INLINE_NDIM]
 
     def __dealloc__(self):
         if self._shape != self._inline:
@@ -310,8 +308,7 @@ cdef class TensorInfo:
             ``index`` has more entries than ``ndim``.
         """
         cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
-        cdef int i
-        cdef Py_ssize_t n, start, stop, step, count
+        cdef Py_ssize_t i, n, start, stop, step, count
         cdef int64_t item = self.itemsize, move, delta = 0
         cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data

@@ -47,10 +47,8 @@ cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one la
 
 cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
     """A new uninitialised row-major array, ``align``-aligned; AllocationError naming the bytes."""
-    cdef int32_t ndim = info.ndim
-    cdef int64_t strides[_MAX_NDIM]
-    cdef int64_t n = 1
-    cdef int d
+    cdef int32_t d, ndim = info.ndim
+    cdef int64_t strides[_MAX_NDIM], n = 1
     cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
@@ -83,8 +81,7 @@ cdef struct _Half:   # the worker's part of one copy: dl_gather_part's arguments
     char* dst
     const char* src
     int ndim
-    const int64_t* shape
-    const int64_t* strides
+    const int64_t *shape, *strides
     size_t size
     dl_copy_cast cast
     bint fresh
@@ -92,11 +89,12 @@ cdef struct _Half:   # the worker's part of one copy: dl_gather_part's arguments
 
 cdef struct _Worker:   # one C thread that copies the first half of a large copy
     _Half job
-    PyThread_type_lock busy   # held by the copy that uses the worker
-    PyThread_type_lock go     # released to hand the worker its job
-    PyThread_type_lock done   # released by the worker when its half is written
-    long pid                  # the process it was started in
-    long failed_pid           # a process where it could not be started (not tried again)
+    # busy: held by the copy that uses the worker; go: released to hand the worker its job;
+    # done: released by the worker when its half is written.
+    PyThread_type_lock busy, go, done
+    # pid: the process it was started in; failed_pid: a process where it could not be started
+    # (not tried again).
+    long pid, failed_pid
 
 
 cdef _Worker _worker
