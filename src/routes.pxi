@@ -125,9 +125,7 @@ cdef class Route:
     def warning(self):
         # (narrow[4]: narrow="warn"; an error route does not warn)
         narrow = self.facts.get("narrow") if self.problem is None else None
-        if not narrow or not narrow[4]:
-            return None
-        return _words.narrowing_warning(narrow)
+        return _words.narrowing_warning(narrow) if narrow and narrow[4] else None
 
     cdef object _take_error(self):
         """The error to raise, let go of by the route (no cycle: error -> traceback ->
@@ -453,9 +451,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
     copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
     return Route(ZERO_COPY if copying is None else COPY, SPLIT, info, "jax", needs=needs,
                  copy_bytes=sum([r.copy_bytes for _, _, r in shards]), shards=shards,
-                 copying=copying, sharding=opts.sharding,
-                 narrow=next((r.facts.get("narrow") for _, _, r in shards
-                              if r.facts.get("narrow")), None))
+                 copying=copying, sharding=opts.sharding, narrow=narrow)
 
 
 cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, opts, source):
