@@ -265,8 +265,7 @@ cdef object _batch_leaf(list parts):
 
 
 # Routes that take nothing of the caller's, run first: their failures leave every capsule.
-cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT,
-                                           ARRAY_COPY])
+cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT, ARRAY_COPY])
 
 
 cdef int _rank(route):

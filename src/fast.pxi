@@ -16,8 +16,7 @@ cdef class _Leaf:
 
 cdef _Leaf _new_leaf(Py_ssize_t i, cap, info, uint32_t needs, bint fast):
     cdef _Leaf leaf = _Leaf.__new__(_Leaf)
-    leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast = i, cap, info, needs, fast
-    leaf.rank = 2
+    leaf.index, leaf.cap, leaf.info, leaf.needs, leaf.fast, leaf.rank = i, cap, info, needs, fast, 2
     return leaf
 
 

@@ -11,10 +11,8 @@ cdef enum:
     _DEV_HOST = 1
     _DEV_PINNED = 2
     _DEV_STREAM = 4
-cdef uint8_t _DEVICE_BITS[64]
+cdef uint8_t _DEVICE_BITS[64]   # (static C arrays: zeros where no row says otherwise)
 cdef int _DEFAULT_STREAM[64]
-memset(_DEVICE_BITS, 0, sizeof(_DEVICE_BITS))
-memset(_DEFAULT_STREAM, 0, sizeof(_DEFAULT_STREAM))
 for _value, _row in DEVICES.items():
     _DEVICE_BITS[_value] = ((_DEV_HOST if _row.host else 0) | (_DEV_PINNED if _row.pinned else 0)
                             | (_DEV_STREAM if _row.stream else 0))
