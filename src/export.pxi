@@ -225,8 +225,7 @@ cdef object _producer_error(object obj, BaseException exc, str what):
     todo = next((hint for key, hint in row.hints + _GENERIC_HINTS if _re.search(key, low)), row.other)
     method = _re.search(r"\.\w+\(\)", todo)   # ".detach()" in a hint
     fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
-    return ProducerError(
-        f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
+    return ProducerError(f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 
 ctypedef struct _Asked:

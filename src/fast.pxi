@@ -68,9 +68,7 @@ cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except
             return 0
         if n == 0:
             return 1
-        if not flags & _OPT_COPY_NEVER and _c_copy(info, n):
-            return 2
-        return 0
+        return 2 if not flags & _OPT_COPY_NEVER and _c_copy(info, n) else 0
     key = (info._dev_type, info.device_id)
     if n == 0 and key in tg.devices and (tg.default_device is None or key not in tg.cpu_keys):
         return 3

@@ -335,10 +335,8 @@ cdef class TensorInfo:
                 raise MalformedTensorError(f"slice {i} of {index} strides past 2**63-1")
         if delta == INT64_MIN:
             raise MalformedTensorError(f"the slices {index} move the data by -2**63 bytes")
-        if delta >= 0:
-            offset += <uint64_t>delta
-        elif offset >= <uint64_t>(-delta):
-            offset -= <uint64_t>(-delta)
+        if delta >= 0 or offset >= <uint64_t>(-delta):
+            offset += <uint64_t>delta   # (mod 2**64: a negative delta is taken off)
         else:   # a negative stride: the slice starts before `data`; move data instead
             data -= <uintptr_t>(<uint64_t>(-delta) - offset)
             offset = 0
