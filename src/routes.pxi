@@ -261,14 +261,15 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._contiguous(_ANY_ORDER))
-    if copy is False and (blocking or dest != src):
+    cdef bint stays = not blocking and dest == src   # (viewed as it is, unless copy=True)
+    if copy is False and not stays:
         return fail("copy-forbidden", info, "jax", needs, **facts)
     # Layout, read-only and alignment need a copy of the bytes; narrowing and device moves
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
     cdef bint bytes_copy = bool(copy) or bool(blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
         return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
-    cdef bint view = not (blocking or dest != src or copy)
+    cdef bint view = stays and not copy
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
