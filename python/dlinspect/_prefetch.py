@@ -267,11 +267,10 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
 
 def _on_cpu(options: Options) -> bool:
     import jax
-    where = options.sharding or options.device
-    if where is None:
-        return jax.default_backend() == "cpu"
-    return all(d.platform == "cpu" for s in jax.tree_util.tree_leaves(where)
-               for d in (s.device_set if hasattr(s, "device_set") else [s]))
+    # (no place named: where to_jax puts host memory, JAX's default device or else the CPU's)
+    where = options.sharding or options.device or jax_target().default_device
+    return where is None or all(d.platform == "cpu" for s in jax.tree_util.tree_leaves(where)
+                                for d in (s.device_set if hasattr(s, "device_set") else [s]))
 
 
 class _Worker(threading.Thread):

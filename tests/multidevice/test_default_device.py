@@ -212,3 +212,14 @@ def test_a_loader_names_a_device_move_as_its_reason():
     list(loader)
     copied = loader.report.as_dict()["['x']"]["copied_bytes"]
     assert copied and "device move" not in copied
+
+
+def test_prefetch_decides_its_thread_for_where_the_batches_go(rebuilt):
+    """thread=None weighs a worker thread only where batches go to an accelerator: a CPU
+    default device (cpu:1) is a CPU; a stand-in TPU default is not."""
+    from dlinspect import _prefetch
+    from dlinspect._options import DEFAULT, options
+    rebuilt(_default_device=lambda: jax.devices()[1])
+    assert _prefetch._on_cpu(DEFAULT)
+    rebuilt(_default_device=lambda: _Accelerator("tpu"))
+    assert not _prefetch._on_cpu(DEFAULT) and _prefetch._on_cpu(options(jax.devices()[0]))
