@@ -157,6 +157,7 @@ class JaxTarget:
     import_fn: Callable[..., Any]
     direct: bool
     cpu_device: Any
+    default_device: Any   # where memory with no device named goes, None: the CPU device
     cpu_align: int
     copy_align: int
     x64: Any
@@ -185,7 +186,8 @@ class JaxTarget:
                  make_single: Callable[[Any], Any] | None = ...,
                  uncommit: Callable[[Any], Any] | None = ...,
                  unit_strides_ok: bool = ...,
-                 row_major: Callable[[Any], bool] | None = ...) -> None: ...
+                 row_major: Callable[[Any], bool] | None = ...,
+                 default_device: Any = ...) -> None: ...
     def dtype_problem(self, code: int, bits: int, held: bool = ...) -> str | None: ...
 
 def _same(arr: Any) -> Any: ...
