@@ -122,7 +122,9 @@ cdef class TensorInfo:
     cdef uintptr_t _data
     cdef uint32_t _ver_major, _ver_minor
     cdef Source _source
-    cdef int64_t *_shape, *_strides, _inline[2 * _INLINE_NDIM]
+    cdef int64_t* _shape
+    cdef int64_t* _strides
+    cdef int64_t _inline[2 * _INLINE_NDIM]
 
     def __dealloc__(self):
         if self._shape != self._inline:

@@ -48,7 +48,8 @@ cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one la
 cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
     """A new uninitialised row-major array, ``align``-aligned; AllocationError naming the bytes."""
     cdef int32_t d, ndim = info.ndim
-    cdef int64_t strides[_MAX_NDIM], n = 1
+    cdef int64_t strides[_MAX_NDIM]
+    cdef int64_t n = 1
     cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
@@ -81,7 +82,8 @@ cdef struct _Half:   # the worker's part of one copy: dl_gather_part's arguments
     char* dst
     const char* src
     int ndim
-    const int64_t *shape, *strides
+    const int64_t* shape
+    const int64_t* strides
     size_t size
     dl_copy_cast cast
     bint fresh

@@ -5,7 +5,8 @@ cdef enum:
 
 
 ctypedef struct _AvalSlot:
-    PyObject *aval, *descr   # a reference owned by the JaxTarget, or NULL; the NumPy dtype (owned too)
+    PyObject* aval      # a reference owned by the JaxTarget, or NULL
+    PyObject* descr     # the NumPy dtype (a reference owned too)
     int32_t ndim
     int64_t shape[_INLINE_NDIM]
 
