@@ -7,6 +7,7 @@ core's decision put in it; nothing here decides or parses a message. An error is
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -531,24 +532,17 @@ def explain_tree(flat: Any) -> str:
     """``explain``'s text for a :class:`dlinspect._tree.Flat` of routes."""
     from jax.tree_util import keystr
     blocks: list[str] = []
-    kept: list[Any] = []   # a run of untouched leaves under one parent, for one reason
-
-    def end_run() -> None:
-        if kept:
-            first, last, reason = kept[0], kept[-1], kept[-1][1]
-            blocks.append(f"{first[2]}: untouched ({reason})" if len(kept) == 1 else
-                          f"{first[2]} .. {last[2]}: {len(kept)} leaves untouched ({reason})")
-            kept.clear()
-
-    for path, route in zip(flat.key_paths(), flat.leaves):
-        if route.action == T.KEEP:
-            if kept and (kept[-1][0][:-1] != path[:-1] or kept[-1][1] != route.reason or not path):
-                end_run()
-            kept.append((path, route.reason, keystr(path)))
+    # A run of untouched leaves under one parent, for one reason, is one line.
+    for run, group in itertools.groupby(zip(flat.key_paths(), flat.leaves), lambda leaf: (
+            leaf[1].action == T.KEEP and (leaf[0][:-1], leaf[1].reason))):
+        leaves = list(group)
+        if not run:
+            blocks.extend(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  ")
+                          for path, route in leaves)
             continue
-        end_run()
-        blocks.append(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  "))
-    end_run()
+        first, reason = keystr(leaves[0][0]), leaves[0][1].reason
+        blocks.append(f"{first}: untouched ({reason})" if len(leaves) == 1 else
+                      f"{first} .. {keystr(leaves[-1][0])}: {len(leaves)} leaves untouched ({reason})")
     return "\n".join(blocks)
 
 
