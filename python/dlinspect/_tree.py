@@ -38,20 +38,17 @@ def _tensor_type(tp: type) -> bool:
     return hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
 
 
-def _classify(tp: type) -> int:
-    kind = (_LEAF if _tensor_type(tp) else _MAPPING if issubclass(tp, Mapping)
-            else _DATACLASS if dataclasses.is_dataclass(tp)
-            else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
-            else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
-    if len(_kinds) >= _KINDS_MAX:
-        _kinds.clear()
-    _kinds[tp] = kind
-    return kind
-
-
 def _kind(tp: type) -> int:
     kind = _kinds.get(tp)
-    return _classify(tp) if kind is None else kind
+    if kind is None:
+        kind = (_LEAF if _tensor_type(tp) else _MAPPING if issubclass(tp, Mapping)
+                else _DATACLASS if dataclasses.is_dataclass(tp)
+                else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
+                else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
+        if len(_kinds) >= _KINDS_MAX:
+            _kinds.clear()
+        _kinds[tp] = kind
+    return kind
 
 
 _tree_util = functools.partial(jax_module, "jax.tree_util")
@@ -115,12 +112,10 @@ class Flat:
     def structure(self) -> tuple[Any, ...]:
         """What two batches must share to be stacked leaf by leaf: JAX's treedef, and for
         each container JAX does not walk, its type, its keys and the structure inside."""
-        if self.parts is None:
-            return (self.treedef,)
         return (self.treedef, tuple(
             None if part is None else
             (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
-            for part in self.parts))
+            for part in self.parts or ()))
 
     def describe(self) -> str:
         inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
@@ -302,9 +297,8 @@ def _check_walkable(x: Any) -> None:
             raise ContainerError(
                 f"the batch nests more than {MAX_DEPTH} containers deep (at {_where(path)}); nothing "
                 f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
-        children = _children(node, path)
         on_path.append(id(node))
-        stack.extend((child, path + (k,)) for k, child in reversed(children)
+        stack.extend((child, path + (k,)) for k, child in reversed(_children(node, path))
                      if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
 
 
