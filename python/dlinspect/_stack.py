@@ -216,8 +216,7 @@ def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
     shape = (len(arrays),) + arrays[0].shape
     if dtype.hasobject:   # (references, not values: np.stack's own array)
         return _allocated(first, j, shape, dtype, lambda *_: np.stack(arrays))
-    out = _allocated(first, j, shape, dtype, allocate, align)
-    return np.stack(arrays, out=out)
+    return np.stack(arrays, out=_allocated(first, j, shape, dtype, allocate, align))
 
 
 def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> np.dtype[Any]:
@@ -317,11 +316,10 @@ def _allocator(pinned: bool) -> Callable[..., Any]:
             f"To fix: pinned=False (the default) where there is no GPU; pinned memory only "
             f"speeds up copies to one.")
 
-    def allocate(shape: tuple[int, ...], dtype: Any, alignment: int) -> np.ndarray:
-        dt = np.dtype(dtype)
-        nbytes = dt.itemsize * int(np.prod(shape, dtype=object))
+    def allocate(shape: tuple[int, ...], dtype: np.dtype[Any], alignment: int) -> np.ndarray:
+        nbytes = dtype.itemsize * math.prod(shape)
         block = torch.empty(nbytes + alignment, dtype=torch.uint8, pin_memory=True).numpy()
         start = (-block.ctypes.data) % alignment
-        return block[start:start + nbytes].view(dt).reshape(shape)
+        return block[start:start + nbytes].view(dtype).reshape(shape)
     return allocate
 
