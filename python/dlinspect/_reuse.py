@@ -77,7 +77,7 @@ class ReuseGuard:
     """The memory one loader's live zero-copy leaves view, per address space, by start. ``protect``:
     a NumPy source array is read-only while viewed, so a refill fails instead of changing a batch."""
 
-    __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_self", "_spans", "_warned",
+    __slots__ = ("__weakref__", "_copying", "_dead", "_longest", "_spans", "_warned",
                  "batches", "mode", "options", "protect", "report", "what")
 
     def __init__(self, mode: str, options: Options, report: LoaderReport, protect: bool,
@@ -89,7 +89,6 @@ class ReuseGuard:
         self._spans: dict[Any, list[_Span]] = {}   # per space, by start
         self._longest: dict[Any, int] = {}        # per space, the longest span's bytes
         self._copying: set[str] = set()   # (reuse="copy") key paths copied from now on
-        self._self = weakref.ref(self)
 
     def convert(self, batch: Any) -> Kept:
         """One batch converted, its warnings kept, its zero-copy leaves checked against the
@@ -155,7 +154,7 @@ class ReuseGuard:
     def _add(self, key: str, src: Any, arr: Any, space: Any, start: int, end: int) -> None:
         protect = (self.protect and type(src).__module__ == "numpy" and src.flags.writeable)
         ref = weakref.ref(arr, _gone)
-        _WATCHED[id(ref)] = (ref, self._self, src if protect else None)
+        _WATCHED[id(ref)] = (ref, weakref.ref(self), src if protect else None)
         bisect.insort(self._spans.setdefault(space, []),
                       _Span(start, end, self.batches, key, ref, src, protect), key=_START)
         self._longest[space] = max(self._longest.get(space, 0), end - start)

@@ -116,8 +116,7 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
     import inspect
 
     from dlinspect._core import exchange_api_version
-    m = importlib.import_module(module)
-    tp = eval(expr, {"m": m})  # noqa: S307 - the producer table's own expression
+    tp = eval(expr, {"m": importlib.import_module(module)})  # noqa: S307 - the producer table's own expression
     version = exchange_api_version(tp)
     row: dict[str, Any] = {"type": type_name(tp),
                            "exchange_api": list(version) if version else None}
