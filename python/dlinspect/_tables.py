@@ -155,7 +155,7 @@ _DTYPE_ROWS = (
 )
 
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
-_DTYPE_BY_NAME = {row.name: (int(code), bits) for code, bits, row in _DTYPE_ROWS}
+_DTYPE_BY_NAME = {row.name: (int(code), bits, 1) for code, bits, row in _DTYPE_ROWS}
 _DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
 
 
@@ -189,9 +189,8 @@ def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
 def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
     """ValueError where DLPack has no code for the dtype (object, string, datetime...)."""
     name = numpy.dtype(dtype).name
-    got = _DTYPE_BY_NAME.get(name)
-    if got is not None:
-        return (got[0], got[1], 1)
+    if (found := _DTYPE_BY_NAME.get(name)) is not None:
+        return found
     for prefix, code in (("uint", _C.kDLUInt), ("int", _C.kDLInt)):   # ml_dtypes' other widths
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return (code, int(name[len(prefix):]), 1)
