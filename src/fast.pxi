@@ -59,20 +59,16 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-# What the fast path does with a header: 0 nothing (the general route), 1 import as it is
-# onto the CPU device, 2 copy in C (_c_copy), 3 import as it is onto the JAX device of its
-# own DLPack device (CUDA, ROCm, pinned host memory on a JAX that has their platform).
-cdef int _fast_kind(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
+# Whether the fast path takes a header (else the general route): host memory imported as it
+# is onto the CPU device or copied in C (_c_copy), unless JAX's default device is set (put on
+# it: the general route); other memory imported as it is onto the JAX device of its own DLPack
+# device (CUDA, ROCm, pinned host memory on a JAX that has their platform).
+cdef bint _fast_takes(TensorInfo info, uint32_t n, int flags, JaxTarget tg) except -1:
     if info._dev_type == kDLCPU and info.device_id == 0:
-        if tg.default_device is not None:   # (put on it: the general route)
-            return 0
-        if n == 0:
-            return 1
-        return 2 if not flags & _OPT_COPY_NEVER and _c_copy(info, n) else 0
+        return tg.default_device is None and (
+            n == 0 or not flags & _OPT_COPY_NEVER and _c_copy(info, n))
     key = (info._dev_type, info.device_id)
-    if n == 0 and key in tg.devices and (tg.default_device is None or key not in tg.cpu_keys):
-        return 3
-    return 0
+    return n == 0 and key in tg.devices and (tg.default_device is None or key not in tg.cpu_keys)
 
 
 cdef object _import_fast(object cap, TensorInfo info, uint32_t n, JaxTarget tg, int flags,
@@ -127,7 +123,7 @@ cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0, Py_ssize_t leaf=-1
         info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
         cap = _take_ref(p)
         n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
-        if _fast_kind(info, n, flags, tg) == 0:
+        if not _fast_takes(info, n, flags, tg):
             return _general(leaf, cap, info, n)
         if leaf >= 0:
             return _new_leaf(leaf, cap, info, n, True)
