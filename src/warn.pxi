@@ -27,16 +27,14 @@ def warn(message, bint at_consumer=False):
     level, frame_or_none = 1, _sys._getframe(0)
     while frame_or_none is not None and frame_or_none.f_code.co_filename.startswith(ours):
         level, frame_or_none = level + 1, frame_or_none.f_back
-    if frame_or_none is None:
-        _warnings.warn(message, DLInspectWarning, stacklevel=level)
-        return
-    key = (frame_or_none.f_code, frame_or_none.f_lineno, message)
+    # (no frame outside: warned, never remembered, a key of None)
+    key = None if frame_or_none is None else (frame_or_none.f_code, frame_or_none.f_lineno, message)
     filters = _warnings.filters
     seen = _shown.get(key)
     if seen is not None and seen[0] is filters and seen[1] == len(filters):
         return
     _warnings.warn(message, DLInspectWarning, stacklevel=level)
-    if _repeats_hidden(frame_or_none, message):
+    if key is not None and _repeats_hidden(frame_or_none, message):
         if len(_shown) >= 1024:
             _shown.clear()
         _shown[key] = (filters, len(filters))
