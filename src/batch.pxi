@@ -268,14 +268,13 @@ cdef object _batch_leaf(list parts):
 cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRAY_PUT, ARRAY_COPY])
 
 
-cdef int _rank(route):
+cdef int _rank(Route route):
     """The order a batch's routes execute in: 0 those that take nothing of the caller's,
-    1 the other general routes (a copy may still fail for memory), 2 the fast imports."""
-    if route is None:
-        return 2
-    action = (<Route>route).action
+    1 the other general routes (a copy may still fail for memory); 2, a leaf without a route
+    (the fast imports, a split viewed again), is ``_new_leaf``'s."""
+    action = route.action
     if action is DEVICE_PUT or action is PROCESS_LOCAL:
-        action = (<Route>route).facts["whole"].action
+        action = route.facts["whole"].action
     return 0 if action in _TAKES_NOTHING else 1
 
 
