@@ -68,16 +68,14 @@ cdef int _raise_route(Route route) except -1:
     raise route._take_error()
 
 
-def repeated_capsule(list leaves, set seen=None):
+def repeated_capsule(list leaves, set seen not None):
     """The index of the first leaf that is a capsule met before (in ``leaves``, or by id in
     ``seen``, earlier sub-trees', updated), or -1: a capsule is consumed exactly once."""
     cdef Py_ssize_t i
     for i in range(len(leaves)):
         leaf = leaves[i]
         if PyCapsule_CheckExact(leaf):
-            if seen is None:
-                seen = set()
-            elif id(leaf) in seen:
+            if id(leaf) in seen:
                 return i
             seen.add(id(leaf))
     return -1
