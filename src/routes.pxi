@@ -8,17 +8,12 @@ from dlinspect._options import check_sharding
 ZERO_COPY, COPY, HOST_FALLBACK, ERROR, UNTOUCHED = (
     "zero-copy", "copy", "host-fallback", "error", "untouched")
 
-# Route.action (dlinspect._tables says each): one executor each in execute.pxi.
+# Route.action (dlinspect._tables says each): one executor each in execute.pxi (EXECUTORS: a
+# JAX route's, HOST_EXECUTORS: a host route's; KEEP: a leaf that is not a tensor, kept).
 from dlinspect._tables import (
     ARRAY_COPY, ARRAY_PUT, DEVICE_PUT, EMPTY, HOST_COPY, HOST_VIEW, IMPORT, KEEP, NUMPY_COPY,
     NUMPY_PUT, PASS, PROCESS_LOCAL, PRODUCER_COPY, RAISE, SPLIT, UNPACK,
 )
-
-# The actions of a JAX and of a host route (KEEP: a leaf that is not a tensor, kept).
-JAX_ACTIONS = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, PRODUCER_COPY, NUMPY_PUT,
-                         NUMPY_COPY, RAISE, PASS, ARRAY_PUT, ARRAY_COPY, SPLIT, DEVICE_PUT,
-                         PROCESS_LOCAL])
-HOST_ACTIONS = frozenset([RAISE, PRODUCER_COPY, EMPTY, UNPACK, HOST_COPY, HOST_VIEW, NUMPY_COPY])
 
 cdef class Route:
     """Where a tensor goes and why: the result of :func:`dlinspect.plan`.

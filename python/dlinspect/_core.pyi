@@ -212,8 +212,6 @@ COPY: str
 HOST_FALLBACK: str
 ERROR: str
 UNTOUCHED: str
-JAX_ACTIONS: frozenset[str]
-HOST_ACTIONS: frozenset[str]
 
 class Route:
     kind: str
