@@ -184,10 +184,10 @@ def fail(str problem, info, str target, needs=0, **facts):
     return Route(ERROR, RAISE, info, target, needs=needs, problem=problem, **facts)
 
 
-def failed(BaseException exc, str target, info=None):
-    """A route of kind "error" whose error is ``exc`` (raised by the export), without its
-    traceback (it would hold the caller's frame, and so the capsule, in a cycle)."""
-    return fail("raised", info, target, cause=exc.with_traceback(None))
+def failed(BaseException exc, str target):
+    """A route of kind "error" whose error is ``exc`` (raised by the export: no header), without
+    its traceback (it would hold the caller's frame, and so the capsule, in a cycle)."""
+    return fail("raised", None, target, cause=exc.with_traceback(None))
 
 
 cdef Route _fits(Route route):
