@@ -158,7 +158,6 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
-    cdef Py_ssize_t i
     cdef list arrays = []
     cdef bint by_put = tg.put is not None
     for part, n in parts:
@@ -169,16 +168,15 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     owner = take(cap)
     cdef bint writeable = info.read_only is not True
     try:
-        for i in range(len(parts)):
-            part, n = parts[i]
+        for (part, n), device in zip(parts, devices):
             if n & ~NEED_VIA_CPU == 0:
                 arrays.append(_view_of(owner, part, writeable) if by_put else
-                              import_capsule(tg.import_fn, view_capsule(owner, part), devices[i],
+                              import_capsule(tg.import_fn, view_capsule(owner, part), device,
                                              None, None, kDLCPU))
             else:
                 copy = _aligned_array(part, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
                 _fill(copy, part)
-                arrays.append(copy if by_put else _put_host(tg, copy, devices[i], True))
+                arrays.append(copy if by_put else _put_host(tg, copy, device, True))
                 del copy
         if by_put:   # (devices: the sharding's addressable ones, in its own order)
             return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),

@@ -199,8 +199,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
 cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, device):
     """Host memory that needs nothing, viewed uncommitted: a NumPy array as it is (its export
     released now), other memory taken (its deleter runs when the last array over it dies)."""
-    descr = _numpy_dtype(info._code, info._bits)
-    aval = tg.aval(info.ndim, info._shape, descr)
+    aval = tg.aval(info.ndim, info._shape, _numpy_dtype(info._code, info._bits))
     if type(x) is _np_ndarray:
         return tg.put(aval, tg.single(device), [x], [device], False)
     owner = take(cap)
