@@ -199,7 +199,6 @@ cdef class _SplitViews:
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
     cdef cnp.dtype descr
     cdef int flags            # the options' bits it was decided under (_split_flags)
-    cdef uintptr_t mask       # the put's alignment - 1: the address modulo it is the same
     cdef JaxTarget tg         # the JAX it was decided for (a new target decides afresh)
 
 
@@ -227,12 +226,14 @@ cdef Py_hash_t _split_hash(TensorInfo info, object sharding, int flags,
 
 cdef bint _same_split(_SplitViews s, TensorInfo info, object sharding, int flags,
                       JaxTarget tg) noexcept:
+    """Whether ``s`` was decided for this header, sharding, options and JAX, at an address
+    the same modulo the put's alignment (what ``_split_hash`` hashes)."""
     cdef TensorInfo w = s.whole
     cdef int i
     if (s.sharding is not sharding or s.tg is not tg or s.flags != flags or w.ndim != info.ndim
             or w._key() != info._key() or w._lanes != info._lanes or w.flags != info.flags
             or w._dev_type != info._dev_type or w.device_id != info.device_id
-            or (w._ptr() & s.mask) != (info._ptr() & s.mask)):
+            or (w._ptr() ^ info._ptr()) & (tg.put_align - 1)):
         return False
     for i in range(info.ndim):
         if w._shape[i] != info._shape[i] or w._strides[i] != info._strides[i]:
@@ -275,11 +276,11 @@ cdef int _remember_split(Route route, TensorInfo info, int flags, JaxTarget tg) 
     s.whole, s.devices, s.sharding, s.flags = info, f["devices"], f["sharding"], flags
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
-    s.mask, s.tg = tg.put_align - 1, tg
+    s.tg = tg
     s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
     if len(_split_views) >= 256:
         _split_views.clear()
-    _split_views[_split_hash(info, s.sharding, flags, s.mask)] = s
+    _split_views[_split_hash(info, s.sharding, flags, tg.put_align - 1)] = s
     return 0
 
 
