@@ -10,11 +10,7 @@ static inline int dl_mul_overflow(int64_t a, int64_t b, int64_t* out) {
 #if defined(__GNUC__) || defined(__clang__)
   return __builtin_mul_overflow(a, b, out);
 #else
-  if (a == 0 || b == 0) {
-    *out = 0;
-    return 0;
-  }
-  if ((a == -1 && b == INT64_MIN) || (b == -1 && a == INT64_MIN)) return 1;
+  /* a or b 0 passes every test; -1 * INT64_MIN (either order) fails the one of two negatives */
   if ((a > 0 && b > 0 && a > INT64_MAX / b) || (a < 0 && b < 0 && a < INT64_MAX / b) ||
       (a > 0 && b < 0 && b < INT64_MIN / a) || (a < 0 && b > 0 && a < INT64_MIN / b)) {
     return 1;
