@@ -563,13 +563,12 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
   }
   /* Streaming stores for a large transpose or dense copy, decided on the whole copy, not
    * the part (but into fresh pages a narrow band, or a dense copy, stores ordinarily). */
-  stream = 0;
-  if (L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN && tj >= 0) {
-    const int64_t rows = (int64_t)(DL_PANEL_J / L.size) < L.ext[tj] ? (int64_t)(DL_PANEL_J / L.size)
-                                                                       : L.ext[tj];
-    const int64_t band = rows * (L.dstr[tj] < 0 ? -L.dstr[tj] : L.dstr[tj]);
+  stream = L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN;
+  if (stream && tj >= 0) { /* a band: the rows of j one panel spans (dstr still row-major) */
+    const int64_t panel = (int64_t)(DL_PANEL_J / L.size);
+    const int64_t band = (panel < L.ext[tj] ? panel : L.ext[tj]) * L.dstr[tj];
     stream = !fresh || band > (int64_t)DL_COPY_BAND_MAX;
-  } else if (L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN) {
+  } else if (stream) {
     stream = !fresh && cast == DL_COPY_SAME && L.sstr[n - 1] == (int64_t)L.size;
   }
   if (nparts > 1) { /* keep this part's slice of one axis */
