@@ -251,23 +251,20 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
     const int64_t w = 16 / sz; /* elements in 16 bytes */
     if (sb == 0) { /* broadcast: one 16-byte pattern stored over and over */
       __m128i v;
+      int64_t q;
       if (sz == 16) {
         v = _mm_loadu_si128((const __m128i*)src);
       } else { /* the element in e's low bytes (x86 is little-endian), times 0x..01 in
                   units of its size: 8 bytes of copies */
         uint64_t e = 0, rep = 0;
-        int64_t q;
         memcpy(&e, src, size);
         for (q = 0; q < 8; q += sz) rep |= (uint64_t)1 << (8 * q);
         e *= rep;
         v = _mm_loadl_epi64((const __m128i*)&e);
         v = _mm_unpacklo_epi64(v, v);
       }
-      for (; k + 4 * w <= count; k += 4 * w) {
-        _mm_storeu_si128((__m128i*)(dst + k * sz), v);
-        _mm_storeu_si128((__m128i*)(dst + k * sz + 16), v);
-        _mm_storeu_si128((__m128i*)(dst + k * sz + 32), v);
-        _mm_storeu_si128((__m128i*)(dst + k * sz + 48), v);
+      for (; k + 4 * w <= count; k += 4 * w) { /* 64 bytes a step */
+        for (q = 0; q < 64; q += 16) _mm_storeu_si128((__m128i*)(dst + k * sz + q), v);
       }
       for (; k + w <= count; k += w) _mm_storeu_si128((__m128i*)(dst + k * sz), v);
     } else if (sb == -sz && sz < 16) { /* reversed: k .. k + w - 1 lie at src - (k + w - 1) * sz */
