@@ -53,21 +53,17 @@ cdef struct DLManagedTensorVersioned:
     DLTensor dl_tensor
 
 # The C exchange API (DLPack 1.3), in its whole layout; the core reads the version and the
-# two functions that export a Python object.
+# two functions that export a Python object. The three functions it never calls are
+# declared as opaque pointers (a function pointer's size and alignment: the same layout).
 cdef struct DLPackExchangeAPIHeader:
     DLPackVersion version
     DLPackExchangeAPIHeader* prev_api
 
 cdef struct DLPackExchangeAPI:
     DLPackExchangeAPIHeader header
-    int (*managed_tensor_allocator)(
-        DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
-        void (*SetError)(void* error_ctx, const char* kind, const char* message) noexcept
-    ) noexcept
+    void* managed_tensor_allocator   # int (*)(DLTensor*, DLManagedTensorVersioned**, ...)
     int (*managed_tensor_from_py_object_no_sync)(
         void* py_object, DLManagedTensorVersioned** out) noexcept
-    int (*managed_tensor_to_py_object_no_sync)(
-        DLManagedTensorVersioned* tensor, void** out_py_object) noexcept
+    void* managed_tensor_to_py_object_no_sync   # int (*)(DLManagedTensorVersioned*, void**)
     int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out) noexcept   # or NULL
-    int (*current_work_stream)(
-        int32_t device_type, int32_t device_id, void** out_current_stream) noexcept
+    void* current_work_stream   # int (*)(int32_t device_type, int32_t device_id, void**)
