@@ -141,6 +141,25 @@ class TestMixedLeaves:
                 to_jax({"nested": x}, leaves="raise")
         assert to_jax(None) is None and plan(None) is None
 
+    @pytest.mark.parametrize("wrap", [lambda b: b, lambda b: {"outer": b}, lambda b: [b]])
+    @pytest.mark.parametrize("make", [lambda t: {"a": t, "b": None}, lambda t: [t, None],
+                                      lambda t: (t, None)])
+    def test_none_is_no_leaf_at_any_depth(self, wrap, make):
+        # None is JAX's empty subtree: kept as None, planned as None, never a leaf that
+        # leaves="raise" refuses or explain lists, in a plain container as in a nested one.
+        t = np.arange(3, dtype=np.float32)
+        x = wrap(make(t))
+        expected = jax.tree_util.tree_map(lambda v: jax.numpy.asarray(v) + 0, x)
+        for leaves in ("keep", "raise"):
+            out = to_jax(x, leaves=leaves)
+            assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(x)
+            for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
+                np.testing.assert_array_equal(got + 0, want)
+            routes = plan(x, leaves=leaves)
+            assert jax.tree_util.tree_structure(routes) == jax.tree_util.tree_structure(x)
+            assert [r.kind for r in jax.tree_util.tree_leaves(routes)] == [plan(t).kind]
+        assert "untouched" not in dlinspect.explain(x)
+
 
 class TestKeyPaths:
     """Every error raised for a leaf names it as jax.tree_util.keystr writes it."""

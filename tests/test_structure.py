@@ -93,7 +93,7 @@ def test_python_and_core_do_not_grow():
 
 #: The most code lines (scripts/layout.py's ``code_lines``: not blank, not only a comment, not
 #: in a docstring) the same files hold today: a ratchet toward layout.CODE_BUDGET.
-CODE_CEILING = 5895
+CODE_CEILING = 5894
 
 
 def test_code_does_not_grow():
