@@ -123,8 +123,10 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                 raise repeated_capsule_error()
             if part.flags & _OPT_LEAVES_RAISE:
                 for i in range(len(part.leaves)):
-                    if not is_tensor(part.leaves[i]):
-                        _raise_route(untouched(part.leaves[i], "jax", part.opts))
+                    route = None if is_tensor(part.leaves[i]) else untouched(part.leaves[i], "jax",
+                                                                             part.opts)
+                    if route is not None:
+                        _raise_route(route)
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
             start = len(plan)
             _decide_part(part, k, tg, plan, report)

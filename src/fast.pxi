@@ -46,10 +46,10 @@ cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
 
 
 cdef inline bint _plain_scalar(v):
-    """A value no walker descends into: str, bytes, a number (None is no leaf: JAX's empty
-    subtree, which dlinspect._tree walks)."""
+    """A value no walker descends into: str, bytes, a number, None."""
     tp = type(v)
-    return tp is str or tp is int or tp is float or tp is bool or tp is bytes or tp is complex
+    return (v is None or tp is str or tp is int or tp is float or tp is bool or tp is bytes
+            or tp is complex)
 
 
 cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:

@@ -305,7 +305,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
         else:
             route = (_plan_one(leaf, tg, "jax", part.opts) if is_tensor(leaf)
                      else untouched(leaf, "jax", part.opts))
-        if route.problem is not None:
+        if route is not None and route.problem is not None:
             route.key_path = part.keystr(i)
         part.out.append(route)
     return 0

@@ -492,7 +492,10 @@ cdef bint _row_major_array(x, JaxTarget tg) except -1:
 
 
 def untouched(leaf, str target, opts):
-    """The route of a pytree leaf that is not a tensor."""
+    """The route of a pytree leaf that is not a tensor; None for None (JAX's empty subtree:
+    no leaf, at any depth)."""
+    if leaf is None:
+        return None
     if opts.leaves == "raise":
         return fail("not-a-tensor", None, target, leaf_type=type(leaf))
     return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf))
