@@ -98,7 +98,8 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         from the producer's ``__dlpack_device__`` before it is asked to export.
     leaves : {"keep", "raise"}
         A leaf that is not a numeric tensor is kept as it is, or (``"raise"``)
-        raises ``NotDLPackError`` naming its key path.
+        raises ``NotDLPackError`` naming its key path. None is no leaf (JAX's empty
+        subtree): kept at any depth, whichever is asked.
     narrow : {"warn", "ok"}
         A 64-bit dtype JAX narrows with x64 off (int64 labels, say) comes with a
         ``DLInspectWarning`` (Python's filters decide where it shows: by default
@@ -220,7 +221,8 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
         For ``target="jax"``: a leaf that is not a tensor (a str, a number, a NumPy
         array of strings...; the whole of ``x`` too) gets an ``"untouched"`` route, or
         (``"raise"``) a ``NotDLPackError`` route. The batch is walked as
-        :func:`to_jax` walks it (Mappings and dataclasses included).
+        :func:`to_jax` walks it (Mappings and dataclasses included); None is no leaf
+        and stays None in the routes.
     narrow : {"warn", "ok"}
         Whether a 64-bit dtype JAX narrows (x64 off) gets a ``warning``.
 
