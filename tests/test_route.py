@@ -268,6 +268,23 @@ class TestCopies:
             warnings.simplefilter("error")
             assert to_jax(x, narrow="ok").dtype == np.int32
 
+    def test_narrowing_warns_on_a_thread_without_python_frames(self, monkeypatch):
+        # A thread C started runs to_jax with no Python frame at all (list.extend of a map):
+        # the warning is shown, not a ValueError from sys._getframe ("call stack is not deep
+        # enough") raised out of the conversion.
+        import _thread
+        import time
+        x, out, errors = aligned([1, 2], np.int64), [], []
+        monkeypatch.setattr("sys.unraisablehook", lambda info: errors.append(info.exc_value))
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            _thread.start_new_thread(out.extend, (map(to_jax, [x]),))
+            deadline = time.monotonic() + 30
+            while not (out or errors) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert errors == [] and [a.tolist() for a in out] == [[1, 2]]
+        assert [w.category for w in record] == [DLInspectWarning]
+
     def test_x64_enabled_keeps_64_bits(self):
         with enable_x64(True):
             x = aligned([2**40], np.int64)
