@@ -79,10 +79,11 @@ Measured, per pipeline and method:
   two epochs ran near each other, so the machine's drift cancels in it); the median of
   these paired ratios and their quartiles (>1: faster than the ecosystem's own path),
   beside the ratio of the two medians.
-- conversion only, µs per batch (lower is better): the pipeline's own batches,
-  collected first, converted (and waited for) by the method's conversion, timed with
-  ``dlinspect.bench._common.time_cases`` (calibrated loops, methods interleaved,
-  median); ``ratio`` against the baseline's conversion where it takes the same batches.
+- conversion only, µs per batch (lower is better): the pipeline's own batches, collected
+  anew before each pass (not timed) and handed over one by one, as a loader hands them
+  (taken out of the list, so that dlinspect sees memory the batch owns), converted (and
+  waited for) by the method's conversion; methods interleaved round by round, median;
+  ``ratio`` against the baseline's conversion where it takes the same batches.
   A library's own path is timed as the call it makes on each batch: grain's
   ``device_put`` calls ``jax.device_put(batch, device)``; datasets' JAX formatter
   ``jnp.array`` per column (int to int32, float to float32 with x64 off); Ray's
@@ -90,7 +91,7 @@ Measured, per pipeline and method:
 - bytes per batch imported zero-copy and copied, by reason: for dlinspect's methods,
   from the loader's own ``report`` over the last epoch (``prefetch_to_jax(...).report``,
   ``dlinspect.grain.device_put(...).report``); for the others, measured on the
-  conversion's output over the pipeline's collected batches: a leaf's bytes (each
+  conversion's output over the pipeline's collected batches, handed over one by one: a leaf's bytes (each
   shard's, when sharded) count as zero-copy where the output's buffer is at the batch's
   own address, else as copied, with the reasons dlinspect's report gives for that leaf
   of that batch, or "viewable" where dlinspect imports it without a copy. (The same
@@ -137,7 +138,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import dlinspect  # noqa: E402
-from dlinspect.bench._common import machine, optional, time_cases  # noqa: E402
+from dlinspect._core import route_reason  # noqa: E402
+from dlinspect.bench._common import machine, optional  # noqa: E402
 
 BATCH, SHAPE, POOL, WORKERS, DEVICES = 256, (3, 32, 32), 4096, 2, 4
 IMAGE_BATCHES = 24
@@ -435,12 +437,19 @@ def per_batch(source: str, rows: dict[str, dict[str, Any]], batches: int) -> dic
 
 def dlinspect_reasons(batch: Any, options: dict[str, Any]) -> dict[str, str | None]:
     """Per leaf, the reasons dlinspect copies it with ``options`` (the words of its
-    LoaderReport), None where it imports it zero-copy: one batch through a loader."""
-    loader = dlinspect.prefetch_to_jax([batch], thread=False, **{"narrow": "ok", **options})
-    for _ in loader:
-        pass
-    return {key: ", ".join(row["copied_bytes"]) or None
-            for key, row in loader.report.as_dict().items()}
+    LoaderReport), None where it imports it zero-copy (``plan`` of the batch as the
+    caller holds it)."""
+    routes = leaves(dlinspect.plan(batch, **{"narrow": "ok", **options}))
+    forced = options.get("copy") is True
+    return {key: route_reason(route, forced) for key, route in routes.items()
+            if route.kind != "untouched"}
+
+
+def handed_over(batches: list[Any]) -> Iterator[Any]:
+    """The batches, each handed over as a loader hands it (taken out of the list first, so
+    that the list holds none of them: dlinspect views only memory the batch owns)."""
+    while batches:
+        yield batches.pop(0)
 
 
 def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
@@ -449,14 +458,15 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
     shard of an output leaf whose buffer is at the input leaf's own address (plus the
     shard's offset) counts as zero-copy, the rest of the leaf's bytes as copied, for
     the reasons dlinspect copies that leaf with ``options``, or "viewable" where
-    dlinspect imports it zero-copy."""
+    dlinspect imports it zero-copy. The batches are handed over one by one (the list is
+    emptied), as a loader hands them."""
     per_leaf: dict[str, dict[str, Any]] = {}
-    for batch in batches:
-        src = leaves(batch)
+    count = len(batches)
+    for batch in handed_over(batches):
+        why = dlinspect_reasons(batch, options)
         out = leaves(convert(batch))
         jax.block_until_ready([v for v in out.values() if hasattr(v, "addressable_shards")])
-        why = dlinspect_reasons(batch, options)
-        for key, leaf in src.items():
+        for key, leaf in leaves(batch).items():
             result = out.get(key)
             if result is None or not hasattr(result, "addressable_shards"):
                 continue
@@ -472,14 +482,15 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
             row["zero_copy"] += zero
             if info.nbytes > zero:
                 row["copied"][why.get(key) or "viewable"] += info.nbytes - zero
-    return per_batch("measured", per_leaf, len(batches))
+    return per_batch("measured", per_leaf, count)
 
 
 def census(batches: list[Any], options: dict[str, Any]) -> dict[str, Any]:
-    """Per leaf over the batches: types, read-only count, alignments and plan()'s routes
-    with ``options`` (and readonly="share"), with the first copy's reason."""
+    """Per leaf over the batches (handed over one by one: the list is emptied): types,
+    read-only count, alignments and plan()'s routes with ``options`` (and
+    readonly="share"), with the first copy's reason."""
     out: dict[str, Any] = {}
-    for batch in batches:
+    for batch in handed_over(batches):
         routes = leaves(dlinspect.plan(batch, narrow="ok", **options))
         shared = leaves(dlinspect.plan(batch, readonly="share", narrow="ok", **options))
         for key, leaf in leaves(batch).items():
@@ -517,21 +528,21 @@ def run_pipeline(p: Pipeline, repeat: int, warmup: int, quick: bool,
         now = time.perf_counter()
         seconds[name], clock = now - clock, now
 
-    raw = {name: make() for name, make in p.raw.items()}
+    first = next(iter(p.raw.values()))()[0]
     phase("batches")
     runs, cpu, reports = _rounds(p, repeat, warmup, stage_only)
     phase("rounds")
-    methods = {m.name: _method_row(p, m, runs, cpu, reports, raw) for m in p.methods}
+    methods = {m.name: _method_row(p, m, runs, cpu, reports) for m in p.methods}
     phase("bytes")
-    for name, batches in raw.items():          # conversion only, per set of batches
-        _conversion(p, name, batches, methods, repeat, quick)
+    for name, make in p.raw.items():           # conversion only, per set of batches
+        _conversion(p, name, make, methods, repeat)
     phase("conversion")
-    first = next(iter(raw.values()))[0]
     return {"what": p.what, "baseline": p.methods[0].name, "devices": p.devices,
             "batches_per_epoch": p.batches, "warmup": warmup,
             "leaves": {k: f"{getattr(v, 'dtype', '?')} {tuple(getattr(v, 'shape', ()))}"
                        for k, v in leaves(first).items()},
-            "methods": methods, "plan": {name: census(b, p.plan_options) for name, b in raw.items()},
+            "methods": methods,
+            "plan": {name: census(make(), p.plan_options) for name, make in p.raw.items()},
             "seconds": seconds}
 
 
@@ -556,7 +567,7 @@ def _rounds(p: Pipeline, repeat: int, warmup: int, stage_only: bool) -> tuple[An
 
 
 def _method_row(p: Pipeline, m: Any, runs: dict[str, list[float]], cpu: dict[str, list[float]],
-                reports: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+                reports: dict[str, Any]) -> dict[str, Any]:
     """One method's end-to-end figures, its ratio to the baseline (paired by round) and
     its bytes per batch (the loader's report where it has one, else measured)."""
     base = p.methods[0].name
@@ -568,7 +579,7 @@ def _method_row(p: Pipeline, m: Any, runs: dict[str, list[float]], cpu: dict[str
         row["ratio"] = {**spread(paired), "of_medians": statistics.median(runs[m.name])
                         / statistics.median(runs[base])}
     if m.convert is not None:      # on the pipeline's own batches, for every method
-        row["bytes_measured"] = measured_bytes(raw[m.raw], m.convert, m.options)
+        row["bytes_measured"] = measured_bytes(p.raw[m.raw](), m.convert, m.options)
     if m.name in reports:          # dlinspect's loaders count what they imported
         row["bytes"] = report_bytes(reports[m.name])
     elif m.convert is not None:
@@ -578,24 +589,26 @@ def _method_row(p: Pipeline, m: Any, runs: dict[str, list[float]], cpu: dict[str
     return row
 
 
-def _conversion(p: Pipeline, name: str, batches: list[Any], methods: dict[str, Any],
-                repeat: int, quick: bool) -> None:
+def _conversion(p: Pipeline, name: str, make: Callable[[], list[Any]],
+                methods: dict[str, Any], repeat: int) -> None:
     """Conversion alone of one set of batches, by every method that converts it: µs per
-    batch, paired by round against the baseline (or the first such method)."""
+    batch, paired by round against the baseline (or the first such method). Each pass
+    converts batches made anew before it (not timed) and handed over one by one, as a
+    loader hands them; the methods take turns, round by round."""
     chosen = [m for m in p.methods if m.convert is not None and m.raw == name]
     if not chosen:
         return
-
-    def convert_all(convert: Callable[[Any], Any]) -> None:
-        for b in batches:
-            jax.block_until_ready(convert(b))
-
-    namespace = {"convert_all": convert_all, **{f"c{i}": m.convert for i, m in enumerate(chosen)}}
-    cases = [(m.name, f"convert_all(c{i})", False) for i, m in enumerate(chosen)]
-    rows, _ = time_cases(f"{p.name} conversion ({name})", cases, namespace, repeat, quick,
-                         progress, [])
-    # µs per batch, each round of time_cases ran every case once: paired by round
-    us = {r["name"]: [v / len(batches) for v in r["runs"]] for r in rows}
+    us: dict[str, list[float]] = {m.name: [] for m in chosen}
+    for rnd in range(repeat + 1):          # (round 0 warms up)
+        progress(f"{p.name} conversion ({name}): round {rnd}/{repeat}")
+        for m in chosen[rnd % len(chosen):] + chosen[:rnd % len(chosen)]:
+            batches = make()
+            count = len(batches)
+            start = time.perf_counter()
+            for batch in handed_over(batches):
+                jax.block_until_ready(m.convert(batch))
+            if rnd:
+                us[m.name].append((time.perf_counter() - start) / count * 1e6)
     base = p.methods[0].name
     ref = base if base in us else chosen[0].name
     for m in chosen:

@@ -16,6 +16,15 @@ cdef class _Part:
     cdef list keys, leaves, out
     cdef int flags
     cdef Py_ssize_t offset   # its first leaf's index among the batch's
+    # owned: the leaves proven to own their memory (own.pxi), the batch's; None: every
+    # leaf is taken as it is (no proof asked: copy given, or a tensor given alone).
+    cdef _Owned owned
+
+    cdef int leaf_flags(self, object leaf) except? -1:
+        """The options' bits for ``leaf``, with _LEAF_ALIASED where it is not proven owned."""
+        if self.owned is None or self.owned.has(leaf):
+            return self.flags
+        return self.flags | _LEAF_ALIASED
 
     cdef str keystr(self, Py_ssize_t i):
         """Leaf ``i``'s key path, as ``jax.tree_util.keystr`` writes it (the prefix first)."""
@@ -55,11 +64,15 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False):
-    """``(parts, where)``: the batch's parts and the tree of their indices (None: one part)."""
+cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False, _Owned owned=None):
+    """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
+    ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
+    cdef _Part part
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
-        return [_part(x, (), _leaf_options(opts, sharding), planned)], None
+        part = _part(x, (), _leaf_options(opts, sharding), planned)
+        part.owned = owned
+        return [part], None
     Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -72,17 +85,22 @@ cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False):
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned))
+        cdef _Part part = _part(sub, tuple(path), _leaf_options(leaf_opts, s), planned)
+        part.owned = owned
+        parts.append(part)
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where
 
 
-cdef object _convert_batch(x, JaxTarget tg, opts, LoaderReport report=None):
-    """Every leaf decided before any is consumed, then the plan run; errors name the leaf."""
+cdef object _convert_batch(x, JaxTarget tg, opts, LoaderReport report=None,
+                           Py_ssize_t held=-1):
+    """Every leaf decided before any is consumed, then the plan run; errors name the leaf.
+    ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
+    owned = _owned(x, opts, held)   # (first: nothing of dlinspect's holds a part of x yet)
     if report is not None:
         report._pending = []   # (what a failed batch noted)
-    parts, where = _parts(x, tg, opts)
+    parts, where = _parts(x, tg, opts, False, owned)
     cdef list plan
     try:
         plan = _decide_batch(parts, tg, report)
@@ -93,7 +111,7 @@ cdef object _convert_batch(x, JaxTarget tg, opts, LoaderReport report=None):
             report._pending = []
         raise
     if report is not None:
-        report._end(_batch_leaf(parts))
+        report._end(_leaf_key(parts))
     return _rebuild_parts(parts, where, tg)
 
 
@@ -154,7 +172,7 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
         part.out = list(part.leaves)
     else:
-        part.out, decided = _fast_many(part.leaves, tg, flags)
+        part.out, decided = _fast_many(part, tg)
     try:
         for i in range(len(part.leaves) if decided is None else len(decided)):
             if decided is not None:
@@ -166,7 +184,8 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                 continue
             else:
                 try:
-                    route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse)
+                    route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse,
+                                                    part.leaf_flags(part.leaves[i]) & _LEAF_ALIASED)
                 except BaseException as exc:
                     _mark_leaf(exc, i)
                     raise
@@ -189,6 +208,32 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
         decided = leaf = cap = None   # the exports let go of with the error handled (see _convert)
         raise
     return 0
+
+
+cdef tuple _fast_many(_Part part, JaxTarget tg):
+    """Each leaf's ``to_jax_fast`` decision, nothing taken: ``(out, decided)``, the leaves kept
+    as they are in ``out``, a ``_Leaf`` per other tensor in ``decided``."""
+    cdef list leaves = part.leaves
+    cdef Py_ssize_t i, n = len(leaves)
+    cdef list out = [None] * n, decided = []
+    try:
+        for i in range(n):
+            leaf = leaves[i]
+            try:
+                got = to_jax_fast(leaf, tg, part.leaf_flags(leaf), i)
+            except NotNumericError:
+                got = leaf               # not a numeric tensor: a leaf kept as it is
+            except BaseException as exc:
+                _mark_leaf(exc, i)
+                raise
+            if got is leaf:
+                out[i] = leaf
+            else:
+                decided.append(got)
+        return out, decided
+    except BaseException:
+        decided = got = None   # the exports let go of with the error handled (see _convert)
+        raise
 
 
 cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
@@ -255,15 +300,14 @@ cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
     return 0
 
 
-cdef object _batch_leaf(list parts):
-    """Leaf index in the batch -> ``(key path, source, result)``, for a loader's report."""
-    def leaf(Py_ssize_t i):
+cdef object _leaf_key(list parts):
+    """Leaf index in the batch -> its key path, for a loader's report."""
+    def key(Py_ssize_t i):
         cdef _Part part
         for part in reversed(parts):
             if i >= part.offset:
-                i -= part.offset
-                return part.keystr(i), part.leaves[i], part.out[i]
-    return leaf
+                return part.keystr(i - part.offset)
+    return key
 
 
 # Routes that take nothing of the caller's, run first: their failures leave every capsule.

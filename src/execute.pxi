@@ -1,17 +1,18 @@
 # execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
-cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
+cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False, int leaf=0):
     """The decide half for one tensor (to_jax's, to_host's, plan's): its route to ``target``,
     its export (unconsumed) and header; ``reuse``: a split decided before for this header
-    and sharding is given as ``_SplitViews``, a new one kept."""
+    and sharding is given as ``_SplitViews``, a new one kept; ``leaf``: _LEAF_ALIASED for a
+    batch leaf whose memory the batch is not proven to own."""
     cdef _TypeEntry entry = None
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
         if entry.guard == GUARD_JAX and tg is not None:
             return route_jax_array(x, opts, tg), None, None
     cdef PyObject* p = NULL
-    cdef int flags = opts.flags
+    cdef int flags = opts.flags | leaf
     try:
         info = _export(x, MODE_TAKE, None if tg is None else (<JaxTarget>tg).stream_for, &p,
                        entry, _refuser(tg, flags))
@@ -23,7 +24,7 @@ cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False):
             seen = _split_seen(info, opts.sharding, flags, tg)
             if seen is not None:
                 return seen, cap, info
-        route = decide(info, tg, target, opts, x)
+        route = decide(info, tg, target, opts, x, leaf)
         if reuse:
             _remember_split(route, info, flags, tg)
         return route, cap, info

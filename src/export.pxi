@@ -385,22 +385,33 @@ cdef int _refuse_dead_array(object x) except -1:
 
 cpdef inline bint is_tensor(x) except -1:
     """Whether ``x`` is a pytree leaf to convert (not a class, nor a non-numeric array)."""
+    return _tensor_guard(x) != _NOT_A_TENSOR
+
+
+cdef int _NOT_A_TENSOR = -1
+cdef int _CAPSULE = -2
+
+
+cdef int _tensor_guard(x) except -3:
+    """``x``'s producer row's Guard where it is a tensor (_CAPSULE: a bare capsule), else
+    _NOT_A_TENSOR (a class, a non-numeric array, no DLPack at all)."""
     if PyCapsule_CheckExact(x):
-        return True
+        return _CAPSULE
     if PyType_Check(x):
-        return False
+        return _NOT_A_TENSOR
     cdef _TypeEntry entry = _entry_for(type(x))
     if not entry.has_dlpack and entry.api == NULL:
-        return False
+        return _NOT_A_TENSOR
     cdef cnp.dtype dt
+    cdef bint numeric = True
     if entry.guard == GUARD_NUMPY:
         dt = <cnp.dtype><PyObject*>cnp.PyArray_DESCR(<cnp.ndarray>x)
-        return dt.kind in b"biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
-    if entry.guard == GUARD_TF:
-        return x.dtype.name not in _TF_NOT_NUMERIC
-    if entry.guard == GUARD_PYARROW:
-        return _pyarrow_numeric(x)
-    return True
+        numeric = dt.kind in b"biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
+    elif entry.guard == GUARD_TF:
+        numeric = x.dtype.name not in _TF_NOT_NUMERIC
+    elif entry.guard == GUARD_PYARROW:
+        numeric = _pyarrow_numeric(x)
+    return entry.guard if numeric else _NOT_A_TENSOR
 
 
 cdef int _reconcile(TensorInfo info, object x, const _Asked* dev, _TypeEntry entry) except -1:

@@ -20,31 +20,6 @@ cdef _Leaf _new_leaf(Py_ssize_t i, cap, info, uint32_t needs, bint fast):
     return leaf
 
 
-cdef tuple _fast_many(list leaves, JaxTarget tg, int flags):
-    """Each leaf's ``to_jax_fast`` decision, nothing taken: ``(out, decided)``, the leaves kept
-    as they are in ``out``, a ``_Leaf`` per other tensor in ``decided``."""
-    cdef Py_ssize_t i, n = len(leaves)
-    cdef list out = [None] * n, decided = []
-    try:
-        for i in range(n):
-            leaf = leaves[i]
-            try:
-                got = to_jax_fast(leaf, tg, flags, i)
-            except NotNumericError:
-                got = leaf               # not a numeric tensor: a leaf kept as it is
-            except BaseException as exc:
-                _mark_leaf(exc, i)
-                raise
-            if got is leaf:
-                out[i] = leaf
-            else:
-                decided.append(got)
-        return out, decided
-    except BaseException:
-        decided = got = None   # the exports let go of with the error handled (see _convert)
-        raise
-
-
 cdef inline bint _plain_scalar(v):
     """A value no walker descends into: str, bytes, a number, None."""
     tp = type(v)
@@ -122,7 +97,7 @@ cpdef object to_jax_fast(object x, JaxTarget tg, int flags=0, Py_ssize_t leaf=-1
     try:
         info = _export(x, MODE_TAKE, tg.stream_for, &p, entry, _refuser(tg, flags))
         cap = _take_ref(p)
-        n = _needs_jax(info, tg, flags & _OPT_SHARE_READONLY)
+        n = _needs_jax(info, tg, flags)
         if not _fast_takes(info, n, flags, tg):
             return _general(leaf, cap, info, n)
         if leaf >= 0:

@@ -264,28 +264,35 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     >>> routes["x"].kind, routes["id"].kind
     ('copy', 'untouched')
     """
+    return _plan(x, target, _check_options(device, copy, sharding, fallback, readonly, leaves,
+                                           narrow))
+
+
+cdef object _plan(x, target, opts):
+    """:func:`plan` with its options checked (``explain``'s too: ``x`` is held as to_jax's)."""
     if target != "jax" and target != "host":
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
-    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
     # (target="host": to_host's one tensor, whatever x is)
     cdef JaxTarget tg = jax_target() if target == "jax" else None
     if tg is None or isinstance(x, TensorInfo) or is_tensor(x) and (
             opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
         return _plan_one(x, tg, target, opts)
-    parts, where = _parts(x, tg, opts, True)
+    owned = _owned(x, opts, -1)   # (first: nothing of dlinspect's holds a part of x yet)
+    parts, where = _parts(x, tg, opts, True, owned)
     cdef set seen = set()
     for part in parts:
         _plan_part(part, tg, seen)
     return _rebuild_parts(parts, where, tg)
 
 
-cdef object _plan_one(x, tg, str target, opts):
+cdef object _plan_one(x, tg, str target, opts, int leaf=0):
     """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): the
-    decide half of :func:`to_jax` (``_decide_leaf``), its export released unconsumed."""
+    decide half of :func:`to_jax` (``_decide_leaf``), its export released unconsumed;
+    ``leaf``: _LEAF_ALIASED for a batch leaf not proven to own its memory."""
     if isinstance(x, TensorInfo):
-        return decide(x, tg, target, opts)
+        return decide(x, tg, target, opts, None, leaf)
     try:
-        return _decide_leaf(x, tg, target, opts)[0]
+        return _decide_leaf(x, tg, target, opts, False, leaf)[0]
     except DLInspectError as exc:
         return failed(exc, target)
 
@@ -305,27 +312,32 @@ cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), "jax")
         else:
-            route = (_plan_one(leaf, tg, "jax", part.opts) if is_tensor(leaf)
-                     else untouched(leaf, "jax", part.opts))
+            route = (_plan_one(leaf, tg, "jax", part.opts, part.leaf_flags(leaf) & _LEAF_ALIASED)
+                     if is_tensor(leaf) else untouched(leaf, "jax", part.opts))
         if route is not None and route.problem is not None:
             route.key_path = part.keystr(i)
         part.out.append(route)
     return 0
 
 
-def convert(x, opts, JaxTarget tg=None, LoaderReport report=None):
-    """:func:`to_jax` with its options one ``Options`` (the loaders'); ``report`` counts it."""
-    if tg is None:
-        tg = _TARGET if _TARGET is not None else _jax_target()
-    return _convert(x, tg, opts, opts.flags, report)
+def convert_next(it, opts, LoaderReport report, end):
+    """The next item of iterator ``it`` (a loader's source) converted as :func:`to_jax` converts
+    a batch, with its options one ``Options``; ``report`` counts it; ``end`` where ``it`` has
+    no more. The item is held by this function alone while the proof counts its references
+    (own.pxi): a bare tensor is a batch of one leaf here."""
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
+    x = next(it, end)
+    if x is end:
+        return end
+    return _convert_batch(x, tg, opts, report, 1)
 
 
-cdef object _convert(x, JaxTarget tg, opts, int flags, LoaderReport report=None):
+cdef object _convert(x, JaxTarget tg, opts, int flags):
     """The one engine's entry: a lone tensor by the fast path, anything else as a batch."""
     tp = type(x)
-    if (tp is dict or tp is list or tp is tuple or report is not None
+    if (tp is dict or tp is list or tp is tuple
             or flags & _OPT_PLACED and opts.sharding is not None or not is_tensor(x)):
-        return _convert_batch(x, tg, opts, report)
+        return _convert_batch(x, tg, opts)
     cap = got = None
     try:
         if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
@@ -380,7 +392,7 @@ def explain(x, target="jax", **options):
     route to host: zero-copy
       NumPy views the kDLCPU memory directly.
     """
-    routes = plan(x, target, **options)
+    routes = _plan(x, target, _check_options(**options))
     if isinstance(routes, Route):
         return _words.explain_one(routes, x)
     return _words.explain_tree(_tree.flatten(routes))

@@ -12,6 +12,9 @@ cdef int _OPT_SHARE_READONLY = _options_module.SHARE_READONLY
 cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
 cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
 cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
+# A batch leaf whose memory the batch is not proven to own (own.pxi): not an option, a fact
+# of the leaf, carried with the options' bits into the fast path and the split cache's key.
+cdef int _LEAF_ALIASED = 1 << 20
 
 # Need's bits (dlinspect._tables documents each) as C constants (tests/test_abi.py checks).
 cdef enum:
@@ -28,6 +31,7 @@ cdef enum:
     NEED_NUMPY_PUT = 1 << 10
     NEED_PERMUTED = 1 << 11
     NEED_SHAPE = 1 << 12
+    NEED_ALIASED = 1 << 13
 
 
 # contract: a dtype's own needs (DTYPE, NUMPY_PUT, LANES, NARROW); raises only what a probe raises.
@@ -46,16 +50,19 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
     return n
 
 
-# contract: the needs of ``info`` to reach ``tg``; raises only what a dtype probe raises.
-cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly) except? 0xFFFFFFFF:
+# contract: the needs of ``info`` to reach ``tg`` under ``flags`` (the options' bits and
+# _LEAF_ALIASED); raises only what a dtype probe raises.
+cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, int flags) except? 0xFFFFFFFF:
     cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info.flags)
     cdef bint on_cpu = True
     n |= _device_needs(info, tg, &on_cpu) | _shape_needs(info)
     if info.size == 0:
         return n | NEED_EMPTY
     n |= _layout_needs(info, tg)
-    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
+    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not flags & _OPT_SHARE_READONLY:
         n |= NEED_READ_ONLY
+    if flags & _LEAF_ALIASED:
+        n |= NEED_ALIASED
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
         n |= NEED_ALIGN
     if _packed(info):
@@ -171,7 +178,8 @@ def stack_column(list column, Py_ssize_t alignment):
     return out
 
 
-cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT | NEED_PERMUTED)
+cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_LAYOUT | NEED_PERMUTED
+                               | NEED_ALIASED)
 
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
@@ -182,4 +190,6 @@ cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
     """``info``'s :class:`Need` bits to JAX (``target``) or NumPy (None); 0: viewed as it is."""
-    return _needs_host(info) if target is None else _needs_jax(info, target, share_readonly)
+    if target is None:
+        return _needs_host(info)
+    return _needs_jax(info, target, _OPT_SHARE_READONLY if share_readonly else 0)

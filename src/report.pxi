@@ -4,14 +4,13 @@
 ADVISE_AFTER = 8
 #: Bytes per batch below which a leaf's copy is not worth a warning (cheaper than the call).
 ADVISE_MIN_BYTES = 64 * 1024
-# Why a loader copied a leaf it first imported zero-copy (its ``reuse="copy"``).
-cdef str _REUSED = "reused memory"
 
 # The Need bits a copy can come from, in the words of the report.
 cdef tuple _REASONS = (
     (NEED_DEVICE, "foreign device"), (NEED_DTYPE | NEED_NUMPY_PUT | NEED_PACKED, "dtype"),
     (NEED_LANES, "vector lanes"), (NEED_LAYOUT, "strides"), (NEED_PERMUTED, "permuted order"),
     (NEED_READ_ONLY, "read-only"), (NEED_ALIGN, "alignment"), (NEED_NARROW, "narrowing"),
+    (NEED_ALIASED, "aliased"),
 )
 # Why a copy with one reason is made, and what removes it, where the user can.
 cdef dict _REMEDIES = {
@@ -26,6 +25,11 @@ cdef dict _REMEDIES = {
     "strides": ("its strides are not ones JAX can view",
                 "make each batch contiguous where it is made (np.ascontiguousarray, "
                 "t.contiguous()): the copy is then made once there, or not at all"),
+    "aliased": ("the source still holds its memory (a buffer it refills, a ring of them, "
+                "another array or tensor over it), so a view would change with the source",
+                "make the source put every batch in new memory (np.stack, torch's default "
+                "collate, dlinspect.stack) and keep no reference to it; or, where the source "
+                "never writes a batch it has handed over, pass copy=False"),
     "permuted order": ("its memory is in a permuted (transposed) order and JAX arrays are "
                        "row-major",
                        "convert the row-major batch and permute it in JAX, inside the jitted "
@@ -44,6 +48,19 @@ cdef str _copy_reason(uint32_t needs, bint forced):
     return ", ".join(words) or None
 
 
+def route_reason(Route route, bint forced):
+    """Why ``route`` copies, in a loader report's words ("alignment, aliased"), or None: it
+    copies nothing (``forced``: copy=True was asked for)."""
+    if not route.copy_bytes:
+        return None
+    if route.action is NUMPY_COPY:
+        return "byte order or byte strides"
+    reason = route.info is not None and _copy_reason(route._needs, forced)
+    # (no need named: moved to another device, or spread over a sharding's devices)
+    return reason or ("copy=True" if forced else "sharding" if route.jax_device is None
+                      else "device move")
+
+
 cdef class LoaderReport:
     """What a loader's conversions imported zero-copy and what they copied, and why,
     per key path, over the current epoch: ``PrefetchLoader.report``.
@@ -51,9 +68,9 @@ cdef class LoaderReport:
     Counts the bytes of each tensor leaf as its route found them (the source's bytes,
     as ``Route.copy_bytes`` counts them): imported zero-copy, or copied for its reasons
     (``"alignment"``, ``"read-only"``, ``"narrowing"``, ``"strides"``, ``"permuted
-    order"``, ``"foreign device"``, ``"dtype"``, ``"copy=True"``; several joined with
-    ", " where one copy serves them all; ``"reused memory"``: a zero-copy leaf the loader
-    copied, its source having handed the memory over again, see ``reuse=``).
+    order"``, ``"foreign device"``, ``"dtype"``, ``"copy=True"``, ``"aliased"``: memory the
+    batch is not proven to own, see :class:`~dlinspect.Need`; several joined with ", "
+    where one copy serves them all).
     ``prefetch_to_jax`` counts a batch once it is handed to the user (batches converted
     ahead and never asked for do not count), each
     epoch in a report of its own; ``dlinspect.grain.device_put`` counts an element once
@@ -63,7 +80,7 @@ cdef class LoaderReport:
 
     After the first ``ADVISE_AFTER`` (8) batches of an epoch, a leaf copied in every one
     of them only for reasons the user can remove (alignment, read-only, strides, a
-    permuted order: one, or several together, as memory-mapped read-only batches at a
+    permuted order, aliased memory: one, or several together, as memory-mapped read-only batches at a
     small alignment are), of at least ``ADVISE_MIN_BYTES`` (64 KiB) a batch, gets one
     ``DLInspectWarning`` per loader, naming the fix of each reason.
 
@@ -80,10 +97,9 @@ cdef class LoaderReport:
 
     cdef public Py_ssize_t batches
     cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
-    # _pending: (leaf index, bytes, reason or None, TensorInfo) of the batch; _staged: converted
-    # batches' rows (key, bytes, reason), not yet handed over; _last: the latest converted
-    # batch's rows; _views: the latest converted batch's zero-copy leaves (see _end).
-    cdef list _pending, _staged, _last, _views
+    # _pending: (leaf index, bytes, reason or None) of the batch; _staged: converted
+    # batches' rows (key, bytes, reason), not yet handed over.
+    cdef list _pending, _staged
     cdef bint _warned, _at_delivery
 
     def __init__(self, *, bint at_delivery=False):
@@ -93,7 +109,7 @@ cdef class LoaderReport:
     def new_epoch(self):
         """Start the counts again (a new epoch); the one warning stays given."""
         self.batches, self._leaves = 0, {}
-        self._pending, self._staged, self._last, self._views = [], [], [], []
+        self._pending, self._staged = [], []
 
     def _next_epoch(self):
         """A new report for the loader's next epoch (one still running counts into its own)."""
@@ -111,59 +127,24 @@ cdef class LoaderReport:
         without a route (the fast path's, a split viewed again): where ``needs`` asks for
         anything but a view."""
         if route is None:
-            self._pending.append((i, info.nbytes, _copy_reason(needs, False), info))
+            self._pending.append((i, info.nbytes, _copy_reason(needs, False)))
             return 0
         info = (<Route>route).info
         # (info None: NumPy memory DLPack cannot describe)
         nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
-        reason = None
-        if route.copy_bytes:
-            reason = ("byte order or byte strides" if route.action is NUMPY_COPY
-                      else info is not None and _copy_reason((<Route>route)._needs, forced))
-            # (no need named: moved to another device, or spread over a sharding's devices)
-            reason = reason or ("copy=True" if forced else "sharding" if route.jax_device is None
-                                else "device move")
-        self._pending.append((i, nbytes, reason, info))
+        reason = route_reason(route, forced)
+        self._pending.append((i, nbytes, reason))
         return 0
 
-    cdef int _end(self, leaf) except -1:
-        """The batch converted, counted now or when handed over; ``_views``: its zero-copy and
-        read-only leaves, ``(key, src, out, space, start, end, zero_copy)`` (space 0: host)."""
-        cdef list rows = [], views = []
-        cdef TensorInfo info
-        for i, nbytes, reason, info in self._pending:
-            key, src, out = leaf(i)
-            rows.append((key, nbytes, reason))
-            # (a read-only leaf: a copy, as the loader marks a NumPy array a batch views)
-            if ((reason is None or reason == "read-only") and nbytes and info is not None
-                    and src is not out):
-                start = info._ptr()
-                space = 0 if _dev_is(info._dev_type, _DEV_HOST) else info.device
-                views.append((key, src, out, space, start, start + nbytes, reason is None))
-        self._pending, self._views, self._last = [], views, rows
+    cdef int _end(self, key) except -1:
+        """The batch converted: counted now, or when it is handed over (``at_delivery``)."""
+        rows = [(key(i), nbytes, reason) for i, nbytes, reason in self._pending]
+        self._pending = []
         if self._at_delivery:
             self._staged.append(rows)
         else:
             self._count(rows)
         return 0
-
-    def _taken_views(self):
-        """The latest batch's zero-copy leaves (see ``_end``), let go of here."""
-        views, self._views = self._views, []
-        return views
-
-    def _reused(self, keys):
-        """The latest batch's zero-copy leaves under ``keys``, copied after all (reused memory)."""
-        cdef list rows = self._last
-        for k, (key, nbytes, reason) in enumerate(rows):
-            if reason is None and key in keys:
-                rows[k] = (key, nbytes, _REUSED)
-                if not self._at_delivery:   # counted already: moved
-                    entry = self._leaves[key]
-                    entry[1] -= nbytes
-                    got = entry[2].setdefault(_REUSED, [0, 0])
-                    got[0] += nbytes
-                    got[1] += 1
 
     cdef int _count(self, list rows) except -1:
         cdef list entry

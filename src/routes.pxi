@@ -233,9 +233,15 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
-    if needs & NEED_NUMPY_PUT:
+    if _by_numpy_put(needs, host):
         return _fits(_route_numpy_put(info, needs, tg, opts))
     return _fits(_route_import(info, needs, tg, opts, narrow, host))
+
+
+cdef inline bint _by_numpy_put(uint32_t needs, bint host) noexcept:
+    """A dtype JAX's import does not take, or packed host memory that must be copied (aliased):
+    NumPy's view, unpacked, put by JAX (a byte copy cannot unpack it)."""
+    return needs & NEED_NUMPY_PUT or (host and needs & NEED_PACKED and needs & NEED_ALIASED)
 
 
 cdef object _default_place(TensorInfo info, JaxTarget tg, opts):
@@ -251,9 +257,10 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, na
     """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
     src, dest, into, import_type, moved = _import_devices(info, needs, tg, opts.device, host)
-    if moved:   # the put copies it there, whatever its alignment or write flag
-        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)
-    blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW)
+    if moved:   # the put copies it there, whatever its alignment or write flag (aliased
+        needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # memory is copied first: the put reads later)
+    blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW
+                        | NEED_ALIASED)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._contiguous(_ANY_ORDER))
     cdef bint stays = not blocking and dest == src   # (viewed as it is, unless copy=True)
@@ -414,16 +421,18 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
-cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
-    """``(parts, copy_bytes, narrow, one_pass)``: one_pass where C views or copies every slice."""
+cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts):
+    """``(parts, copy_bytes, narrow, one_pass)``: one_pass where C views or copies every slice;
+    each slice of an aliased tensor is aliased (``needs``: the whole tensor's)."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
-    cdef bint share = opts.readonly == "share", one_pass = opts.copy is not True
+    cdef int flags = opts.flags | (_LEAF_ALIASED if needs & NEED_ALIASED else 0)
+    cdef bint one_pass = opts.copy is not True
     copy_bytes, narrow = 0, None
     for index in lay.indices:
         part = info.sliced(index)
-        n = _needs_jax(part, tg, share)
+        n = _needs_jax(part, tg, flags)
         if n & ~NEED_VIA_CPU:
             copy_bytes += part.nbytes
             if n & NEED_NARROW and narrow is None:
@@ -434,7 +443,7 @@ cdef tuple _split_parts(TensorInfo info, JaxTarget tg, lay, opts):
 
 
 cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts, source):
-    parts, copy_bytes, narrow, one_pass = _split_parts(info, tg, lay, opts)
+    parts, copy_bytes, narrow, one_pass = _split_parts(info, needs, tg, lay, opts)
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
                            needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
@@ -501,11 +510,12 @@ def untouched(leaf, str target, opts):
     return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf))
 
 
-def decide(TensorInfo info, tg, str target, opts, source=None):
-    """The route of a header to ``target``: ``needs``, then the route (pure)."""
+def decide(TensorInfo info, tg, str target, opts, source=None, int leaf=0):
+    """The route of a header to ``target``: ``needs``, then the route (pure); ``leaf``:
+    _LEAF_ALIASED for a batch leaf whose memory the batch is not proven to own."""
     if target == "host":
         return route_host(info, _needs_host(info), opts.copy, source)
-    cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share")
+    cdef uint32_t needs = _needs_jax(info, tg, opts.flags | leaf)
     sharding = opts.sharding
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)

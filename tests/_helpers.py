@@ -36,3 +36,18 @@ def jax_lets_go():
     then does the producer's deleter run."""
     import jax
     jax.device_put(0)
+
+
+class Fresh:
+    """A loader's source that makes every batch when asked and keeps none of them
+    (``make(i)`` for ``i < n``, again each epoch), as torch's collate does: what
+    dlinspect imports zero-copy. A list of batches keeps them, and so is copied."""
+
+    def __init__(self, make, n):
+        self.make, self.n = make, n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return (self.make(i) for i in range(self.n))

@@ -157,7 +157,9 @@ class TestMixedLeaves:
                 np.testing.assert_array_equal(got + 0, want)
             routes = plan(x, leaves=leaves)
             assert jax.tree_util.tree_structure(routes) == jax.tree_util.tree_structure(x)
-            assert [r.kind for r in jax.tree_util.tree_leaves(routes)] == [plan(t).kind]
+            # (one route, t's: zero-copy, or a copy once an array of the loop views t)
+            (route,) = jax.tree_util.tree_leaves(routes)
+            assert route.info.data_ptr == dlinspect.peek(t).data_ptr and route.problem is None
         assert "untouched" not in dlinspect.explain(x)
 
 
@@ -596,7 +598,8 @@ def test_the_same_capsule_twice_is_refused_naming_the_second():
         with pytest.raises(dlinspect.CapsuleConsumedError, match=r"^\['b'\]\['c'\]: "):
             to_jax({"a": cap, "b": {"c": cap}}, sharding=sharding)
     routes = plan({"a": cap, "b": cap})
-    assert routes["a"].kind == "zero-copy" and routes["b"].kind == "error"
+    # (a bare capsule in a batch is copied: nothing proves that its producer lets go of it)
+    assert routes["a"].kind == "copy" and routes["b"].kind == "error"
     assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
     assert to_jax({"a": cap})["a"].tolist() == [1.0, 2.0]
 
@@ -607,7 +610,7 @@ def test_a_container_that_cannot_be_rebuilt_is_an_error_route_in_its_place():
     with pytest.raises(ContainerError, match=r"^\['m'\]: .*NeedsTwo.*nothing was converted"):
         to_jax(batch)
     routes = plan(batch)
-    assert routes["a"].kind == "zero-copy"
+    assert routes["a"].kind == "copy"   # (a bare capsule in a batch proves nothing)
     assert routes["m"].kind == "error" and isinstance(routes["m"].error, ContainerError)
     assert "['m']:" in dlinspect.explain(batch)
     assert capsule_name(batch["a"]) == "dltensor_versioned" and counter.calls == 0

@@ -57,14 +57,13 @@ def batches(n=3):
 def test_measured_bytes_agree_with_the_loader_report(bench):
     """On the same batches, the bytes seen at the output's addresses are what
     prefetch_to_jax's report counts, leaf by leaf and reason by reason."""
-    data = batches()
-    # (batches of their own: the loader marks the NumPy arrays its live batches view
-    # read-only, and the last one lives on here)
-    loader = dlinspect.prefetch_to_jax(batches(), narrow="ok")
+    # (each handed over as a loader hands it: a list still holding them would be a source
+    # keeping them, and dlinspect copies memory a source keeps)
+    loader = dlinspect.prefetch_to_jax(bench.handed_over(batches()), narrow="ok")
     for _ in loader:
         pass
     counted = bench.report_bytes(loader.report)
-    seen = bench.measured_bytes(data, lambda b: dlinspect.to_jax(b, narrow="ok"), {})
+    seen = bench.measured_bytes(batches(), lambda b: dlinspect.to_jax(b, narrow="ok"), {})
     assert seen["leaves"] == counted["leaves"]
     assert (seen["zero_copy"], seen["copied"]) == (counted["zero_copy"], counted["copied"])
     leaf = 64 * 32 * 4
@@ -74,8 +73,8 @@ def test_measured_bytes_agree_with_the_loader_report(bench):
                                              {"zero_copy": leaf, "copied": {}})
     assert seen["leaves"]["['frozen']"] == {"zero_copy": 0, "copied": {"read-only": leaf}}
     assert seen["leaves"]["['label']"] == {"zero_copy": 0, "copied": {"narrowing": 64 * 8}}
-    shared = bench.measured_bytes(data, lambda b: dlinspect.to_jax(b, readonly="share",
-                                                                   narrow="ok"),
+    shared = bench.measured_bytes(batches(), lambda b: dlinspect.to_jax(b, readonly="share",
+                                                                        narrow="ok"),
                                   {"readonly": "share"})
     assert shared["leaves"]["['frozen']"] == {"zero_copy": leaf, "copied": {}}
 
@@ -90,9 +89,9 @@ def test_measured_bytes_name_copies_dlinspect_would_not_make(bench):
     """Where jnp.asarray copies memory JAX could view, the bytes count as copied,
     "viewable"; the misaligned leaf keeps the reason dlinspect gives it."""
     data = batches(1)
+    view, shifted = data[0]["view"], data[0]["shifted"]
     seen = bench.measured_bytes(data, lambda b: {k: jnp.asarray(v) for k, v in b.items()}, {})
     leaf = 64 * 32 * 4
-    view, shifted = data[0]["view"], data[0]["shifted"]
     assert seen["leaves"]["['view']"] == ({"zero_copy": leaf, "copied": {}}
                                           if asarray_views(view) else
                                           {"zero_copy": 0, "copied": {"viewable": leaf}})
@@ -100,7 +99,7 @@ def test_measured_bytes_name_copies_dlinspect_would_not_make(bench):
     assert seen["leaves"]["['shifted']"] == ({"zero_copy": leaf, "copied": {}}
                                              if asarray_views(shifted) else
                                              {"zero_copy": 0, "copied": {reason: leaf}})
-    put = bench.measured_bytes(data, lambda b: jax.device_put(b, jax.devices()[0]), {})
+    put = bench.measured_bytes(batches(1), lambda b: jax.device_put(b, jax.devices()[0]), {})
     assert put["leaves"]["['view']"] == {"zero_copy": leaf, "copied": {}}
 
 

@@ -416,9 +416,12 @@ class TestDeviceFastPath:
         assert type(got) is tuple and got[2] & Need.LAYOUT and calls == []
         # In a batch the fast path's leaf waits for the strided one's route, an error
         # (device memory dlinspect cannot copy): nothing was imported.
-        with pytest.raises(UnsupportedDeviceError):
-            dlinspect._core.convert([FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided],
-                                    dlinspect._options.DEFAULT, tg)
+        dlinspect._core.set_target(tg)
+        try:
+            with pytest.raises(UnsupportedDeviceError):
+                dlinspect.to_jax([FakeProducer(aligned([1.0]), (D.kDLCUDA, 0)), strided])
+        finally:
+            dlinspect._core.set_target(None)
         assert calls == []
 
     def test_device_memory_jax_cannot_view_names_the_producers_method(self):

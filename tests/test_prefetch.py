@@ -13,7 +13,7 @@ jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)"
 
 import dlinspect  # noqa: E402
 from _versions import enable_x64  # noqa: E402
-from _helpers import aligned  # noqa: E402
+from _helpers import Fresh, aligned  # noqa: E402
 from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import UnsupportedDeviceError, plan, prefetch_to_jax  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
@@ -341,7 +341,7 @@ class TestReport:
 
     @pytest.mark.parametrize("thread", [None, True, False])
     def test_counts_per_key_path_and_reason(self, thread):
-        loader = prefetch_to_jax([self.batch(i, aligned=i % 2 == 0) for i in range(6)],
+        loader = prefetch_to_jax(Fresh(lambda i: self.batch(i, aligned=i % 2 == 0), 6),
                                  thread=thread)
         assert [float(b["x"][0, 0]) for b in loader] == [0, 1, 2, 3, 4, 5]
         got = loader.report.as_dict()
@@ -360,8 +360,8 @@ class TestReport:
             "(alignment)") for line in table) or not self.alignment_matters()
         # A new epoch counts again; a failed batch counts nothing.
         assert len(list(loader)) == 6 and loader.report.batches == 6
-        bad = prefetch_to_jax([self.batch(0), {"x": FakeProducer(np.ones(2), refuse="no")}],
-                              thread=False)
+        bad = prefetch_to_jax(Fresh(lambda i: [self.batch(0), {
+            "x": FakeProducer(np.ones(2), refuse="no")}][i], 2), thread=False)
         with pytest.raises(dlinspect.ProducerError):
             list(bad)
         assert bad.report.batches == 1 and set(bad.report.as_dict()) == set(got)
@@ -405,9 +405,9 @@ class TestReport:
         if not self.alignment_matters():
             pytest.skip("this jaxlib views memory of any alignment: no copy to advise on")
         assert self.big(0, True).nbytes == ADVISE_MIN_BYTES
-        loader = prefetch_to_jax([{"x": self.big(i, aligned=False), "y": np.ones(4),
-                                   "small": self.batch(i, aligned=False)["x"]}
-                                  for i in range(ADVISE_AFTER + 2)], narrow="ok", thread=False)
+        loader = prefetch_to_jax(Fresh(lambda i: {"x": self.big(i, aligned=False), "y": np.ones(4),
+                                                  "small": self.batch(i, aligned=False)["x"]},
+                                       ADVISE_AFTER + 2), narrow="ok", thread=False)
         with pytest.warns(dlinspect.DLInspectWarning,
                           match=r"^\['x'\]: copied in every one of the first 8 batches of "
                                 r"the epoch \(65536 bytes each\).*To fix: make the batches "
@@ -417,8 +417,8 @@ class TestReport:
         assert len([w for w in seen if "copied in every" in str(w.message)]) == 1
         # Narrowing the user asked for (narrow="ok") is no advice; a leaf copied only in
         # some batches, or small ("small" above), neither.
-        quiet = prefetch_to_jax([{"y": np.ones(4), "x": self.big(i, aligned=i != 3)}
-                                 for i in range(ADVISE_AFTER)], narrow="ok", thread=False)
+        quiet = prefetch_to_jax(Fresh(lambda i: {"y": np.ones(4), "x": self.big(i, aligned=i != 3)},
+                                      ADVISE_AFTER), narrow="ok", thread=False)
         import warnings as _w
         with _w.catch_warnings():
             _w.simplefilter("error", dlinspect.DLInspectWarning)
@@ -435,8 +435,7 @@ class TestReport:
             x.flags.writeable = False
             return x
 
-        loader = prefetch_to_jax([{"x": frozen(i)} for i in range(ADVISE_AFTER)],
-                                 thread=False)
+        loader = prefetch_to_jax(Fresh(lambda i: {"x": frozen(i)}, ADVISE_AFTER), thread=False)
         with pytest.warns(dlinspect.DLInspectWarning, match="copied in every") as seen:
             list(loader)
         text = [str(w.message) for w in seen if "copied in every" in str(w.message)]
@@ -459,11 +458,10 @@ class TestReport:
 
     def test_single_tensors_and_stacked_batches(self):
         elements = [{"x": self.batch(i, aligned=False)["x"]} for i in range(4)]
-        loader = prefetch_to_jax([dlinspect.stack(elements), dlinspect.stack(elements)],
-                                 thread=False)
+        loader = prefetch_to_jax(Fresh(lambda i: dlinspect.stack(elements), 2), thread=False)
         list(loader)
         assert loader.report.as_dict()["['x']"]["copied_bytes"] == {}   # born aligned
-        one = prefetch_to_jax([np.ones((4, 4), np.float32)[:, ::2]] * 2, thread=False)
+        one = prefetch_to_jax(Fresh(lambda i: np.ones((4, 4), np.float32)[:, ::2], 2), thread=False)
         list(one)
         assert one.report.as_dict() == {"": {"batches": 2, "zero_copy_bytes": 0,
                                              "copied_bytes": {"strides": 64}}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import inspect
 import operator
 import queue
@@ -11,16 +12,15 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport, jax_target, warn
-from ._options import Fallback, Leaves, Narrow, Options, ReadOnly
-from ._reuse import ReuseGuard, loader_options
+from ._core import LoaderReport, collecting, convert_next, jax_target, warn
+from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
 from ._words import type_name
 from .errors import SourceExhaustedError
 
-__all__ = ["prefetch_to_jax", "PrefetchLoader"]
+__all__ = ["prefetch_to_jax", "PrefetchLoader", "Kept", "loader_options", "converted"]
 
 _END = object()  # the source has no more batches
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag
@@ -38,6 +38,43 @@ def _stop_all() -> None:
         worker.stop.set()
     for worker in live:
         worker.join(_JOIN_S)
+
+
+def loader_options(sizes: dict[str, Any], least: int, *to_jax: Any) -> Options:
+    """Checked (ValueError): each of ``sizes`` an int >= ``least``, and to_jax's options."""
+    for name, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < least:
+            raise ValueError(f"{name} must be an int >= {least} (held ahead), not {size!r}")
+    return check_options(*to_jax)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Kept:
+    """A converted batch and the warnings its conversion kept, for the consumer's thread
+    (an object, not a tuple: grain's statistics walk tuples as pytrees)."""
+
+    out: Any
+    messages: list[str]
+
+    def emit(self) -> Any:
+        for message in self.messages:
+            warn(message, True)
+        return self.out
+
+
+def converted(it: Iterator[Any], options: Options, report: LoaderReport) -> Any:
+    """The next item of ``it`` converted, its warnings kept (:class:`Kept`), or ``_END``. The
+    item goes from the source into the conversion with no variable of ours between: the
+    proof that a batch owns its memory counts the references to it (dlinspect._core,
+    convert_next)."""
+    before = getattr(collecting, "messages", None)
+    messages: list[str] = []
+    collecting.messages = messages
+    try:
+        out = convert_next(it, options, report, _END)
+    finally:
+        collecting.messages = before
+    return _END if out is _END else Kept(out, messages)
 
 
 class PrefetchLoader:
@@ -63,9 +100,6 @@ class PrefetchLoader:
         :func:`prefetch_to_jax`, ``thread``).
     options : Options
         The :func:`to_jax` options for every batch, checked once.
-    reuse : str
-        ``"error"`` or ``"copy"``: what a source that reuses memory gets (see
-        :func:`prefetch_to_jax`).
     report : LoaderReport
         Per key path, the bytes the batches handed over in the latest epoch begun
         imported zero-copy and copied, and why (``print(loader.report)``; an epoch
@@ -74,9 +108,9 @@ class PrefetchLoader:
     """
 
     def __init__(self, source: Iterable[Any], size: int, thread: bool | None,
-                 options: Options, progress: bool, reuse: str = "error") -> None:
+                 options: Options, progress: bool) -> None:
         self.source, self.size, self.thread, self.options = source, size, thread, options
-        self.reuse, self._progress = reuse, progress
+        self._progress = progress
         self.report = LoaderReport(at_delivery=True)
         self._spent = False   # an epoch over a one-shot source (an iterator) has begun
 
@@ -103,21 +137,19 @@ class PrefetchLoader:
             self._spent = True
         bar = _progress_bar(self.source) if self._progress else None
         self.report = self.report._next_epoch()
-        guard = ReuseGuard(self.reuse, self.options, self.report, protect=True)
         # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
         x64 = bool(jax_target().x64.value)
-        return _epoch(guard.watch(it), guard, bar, self.size, self.thread, x64)
+        return _epoch(it, self.options, self.report, bar, self.size, self.thread, x64)
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "
-                f"thread={self.thread}, reuse={self.reuse!r}>")
+                f"thread={self.thread}>")
 
 
 def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = None,
                     sharding: Any = None, copy: bool | None = None, fallback: Fallback = "host",
                     readonly: ReadOnly = "copy", leaves: Leaves = "keep", narrow: Narrow = "warn",
-                    thread: bool | None = None, progress: bool = False,
-                    reuse: str = "error") -> PrefetchLoader:
+                    thread: bool | None = None, progress: bool = False) -> PrefetchLoader:
     """A loader yielding each batch of ``iterable`` as JAX arrays, converted ahead.
 
     Parameters
@@ -150,14 +182,6 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     progress : bool
         Show a tqdm progress bar (``pip install tqdm``) per epoch, with a total
         when ``len(iterable)`` exists.
-    reuse : {"error", "copy"}
-        What to do about a source that hands over memory a batch it gave earlier still
-        views zero-copy (a buffer refilled in place): ``"error"`` (the default) raises
-        ``MemoryReuseError``; ``"copy"`` gives one ``DLInspectWarning`` and from then
-        on copies the leaves whose memory came back (``loader.report``: ``"reused
-        memory"``). A NumPy array a live batch views is marked read-only meanwhile
-        (``"error"``), so that a source's write into it fails before any batch changes.
-        See docs/loaders/index.md, "Zero-copy and memory a source reuses".
 
     Returns
     -------
@@ -169,16 +193,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     Raises
     ------
     ValueError
-        ``size < 1`` or an invalid ``fallback`` / ``readonly`` / ``leaves`` / ``reuse``.
+        ``size < 1`` or an invalid ``fallback`` / ``readonly`` / ``leaves``.
     ImportError
         ``progress=True`` without tqdm installed.
     SourceExhaustedError
         At ``iter()`` of a loader whose source is an iterator an earlier epoch
         went over (a ``RuntimeError``).
-    MemoryReuseError
-        While iterating, with ``reuse="error"``: the source wrote into, or handed over
-        again, memory a live batch views (a ``BufferError``; names the batches, their
-        key paths and the fix).
     Exception
         While iterating: whatever ``iterable`` or the conversion raised,
         re-raised (same object, same traceback) when the consumer reaches the
@@ -192,6 +212,16 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
 
     Notes
     -----
+    Each batch is converted as :func:`to_jax` converts a batch, bare tensors
+    included: a leaf is imported zero-copy only where nothing but the batch holds
+    its memory when it is taken (a new array or tensor per batch: torch's collate,
+    ``np.stack``, :func:`dlinspect.stack`); a leaf the source still holds (a buffer
+    it refills, a ring of them, another view of its memory) is copied, from the
+    first batch, so batches kept across steps keep their values
+    (``loader.report``: ``"aliased"``; docs/loaders/index.md, "Zero-copy and memory
+    a source keeps"). A source that writes ahead of what it has handed over (a
+    pinning thread refilling one buffer) changes a batch before any consumer sees it.
+
     When the consumer stops early (``break``, an exception, or closing the
     epoch's iterator), the worker is told to stop, converted batches still
     waiting are dropped (their producers' deleters run), the worker thread is
@@ -211,12 +241,12 @@ def prefetch_to_jax(iterable: Iterable[Any], size: int = 2, *, device: Any = Non
     >>> [b["id"] for b in loader]          # a second epoch
     ['b0', 'b1', 'b2']
     """
-    opts = loader_options({"size": size}, 1, reuse, device, copy, sharding, fallback, readonly,
-                          leaves, narrow)
+    opts = loader_options({"size": size}, 1, device, copy, sharding, fallback, readonly, leaves,
+                          narrow)
     if progress:
         _progress_bar(None)   # tqdm missing: say so now, not at the first epoch
     return PrefetchLoader(iterable, size, None if thread is None else bool(thread), opts,
-                          progress, reuse)
+                          progress)
 
 
 def _progress_bar(iterable: Any) -> Any:
@@ -230,11 +260,17 @@ def _progress_bar(iterable: Any) -> Any:
     return tqdm(total=operator.length_hint(iterable) or None, unit="batch", desc="prefetch_to_jax")
 
 
-def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: int,
+def _batches(it: Iterator[Any], options: Options, report: LoaderReport) -> Iterator[Kept]:
+    """Each item of ``it`` converted (:func:`converted`), until the source ends."""
+    while (item := converted(it, options, report)) is not _END:
+        yield item
+
+
+def _epoch(it: Iterator[Any], options: Options, report: LoaderReport, bar: Any, size: int,
            thread: bool | None, x64: bool) -> Iterator[Any]:
     """One epoch, converted on the consumer's thread or by a worker (see ``thread``)."""
     # The one delivery, whichever thread draws (a generator: a leaked StopIteration raises).
-    batches = (guard.convert(b) for b in it)
+    batches = _batches(it, options, report)
     worker = _Worker(batches, size, x64) if thread else None
     timings: list[tuple[float, float]] = []   # (loading, the consumer's work meanwhile)
     # Held here: a generator still alive at interpreter exit is finalized after the
@@ -251,13 +287,13 @@ def _epoch(it: Generator[Any, None, None], guard: ReuseGuard, bar: Any, size: in
                 return
             if bar is not None:
                 bar.update(1)
-            guard.report._delivered()
+            report._delivered()
             handed = time.perf_counter()
             yield item.emit()
             del item
             if thread is None and len(timings) < _PROBE:
                 timings.append((handed - start, time.perf_counter() - handed))
-                if len(timings) == _PROBE and not _on_cpu(guard.options) and min(
+                if len(timings) == _PROBE and not _on_cpu(options) and min(
                         map(statistics.median, zip(*timings))) > _OVERLAP_S:
                     worker = _Worker(batches, size, x64)
     finally:
@@ -303,7 +339,7 @@ class _Worker(threading.Thread):
         self._put(_END)
 
 
-def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> None:
+def _end(worker: _Worker | None, it: Iterator[Any], bar: Any) -> None:
     if worker is not None:
         worker.stop.set()
         _drain(worker.ready)          # frees batches waiting ahead; unblocks a waiting put
@@ -314,8 +350,8 @@ def _end(worker: _Worker | None, it: Generator[Any, None, None], bar: Any) -> No
         warn(f"prefetch_to_jax stopped, but its source has been inside next() for over "
              f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
              f"thread) and the source is not closed.", True)
-    else:
-        it.close()
+    elif callable(close := getattr(it, "close", None)):
+        close()
     if bar is not None:
         bar.close()
 

@@ -249,6 +249,13 @@ class Need(enum.IntFlag):
     (``NUMPY_MAX_NDIM``: 64, 32 before NumPy 2) once vector lanes are a trailing axis, or
     an empty tensor's nonzero extents whose product, in bytes, passes 2**63 - 1 (NumPy
     refuses such an array, and XLA aborts the process)."""
+    ALIASED = 1 << 13
+    """A leaf of a batch whose memory the batch is not proven to own: something outside
+    the batch (the source's variable or attribute, a list of buffers, another array or
+    tensor over the same memory) holds it, or its producer gives no proof. A view would
+    change when that holder writes, so it is copied. Asked of batches only (a tensor
+    given alone shares its memory, DLPack's consumer contract) and only with
+    ``copy=None``; see docs/loaders/index.md, "Zero-copy and memory a source keeps"."""
 
 
 # What executing a route does (Route.action): one executor each in the core's execute.pxi.

@@ -129,13 +129,20 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
         f"torch tensors are)")),
     (Need.NARROW, lambda r: (narrowing_warning(r.facts["narrow"], True),
                              'jax.config.update("jax_enable_x64", True)')),
+    (Need.ALIASED, lambda r: (
+        "the batch is not shown to own its memory: something outside the batch (the source's "
+        "variable, attribute or list, another array or tensor over the same memory) can write "
+        "it while a view lives, or its producer proves nothing",
+        "hand over new memory for every batch and keep no reference to it (np.stack, torch's "
+        "default collate, dlinspect.stack), or pass copy=False to share it")),
 )
 
 
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (not route.needs & (Need.LAYOUT | Need.PERMUTED | Need.ALIGN | Need.NARROW)
+    return (not route.needs & (Need.LAYOUT | Need.PERMUTED | Need.ALIGN | Need.NARROW
+                               | Need.ALIASED)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 

@@ -15,7 +15,7 @@ __all__ = ["DLInspectError", "NotDLPackError", "NotNumericError", "CapsuleConsum
            "UnsupportedVersionError", "MalformedTensorError", "UnsupportedDeviceError",
            "UnsupportedDTypeError", "UnsupportedShapeError", "CopyRequiredError", "ProducerError",
            "NotDescribableError", "ShardingError", "ContainerError", "SourceExhaustedError",
-           "MemoryReuseError", "StackError", "AllocationError", "DLInspectWarning"]
+           "StackError", "AllocationError", "DLInspectWarning"]
 
 
 class DLInspectError(Exception):
@@ -162,22 +162,6 @@ class SourceExhaustedError(DLInspectError, RuntimeError):
     once exhausted (or closed by an epoch stopped early), would give an epoch of no
     batches without a word. The message names the source and the fix (pass what
     starts again: the DataLoader, the ``tf.data.Dataset`` itself, a list). A ``RuntimeError``.
-    """
-
-
-class MemoryReuseError(DLInspectError, BufferError):
-    """A loader's source handed over memory that a batch it gave earlier still views
-    zero-copy: it reuses its buffers, and that batch's values change under it.
-
-    :func:`~dlinspect.prefetch_to_jax` and :func:`dlinspect.grain.device_put` (with
-    ``reuse="error"``, the default) raise it where the reuse shows: at the source's write
-    into a NumPy array that a live batch views (dlinspect marks such an array read-only
-    while JAX views it, so that write is refused and no batch changes), or, for memory
-    written otherwise, at the first batch whose memory overlaps a live one's (the earlier
-    batch may already hold the new values). The message names both batches and key paths
-    and the fix: a source that puts every batch in new memory, or ``copy=True``;
-    ``reuse="copy"`` warns instead and copies those leaves from then on. A
-    ``BufferError``. See docs/loaders/index.md, "Zero-copy and memory a source reuses".
     """
 
 

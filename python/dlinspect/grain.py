@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 from typing import Any
 
 from ._core import LoaderReport, jax_target
 from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly, is_device
-from ._reuse import Kept, ReuseGuard, loader_options
+from ._prefetch import _END, Kept, converted, loader_options
 from ._words import type_name
 
 __all__ = ["device_put"]
@@ -25,7 +26,7 @@ __all__ = ["device_put"]
 def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_size: int = 4,
                device_buffer_size: int = 2, copy: bool | None = None,
                fallback: Fallback = "host", readonly: ReadOnly = "copy", leaves: Leaves = "keep",
-               narrow: Narrow = "warn", reuse: str = "error") -> Any:
+               narrow: Narrow = "warn") -> Any:
     """Put each element of a grain dataset into JAX through :func:`dlinspect.to_jax`, prefetching.
 
     The stage ``grain.experimental.device_put(ds, device, cpu_buffer_size=...,
@@ -70,14 +71,6 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         ``readonly="share"`` views read-only memory; ``leaves="raise"`` refuses
         leaves that are not tensors (grain's string arrays, Python numbers);
         ``narrow="ok"`` narrows 64-bit leaves with x64 off without a warning.
-    reuse : {"error", "copy"}
-        An element whose memory an earlier element still views zero-copy (a source
-        refilling one buffer): ``"error"`` raises ``MemoryReuseError`` at that element
-        (the earlier one may hold its values already); ``"copy"`` warns once and copies
-        those leaves from then on (the report's ``"reused memory"``). grain's own
-        ``.batch()`` and worker processes put each element in new memory. With
-        ``cpu_buffer_size > 0`` such a source runs ahead and refills before an element
-        is converted, so no copy can save it: only a source that allocates per element.
 
     Returns
     -------
@@ -106,12 +99,11 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
         or pytree of them.
     ValueError
         A buffer size that is not an int >= 0, an invalid ``fallback`` / ``readonly`` /
-        ``leaves`` / ``narrow`` / ``copy`` / ``reuse``, or ``device`` with ``sharding``.
+        ``leaves`` / ``narrow`` / ``copy``, or ``device`` with ``sharding``.
     DLInspectError
         While iterating, at the element where it happened (earlier elements are
         yielded first): what :func:`dlinspect.to_jax` raises for that element
-        (``CopyRequiredError``, ``ShardingError``, ``ProducerError``...) or
-        ``MemoryReuseError`` (see ``reuse``), its
+        (``CopyRequiredError``, ``ShardingError``, ``ProducerError``...), its
         message starting with the leaf's key path (``['image']``), as
         ``jax.tree_util.keystr`` writes it. Exceptions of ``ds`` itself are
         grain's, re-raised as grain re-raises them.
@@ -124,14 +116,18 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
     Notes
     -----
-    A leaf whose memory JAX can view is not copied: the ``jax.Array`` reads the
-    batch's memory, which it keeps alive (``plan(batch)`` says which leaves:
-    ``"zero-copy"``). grain's batches from worker processes (``mp_prefetch``, a
-    ``DataLoader`` with ``worker_count > 0``) are page-aligned shared memory and
-    import zero-copy; ``np.stack`` in this process gives memory only 16-byte aligned
-    for sure (``malloc``'s), which XLA:CPU does not view, so those leaves are copied
-    once, in C, into 64-byte aligned memory (viewed where they happen to be 64-byte
-    aligned), as ``jax.device_put`` views and copies the same memory.
+    A leaf is imported zero-copy only where JAX can view its memory and nothing but the
+    element holds it when it is taken (see :func:`dlinspect.to_jax`): the
+    ``jax.Array`` then reads the batch's memory, which it keeps alive. grain's
+    ``np.stack`` in this process gives memory only 16-byte aligned for sure
+    (``malloc``'s), which XLA:CPU does not view, so those leaves are copied once, in C,
+    into 64-byte aligned memory (viewed where they happen to be 64-byte aligned), as
+    ``jax.device_put`` views and copies the same memory; ``batch_fn=dlinspect.stack``
+    makes every batch viewable. Batches from worker processes (``mp_prefetch``, a
+    ``DataLoader`` with ``worker_count > 0``) are shared memory the worker mapped
+    too, and an element grain's host buffer thread (``cpu_buffer_size > 0``) still
+    holds when it is handed over (the last of an epoch, at least) is held elsewhere:
+    both are copied (``copy=False`` views them).
 
     On a second thread (``device_buffer_size > 0``) the conversion runs under
     JAX's x64 mode as the caller saw it when ``device_put`` was called
@@ -151,40 +147,81 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
     ds, prefetch = _iter_dataset(ds)
     device, sharding = _placement(device, sharding)
     opts = loader_options({"cpu_buffer_size": cpu_buffer_size,
-                           "device_buffer_size": device_buffer_size}, 0, reuse,
+                           "device_buffer_size": device_buffer_size}, 0,
                           device, copy, sharding, fallback, readonly, leaves, narrow)
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
-    to_jax = _ToJax(opts, reuse, jax_target(), bool(device_buffer_size))
-    ds = ds.map(to_jax)
+    to_jax = _ToJax(opts, jax_target(), bool(device_buffer_size))
+    ds = _stage_types()[0](ds, to_jax)
     if device_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(Kept.emit)
-    ds.report = to_jax.guard.report
+    ds.report = to_jax.report
     return ds
 
 
+@functools.cache
+def _stage_types() -> tuple[type, type]:
+    """The stage as a grain dataset and its iterator (grain's classes, imported by now):
+    as grain's own map, but the element goes from the parent iterator into the conversion
+    with no variable between, as the proof that it owns its memory needs (prefetch_to_jax's
+    ``converted``); state and checkpoints are the parent's."""
+    grain = importlib.import_module("grain")
+
+    class ToJaxIterator(grain.DatasetIterator):   # type: ignore[misc, name-defined]
+        def __init__(self, parent: Any, to_jax: _ToJax) -> None:
+            super().__init__(parent)
+            self._to_jax = to_jax
+
+        def __next__(self) -> Any:
+            return self._to_jax.next_of(self._parent)
+
+        def get_state(self) -> Any:
+            return self._parent.get_state()
+
+        def set_state(self, state: Any) -> None:
+            self._parent.set_state(state)
+
+        def __str__(self) -> str:
+            return f"ToJaxIterator({self._to_jax!r})"
+
+    class ToJaxDataset(grain.IterDataset):   # type: ignore[misc, name-defined]
+        def __init__(self, parent: Any, to_jax: _ToJax) -> None:
+            super().__init__(parent)
+            self._to_jax = to_jax
+
+        def __iter__(self) -> Any:
+            return ToJaxIterator(self._parent.__iter__(), self._to_jax)
+
+        def __str__(self) -> str:
+            return f"ToJaxDataset({self._to_jax!r})"
+
+    return ToJaxDataset, ToJaxIterator
+
+
 class _ToJax:
-    """``to_jax`` as a grain map, its warnings kept (``threaded``) or shown. ``device=`` the CPU
+    """``to_jax`` of each element, its warnings kept (``threaded``) or shown. ``device=`` the CPU
     device, where it is JAX's default, is converted as ``device=None``, the batch fast path
     (the general route costs about 60 µs more per leaf), and a leaf then elsewhere moved there."""
 
-    __slots__ = ("context", "guard", "move_to", "options", "threaded", "x64")
+    __slots__ = ("context", "move_to", "options", "report", "threaded", "x64")
 
-    def __init__(self, options: Options, reuse: str, tg: Any, threaded: bool) -> None:
+    def __init__(self, options: Options, tg: Any, threaded: bool) -> None:
         self.options, self.threaded, self.move_to = options, threaded, None
         if tg.default_device is None and options.device == tg.cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
             self.move_to = options.device
             options = dataclasses.replace(options, device=None)
-        self.guard = ReuseGuard(reuse, options, LoaderReport(), protect=False, what="element")
+        self.options, self.report = options, LoaderReport()
         self.x64 = bool(tg.x64.value)
         self.context = tg.x64_context if threaded else None
 
-    def __call__(self, element: Any) -> Any:
+    def next_of(self, parent: Any) -> Any:
+        """The next element of grain iterator ``parent``, converted; StopIteration at its end."""
         with self.context(self.x64) if self.context is not None else contextlib.nullcontext():
-            item = self.guard.convert(element)
-        del element
+            item = converted(parent, self.options, self.report)
+        if item is _END:
+            raise StopIteration
         if self.move_to is not None:
             item.out = _move(item.out, self.move_to)
         return item if self.threaded else item.emit()

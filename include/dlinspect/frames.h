@@ -1,0 +1,62 @@
+/* The calling code's own variables, read where they live: how many of a frame's variables
+ * hold an object.
+ *
+ * CPython 3.11 to 3.13 keep a function's variables in the frame's own array, which is read
+ * as Cython reads it for its tracebacks (the internal header pycore_frame.h): asking
+ * through locals() would copy every variable into a dict the frame keeps (3.11 and 3.12),
+ * holding them past the caller's `del`. 3.14 keeps tagged references there and says it
+ * through PyFrame_GetVar. */
+#ifndef DLINSPECT_FRAMES_H
+#define DLINSPECT_FRAMES_H
+
+#include <Python.h>
+
+#define DL_FAST_CELL 0x40   /* CO_FAST_CELL and CO_FAST_FREE (pycore_code.h, 3.11+) */
+#define DL_FAST_FREE 0x80
+
+#if PY_VERSION_HEX < 0x030E0000
+#ifndef Py_BUILD_CORE
+#define Py_BUILD_CORE 1
+#endif
+#include "internal/pycore_frame.h"
+
+/* contract: the number of the function frame `frame`'s variables (locals, cells, free
+   variables) bound to `obj`; never fails. */
+static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
+{
+    _PyInterpreterFrame *f = ((PyFrameObject *)frame)->f_frame;
+    PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
+    const char *kinds = PyBytes_AS_STRING(co->co_localspluskinds);
+    Py_ssize_t n = 0;
+    for (int i = 0; i < co->co_nlocalsplus; i++) {
+        PyObject *v = f->localsplus[i];
+        if (v != NULL && (kinds[i] & (DL_FAST_CELL | DL_FAST_FREE)) && PyCell_Check(v)) {
+            v = PyCell_GET(v);
+        }
+        n += v == obj;
+    }
+    Py_DECREF(co);
+    return n;
+}
+#else
+/* contract: as above, through PyFrame_GetVar once per variable; never fails. */
+static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
+{
+    PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
+    Py_ssize_t n = 0;
+    for (int i = 0; i < co->co_nlocalsplus; i++) {
+        PyObject *v = PyFrame_GetVar((PyFrameObject *)frame,
+                                     PyTuple_GET_ITEM(co->co_localsplusnames, i));
+        if (v == NULL) {   /* (unbound) */
+            PyErr_Clear();
+            continue;
+        }
+        n += v == obj;
+        Py_DECREF(v);
+    }
+    Py_DECREF(co);
+    return n;
+}
+#endif
+
+#endif

@@ -1,0 +1,381 @@
+# own.pxi: whether a batch owns its memory. Before anything is exported or taken, reference
+# counts prove that nothing outside the batch (and the calling code's own variables) can
+# write a tensor leaf's memory while a JAX array views it; a leaf not proven is copied
+# (Need.ALIASED). A tensor given alone follows DLPack's consumer contract instead (the
+# result shares its memory, as jax.dlpack.from_dlpack's does) and is not asked about here.
+#
+# What proves it, object by object from the batch down (containers, tensor leaves, the
+# arrays a leaf's memory belongs to): its references are the slots of the batch that hold
+# it, the caller's own references, and nothing else. The containers walked are the ones
+# whose slots can be counted: dicts, lists and tuples (subclasses and namedtuples too), a
+# UserDict's data dict (transformers' BatchEncoding), a dataclass's or SimpleNamespace's
+# __dict__; a leaf inside any other container (a pytree node registered with JAX, another
+# Mapping) is not met, so not proven. For the memory:
+# - NumPy: every array on the leaf's base chain is held only by the chain (or the caller),
+#   and the chain ends in an array that owns its data; any other object on it (bytes, mmap,
+#   memoryview, a capsule) proves nothing, but a torch tensor proven itself (t.numpy()) does;
+# - torch: its storage is held by this tensor alone and is torch's own allocation
+#   (resizable) or host memory torch shares between processes (a DataLoader worker's
+#   batch); borrowed memory (from_numpy, from_dlpack, frombuffer) is neither;
+# - any other producer, or a bare capsule: nothing is proven.
+# A jax.Array is immutable and needs no proof.
+
+from cpython.ref cimport Py_REFCNT
+
+cdef extern from "Python.h":
+    object PyFrame_GetLocals(object frame)   # (a module's or class body's: its namespace)
+    object PyFrame_GetCode(object frame)
+    PyObject* PyFrame_GetBack(PyObject* frame)   # (a new reference; NULL: the outermost)
+    int PyFrame_GetLasti(PyObject* frame)
+    int PY_VERSION_HEX
+
+cdef extern from "dlinspect/frames.h":
+    Py_ssize_t dl_frame_refs(PyObject* frame, PyObject* obj) noexcept
+
+import dataclasses as _dataclasses
+import dis as _dis
+import sysconfig as _sysconfig
+from collections import UserDict as _UserDict
+from types import SimpleNamespace as _SimpleNamespace
+
+# Counts are exact only with the GIL: a free-threaded build splits and defers them.
+cdef bint _EXACT_COUNTS = not _sysconfig.get_config_var("Py_GIL_DISABLED")
+# The references a Python caller's stack holds to the argument of its call into C: one up to
+# 3.13; 3.14 may lend the caller's own (borrowed), so none is assumed there (a strong one
+# then counts as another holder: a copy, never a view of memory someone else holds).
+cdef Py_ssize_t _STACK_REFS = 1 if PY_VERSION_HEX < 0x030E0000 else 0
+# f(*args, **kwargs): the argument is held by the args tuple and, where there are keyword
+# arguments, by the array CPython unpacks them into (_PyStack_UnpackDict) for the call.
+cdef int _CALL_FUNCTION_EX = _dis.opmap["CALL_FUNCTION_EX"]
+cdef int _CO_OPTIMIZED = 0x1
+cdef int _FRAMES_MAX = 64   # calling frames whose variables are looked at, from the innermost
+
+# The references this module's own def functions hold to an argument while they run (Cython
+# >= 3.1 holds one as it parses arguments, 3.0 none): measured once (_core_held).
+cdef Py_ssize_t _CORE_HELD = -1
+
+# torch's storage use count of a tensor alone, measured once (builds differ), and its counter;
+# what a view's base held by that view alone shows: its references and its use count.
+cdef Py_ssize_t _torch_alone = -1
+cdef object _torch_use_count = None
+cdef tuple _torch_private = None
+
+
+cdef inline object _key(object v):
+    """``id(v)``, without the builtin's audit event."""
+    return <Py_ssize_t><void*>v
+
+
+cdef enum:
+    _OWNED_INLINE = 64   # leaves an _Owned holds in its own array (more: in a set too)
+
+
+@cython.final
+@cython.freelist(4)
+cdef class _Owned:
+    """The proof's answer: the tensor leaves of a batch proven to own their memory, by
+    address (an object stays at one while the batch holds it); a leaf not in it is copied."""
+    cdef uintptr_t at[_OWNED_INLINE]
+    cdef Py_ssize_t n
+    cdef set more        # the keys past the first _OWNED_INLINE (None until then)
+
+    cdef int add(self, object v) except -1:
+        if self.n < _OWNED_INLINE:
+            self.at[self.n] = <uintptr_t><void*>v
+            self.n += 1
+            return 0
+        if self.more is None:
+            self.more = set()
+        self.more.add(_key(v))
+        return 0
+
+    cdef bint has(self, object v) except -1:
+        cdef uintptr_t p = <uintptr_t><void*>v
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if self.at[i] == p:
+                return True
+        return self.more is not None and _key(v) in self.more
+
+    cdef int drop(self, list keys) except -1:
+        """Take the leaves of ``keys`` (their ids) out."""
+        cdef Py_ssize_t i
+        for key in keys:
+            for i in range(self.n):
+                if self.at[i] == <uintptr_t><Py_ssize_t>key:
+                    self.at[i] = 0
+            if self.more is not None:
+                self.more.discard(key)
+        return 0
+
+
+@cython.final
+@cython.freelist(4)
+cdef class _Owners:
+    """One proof's walk: the leaves met, and the objects whose references need counting."""
+    # the key of each tensor leaf met, once per slot that holds it, from the first object
+    # counted on (the leaves a counted object leads to are met after it)
+    cdef list leaves
+    cdef _Owned owned    # each leaf whose memory is proven its own
+    # key -> [object, slots holding it, references the walk's own lists hold, keys of the
+    # leaves it leads to, walked]: each object met whose references are not one slot's
+    # alone (None until one is met).
+    cdef dict counted
+    cdef list lists      # the walk's own lists of a container's values (held until counted)
+    cdef bint deep       # the batch nests past MAX_DEPTH (its walk raises ContainerError)
+
+    cdef list entry(self, object v):
+        if self.counted is None:
+            self.counted = {}
+        key = _key(v)
+        cdef list entry = self.counted.get(key)
+        if entry is None:
+            entry = [v, 0, 0, [], False]
+            self.counted[key] = entry
+        return entry
+
+    cdef int child(self, object v, Py_ssize_t listed, Py_ssize_t depth) except -1:
+        """``v`` in one slot of its parent, held by that slot, ``listed`` of the walk's lists
+        and the caller's loop variable; counted where that is not all (an object met
+        twice always is)."""
+        if _plain_scalar(v):
+            return 0
+        cdef list entry = None
+        if Py_REFCNT(v) != 2 + listed:
+            entry = self.entry(v)
+            entry[1] += 1
+            entry[2] += listed
+            if entry[4]:   # met before: its leaves once more, walked once
+                self.leaves.extend(entry[3])
+                return 0
+            entry[4] = True
+        cdef Py_ssize_t start = len(self.leaves)
+        self.node(v, depth)
+        if entry is not None:
+            (<list>entry[3]).extend(self.leaves[start:])
+        return 0
+
+    cdef int node(self, object v, Py_ssize_t depth) except -1:
+        cdef int guard = _tensor_guard(v)
+        if guard != _NOT_A_TENSOR:
+            if self.memory(v, guard):
+                self.owned.add(v)
+            if self.counted is not None:   # (what a counted container leads to)
+                self.leaves.append(_key(v))
+            return 0
+        if depth > _tree.MAX_DEPTH:
+            self.deep = True
+            return 0
+        tp = type(v)
+        if tp is dict:
+            for item in (<dict>v).values():
+                self.child(item, 0, depth + 1)
+            return 0
+        if tp is list or tp is tuple:
+            for item in v:
+                self.child(item, 0, depth + 1)
+            return 0
+        values = _slots(v)
+        if values is None:
+            return 0
+        if self.lists is None:
+            self.lists = []
+        self.lists.append(values)
+        for item in <list>values:
+            self.child(item, 1, depth + 1)
+        return 0
+
+    cdef bint memory(self, object x, int guard) except -1:
+        """Whether tensor ``x``'s memory is proven its own (its base chain counted on the
+        way); ``guard``: its _tensor_guard (a bare capsule proves nothing)."""
+        if guard == GUARD_JAX:
+            return True
+        if guard == GUARD_TORCH:
+            return _torch_owns(x)
+        return guard == GUARD_NUMPY and self.chain(x)
+
+    cdef bint chain(self, object leaf) except -1:
+        """Each array on ``leaf``'s base chain held only by it; the last owns its data."""
+        arr, key = leaf, None
+        cdef list entry
+        cdef PyObject* p
+        while True:
+            p = cnp.PyArray_BASE(<cnp.ndarray>arr)
+            if p == NULL:
+                return cnp.PyArray_CHKFLAGS(<cnp.ndarray>arr, cnp.NPY_ARRAY_OWNDATA)
+            base = <object>p
+            if Py_REFCNT(base) != 2:   # (its child's base, and ``base``)
+                if key is None:
+                    key = _key(leaf)
+                entry = self.entry(base)
+                entry[1] += 1
+                (<list>entry[3]).append(key)
+            if not cnp.PyArray_Check(base):
+                return _entry_for(type(base)).guard == GUARD_TORCH and _torch_owns(base)
+            arr = base
+
+
+cdef list _slots(object v):
+    """The values of a container that is no plain dict, list or tuple, each as a slot of it
+    holds it (a new list), or None: a container whose slots cannot be counted, or a leaf."""
+    if isinstance(v, dict):
+        return list((<dict>v).values())   # (the dict's own storage, whatever its subclass says)
+    if isinstance(v, list):
+        return (<list>v)[:]
+    if isinstance(v, tuple):
+        return list((<tuple>v)[:])
+    if isinstance(v, _UserDict):
+        return [vars(v).get("data")]
+    if _dataclasses.is_dataclass(v) or isinstance(v, _SimpleNamespace):
+        own = getattr(v, "__dict__", None)
+        return None if own is None else list((<dict>own).values())
+    return None
+
+
+cdef bint _torch_owns(object t) except -1:
+    """A torch tensor's storage is held by it alone (or with the base it is a view of, which
+    nothing else holds), and is torch's own or shared memory."""
+    global _torch_alone, _torch_use_count, _torch_private
+    try:
+        if _torch_alone < 0:
+            torch = _sys.modules["torch"]
+            _torch_use_count = getattr(torch._C, "_storage_Use_Count", None)
+            if _torch_use_count is None:   # (a torch that does not say proves nothing)
+                _torch_alone = 0
+                return False
+            alone = torch.empty(1)   # (held here as a leaf is, its storage too)
+            storage = alone.untyped_storage()
+            _torch_alone = _torch_use_count(storage._cdata)
+            _torch_private = _base_holders(torch.empty(2)[:1])
+        if _torch_use_count is None:
+            return False
+        storage = t.untyped_storage()
+        uses = _torch_use_count(storage._cdata)
+        if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
+            return False
+        return storage.resizable() or (storage.device.type == "cpu" and storage.is_shared())
+    except Exception:   # (a tensor without storage: its export says why)
+        return False
+
+
+cdef bint _private_base(object t) except -1:
+    """``t`` is a view (reshape, a slice) of a tensor no one but ``t`` holds: the second
+    holder of its storage (torch keeps a view's base alive; a view of a view has the first
+    base as its own), held as the base of a new view is."""
+    return _base_holders(t) == _torch_private
+
+
+cdef tuple _base_holders(object t):
+    """The references to ``t``'s base (None: not a view) and its use count, as held here."""
+    base = t._base
+    if base is None:
+        return None
+    return (Py_REFCNT(base), base._use_count())
+
+
+cdef Py_ssize_t _call_refs() except -1:
+    """The references the innermost Python frame's call into the core holds to the batch
+    it passes: its stack's, or the tuple's and the unpacked array's of ``f(*a, **kw)``."""
+    cdef PyObject* f = PyEval_GetFrame()
+    if f == NULL or PY_VERSION_HEX >= 0x030E0000:
+        return _STACK_REFS
+    cdef Py_ssize_t at = PyFrame_GetLasti(f)
+    code = PyFrame_GetCode(<object>f).co_code
+    if at < 0 or at + 1 >= len(code) or (<bytes>code)[at] != _CALL_FUNCTION_EX:
+        return _STACK_REFS
+    return 1 + ((<bytes>code)[at + 1] & 1)
+
+
+cdef Py_ssize_t _unexplained(object obj, Py_ssize_t extra) except? -1:
+    """``extra`` references to ``obj`` less those the calling code's own variables hold: the
+    variables of each frame on the call stack, from the innermost, until none is left (at
+    most _FRAMES_MAX frames); a namespace (a module's, a class body's) counted once. A
+    source's variables are none of these: a generator it runs is suspended, off the stack."""
+    cdef PyObject* f = PyEval_GetFrame()
+    if f == NULL:   # (a thread C started, running no Python)
+        return extra
+    frame = <object>f
+    cdef list spaces = []
+    cdef int k
+    for k in range(_FRAMES_MAX):
+        if PyFrame_GetCode(frame).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
+            extra -= dl_frame_refs(<PyObject*>frame, <PyObject*>obj)
+        else:
+            extra -= _namespace_refs(PyFrame_GetLocals(frame), obj, spaces)
+        if extra <= 0:
+            return extra
+        frame = _take_ref(PyFrame_GetBack(<PyObject*>frame))
+        if frame is None:
+            break
+    return extra
+
+
+cdef Py_ssize_t _namespace_refs(object ns, object obj, list spaces) except -1:
+    """The entries of namespace ``ns`` bound to ``obj`` (0 where ``spaces`` had it)."""
+    for seen in spaces:
+        if seen is ns:
+            return 0
+    spaces.append(ns)
+    cdef Py_ssize_t m = 0
+    for v in ns.values():
+        if v is obj:
+            m += 1
+    return m
+
+
+cdef _Owned _prove(object x, Py_ssize_t held, bint own_frame):
+    """Batch ``x``'s tensor leaves proven to own their memory; ``held``:
+    the references the core's caller holds to ``x`` (a Python caller's stack, or a loader's
+    variable); ``own_frame``: the calling frame's variables are the caller's own."""
+    cdef _Owned owned = _Owned.__new__(_Owned)
+    if not _EXACT_COUNTS:
+        return owned
+    if Py_REFCNT(x) != held and (
+            not own_frame or _unexplained(x, Py_REFCNT(x) - held) != 0):
+        return owned   # the batch itself is held elsewhere
+    cdef _Owners w = _Owners.__new__(_Owners)
+    w.leaves, w.owned = [], owned
+    w.node(x, 0)
+    if w.deep:
+        return _Owned.__new__(_Owned)
+    if w.counted is None:
+        return owned
+    cdef list entry
+    cdef Py_ssize_t extra
+    for entry in w.counted.values():
+        obj = entry[0]
+        # (the entry and ``obj`` hold two references)
+        extra = Py_REFCNT(obj) - 2 - entry[1] - entry[2]
+        if extra > 0 and own_frame:
+            extra = _unexplained(obj, extra)
+        if extra != 0:
+            owned.drop(entry[3])
+    return owned
+
+
+def _held_probe(x, y=None, *, z=None):
+    """The references to ``x`` while a def function of this module runs (_core_held)."""
+    return Py_REFCNT(x)
+
+
+cdef Py_ssize_t _core_held() except -1:
+    """The references the core holds to an argument of to_jax, plan or explain."""
+    global _CORE_HELD
+    if _CORE_HELD < 0:
+        probe = object()   # (held by this variable alone)
+        _CORE_HELD = _held_probe(probe) - 1
+    return _CORE_HELD
+
+
+cdef _Owned _owned(object x, opts, Py_ssize_t held):
+    """The proof's answer for batch ``x`` under ``opts`` (see _prove), or None where none is
+    asked: ``copy`` given, or a tensor a Python caller gives alone (DLPack's consumer
+    contract). ``held``: the references a loader holds to ``x``; -1: a Python caller's call,
+    its stack's reference and its frame's variables the caller's own."""
+    if opts.copy is not None:
+        return None
+    if held >= 0:
+        return _prove(x, held, False)
+    if is_tensor(x):
+        return None
+    return _prove(x, _call_refs() + _core_held(), True)
