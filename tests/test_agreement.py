@@ -262,3 +262,133 @@ def test_real_tensors(path, tgt, copy):
             check(lambda: x, reference, tgt, **options)  # noqa: B023 (one tensor: one memory)
     finally:
         djax.force_public_api(False)
+
+
+# ---- batches: zero-copy exactly where the batch owns its memory ----------------------------
+
+#: Who else holds a leaf of a batch, or its memory: no one; the converting code's own
+#: variable; a source (a list, an attribute); a new object over kept memory (a view, a
+#: detached torch tensor, torch.from_numpy, np.frombuffer of a bytearray); a container a
+#: source holds. Only the first two leave the leaf the batch's own.
+HOLDERS = {"numpy": ["nobody", "variable", "list", "attribute", "view", "frombuffer",
+                     "container"],
+           "torch": ["nobody", "variable", "list", "attribute", "view", "detach", "from_numpy",
+                     "container"]}
+OWN = {"nobody", "variable"}
+
+
+class _Source:
+    """What a source keeps of the batches it hands over, and writes again."""
+
+    def __init__(self):
+        self.kept = []
+
+    def write(self):
+        torch = _torch()
+        for mem in self.kept:
+            if isinstance(mem, bytearray):
+                mem[:] = b"\xff" * len(mem)
+            elif isinstance(mem, dict):
+                for v in mem.values():
+                    v[...] = -1
+            elif torch is not None and isinstance(mem, torch.Tensor):
+                mem.fill_(-1)
+            else:
+                mem[...] = -1
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _leaf(holder, producer, i, source, variables):
+    """A 64-byte aligned float32 leaf of values ``i``, held as ``holder`` says."""
+    torch = _torch()
+    values = np.full((4, 16), i, np.float32)
+    if holder == "frombuffer":
+        raw = bytearray(values.nbytes + 64)
+        source.kept.append(raw)
+        start = -np.frombuffer(raw, np.uint8).ctypes.data % 64
+        out = np.frombuffer(raw, np.float32, values.size, start).reshape(values.shape)
+        out[...] = values
+        return out
+    if producer == "torch" and holder != "from_numpy":
+        kept = torch.from_numpy(values.copy()).clone()
+        if holder == "detach":
+            source.kept.append(kept)
+            return kept.detach()
+    else:
+        kept = aligned_empty(values.shape, np.float32, 64)
+        kept[...] = values
+        if holder == "from_numpy":
+            source.kept.append(kept)
+            return torch.from_numpy(kept)
+    if holder == "view":
+        source.kept.append(kept)
+        return kept[...]
+    if holder in ("list", "attribute"):
+        source.kept.append(kept)
+    elif holder == "variable":
+        variables.append(kept)
+    return kept
+
+
+@st.composite
+def owned_batches(draw):
+    producers = ["numpy"] + (["torch"] if _torch() is not None else [])
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        producer = draw(st.sampled_from(producers))
+        out.append((draw(st.sampled_from(HOLDERS[producer])), producer, draw(st.booleans())))
+    return out
+
+
+def _convert_both(batch, copy):
+    """plan(batch) and to_jax(batch), batch in this frame's variable (the caller's own)."""
+    routes = dlinspect.plan(batch, copy=copy, narrow="ok")
+    return routes, dlinspect.to_jax(batch, copy=copy, narrow="ok")
+
+
+@settings(max_examples=max(20, EXAMPLES // 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(recipe=owned_batches(), copy=st.sampled_from([None, None, False, True]))
+def test_batches_zero_copy_exactly_where_they_own_their_memory(recipe, copy):
+    """plan(batch) says zero-copy exactly where to_jax(batch) shares a leaf's memory; with
+    copy=None that is exactly where nothing but the batch and the converting code's own
+    variables holds the leaf and its memory; and whatever the source then writes, every leaf
+    that was not shared on purpose (copy=False) keeps its values."""
+    source, variables = _Source(), []
+    flat, nested = {}, {}
+    for i, (holder, producer, deep) in enumerate(recipe):
+        (nested if deep else flat)[f"k{i}"] = _leaf(holder, producer, i, source, variables)
+    batch = {"flat": flat, "deep": [nested]}
+    del flat, nested
+    if any(holder == "container" for holder, _, _ in recipe):
+        source.kept.append(batch["flat"])    # a source holding an inner container
+    # the converting code's own variables (not a list: the list would be a holder)
+    v0, v1, v2, v3 = (variables + [None] * 4)[:4]
+    del variables
+    routes, out = _convert_both(batch, copy)
+    for i, (holder, _, deep) in enumerate(recipe):
+        key = f"k{i}"
+        where = ("deep", 0, key) if deep else ("flat", key)
+        route, result, leaf = routes, out, batch
+        for k in where:
+            route, result, leaf = route[k], result[k], leaf[k]
+        shared = pointer_of(result) == dlinspect.peek(leaf).data_ptr
+        assert shared == (route.kind == "zero-copy"), (recipe, key, route)
+        if copy is None:
+            held_inside = not deep and any(h == "container" for h, _, _ in recipe)
+            # ("container": the source holds the flat dict, whoever's leaf it is)
+            owned = (holder in OWN or holder == "container") and not held_inside
+            assert shared == owned, (recipe, key, route.reason)
+    del v0, v1, v2, v3
+    source.write()
+    for i, (_, _, deep) in enumerate(recipe):
+        result = out["deep"][0][f"k{i}"] if deep else out["flat"][f"k{i}"]
+        if copy is not False:
+            assert_computes_like(result, np.full((4, 16), i, np.float32), f"{recipe} {key}")

@@ -132,7 +132,8 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
     (Need.ALIASED, lambda r: (
         "the batch is not shown to own its memory: something outside the batch (the source's "
         "variable, attribute or list, another array or tensor over the same memory) can write "
-        "it while a view lives, or its producer proves nothing",
+        "it while a view lives, or its producer proves nothing (to view it, hand over new "
+        "memory per batch, np.stack or torch's collate, and keep no reference to it)",
         "hand over new memory for every batch and keep no reference to it (np.stack, torch's "
         "default collate, dlinspect.stack), or pass copy=False to share it")),
 )

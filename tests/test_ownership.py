@@ -1,0 +1,444 @@
+"""Zero-copy only where the batch owns its memory: every batch kept from a source that keeps
+and rewrites what it hands over holds its own values, and batches whose memory nothing else
+holds are still viewed, not copied.
+
+A source below hands over a 64-byte aligned float32 batch (what XLA:CPU would view) built
+from ``values(i)``, then writes the memory again for the next one; every kept batch is
+checked by computation (``a + 0``, indexing, reductions, ``jax.jit``, a move) against the
+values it had when it was handed over.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import functools
+import gc
+import subprocess
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="jax is not installed (pip install jax)")
+jnp = jax.numpy
+
+import dlinspect  # noqa: E402
+from dlinspect import Need, plan, prefetch_to_jax, to_jax  # noqa: E402
+from dlinspect.testing import aligned_empty  # noqa: E402
+from _computations import assert_computes_like  # noqa: E402
+from _helpers import Fresh, buffer_pointer  # noqa: E402
+
+N = 4
+SHAPE = (3, 4)
+
+
+def values(i):
+    return np.arange(12, dtype=np.float32).reshape(SHAPE) * 10 + i
+
+
+def fresh(i):
+    """New aligned memory holding ``values(i)``, held by nothing but the caller."""
+    out = aligned_empty(SHAPE, np.float32, 64)
+    out[...] = values(i)
+    return out
+
+
+def shares(result, source):
+    """Whether a JAX array views ``source``'s memory."""
+    return buffer_pointer(result) == dlinspect.peek(source).data_ptr
+
+
+# ---- sources that keep what they hand over, and write it again ----------------------------
+
+def refilled_in_place():
+    buf = fresh(0)
+    for i in range(N):
+        buf[...] = values(i)
+        yield {"x": buf}
+
+
+def refilled_through_torch():
+    torch = pytest.importorskip("torch")
+    buf = fresh(0)
+    for i in range(N):
+        torch.from_numpy(buf).copy_(torch.from_numpy(values(i)))
+        yield {"x": buf}
+
+
+def refilled_through_a_memoryview():
+    buf = fresh(0)
+    for i in range(N):
+        memoryview(buf).cast("B")[:] = values(i).tobytes()
+        yield {"x": buf}
+
+
+def refilled_through_a_raw_address():
+    buf = fresh(0)
+    for i in range(N):
+        ctypes.memmove(buf.ctypes.data, values(i).ctypes.data, buf.nbytes)
+        yield {"x": buf}
+
+
+def torch_staging_through_numpy():
+    torch = pytest.importorskip("torch")
+    staging = torch.empty(SHAPE)
+    for i in range(N):
+        staging.numpy()[...] = values(i)
+        yield {"x": staging}
+
+
+def torch_staging_alone():
+    """The staging tensor itself is the item (a loader's bare tensor follows the rule)."""
+    torch = pytest.importorskip("torch")
+    staging = torch.empty(SHAPE)
+    for i in range(N):
+        staging.copy_(torch.from_numpy(values(i)))
+        yield staging
+
+
+def ring_of_two():
+    slots = [fresh(0), fresh(0)]
+    for i in range(N):
+        slots[i % 2][...] = values(i)
+        yield {"x": slots[i % 2]}
+
+
+def new_views_of_kept_memory():
+    buf = fresh(0)
+    for i in range(N):
+        buf[...] = values(i)
+        yield {"x": buf[...]}
+
+
+def torch_from_numpy_of_kept_memory():
+    torch = pytest.importorskip("torch")
+    buf = fresh(0)
+    for i in range(N):
+        buf[...] = values(i)
+        yield {"x": torch.from_numpy(buf)}
+
+
+def detached_staging():
+    torch = pytest.importorskip("torch")
+    staging = torch.empty(SHAPE)
+    for i in range(N):
+        staging.copy_(torch.from_numpy(values(i)))
+        yield {"x": staging.detach()}
+
+
+def frombuffer_of_a_kept_bytearray():
+    raw = bytearray(4 * 12 + 64)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % 64
+    for i in range(N):
+        x = np.frombuffer(raw, np.float32, 12, start).reshape(SHAPE)
+        raw[start:start + 48] = values(i).tobytes()
+        yield {"x": x}
+
+
+class SameBatchObject:
+    """One dict, kept by the source and refilled through it: the batch itself is held."""
+
+    def __init__(self):
+        self.batch = {"x": fresh(0)}
+
+    def __iter__(self):
+        for i in range(N):
+            self.batch["x"][...] = values(i)
+            yield self.batch
+
+
+#: Sources of batches (a dict holding the leaf), and of bare tensors, that a loader's rule
+#: covers alike; to_jax(tensor) itself follows DLPack's consumer contract (shares it).
+BATCH_SOURCES = [refilled_in_place, refilled_through_torch, refilled_through_a_memoryview,
+                 refilled_through_a_raw_address, torch_staging_through_numpy, ring_of_two,
+                 new_views_of_kept_memory, torch_from_numpy_of_kept_memory, detached_staging,
+                 frombuffer_of_a_kept_bytearray, SameBatchObject]
+SOURCES = BATCH_SOURCES + [torch_staging_alone]
+
+
+def leaf(batch):
+    return batch if isinstance(batch, jax.Array) else batch["x"]
+
+
+def check_kept(kept):
+    assert len(kept) == N
+    for i, batch in enumerate(kept):
+        x = leaf(batch)
+        assert_computes_like(x, values(i), f"batch {i}")
+        assert float(jax.device_put(x, jax.devices()[0])[2, 3]) == values(i)[2, 3]
+
+
+@pytest.mark.parametrize("source", BATCH_SOURCES, ids=lambda s: s.__name__)
+def test_a_plain_loop_keeps_every_batch_right(source):
+    kept = []
+    for batch in source():
+        kept.append(to_jax(batch))
+    check_kept(kept)
+
+
+def test_a_tensor_given_alone_shares_its_memory_as_from_dlpack_does():
+    """DLPack's consumer contract: to_jax(x) views x where JAX can, whoever holds it, so a
+    kept result shows the source's later writes (a batch of it would be copied)."""
+    kept = []
+    for staging in torch_staging_alone():
+        assert plan(staging).kind == "zero-copy"
+        out = to_jax(staging)
+        assert shares(out, staging)
+        kept.append(out)
+    assert all(float(k[0, 0]) == values(N - 1)[0, 0] for k in kept)
+
+
+@pytest.mark.parametrize("thread", [False, True, None])
+@pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.__name__)
+def test_prefetch_keeps_every_batch_right(source, thread):
+    loader = prefetch_to_jax(source(), thread=thread)
+    check_kept(list(loader))
+    reasons = {why for row in loader.report.as_dict().values() for why in row["copied_bytes"]}
+    assert reasons == {"aliased"}, reasons
+
+
+@pytest.mark.parametrize("source", BATCH_SOURCES, ids=lambda s: s.__name__)
+def test_plan_says_copy_and_why(source):
+    it = iter(source())          # (alive: a source dropped holds nothing any more)
+    batch = next(it)
+    route = plan(batch)["x"]
+    assert route.kind == "copy" and route.needs & Need.ALIASED
+    assert "not shown to own its memory" in route.reason and "np.stack" in route.reason
+    assert "np.stack" in dlinspect.explain(batch)
+
+
+def test_a_list_of_batches_is_a_source_that_keeps_them():
+    batches = [{"x": fresh(i)} for i in range(N)]
+    assert all(plan(b)["x"].kind == "copy" for b in batches)
+    out = list(prefetch_to_jax(batches))
+    for b, got in zip(batches, out):
+        assert not shares(got["x"], b["x"])
+    for i, b in enumerate(batches):
+        b["x"][...] = -1                     # the list's owner writes its own batches
+    check_kept(out)
+
+
+def test_copy_false_shares_what_no_proof_covers():
+    kept = [to_jax(batch, copy=False) for batch in refilled_in_place()]
+    assert all(float(b["x"][0, 0]) == values(N - 1)[0, 0] for b in kept)   # later writes show
+    route = plan({"x": fresh(0)}, copy=False)["x"]
+    assert route.kind == "zero-copy" and not route.needs & Need.ALIASED
+
+
+def test_copy_true_copies_every_leaf():
+    x = fresh(0)
+    out = to_jax({"x": x}, copy=True)
+    assert not shares(out["x"], x)
+
+
+# ---- batches that nothing else holds stay zero-copy -----------------------------------------
+
+def test_temporaries_are_viewed():
+    out = to_jax({"x": fresh(1), "y": [fresh(2), (fresh(3),)]})
+    assert plan({"x": fresh(1)})["x"].kind == "zero-copy"
+    assert_computes_like(out["y"][1][0], values(3))
+
+
+def test_the_callers_own_variables_are_its_own():
+    x = fresh(1)
+    assert plan({"x": x})["x"].kind == "zero-copy"
+    assert shares(to_jax({"x": x})["x"], x)
+    batch = {"x": fresh(2)}
+    assert plan(batch)["x"].kind == "zero-copy"
+
+    def helper(b):           # a function the batch is passed on to: still the caller's
+        return plan(b)["x"].kind, to_jax(b)
+
+    kind, out = helper(batch)
+    assert kind == "zero-copy" and shares(out["x"], batch["x"])
+
+
+def test_a_loop_that_unpacks_each_batch(torch):
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.randn(64, 3, 8, 8), torch.arange(64, dtype=torch.int32))
+    kinds = []
+    for x, y in DataLoader(data, batch_size=16):
+        kinds.append(plan((x, y))[0].kind)
+        out = to_jax((x, y))
+        assert buffer_pointer(out[0]) == x.data_ptr() and buffer_pointer(out[1]) == y.data_ptr()
+    assert kinds == ["zero-copy"] * 4
+
+
+def test_a_loop_at_a_modules_top_level(torch):
+    """The same loop at a module's top level: its variables are the module's globals."""
+    code = ("import torch, dlinspect\n"
+            "from torch.utils.data import DataLoader, TensorDataset\n"
+            "data = TensorDataset(torch.randn(32, 5), torch.arange(32, dtype=torch.int32))\n"
+            "shared = []\n"
+            "for x, y in DataLoader(data, batch_size=8):\n"
+            "    out = dlinspect.to_jax((x, y))\n"
+            "    shared.append(out[0].unsafe_buffer_pointer() == x.data_ptr())\n")
+    namespace: dict = {"__name__": "__batches__"}
+    exec(compile(code, "<a script>", "exec"), namespace)
+    assert namespace["shared"] == [True] * 4
+
+
+def test_options_passed_as_keywords_and_unpacked():
+    batch = {"x": fresh(1)}
+    options = {"narrow": "ok"}
+    assert plan(batch, **options)["x"].kind == "zero-copy"
+    assert plan(*[batch])["x"].kind == "zero-copy"
+    assert (lambda b: plan(b, narrow="ok"))(batch)["x"].kind == "zero-copy"
+    # functools.partial with keywords holds the batch once more, in an array of its own:
+    # uncounted, so a copy (a lambda or a def passes it as a variable, which is counted).
+    assert functools.partial(plan, narrow="ok")(batch)["x"].kind == "copy"
+    # (last: JAX lets go of the memory it views lazily, and until then a batch over it is
+    # aliased: another array views it)
+    assert shares(to_jax(batch, **options)["x"], batch["x"])
+
+
+def test_torch_default_collate_with_workers_and_pinned_memory(torch):
+    from torch.utils.data import DataLoader, TensorDataset
+    data = TensorDataset(torch.randn(32, 3, 4, 4), torch.arange(32, dtype=torch.int32))
+    for loader in (DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="spawn"),
+                   DataLoader(data, batch_size=8, pin_memory=True)):
+        pairs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # (pin_memory with no accelerator)
+            for x, y in loader:
+                out = to_jax((x, y))
+                pairs.append((x, out))
+        assert all(buffer_pointer(out[0]) == x.data_ptr() for x, out in pairs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            jax_loader = prefetch_to_jax(loader)
+            list(jax_loader)
+        assert all(not row["copied_bytes"] for row in jax_loader.report.as_dict().values())
+
+
+def test_stack_in_a_generator_stays_zero_copy():
+    def batches():
+        for i in range(N):
+            yield dlinspect.stack([{"x": values(i)[j]} for j in range(3)])
+    loader = prefetch_to_jax(batches())
+    out = list(loader)
+    assert loader.report.as_dict()["['x']"]["copied_bytes"] == {}
+    for i, b in enumerate(out):
+        assert_computes_like(b["x"], values(i)[:3])
+
+
+def test_a_generator_that_converts_its_own_buffer_shares_it():
+    """The calling code's own variables are the caller's, a generator's that calls too (its
+    second batch is copied: the first one's array still views the buffer)."""
+    def converted():
+        buf = fresh(0)
+        for i in range(2):
+            buf[...] = values(i)
+            yield to_jax({"x": buf}), buf
+
+    (first, buf), (second, _) = converted()
+    assert shares(first["x"], buf) and not shares(second["x"], buf)
+
+
+# ---- the proof's pieces ----------------------------------------------------------------------
+
+def test_numpy_base_chains():
+    # a view of an owner nothing else holds, and two views of one, all in the batch
+    assert plan({"x": aligned_empty((2, 16), np.float32, 64)[0]})["x"].kind == "zero-copy"
+    both = plan(dict(zip("ab", aligned_empty((2, 16), np.float32, 64))))
+    assert [r.kind for r in both.values()] == ["zero-copy", "zero-copy"]
+    # the owner in the caller's own variable: its own; in a list: someone else's
+    owner = np.ones(16, np.float32)
+    assert not plan({"x": owner[2:]})["x"].needs & Need.ALIASED
+    held = [np.ones(16, np.float32)]
+    assert plan({"x": held[0][2:]})["x"].needs & Need.ALIASED
+    # memory that is no array's own: bytes, a bytearray, a memoryview
+    assert plan({"x": np.frombuffer(bytearray(64), np.float32)})["x"].kind == "copy"
+    assert plan({"x": np.asarray(memoryview(fresh(0)))})["x"].kind == "copy"
+
+
+def test_torch_storages(torch):
+    assert plan({"t": torch.ones(4)})["t"].kind == "zero-copy"
+    assert plan({"t": torch.arange(8.0).reshape(2, 4)})["t"].kind == "zero-copy"  # private base
+    base = torch.arange(8.0)
+    assert plan({"t": base.reshape(2, 4)})["t"].kind == "copy"
+    assert plan({"t": base.detach()})["t"].kind == "copy"
+    assert plan({"t": torch.from_numpy(fresh(0))})["t"].kind == "copy"    # borrowed memory
+    # t.numpy() marks the storage as NumPy's too (torch stops resizing it): no proof left
+    assert plan({"t": torch.ones(4).numpy()})["t"].kind == "copy"
+
+
+@dataclasses.dataclass
+class Sample:
+    image: object
+    label: object
+
+
+class Encoding(collections.UserDict):
+    pass
+
+
+def test_containers_whose_slots_are_counted(torch):
+    Pair = collections.namedtuple("Pair", "left right")
+    batch = {"enc": Encoding({"ids": torch.ones(4)}), "s": Sample(fresh(1), fresh(2)),
+             "ns": types.SimpleNamespace(z=fresh(3)), "pair": Pair(fresh(4), "r"),
+             "sub": collections.OrderedDict(w=fresh(5))}
+    routes = plan(batch)
+    kinds = [routes["enc"]["ids"].kind, routes["s"].image.kind, routes["s"].label.kind,
+             routes["ns"].z.kind, routes["pair"].left.kind, routes["sub"]["w"].kind]
+    assert kinds == ["zero-copy"] * 6, kinds
+    kept = {"x": fresh(0)}
+    held = {"inner": kept}                  # an inner container the caller holds
+    assert plan(held)["inner"]["x"].kind == "zero-copy"
+    source = types.SimpleNamespace(inner={"x": fresh(0)})   # one a source holds
+    assert plan({"outer": source.inner})["outer"]["x"].kind == "copy"
+
+
+def test_dlinspect_changes_no_flag():
+    writable, frozen = fresh(0), fresh(1)
+    frozen.flags.writeable = False
+    for batch in ({"a": writable, "b": frozen}, {"a": writable[...], "b": frozen[...]}):
+        out = to_jax(batch, readonly="share")
+        assert writable.flags.writeable and not frozen.flags.writeable
+        del out
+        gc.collect()
+        assert writable.flags.writeable and not frozen.flags.writeable
+    for _ in prefetch_to_jax(Fresh(lambda i: {"a": writable}, 2)):
+        writable[0, 0] = 5                  # the user's own write in the loop body
+    assert writable.flags.writeable
+
+
+def test_a_tensor_given_alone_shares_its_memory():
+    source = refilled_in_place()
+    batch = next(source)
+    x = batch["x"]
+    assert plan(x).kind == "zero-copy" and shares(to_jax(x), x)
+
+
+def test_a_failed_proof_consumes_nothing():
+    from dlinspect.testing import DeleterCounter, make_capsule
+    counter = DeleterCounter()
+    cap = make_capsule(fresh(0), counter=counter)
+    route = plan({"c": cap})["c"]
+    assert route.kind == "copy" and route.needs & Need.ALIASED   # a bare capsule proves nothing
+    assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+    out = to_jax({"c": cap})
+    assert_computes_like(out["c"], values(0))
+    del cap, out
+    gc.collect()
+    assert counter.calls == 1
+
+
+@pytest.mark.slow
+def test_kept_batches_moved_to_another_device_stay_right():
+    """A two-slot ring, each batch moved with jax.device_put to another CPU device: every
+    kept batch holds its own values (a view would have kept aliasing the slot)."""
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import jax, test_ownership as t\n"
+        "kept = [jax.device_put(t.to_jax(b)['x'], jax.devices()[1]) for b in t.ring_of_two()]\n"
+        "print(([float(k[2, 3]) for k in kept], [float(t.values(i)[2, 3]) for i in range(t.N)]))\n")
+    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, want = eval(proc.stdout.strip().splitlines()[-1])
+    assert got == want
