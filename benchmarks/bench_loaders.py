@@ -138,7 +138,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,7 +158,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import dlinspect  # noqa: E402
 from dlinspect._core import route_reason  # noqa: E402
-from dlinspect.bench._common import machine, optional  # noqa: E402
+from dlinspect.bench._common import handed_over, machine, optional  # noqa: E402
 
 BATCH, SHAPE, POOL, WORKERS, DEVICES = 256, (3, 32, 32), 4096, 2, 4
 IMAGE_BATCHES = 24
@@ -443,13 +443,6 @@ def dlinspect_reasons(batch: Any, options: dict[str, Any]) -> dict[str, str | No
     forced = options.get("copy") is True
     return {key: route_reason(route, forced) for key, route in routes.items()
             if route.kind != "untouched"}
-
-
-def handed_over(batches: list[Any]) -> Iterator[Any]:
-    """The batches, each handed over as a loader hands it (taken out of the list first, so
-    that the list holds none of them: dlinspect views only memory the batch owns)."""
-    while batches:
-        yield batches.pop(0)
 
 
 def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],

@@ -188,6 +188,17 @@ def loader(old: str = "") -> str:
     for method in suite["tables"]["conversion"]:
         out.append(f"| {method} | " + " | ".join(
             f"{suite['tables'][c][method]['median']:,.0f}" for c in cols) + " |")
+    sources = suite.get("sources")
+    if sources:
+        out += ["", "By source, conversion only: a source that hands over new memory each time, "
+                "and one that refills a single staging buffer (batches/s; kept: whether "
+                "batches kept over the pass hold their own values):", "",
+                "| method | " + " | ".join(f"{s} | kept" for s in sources) + " |",
+                "| --- |" + " ---: | --- |" * len(sources)]
+        for method in next(iter(sources.values())):
+            out.append(f"| {method} | " + " | ".join(
+                f"{t[method]['median']:,.0f} | {'yes' if t[method]['kept_right'] else 'no'}"
+                for t in sources.values()) + " |")
     out += ["", f"Sharded over {suite['sharded']['devices']} CPU devices, conversion only:", "",
             "| method | batches/s |", "| --- | ---: |"]
     out += [f"| {m} | {row['median']:,.0f} |" for m, row in suite["sharded"]["rows"].items()]

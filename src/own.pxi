@@ -173,7 +173,8 @@ cdef class _Owners:
             return 0
         if tp is list or tp is tuple:
             for item in v:
-                self.child(item, 0, depth + 1)
+                if not _plain_scalar(item):   # (a batch's string ids: nothing to prove)
+                    self.child(item, 0, depth + 1)
             return 0
         values = _slots(v)
         if values is None:

@@ -16,13 +16,20 @@ import os
 import platform
 import statistics
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 KIB = 1024
 MIB = 1024 * KIB
 
 Tick = Callable[[str], None]
+
+
+def handed_over(batches: list[Any]) -> Iterator[Any]:
+    """The batches, each handed over as a loader hands it: taken out of the list first, so
+    that the list holds none of them (dlinspect views only memory the batch owns)."""
+    while batches:
+        yield batches.pop(0)
 
 
 def size_label(nbytes: int) -> str:

@@ -19,7 +19,7 @@ asks no proof of it):
                          (torch.utils.dlpack.to_dlpack, no Python __dlpack__) into
                          jaxlib's import
     to_jax(d)            a dict of 16 new float32 torch tensors of shape (64,)
-    16 x floor(d)        each of them through that floor
+    16 x floor(d)        each of them through that floor (new tensors too)
     to_jax(b64)          a batch of 256 3x32x32 float32 images and int64 labels (NumPy),
                          x64 off: the labels narrow; to_jax(b64, narrow="ok") quietly
     device_put(b64)      jax.device_put of the same batch: jaxlib's own batched put
@@ -159,15 +159,16 @@ def _statements(quick: bool) -> dict[str, Any]:
     except ImportError:
         return out
     t = torch.ones(32, 32)
-    d = {f"w{i:02d}": torch.ones(64) for i in range(16)}
     export = torch.utils.dlpack.to_dlpack   # torch's own C export (torch._C._to_dlpack)
+
+    def d() -> dict[str, Any]:
+        return {f"w{i:02d}": torch.ones(64) for i in range(16)}
     out.update({
         "to_jax(t)": lambda: to_jax(t).block_until_ready(),
         "floor(t)": lambda: imp(export(t), cpu, None, None, 1).block_until_ready(),
-        "to_jax(d)": Fresh(lambda: {f"w{i:02d}": torch.ones(64) for i in range(16)},
-                           lambda take: ready(to_jax(take()))),
-        "16 x floor(d)": lambda: ready({k: imp(export(v), cpu, None, None, 1)
-                                        for k, v in d.items()}),
+        "to_jax(d)": Fresh(d, lambda take: ready(to_jax(take()))),
+        "16 x floor(d)": Fresh(d, lambda take: ready({k: imp(export(v), cpu, None, None, 1)
+                                                      for k, v in take().items()})),
     })
     return out
 

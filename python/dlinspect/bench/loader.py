@@ -19,7 +19,14 @@ within each repetition):
   jitted MLP training step (3072 -> 64 -> 10, SGD), results left to JAX's
   asynchronous dispatch, one wait at the end;
 - end to end, synced: the same, reading the loss back every step (``float(loss)``,
-  as a training loop that logs each step does).
+  as a training loop that logs each step does);
+- by source, conversion only, with ``dlinspect.to_jax``, ``jnp.asarray`` and
+  ``jax.device_put`` per leaf (the NumPy view of each torch tensor): a source that makes a
+  new batch each time (the loader's batches, cloned before the pass and handed over one by
+  one, as torch's collate hands them over) and one that refills a single staging pair
+  (``copy_``) and hands it over again; and, for each, whether batches kept across the pass
+  still hold their own values (``jax.device_put`` views the staging memory on CPU: they
+  do not; ``to_jax`` copies memory its source keeps, ``jnp.asarray`` copies always).
 
 Then, in a subprocess with 4 forced CPU devices, ``prefetch_to_jax`` with
 ``sharding=NamedSharding(mesh, P("data"))`` against from_dlpack then
@@ -60,7 +67,8 @@ import numpy
 
 import dlinspect
 
-from ._common import Tick, optional
+from .._core import aligned_empty
+from ._common import Tick, handed_over, optional
 
 BATCH = 256
 SHAPE = (3, 32, 32)
@@ -98,6 +106,63 @@ def _iterate(method: str, batches: Any, sharding: Any = None) -> Any:
                                               thread=True if method.endswith("thread") else None))
     convert = _convert_functions()[method]
     return (convert(b) for b in batches)
+
+
+#: The methods of the by-source table, each converting a (images, labels) batch.
+SOURCE_METHODS = {
+    "to_jax loop": dlinspect.to_jax,
+    "jnp.asarray loop": lambda b: [jnp.asarray(leaf.numpy()) for leaf in b],
+    "jax.device_put loop": lambda b: [jax.device_put(leaf.numpy()) for leaf in b]}
+
+
+class _Staging:
+    """A source that refills one staging pair of tensors for every batch and hands that
+    same pair over again (a pinned staging buffer's way)."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+        self.staging = tuple(leaf.clone() for leaf in batches[0])
+
+    def __iter__(self) -> Any:
+        for batch in self.batches:
+            for dst, src in zip(self.staging, batch):
+                dst.copy_(src)
+            yield self.staging
+
+
+def fresh(batches: list[Any]) -> Any:
+    """``batches`` as a source of new memory hands them over: cloned now (before a pass is
+    timed), then each taken out of the list as it is handed over."""
+    return handed_over([tuple(leaf.clone() for leaf in b) for b in batches])
+
+
+def _sources(batches: list[Any], repeat: int) -> dict[str, Any]:
+    """Per source, batches/s of each method's conversion (taking turns round by round) and
+    whether the batches it converted, kept over a pass, hold their own values."""
+    makes = {"new memory per batch": lambda: fresh(batches),
+             "one staging buffer, refilled": lambda: iter(_Staging(batches))}
+    methods = list(SOURCE_METHODS)
+    out: dict[str, Any] = {}
+    for source, make in makes.items():
+        runs: dict[str, list[float]] = {m: [] for m in methods}
+        for rnd in range(repeat + 1):
+            for method in methods[rnd % len(methods):] + methods[:rnd % len(methods)]:
+                it, convert = make(), SOURCE_METHODS[method]
+                start = time.perf_counter()
+                for b in it:
+                    jax.block_until_ready(convert(b))
+                if rnd:
+                    runs[method].append(len(batches) / (time.perf_counter() - start))
+        out[source] = {m: {"median": statistics.median(runs[m]), "runs": runs[m],
+                           "kept_right": _kept_right(make(), SOURCE_METHODS[m], batches)}
+                       for m in methods}
+    return out
+
+
+def _kept_right(it: Any, convert: Callable[[Any], Any], batches: list[Any]) -> bool:
+    """Whether every converted batch of ``it``, kept to the end, holds its own images."""
+    kept = [convert(b)[0] for b in it]
+    return all(numpy.array_equal(numpy.asarray(k), b[0].numpy()) for k, b in zip(kept, batches))
 
 
 def make_step() -> tuple[Any, Any]:
@@ -167,11 +232,18 @@ def _sharded_child(quick: bool, repeat: int) -> dict[str, Any]:
         route = dlinspect.plan(leaf, sharding=sharding)
         copies[name] = {"kind": route.kind, "copy_bytes": route.copy_bytes,
                         "narrowing": route.warning is not None}
-    rates = _rates(["prefetch_to_jax", "from_dlpack loop"], lambda: batches, repeat,
+    rates = _rates(["prefetch_to_jax", "from_dlpack loop"], lambda: fresh(batches), repeat,
                    sharding=sharding)
-    arrays = [{"image": im.numpy(), "label": lb.numpy().astype(numpy.int32)}
-              for im, lb in batches]
-    placed = _rates(list(PLACED), lambda: arrays, repeat, sharding=sharding)
+
+    def aligned(values: Any, dtype: Any) -> Any:   # (NumPy's own memory, 64-byte aligned)
+        out = aligned_empty(values.shape, dtype, 64)
+        out[...] = values
+        return out
+
+    def arrays() -> Any:   # (new for every pass)
+        return handed_over([{"image": aligned(im.numpy(), numpy.float32),
+                             "label": aligned(lb.numpy(), numpy.int32)} for im, lb in batches])
+    placed = _rates(list(PLACED), arrays, repeat, sharding=sharding)
     rows = {"prefetch_to_jax (sharded)": rates["prefetch_to_jax"],
             "from_dlpack + device_put": rates["from_dlpack loop"], **placed,
             **_step_share(batches, sharding, mesh, repeat)}
@@ -188,11 +260,11 @@ def _step_share(batches: list[Any], sharding: Any, mesh: Any, repeat: int) -> di
     ready = [jax.block_until_ready(dlinspect.to_jax([im, lb], sharding=sharding))
              for im, lb in batches]
 
-    def convert() -> None:
+    def convert(batches: Any) -> None:
         for im, lb in batches:
             jax.block_until_ready(dlinspect.to_jax([im, lb], sharding=sharding))
 
-    def train() -> None:
+    def train(_: Any) -> None:
         p = params
         for x, y in ready:
             p, loss = step(p, x, y)
@@ -202,8 +274,9 @@ def _step_share(batches: list[Any], sharding: Any, mesh: Any, repeat: int) -> di
                                     "data-parallel step [step share]": []}
     for run in range(repeat + 1):
         for name, work in zip(runs, (convert, train)):
+            handed = fresh(batches)   # (made before the clock starts)
             start = time.perf_counter()
-            work()
+            work(handed)
             if run:
                 runs[name].append(len(batches) / (time.perf_counter() - start))
     return {name: {"median": statistics.median(r), "runs": r} for name, r in runs.items()}
@@ -219,14 +292,20 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
     batches = list(loader)
     tables = _in_process(loader, batches, repeat, tick)
     if tick:
+        tick("loader: by source")
+    sources = _sources(batches, repeat)
+    if tick:
         tick("loader: sharded (subprocess, 4 devices)")
     sharded = _sharded(quick, repeat)
     rows = [{"name": f"{method} [{where}]", "median": row["median"], "runs": row["runs"]}
             for where, table in tables.items() for method, row in table.items()]
+    rows += [{"name": f"{method} [{source}]", "median": row["median"], "runs": row["runs"]}
+             for source, table in sources.items() for method, row in table.items()]
     rows += [{"name": f"{name} [sharded, conversion]", **row}
              for name, row in sharded["rows"].items()]
     return {"title": "loader", "unit": "batches/s", "rows": rows, "repeat": repeat,
-            "tables": tables, "sharded": sharded, "targets": _targets(tables, sharded),
+            "tables": tables, "sources": sources, "sharded": sharded,
+            "targets": _targets(tables, sharded),
             "notes": _notes(tables, sharded), "batches": len(batches)}
 
 
@@ -237,7 +316,7 @@ def _in_process(loader: Any, batches: list[Any], repeat: int,
     e2e = max(3, repeat // 3)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
     runs: list[tuple[str, Callable[[], Any], int, dict[str, Any]]] = [
-        ("conversion", lambda: batches, repeat, {}),
+        ("conversion", lambda: fresh(batches), repeat, {}),
         ("end_to_end", lambda: loader, e2e, {"step": step}),
         ("end_to_end_synced", lambda: loader, e2e, {"step": step, "sync": True})]
     for where, make_batches, times, kwargs in runs:
