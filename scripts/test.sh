@@ -13,7 +13,16 @@ cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then
     . .venv/bin/activate
 fi
+start=$SECONDS
+say() { echo "test.sh: $1 ($((SECONDS - start)) s)"; }
+say "1/3 installing the build tools into $(dirname "$(dirname "$(command -v python)")")"
 python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" \
     "numpy>=1.26" ninja cmake
+if [ -d build ]; then
+    say "2/3 the test tools, and dlinspect rebuilt in place where it changed (build/)"
+else
+    say "2/3 the test tools, and dlinspect built in place (build/; the first build takes 1-2 min)"
+fi
 python -m pip install -q --no-build-isolation -Cbuild-dir=build -e ".[test]"
+say "3/3 the tests, on every core (four at most)"
 python -m pytest -n auto --maxprocesses 4 --dist worksteal "$@"

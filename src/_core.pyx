@@ -56,6 +56,8 @@ cdef extern from "dlinspect/copy.h":
 cdef extern from "dlinspect/checked.h":
     bint dl_mul_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
     bint dl_add_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
+    bint dl_mapped(uintptr_t p) noexcept nogil
+    uintptr_t DL_USER_END
 
 import sys as _sys
 from dlinspect.errors import (

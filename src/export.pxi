@@ -454,7 +454,9 @@ cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out)
 cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
                         _TypeEntry entry=None, object refuse_device=None):
     if PyCapsule_CheckExact(x):
-        return _handing(_peek_capsule(x), x, cap_out)
+        info = _peek_capsule(x)
+        info._bare = True
+        return _handing(info, x, cap_out)
     if entry is None:
         entry = _entry_for(type(x))
     _guard(x, entry, mode)

@@ -11,6 +11,18 @@ cdef object _TARGET = None, _CAPS = None
 cdef object _CAPS_LOCK = _threading.RLock()   # (re-entered: _jax_target, jax_caps)
 
 
+def _unlock_in_child():
+    """A forked child has only the thread that forked: a lock another thread held at the
+    fork would be held forever there, so the child gets a new one (a set-up left half done
+    is None, and built again)."""
+    global _CAPS_LOCK
+    _CAPS_LOCK = _threading.RLock()
+
+
+if hasattr(_os, "register_at_fork"):   # (not on Windows, which does not fork)
+    _os.register_at_fork(after_in_child=_unlock_in_child)
+
+
 def jax_caps():
     """The process-wide :class:`dlinspect._jaxcaps.JaxCaps` (what the installed JAX takes,
     probed once with the core's own capsules); imports jax on first call: ImportError with

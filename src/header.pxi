@@ -120,6 +120,8 @@ cdef class TensorInfo:
     cdef uint8_t _code, _bits
     cdef uint16_t _lanes
     cdef uintptr_t _data
+    cdef int64_t _below, _above   # bytes the elements reach before _ptr(), and from it on
+    cdef bint _bare               # read from a bare capsule: no producer vouches for its pointer
     cdef uint32_t _ver_major, _ver_minor
     cdef Source _source
     cdef int64_t* _shape
@@ -146,6 +148,12 @@ cdef class TensorInfo:
 
     cdef inline uintptr_t _ptr(self) noexcept:
         return self._data + <uintptr_t>self.byte_offset   # checked not to wrap in _new_info
+
+    cdef bint _mapped(self) noexcept:
+        """The first and the last byte its elements reach lie in memory this process has
+        mapped (host memory a copy reads: a forged pointer or offset fails here, not there)."""
+        return self.size == 0 or (dl_mapped(self._ptr() - <uintptr_t>self._below)
+                                  and dl_mapped(self._ptr() + <uintptr_t>self._above - 1))
 
     cdef inline int _key(self) noexcept:
         """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""
@@ -455,7 +463,20 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
     info.size = _read_shape(info, t)
     _read_strides(info, t)
     _count_bytes(info, <int64_t>t.dtype.bits * t.dtype.lanes)
+    if info.size and _dev_is(info._dev_type, _DEV_HOST):
+        _check_address(info)
     return info
+
+
+cdef int _check_address(TensorInfo info) except -1:
+    """Host memory's elements lie between address 0 and the end of user addresses."""
+    cdef uintptr_t p = info._ptr()
+    if p >= <uintptr_t>info._below and p < DL_USER_END and <uint64_t>info._above <= DL_USER_END - p:
+        return 0
+    raise _corrupt(f"DLTensor.data plus byte_offset puts the first element at {p:#x}, and its "
+                   f"elements reach from {info._below} bytes before it to {info._above} bytes "
+                   f"after it: outside this process's address space (user addresses end at "
+                   f"{DL_USER_END:#x}), so no byte of it is memory.")
 
 
 cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
@@ -494,18 +515,28 @@ cdef void _read_strides(TensorInfo info, const DLTensor* t) noexcept:
             stride = 0
 
 
+cdef inline bint _to_bytes(int64_t elements, int64_t bits_total, bint packed,
+                           int64_t* out) noexcept:
+    """``elements`` in bytes (sub-byte packed ones share bytes: their bits rounded up into
+    bytes); True where that overflows int64."""
+    if not packed:
+        return dl_mul_overflow(elements, (bits_total + 7) // 8, out)
+    if dl_mul_overflow(elements, bits_total, out):
+        return True
+    out[0] = out[0] // 8 + (out[0] % 8 != 0)   # (+ 7 could overflow)
+    return False
+
+
 cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
-    """Set itemsize and nbytes (sub-byte packed unless flagged padded); check the strides' span."""
+    """Set itemsize and nbytes (sub-byte packed unless flagged padded); check the strides'
+    span and set the bytes it reaches before the first element and from it on."""
     cdef int32_t i
-    cdef int64_t item = (bits_total + 7) // 8, reach, stride, span = 0
-    info.itemsize = item
-    if bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED):
-        if dl_mul_overflow(info.size, bits_total, &info.nbytes):
-            raise _corrupt(f"{info.size} elements of {bits_total} bits overflow int64.")
-        info.nbytes = info.nbytes // 8 + (info.nbytes % 8 != 0)   # (+ 7 could overflow)
-    elif dl_mul_overflow(info.size, item, &info.nbytes):
-        raise _corrupt(f"DLTensor.shape {_ints_text(info._shape, info.ndim)} times "
-                       f"{item} bytes per element overflows int64.")
+    cdef int64_t reach, stride, span = 0, below = 0
+    cdef bint packed = bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+    info.itemsize = (bits_total + 7) // 8
+    if _to_bytes(info.size, bits_total, packed, &info.nbytes):
+        raise _corrupt(f"DLTensor.shape {_ints_text(info._shape, info.ndim)} of "
+                       f"{bits_total}-bit elements holds more than 2**63-1 bytes.")
     if info.size == 0:
         return 0
     for i in range(info.ndim):
@@ -515,7 +546,11 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
                 or dl_add_overflow(span, reach, &span)):
             raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
                            f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements.")
-    if dl_mul_overflow(span, item, &span):
+        if stride < 0:
+            below += reach
+    # (from the first element on: up to the last one, and its own bytes)
+    if (dl_add_overflow(span - below, 1, &span) or _to_bytes(span, bits_total, packed, &info._above)
+            or _to_bytes(below, bits_total, packed, &info._below)):
         raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more "
                        f"than 2**63-1 bytes.")
     return 0

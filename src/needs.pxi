@@ -32,6 +32,7 @@ cdef enum:
     NEED_PERMUTED = 1 << 11
     NEED_SHAPE = 1 << 12
     NEED_ALIASED = 1 << 13
+    NEED_UNMAPPED = 1 << 14
 
 
 # contract: a dtype's own needs (DTYPE, NUMPY_PUT, LANES, NARROW); raises only what a probe raises.
@@ -124,9 +125,15 @@ cdef int _NUMPY_MAX_NDIM = NUMPY_MAX_NDIM
 
 cdef uint32_t _shape_needs(TensorInfo info) noexcept:
     """NEED_SHAPE where no array can have the shape (Need.SHAPE): too many dimensions, or an
-    empty tensor's nonzero extents past int64 in bytes (TensorInfo checks a nonempty one's)."""
+    empty tensor's nonzero extents past int64 in bytes (TensorInfo checks a nonempty one's);
+    NEED_UNMAPPED where host memory's first or last byte lies where this process has mapped
+    nothing: asked of a bare capsule and of a nonzero byte_offset (a producer's own export
+    points at its own memory, and puts no offset there)."""
     cdef int64_t nbytes = info._lanes * ((info._bits + 7) // 8)
     cdef int i
+    if ((info.byte_offset or info._bare) and _dev_is(info._dev_type, _DEV_HOST)
+            and not info._mapped()):
+        return NEED_UNMAPPED
     if info.ndim + (info._lanes != 1) > _NUMPY_MAX_NDIM:
         return NEED_SHAPE
     for i in range(info.ndim if info.size == 0 else 0):

@@ -211,8 +211,9 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     """The route of header ``info`` into JAX (pure); ``source``: what the caller passed."""
     opts = _default_place(info, tg, opts)
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
-    if needs & NEED_SHAPE:
-        return fail("shape", info, "jax", needs)
+    ruled_out = _ruled_out(info, needs, "jax")
+    if ruled_out is not None:
+        return ruled_out
     if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
         return fail("lanes-share-bytes", info, "jax", needs)
     if needs & NEED_DTYPE:
@@ -236,6 +237,16 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
     if _by_numpy_put(needs, host):
         return _fits(_route_numpy_put(info, needs, tg, opts))
     return _fits(_route_import(info, needs, tg, opts, narrow, host))
+
+
+cdef Route _ruled_out(TensorInfo info, uint32_t needs, str target):
+    """The error of a header no target takes: a shape no array has (Need.SHAPE), or memory
+    that is not there (Need.UNMAPPED); else None."""
+    if needs & NEED_SHAPE:
+        return fail("shape", info, target, needs)
+    if needs & NEED_UNMAPPED:
+        return fail("unmapped", info, target, needs)
+    return None
 
 
 cdef inline bint _by_numpy_put(uint32_t needs, bint host) noexcept:
@@ -377,8 +388,9 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
 
 cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     """The route into NumPy (pure): what the memory's structure rules out first (any dtype)."""
-    if needs & NEED_SHAPE:
-        return fail("shape", info, "host", needs)
+    ruled_out = _ruled_out(info, needs, "host")
+    if ruled_out is not None:
+        return ruled_out
     if _lanes_share_bytes(info):
         return fail("lanes-share-bytes", info, "host", needs)
     if needs & NEED_PACKED and not _unpackable(info):
@@ -402,8 +414,9 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
 def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
     """The route onto a multi-device ``sharding`` (pure): host memory for CPU devices split in
     place, in one pass where C views or copies every slice (``facts["parts"]``)."""
-    if needs & NEED_SHAPE:
-        return fail("shape", info, "jax", needs)
+    ruled_out = _ruled_out(info, needs, "jax")
+    if ruled_out is not None:
+        return ruled_out
     lay = layout(sharding, info.shape)
     if lay.uneven is not None:
         return fail("uneven", info, "jax", needs, sharding=sharding, uneven=lay.uneven)
@@ -481,11 +494,11 @@ def route_jax_array(x, opts, JaxTarget tg):
         return Route(COPY, ARRAY_COPY, None, "jax", copy_bytes=nbytes, jax_array=x)
     sharding = None if opts.sharding is None else check_sharding(opts.sharding)
     want = sharding if sharding is not None else opts.device
+    bad = None if sharding is None else layout(sharding, x.shape).uneven
+    if bad is not None:
+        return fail("uneven", None, "jax", jax_array=x, sharding=sharding, uneven=bad)
     cdef bint relayout = not _row_major_array(x, tg)
-    there = want is None or (x.sharding.is_equivalent_to(sharding, x.ndim) if sharding is not None
-                             else x.devices() == {want} and getattr(x.sharding, "memory_kind", None)
-                             in (None, want.default_memory().kind))
-    if there and not relayout:
+    if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
         return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x, where=want)
@@ -493,6 +506,16 @@ def route_jax_array(x, opts, JaxTarget tg):
         return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,
                  jax_array=x, where=want, relayout=relayout)
+
+
+cdef bint _already_there(x, want) except -1:
+    """A jax.Array is where ``want`` (None, a device or a sharding that fits it) puts it."""
+    if want is None:
+        return True
+    if hasattr(want, "device_set"):
+        return x.sharding.is_equivalent_to(want, x.ndim)
+    return x.devices() == {want} and getattr(x.sharding, "memory_kind", None) in (
+        None, want.default_memory().kind)
 
 
 cdef bint _row_major_array(x, JaxTarget tg) except -1:

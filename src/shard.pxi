@@ -37,6 +37,8 @@ def uneven(shape, sharding):
     try:
         # The shards per axis, JAX's own answer: each count divides the device count n, so
         # a shape of n along each axis splits evenly, and n / shard extent is that count.
+        if len(getattr(sharding, "spec", ())) > len(shape):   # (jax's device_put refuses it)
+            raise ValueError(f"its PartitionSpec has {len(sharding.spec)} entries")
         n = len(sharding.device_set)
         counts = [n // extent for extent in sharding.shard_shape((n,) * len(shape))]
     except (ValueError, TypeError, IndexError) as exc:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +27,8 @@ def cli(*args: str, env: dict[str, str] | None = None, pre: str = "") -> subproc
 def test_doctor_text_lists_every_device_type():
     proc = cli("doctor")
     assert proc.returncode == 0, proc.stderr
+    assert re.match(r"dlinspect \S+ works here: to_jax imports into jax \S+ on cpu \(1 device\) "
+                    r"through jaxlib directly, viewing host memory aligned to \d+ bytes", proc.stdout)
     for dt in dlinspect.DLDeviceType:
         assert f"  {dt.name} " in proc.stdout
     assert "import path: direct (jaxlib)" in proc.stdout
@@ -85,6 +89,7 @@ def test_inspect_npy_and_expressions(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (("inspect", "no/such/file.npy"), "cannot read no/such/file.npy: FileNotFoundError"),
+    (("inspect", __file__), "is not a .npy file"),
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
     (("inspect", "--expr", "np.ones("), "SyntaxError"),
     (("inspect", "--expr", "[np.ones(3)]"), "expected a tensor"),
@@ -129,16 +134,34 @@ def test_version():
 
 
 @pytest.mark.slow
-def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path):
-    proc = cli("bench", "peek", "--quick", "--json", str(tmp_path / "p.json"))
-    assert proc.returncode == 0, proc.stderr
-    assert "dlinspect bench" not in proc.stderr and "suite/s" not in proc.stderr
+def test_bench_says_at_once_what_runs_and_for_how_long_then_each_case():
+    """Its first line within seconds (stderr, a pipe: no bar), with the estimate, then a
+    line per case as it starts; --no-progress prints none of them."""
+    code = "import sys; from dlinspect.cli import main; sys.exit(main(sys.argv[1:]))"
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code, "bench", "peek", "to_jax", "--quick"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    with proc, proc.stderr:
+        first = proc.stderr.readline()
+        first_after = time.monotonic() - started
+        rest = proc.stderr.read()
+    assert proc.returncode == 0, rest
+    assert first_after < 20, first_after   # (an interpreter start and an import)
+    assert re.fullmatch(r"dlinspect bench: peek, to_jax \(--quick\): about \d+ s on a 2-core machine\n",
+                        first)
+    cases = re.findall(r"dlinspect bench: \d+ s of about \d+ s: (\w+): ", rest)
+    assert cases[0] == "peek" and cases[-1] == "to_jax" and len(cases) > 10 and "suite/s" not in rest
+    quiet = cli("bench", "peek", "--quick", "--no-progress")
+    assert quiet.returncode == 0 and "dlinspect bench" not in quiet.stderr
 
 
 @pytest.mark.slow
 def test_doctor_when_jax_cannot_start():
     proc = cli("doctor", env={"JAX_PLATFORMS": "nosuchplatform"})
     assert proc.returncode == 0 and "jax: failed to start" in proc.stdout
+    verdict = proc.stdout.splitlines()[0]
+    assert verdict.startswith("dlinspect ") and "to_jax cannot: JAX did not start" in verdict
 
 
 @pytest.fixture(scope="module")

@@ -59,3 +59,22 @@ def test_train_digits_two_processes(single_device_accuracy):
 def test_demo_runs():
     out = run_example("examples/demo.py")
     assert "kDLVulkan" in out
+
+
+def test_train_digits_feeds_jax_without_copies(monkeypatch):
+    """What the README says of the main example: every batch its DataLoader makes, and its
+    test set, go into JAX without a copy (plan and the conversion agree)."""
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install 'dlinspect[examples]')")
+    import dlinspect
+    from torch.utils.data import DataLoader
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import train_digits
+    train, test = train_digits.load_digits_split()
+    for images, labels in DataLoader(train, batch_size=train_digits.BATCH, shuffle=True, drop_last=True):
+        assert [route.kind for route in dlinspect.plan((images, labels))] == ["zero-copy"] * 2
+        got = dlinspect.to_jax((images, labels))
+        assert got[0].unsafe_buffer_pointer() == images.data_ptr()
+        assert got[1].unsafe_buffer_pointer() == labels.data_ptr()
+    for x in (test.images, test.labels):
+        assert dlinspect.plan(x).kind == "zero-copy"
+        assert dlinspect.to_jax(x).unsafe_buffer_pointer() == x.data_ptr()

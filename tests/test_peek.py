@@ -215,12 +215,17 @@ MALFORMED = [
     ("null shape", dict(shape=None, ndim=2), "shape is NULL"),
     ("negative extent", dict(shape=(3, -2)), r"shape\[1\] is -2"),
     ("element overflow", dict(shape=(2**40, 2**40)), "more than 2\\*\\*63-1 elements"),
-    ("byte overflow", dict(shape=(2**60, 4), dtype="float64"), "overflows int64"),
+    ("byte overflow", dict(shape=(2**60, 4), dtype="float64"), r"more than 2\*\*63-1 bytes"),
     ("stride overflow", dict(shape=(4, 4), strides=(2**62, 1)), "reach past"),
     ("stride int64 min", dict(shape=(2,), strides=(-(2**63),)), "reach past"),
     ("span byte overflow", dict(shape=(2, 2), strides=(2**61, 1), dtype="float64"), "span more than"),
     ("zero lanes", dict(shape=(2,), dtype=(2, 32, 0)), "lanes is 0"),
     ("offset past address space", dict(shape=(2,), byte_offset=2**64 - 16), "address space"),
+    ("offset past user addresses", dict(shape=(2,), byte_offset=2**48), "address space"),
+    ("offset of 2**62", dict(shape=(256,), dtype="float32", byte_offset=2**62), "address space"),
+    ("span past user addresses", dict(shape=(4,), strides=(2**50,)), "address space"),
+    ("negative stride below address 0", dict(shape=(4,), strides=(-4096,), dtype="float64"),
+     "98304 bytes before it"),
 ]
 
 
@@ -241,11 +246,14 @@ class TestMalformed:
     @pytest.mark.parametrize("n", [2**63 - 8, 2**63 - 7, 2**63 - 1])
     def test_packed_bits_near_int64_max(self, n):
         """1-bit elements whose bit count rounds up past 2**63 - 1 (UBSan found the rounding
-        overflowing): counted right, and converting it is a dlinspect error that consumes
-        nothing."""
+        overflowing): counted right on a device, and in host memory, where 2**60 bytes pass the
+        end of user addresses, a MalformedTensorError from every entry point, nothing consumed."""
+        on_device = make_capsule(address=4096, shape=[n], dtype=(1, 1, 1), device=(2, 0))
+        assert peek(on_device).nbytes == (n + 7) // 8
         counter = DeleterCounter()
         cap = make_capsule(np.zeros(16, np.uint8), shape=[n], dtype=(1, 1, 1), counter=counter)
-        assert peek(cap).nbytes == (n + 7) // 8
+        with pytest.raises(MalformedTensorError, match="address space"):
+            peek(cap)
         for convert in (dlinspect.to_host, dlinspect.to_jax):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", dlinspect.DLInspectWarning)

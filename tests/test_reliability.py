@@ -243,6 +243,42 @@ print(len(builds), len(seen), len(set(seen)))
     assert proc.stdout.split() == ["1", "8", "1"], proc.stdout
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_fork_while_another_thread_sets_up_jax():
+    """A process forks (torch's DataLoader starting its workers) while another thread is
+    inside dlinspect's first-use set-up (JAX's capabilities being probed, under its lock): the
+    child's first conversion finishes, its values right by computation."""
+    code = """
+import os, sys, threading, warnings, numpy as np, dlinspect
+from dlinspect import _jaxcaps
+parent, inside, release = os.getpid(), threading.Event(), threading.Event()
+probe = _jaxcaps.JaxCaps
+def held_probe(*args):   # the parent's set-up stops halfway, holding the lock
+    if os.getpid() == parent:
+        inside.set()
+        release.wait()
+    return probe(*args)
+_jaxcaps.JaxCaps = held_probe
+setup = threading.Thread(target=dlinspect.to_jax, args=(np.ones(4, np.float32),))
+setup.start()
+inside.wait()
+warnings.simplefilter("ignore", DeprecationWarning)   # (fork with threads, Python >= 3.12)
+pid = os.fork()
+if pid == 0:
+    x = np.arange(8, dtype=np.float32)
+    y = dlinspect.to_jax({"x": x * 2})["x"]
+    os._exit(0 if float((y + 0).sum()) == 56.0 and float(y[3]) == 6.0 else 3)
+release.set()
+setup.join()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0"], proc.stdout + proc.stderr[-3000:]
+
+
 def test_threads():
     """8 threads peek and convert shared and private tensors for a few seconds."""
     shared = values()

@@ -14,8 +14,9 @@ from typing import Any
 from . import _tables as T
 from ._tables import DLDataTypeCode as Code
 from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
-from .errors import (AllocationError, CopyRequiredError, DLInspectError, NotDLPackError, ShardingError,
-                     UnsupportedDeviceError, UnsupportedDTypeError, UnsupportedShapeError)
+from .errors import (AllocationError, CopyRequiredError, DLInspectError, MalformedTensorError,
+                     NotDLPackError, ShardingError, UnsupportedDeviceError, UnsupportedDTypeError,
+                     UnsupportedShapeError)
 
 def first_line(exc: BaseException, typed: bool = True) -> str:
     """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
@@ -198,9 +199,10 @@ def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
             f"{device_fix(device_type, 'jax', False)}{_VIA_HOST}.")
 
 
-def _numpy_head(f: dict[str, Any]) -> str:
-    arr = f["array"]
-    return f"a {arr.dtype.name} NumPy array of shape {arr.shape} ({arr.dtype.str})"
+def _array_head(f: dict[str, Any]) -> str:
+    """A NumPy array (facts "array") or a jax.Array (facts "jax_array") a route has no header of."""
+    arr, kind = (f["array"], "NumPy array") if "array" in f else (f["jax_array"], "jax.Array")
+    return f"a {arr.dtype.name} {kind} of shape {arr.shape} ({arr.dtype.str})"
 
 
 def _spread_words(f: dict[str, Any]) -> str:
@@ -279,7 +281,7 @@ def _host_dtype(route: Any) -> Parts:
 def _numpy_dtype(route: Any) -> Parts:
     f = route.facts
     code, bits, lanes = f["dtype"]
-    return (UnsupportedDTypeError, _numpy_head(f),
+    return (UnsupportedDTypeError, _array_head(f),
             f"has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
             f"hold: {f['jax_why']}.", "To fix: convert it with NumPy first (x.astype(...)).")
 
@@ -340,7 +342,7 @@ def _not_a_tensor(route: Any) -> Parts:
 def _copy_forbidden(route: Any) -> Parts:
     f, subject, fixes, refused = route.facts, _subject(route), [], "needs a copy, but copy=False"
     if f.get("numpy_copy"):
-        subject = _numpy_head(f)
+        subject = _array_head(f)
         found = f"cannot be described by DLPack ({f['why']}), so only a copy gives its values, but copy=False"
         fixes = ["make it native and C-ordered first: numpy.ascontiguousarray(x, "
                  "dtype=x.dtype.newbyteorder('='))"]
@@ -369,7 +371,7 @@ def _copy_forbidden(route: Any) -> Parts:
 
 def _uneven(route: Any) -> Parts:
     f = route.facts
-    subject = _subject(route) or (_numpy_head(f) if "array" in f else "")
+    subject = _subject(route) or _array_head(f)
     sharding, u = f["sharding"], f["uneven"]
     if u[0] == "ndim":
         _, ndim, why = u
@@ -384,6 +386,15 @@ def _uneven(route: Any) -> Parts:
             f"last batch), or replicate this leaf with PartitionSpec().", "")
 
 
+def _unmapped(route: Any) -> Parts:
+    info = route.info
+    return (MalformedTensorError, _subject(route),
+            f"starts at {info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
+            f"last byte lies in memory this process has not mapped: a copy would read bytes "
+            f"that are not there, so nothing was read or consumed. The producer wrote a "
+            f"corrupt header.", "To fix: report the header to the producer's maintainers.")
+
+
 #: The words of every problem an error route carries ("raised": the producer's or the
 #: header's own error, worded where it was raised).
 PROBLEMS: dict[str, Callable[[Any], Parts]] = {
@@ -392,7 +403,7 @@ PROBLEMS: dict[str, Callable[[Any], Parts]] = {
     "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
     "uneven": _uneven, "shard": _shard,
     "allocation": lambda r: _allocation(r.facts["nbytes"], _subject(r) or "the tensor", r.facts["total"]),
-    "not-a-tensor": _not_a_tensor, "shape": _shape,
+    "not-a-tensor": _not_a_tensor, "shape": _shape, "unmapped": _unmapped,
 }
 
 

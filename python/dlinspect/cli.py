@@ -129,7 +129,26 @@ def _probe_producer(module: str, expr: str) -> dict[str, Any]:
     return row
 
 
+def doctor_verdict(r: dict[str, Any]) -> str:
+    """The one line ``dlinspect doctor`` opens with: whether ``to_jax`` works here, by which
+    import, and what host memory goes in without a copy (``r``: :func:`doctor_report`'s)."""
+    head = f"dlinspect {r['versions']['dlinspect']}"
+    j = r["jax"]
+    if j is None:
+        why = (f"JAX did not start ({r['jax_error']}); check JAX_PLATFORMS and the jax plugins"
+               if r.get("jax_error") else f"jax is not installed ({INSTALL_JAX})")
+        return f"{head}: peek and to_host work; to_jax cannot: {why}."
+    missing = sum(not s["found"] for s in j["private_symbols"])
+    devices = f"{len(j['devices'])} device" + ("s" if len(j["devices"]) != 1 else "")
+    return (f"{head} works here: to_jax imports into jax {r['versions']['jax']} on "
+            f"{', '.join(j['platforms'])} ({devices}) through "
+            f"{'jaxlib directly' if j['direct_import'] else 'the public jax.dlpack.from_dlpack'}, "
+            f"viewing host memory aligned to {j['cpu_alignment']} bytes without a copy"
+            + (f"; {missing} private JAX symbols not found (slower fallbacks, below)." if missing else "."))
+
+
 def _print_doctor(r: dict[str, Any]) -> None:
+    print(doctor_verdict(r) + "\n")
     print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
     j = r["jax"]
     if j is None and r.get("jax_error"):
@@ -347,7 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         The exit code: 0; 2 from ``inspect`` for an error route; 1 for a usage
-        error, a missing plot library, or ``bench --check`` with a failed target.
+        error, an ``inspect`` input that cannot be read or is not a tensor, a missing
+        plot library, or ``bench --check`` with a failed target.
     """
     args = _parser().parse_args(argv)
     try:

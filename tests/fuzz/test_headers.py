@@ -264,3 +264,58 @@ def test_producers(shape, step, dtype, device, header, id_none, legacy_only, rea
                                           arr.astype(np.result_type(out, arr)))
     del p
     record("producers")
+
+
+ENTRY_POINTS = {
+    "peek": dlinspect.peek, "plan": dlinspect.plan, "explain": dlinspect.explain,
+    "to_jax": dlinspect.to_jax, "to_jax copy": lambda x: dlinspect.to_jax(x, copy=True),
+    "to_jax no copy": lambda x: dlinspect.to_jax(x, copy=False), "to_host": dlinspect.to_host,
+    "to_host copy": lambda x: dlinspect.to_host(x, copy=True),
+    "a batch": lambda x: dlinspect.to_jax({"x": x}),
+    "a batch copied": lambda x: dlinspect.to_jax([x], copy=True), "stack": lambda x: dlinspect.stack([x]),
+}
+
+
+class Forged:
+    """A producer whose export points where ``address`` and ``byte_offset`` say."""
+
+    def __init__(self, address, byte_offset):
+        self.memory = np.arange(256, dtype=np.float32)
+        self.address, self.byte_offset = address, byte_offset
+
+    def __dlpack__(self, **kwargs):
+        return make_capsule(self.memory, address=self.address, byte_offset=self.byte_offset)
+
+    def __dlpack_device__(self):
+        return (DLDeviceType.kDLCPU, 0)
+
+
+@pytest.mark.parametrize("address, byte_offset", [
+    (None, 2**40), (None, 2**47), (None, 2**57), (None, 2**62), (None, 2**63), (None, UINT64_MAX - 7),
+    (2**47, 0), (2**48 - 64, 0), (2**56, 0), (2**63, 0), (UINT64_MAX - 63, 0), (2**63, 2**63 - 64)])
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_header_pointing_past_memory_is_malformed_everywhere(address, byte_offset, entry):
+    """A float32[256] whose DLTensor.data plus byte_offset lies at the top of the address
+    range, or past the memory this process has mapped: every entry point plans an error or
+    raises MalformedTensorError, reads nothing and consumes nothing; a bare capsule and a
+    producer's export alike (stack takes producers only). Peek reads the header of memory
+    that could lie in this process (it reads no element)."""
+    memory = np.arange(256, dtype=np.float32)
+    counter = DeleterCounter()
+    cap = make_capsule(memory, address=address, byte_offset=byte_offset, counter=counter)
+    for x in (Forged(address, byte_offset),) + ((cap,) if entry != "stack" else ()):
+        try:
+            result = ENTRY_POINTS[entry](x)
+        except dlinspect.MalformedTensorError as e:
+            assert "address" in str(e) or "mapped" in str(e)
+        else:
+            if entry == "peek":
+                assert result.data_ptr + 1024 <= 2**48
+            elif entry == "plan":
+                assert result.kind == "error" and type(result.error) is dlinspect.MalformedTensorError
+            else:
+                assert entry == "explain" and "MalformedTensorError" in result
+            del result
+        assert capsule_name(cap) == "dltensor_versioned"
+    del cap, x
+    assert counter.calls == 1

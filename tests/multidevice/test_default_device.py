@@ -172,9 +172,16 @@ def test_pinned_memory_of_a_jax_device_is_imported_there(rebuilt):
 def test_grain_device_cpu_views_where_the_default_device_is_another(default):
     from dlinspect._options import options
     from dlinspect.grain import _ToJax
-    cpu0, x = jax.devices()[0], _aligned((8, 8))
-    got = _ToJax(options(device=cpu0), "error", dlinspect._core.jax_target(), False)({"x": x})
-    assert got["x"].devices() == {cpu0} and got["x"].unsafe_buffer_pointer() == x.ctypes.data
+    from _helpers import Fresh
+    cpu0, made = jax.devices()[0], []
+
+    def batch(i):   # a fresh batch, as a loader hands it over (the pointer kept as a number)
+        x = _aligned((8, 8))
+        made.append(x.ctypes.data)
+        return {"x": x}
+
+    got = _ToJax(options(device=cpu0), dlinspect._core.jax_target(), False).next_of(iter(Fresh(batch, 1)))
+    assert got["x"].devices() == {cpu0} and got["x"].unsafe_buffer_pointer() == made[0]
 
 
 def test_plan_agrees_with_to_jax_on_the_default_device(default, monkeypatch):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -44,15 +45,17 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     repeat : int or None
         Runs per measurement (default 15, or 3 with ``quick``).
     progress : bool
-        Draw a tqdm progress bar on stderr (when tqdm is installed and stderr is a
-        terminal).
+        Say on stderr what runs and for about how long (:data:`TYPICAL_SECONDS`), then
+        each case as it starts: a tqdm bar where stderr is a terminal and tqdm is
+        installed, else a line per case.
 
     Returns
     -------
     dict
         ``versions``, ``machine``, ``quick``, ``jax_platform``, ``seconds`` (wall
         time of the run) and ``suites``: per suite, its ``rows`` (``median`` in the
-        suite's ``unit``: µs per call or batches/s), ``targets`` and ``notes``.
+        suite's ``unit``: µs per call or batches/s), ``targets``, ``notes`` and
+        ``seconds``.
 
     Raises
     ------
@@ -63,25 +66,23 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
-    bar = None
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            # disable=None: no bar unless stderr is a terminal (logs stay clean)
-            bar = tqdm(total=len(names), unit="suite", desc="dlinspect bench", leave=False,
-                       disable=None)
-        except ImportError:
-            bar = None
+    estimate = sum(TYPICAL_SECONDS[name][0 if quick else 1] for name in names)
+    bar = _progress(names, quick, estimate) if progress else None
+    start = time.perf_counter()
 
     def tick(what: str) -> None:
         if bar is not None:
             bar.set_postfix_str(what, refresh=True)
+        elif progress:
+            print(f"dlinspect bench: {time.perf_counter() - start:.0f} s of about {estimate} s: "
+                  f"{what}", file=sys.stderr, flush=True)
 
-    start = time.perf_counter()
     suites = {}
     for name in names:
+        began = time.perf_counter()
         module = importlib.import_module(f"dlinspect.bench.{name}")
         suites[name] = module.run(quick=quick, repeat=repeat, tick=tick)
+        suites[name]["seconds"] = time.perf_counter() - began
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -91,6 +92,26 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     return {"versions": versions(), "machine": machine(), "quick": quick,
             "jax_platform": _jax_platform(), "seconds": time.perf_counter() - start,
             "suites": suites}
+
+
+#: Each suite's seconds, (quick, full), in the runs recorded in benchmarks/ on a 2-core
+#: x86-64 machine (each suite's "seconds" there): what the first line's estimate adds up.
+TYPICAL_SECONDS = {"peek": (2, 60), "to_jax": (3, 120), "sweep": (3, 240), "loader": (8, 600),
+                   "instructions": (60, 600), "copies": (12, 420), "stack": (3, 200)}
+
+
+def _progress(names: Sequence[str], quick: bool, estimate: int) -> Any:
+    """Say at once what runs and for about how long (stderr); a tqdm bar where stderr is a
+    terminal and tqdm is installed (None: a line per case instead)."""
+    print(f"dlinspect bench: {', '.join(names)}{' (--quick)' if quick else ''}: about "
+          f"{estimate} s on a 2-core machine", file=sys.stderr, flush=True)
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=len(names), unit="suite", desc="dlinspect bench", leave=False)
 
 
 #: Spread (max - min) / median across repetitions above which a quick run's figure
