@@ -10,21 +10,19 @@ cdef class _Part:
     """One sub-tree of a batch (the whole batch, or one under a sharding) and its options."""
     # prefix: the sub-tree's key path in the batch (jax keys; () for the batch); flat: its
     # dlinspect._tree.Flat, or None: a plain container walked here.
-    cdef object prefix, flat, opts
+    cdef object prefix, flat
     cdef type tp          # (plain container) dict, list or tuple
     # keys: (plain dict) its keys in sorted order, as JAX walks them; out: what each leaf becomes.
     cdef list keys, leaves, out
-    cdef int flags
+    cdef Options opts
     cdef Py_ssize_t offset   # its first leaf's index among the batch's
     # owned: the leaves proven to own their memory (own.pxi), the batch's; None: every
     # leaf is taken as it is (no proof asked: copy given, or a tensor given alone).
     cdef _Owned owned
 
-    cdef int leaf_flags(self, object leaf) except? -1:
-        """The options' bits for ``leaf``, with _LEAF_ALIASED where it is not proven owned."""
-        if self.owned is None or self.owned.has(leaf):
-            return self.flags
-        return self.flags | _LEAF_ALIASED
+    cdef bint aliased(self, object leaf) except -1:
+        """``leaf`` is a tensor the batch is not proven to own the memory of (Need.ALIASED)."""
+        return self.owned is not None and not self.owned.has(leaf)
 
     cdef str keystr(self, Py_ssize_t i):
         """Leaf ``i``'s key path, as ``jax.tree_util.keystr`` writes it (the prefix first)."""
@@ -47,12 +45,12 @@ cdef class _Part:
         return self.out if self.tp is list else tuple(self.out)
 
 
-cdef _Part _part(x, tuple prefix, opts, bint planned):
+cdef _Part _part(x, tuple prefix, Options opts, bint planned):
     """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
     here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf)."""
     cdef _Part part = _Part.__new__(_Part)
-    part.prefix, part.opts, part.flags, part.keys = prefix, opts, opts.flags, []
-    cdef bint text_lists = not (planned or part.flags & _OPT_LEAVES_RAISE)
+    part.prefix, part.opts, part.keys = prefix, opts, []
+    cdef bint text_lists = not (planned or opts.leaves == "raise")
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
         part.leaves = _plain_leaves(x, tp, part.keys, text_lists)
@@ -64,7 +62,7 @@ cdef _Part _part(x, tuple prefix, opts, bint planned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False, _Owned owned=None):
+cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, _Owned owned=None):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
@@ -93,7 +91,7 @@ cdef tuple _parts(x, JaxTarget tg, opts, bint planned=False, _Owned owned=None):
     return parts, where
 
 
-cdef object _convert_batch(x, JaxTarget tg, opts, LoaderReport report=None,
+cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=None,
                            Py_ssize_t held=-1):
     """Every leaf decided before any is consumed, then the plan run; errors name the leaf.
     ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
@@ -139,7 +137,7 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
             i = repeated_capsule(part.leaves, seen)
             if i >= 0:
                 raise repeated_capsule_error()
-            if part.flags & _OPT_LEAVES_RAISE:
+            if part.opts.leaves == "raise":
                 for i in range(len(part.leaves)):
                     route = None if is_tensor(part.leaves[i]) else untouched(part.leaves[i], "jax",
                                                                              part.opts)
@@ -162,78 +160,40 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
 
 cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
-    """Every leaf decided into the plan: by the fast path (the general route for the rest), or,
-    where a device, a sharding or ``copy=True`` was asked for, each tensor leaf's route in turn."""
-    cdef int flags = part.flags
-    cdef bint reuse = part.opts.sharding is not None
-    cdef Py_ssize_t i
-    cdef _Leaf leaf
-    decided = None
-    if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-        part.out = list(part.leaves)
-    else:
-        part.out, decided = _fast_many(part, tg)
-    try:
-        for i in range(len(part.leaves) if decided is None else len(decided)):
-            if decided is not None:
-                leaf = decided[i]
-                if not leaf.fast:
-                    leaf.route = _fast_route(part.leaves[leaf.index], leaf.cap, leaf.info,
-                                             leaf.needs, tg, part.opts)
-            elif not is_tensor(part.leaves[i]):
-                continue
-            else:
-                try:
-                    route, cap, info = _decide_leaf(part.leaves[i], tg, "jax", part.opts, reuse,
-                                                    part.leaf_flags(part.leaves[i]) & _LEAF_ALIASED)
-                except BaseException as exc:
-                    _mark_leaf(exc, i)
-                    raise
-                leaf = _new_leaf(i, cap, info, 0, False)
-                if type(route) is _SplitViews:   # viewed as the same split was before
-                    leaf.split = route
-                else:
-                    leaf.route = route
-            leaf.part = k
-            if leaf.route is not None:
-                if (<Route>leaf.route).problem is not None:
-                    _mark_leaf(leaf.route.error, leaf.index)
-                    _raise_route(leaf.route)
-                leaf.rank = _rank(leaf.route)
-            if report is not None:
-                report._note(part.offset + leaf.index, leaf.route, leaf.info, leaf.needs,
-                             flags & _OPT_COPY_ALWAYS)
-            plan.append(leaf)
-    except BaseException:
-        decided = leaf = cap = None   # the exports let go of with the error handled (see _convert)
-        raise
-    return 0
-
-
-cdef tuple _fast_many(_Part part, JaxTarget tg):
-    """Each leaf's ``to_jax_fast`` decision, nothing taken: ``(out, decided)``, the leaves kept
-    as they are in ``out``, a ``_Leaf`` per other tensor in ``decided``."""
+    """Every tensor leaf of ``part`` decided into the plan (``_decide``), nothing taken; a leaf
+    that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``."""
+    cdef Options opts = part.opts
+    cdef bint reuse = opts.sharding is not None
     cdef list leaves = part.leaves
-    cdef Py_ssize_t i, n = len(leaves)
-    cdef list out = [None] * n, decided = []
+    cdef Py_ssize_t i
+    cdef _Leaf d
+    part.out = list(leaves)
+    got = None
     try:
-        for i in range(n):
-            leaf = leaves[i]
+        for i in range(len(leaves)):
             try:
-                got = to_jax_fast(leaf, tg, part.leaf_flags(leaf), i)
+                got = _decide(leaves[i], tg, "jax", opts, part.aliased(leaves[i]), i, reuse)
             except NotNumericError:
-                got = leaf               # not a numeric tensor: a leaf kept as it is
+                continue   # not a numeric tensor: a leaf kept as it is
             except BaseException as exc:
                 _mark_leaf(exc, i)
                 raise
-            if got is leaf:
-                out[i] = leaf
-            else:
-                decided.append(got)
-        return out, decided
+            if got is leaves[i] or (<_Leaf>got).verdict == _V_PASS:
+                continue
+            d = got
+            d.part = k
+            if d.route is not None:
+                if (<Route>d.route).problem is not None:
+                    _mark_leaf(d.route.error, i)
+                    _raise_route(d.route)
+                d.rank = _rank(d.route)
+            if report is not None:
+                report._note(part.offset + i, d.route, d.info, d.needs, opts.copy is True)
+            plan.append(d)
     except BaseException:
-        decided = got = None   # the exports let go of with the error handled (see _convert)
+        got = d = None   # the exports let go of with the error handled (see _convert)
         raise
+    return 0
 
 
 cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
@@ -254,7 +214,7 @@ cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
 
 cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
-    fail in the others (``_prepare``, ``_prepare_copy``) before any is taken; then those."""
+    fail in the others (``_prepare_leaf``) before any is taken; then those."""
     cdef Py_ssize_t i, m, n = len(plan), taking = n
     cdef _Leaf leaf
     cdef _Part part
@@ -269,17 +229,12 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     for m in range(n):
         if m == taking:
             for leaf in plan[taking:]:
-                if leaf.route is not None or leaf.needs:
-                    _prepare_leaf(leaf, parts, tg)
+                _prepare_leaf(leaf, parts, tg)
         leaf = plan[m]
         part = parts[leaf.part]
         i = leaf.index
         try:
-            part.out[i] = (
-                _split_again(leaf.cap, leaf.info, leaf.split, tg) if leaf.split is not None else
-                _import_fast(leaf.cap, leaf.info, leaf.needs, tg, part.flags, part.leaves[i],
-                             leaf.prepared) if leaf.route is None else
-                _execute(leaf.route, leaf.cap, part.leaves[i], tg, part.opts, m >= taking))
+            part.out[i] = _run(leaf, part.leaves[i], tg, part.opts, m >= taking)
         except Exception as exc:
             _words.name_leaf(exc, part.keystr(i))
             raise
@@ -288,12 +243,13 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
 
 
 cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
+    """What can fail before anything is taken: a route's ``_prepare``, a _V_COPY's memory."""
     cdef _Part part = parts[leaf.part]
     try:
         if leaf.route is not None:
             _prepare(leaf.route, tg)
-        else:   # the fast path's copy
-            leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.flags)
+        elif leaf.verdict == _V_COPY:
+            leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
     except Exception as exc:
         _words.name_leaf(exc, part.keystr(leaf.index))
         raise
@@ -317,7 +273,7 @@ cdef frozenset _TAKES_NOTHING = frozenset([PRODUCER_COPY, NUMPY_COPY, PASS, ARRA
 cdef int _rank(Route route):
     """The order a batch's routes execute in: 0 those that take nothing of the caller's,
     1 the other general routes (a copy may still fail for memory); 2, a leaf without a route
-    (the fast imports, a split viewed again), is ``_new_leaf``'s."""
+    (a verdict the fast path runs, a split viewed again), is ``_decide``'s."""
     action = route.action
     if action is DEVICE_PUT or action is PROCESS_LOCAL:
         action = route.facts["whole"].action

@@ -1,46 +1,48 @@
 # execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
-cdef tuple _decide_leaf(x, tg, str target, opts, bint reuse=False, int leaf=0):
-    """The decide half for one tensor (to_jax's, to_host's, plan's): its route to ``target``,
-    its export (unconsumed) and header; ``reuse``: a split decided before for this header
-    and sharding is given as ``_SplitViews``, a new one kept; ``leaf``: _LEAF_ALIASED for a
-    batch leaf whose memory the batch is not proven to own."""
-    cdef _TypeEntry entry = None
-    if not PyCapsule_CheckExact(x):
-        entry = _entry_for(type(x))
-        if entry.guard == GUARD_JAX and tg is not None:
-            return route_jax_array(x, opts, tg), None, None
-    cdef PyObject* p = NULL
-    cdef int flags = opts.flags | leaf
-    try:
-        info = _export(x, MODE_TAKE, None if tg is None else (<JaxTarget>tg).stream_for, &p,
-                       entry, _refuser(tg, flags))
-    except NotDescribableError as exc:
-        return route_numpy_copy(exc.with_traceback(None), tg, target, opts), None, None
-    cap = _take_ref(p)
-    try:
-        if reuse:
-            seen = _split_seen(info, opts.sharding, flags, tg)
-            if seen is not None:
-                return seen, cap, info
-        route = decide(info, tg, target, opts, x, leaf)
-        if reuse:
-            _remember_split(route, info, flags, tg)
-        return route, cap, info
-    except BaseException:
-        cap = None   # (see _convert)
-        raise
+cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
+    """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route
+    (``prepared``: a batch ran ``_prepare_leaf`` before anything was taken)."""
+    if d.verdict == _V_PASS:
+        return x
+    if d.split is not None:
+        return _split_again(d.cap, d.info, d.split, tg)
+    if d.verdict == _V_ROUTE:
+        return _execute(d.route, d.cap, x, tg, opts, prepared)
+    cdef TensorInfo info = d.info
+    cap = d.cap
+    if d.verdict == _V_COPY:
+        out = d.prepared if d.prepared is not None else _prepare_copy(info, d.needs, tg, opts)
+        return _copy_taken(cap, info, out, tg, tg.cpu_device, False)
+    if info._dev_type == kDLCPU and info.device_id == 0:
+        if _viewable_by_put(info, tg):
+            return _put_view(tg, cap, x, info, tg.cpu_device)
+        return tg.uncommit(import_capsule(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU))
+    # The consumer's stream, as the export asked the producer (array API __dlpack__): none
+    # for a bare capsule, whose producer was never asked.
+    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
+    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
+                                      stream, None, info._dev_type))
 
 
-cdef object _execute(Route route, cap, x, JaxTarget tg, opts, bint prepared=False):
+def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
+    """(For tests) the array where the fast path takes ``x`` by its verdict; else
+    ``(capsule, TensorInfo, needs)`` of the export, unconsumed."""
+    d = _decide(x, tg, "jax", opts)
+    if (<_Leaf>d).verdict == _V_ROUTE:
+        return (<_Leaf>d).cap, (<_Leaf>d).info, (<_Leaf>d).needs
+    return _run(d, x, tg, opts)
+
+
+cdef object _execute(Route route, cap, x, JaxTarget tg, Options opts, bint prepared=False):
     """Carry out ``route``, ``_prepare``d first unless a batch did (``prepared``); a new
     array is committed only where a device or a sharding was named (put.pxi)."""
     if not prepared:
         _prepare(route, tg)
     action = route.action
     out = EXECUTORS[action](route, cap, x, tg, opts)
-    if action in _NEW_ARRAY and not (<int>opts.flags) & _OPT_PLACED:
+    if action in _NEW_ARRAY and not opts.committed:
         return tg.uncommit(out)
     return out
 
@@ -90,7 +92,7 @@ def repeated_capsule_error():
         "or the producer object instead (its __dlpack__ makes a capsule for every leaf).")
 
 
-def _ex_import(Route route, cap, x, JaxTarget tg, opts):
+def _ex_import(Route route, cap, x, JaxTarget tg, Options opts):
     """Hand the capsule to jaxlib as it is (``copy=True`` where device memory is copied)."""
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(route.import_type, route.info.device_id)
     arr = import_capsule(tg.import_fn, cap, route.import_device, stream, route.import_copy,
@@ -102,15 +104,14 @@ def _ex_import(Route route, cap, x, JaxTarget tg, opts):
     return _finish(tg, arr, route)
 
 
-def _ex_host_copy(Route route, cap, x, JaxTarget tg, opts):
+def _ex_host_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """One copy in C, no GIL (lanes: NumPy), into ``_prepare``'s memory; the source taken first."""
     cdef TensorInfo info = route.info
-    cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out = route._out if route._out is not None else _copy_memory(route, tg)
     route._out = None
     if info._lanes != 1 or info._bits % 8:
         return _finish(tg, _host_copy(cap, info, out), route, opts)
-    return _finish(tg, _copy_taken(cap, info, out, tg, route.import_device, placed), route)
+    return _finish(tg, _copy_taken(cap, info, out, tg, route.import_device, opts.committed), route)
 
 
 cdef object _copy_memory(Route route, JaxTarget tg):
@@ -124,7 +125,7 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     return _aligned_array(info, code, bits, tg.copy_align)
 
 
-def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
+def _ex_host_view(Route route, cap, x, JaxTarget tg, Options opts):
     """A NumPy view, put (vector lanes; onto an accelerator: one transfer), or nothing taken."""
     view = _host_view(cap, route.info)
     try:
@@ -134,49 +135,46 @@ def _ex_host_view(Route route, cap, x, JaxTarget tg, opts):
         raise
 
 
-def _ex_empty(Route route, cap, x, JaxTarget tg, opts):
+def _ex_empty(Route route, cap, x, JaxTarget tg, Options opts):
     """A new empty array put as ``jax.device_put`` puts one: ``jnp.zeros`` compiles a fill,
     and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1)."""
     host = _host_empty(route, cap, x)
     host = host.astype(tg.jax.dtypes.canonicalize_dtype(host.dtype))
-    return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
+    return _put_host(tg, host, route.jax_device, opts.committed, False)
 
 
-def _ex_producer_copy(Route route, cap, x, JaxTarget tg, opts):
+def _ex_producer_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """No JAX device for it: the producer's copy into memory JAX views, else its host copy."""
     del cap   # the device capsule is not needed: its producer frees it now
-    cdef bint placed = (<int>opts.flags) & _OPT_PLACED
     out, tried = _copy_into_host(route, x, tg.copy_align)
     if out is not None:
-        return _put_host(tg, out, route.jax_device, placed)
+        return _put_host(tg, out, route.jax_device, opts.committed)
     host = _host_from_producer(x, route.info, "jax", tried)
     # (the caller's narrowing warning, once the copy is in hand: see _prepare)
     if route.warning is not None:
         warn(route.warning)
     quiet = opts.quiet(route.jax_device)
-    inner, host_cap, _ = _decide_leaf(host, tg, "jax", quiet)
-    arr = _execute(inner, host_cap, host, tg, quiet)
-    return arr if placed else tg.uncommit(arr)
+    arr = _run(_decide(host, tg, "jax", quiet), host, tg, quiet)
+    return arr if opts.committed else tg.uncommit(arr)
 
 
-def _ex_numpy_put(Route route, cap, x, JaxTarget tg, opts):
+def _ex_numpy_put(Route route, cap, x, JaxTarget tg, Options opts):
     """A dtype JAX holds but does not import: a NumPy copy put by JAX (the source freed here)."""
     host = (_unpack_subbyte(cap, route.info) if route._needs & NEED_PACKED
             else _np.array(_host_view(cap, route.info)))
-    return _put_host(tg, host, route.jax_device, (<int>opts.flags) & _OPT_PLACED, False)
+    return _put_host(tg, host, route.jax_device, opts.committed, False)
 
 
-def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, opts):
+def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
     narrow = route.facts.get("narrow")
     host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]), tg.copy_align)
     if "spread" in route.facts:
-        inner, inner_cap, _ = _decide_leaf(host, tg, "jax", opts)
-        return _execute(inner, inner_cap, host, tg, opts)
+        return _run(_decide(host, tg, "jax", opts), host, tg, opts)
     return _finish(tg, host, route, opts)
 
 
-def _ex_split(Route route, cap, x, JaxTarget tg, opts):
+def _ex_split(Route route, cap, x, JaxTarget tg, Options opts):
     """Host memory split over CPU devices: one owner, freed with the last shard; JAX assembles."""
     cdef TensorInfo info = route.info
     f = route.facts
@@ -190,7 +188,7 @@ def _ex_split(Route route, cap, x, JaxTarget tg, opts):
     return tg.assemble(info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
 
 
-def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
+def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
     whole = route.facts["whole"]
     arr = EXECUTORS[whole.action](whole, cap, x, tg, opts)
     if route.action is PROCESS_LOCAL:
@@ -198,7 +196,7 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, opts):
     return tg.jax.device_put(arr, opts.sharding)
 
 
-def _ex_array_put(Route route, cap, x, JaxTarget tg, opts):
+def _ex_array_put(Route route, cap, x, JaxTarget tg, Options opts):
     """A jax.Array made row-major (a copy on its device), then put where asked (committed)."""
     f = route.facts
     if f.get("relayout"):
@@ -227,11 +225,11 @@ EXECUTORS = {
 }
 
 
-cdef object _finish(JaxTarget tg, arr, Route route, opts=None):
+cdef object _finish(JaxTarget tg, arr, Route route, Options opts=None):
     """``arr`` (host memory dlinspect holds, put where the route imports it first where
     ``opts`` is given) moved to the device the route ends on."""
     if opts is not None:
-        arr = _put_host(tg, arr, route.import_device, (<int>opts.flags) & _OPT_PLACED)
+        arr = _put_host(tg, arr, route.import_device, opts.committed)
     if route.jax_device is not None and route.jax_device != route.import_device:
         arr = tg.jax.device_put(arr, route.jax_device)
     return arr
@@ -353,8 +351,8 @@ def _host_producer_copy(Route route, cap, x):
         out = _host_from_producer(x, route.info, "host", tried)
     if not PyCapsule_CheckExact(out):
         return out
-    inner, host_cap, _ = _decide_leaf(out, None, "host", _options_module.DEFAULT)
-    return HOST_EXECUTORS[inner.action](inner, host_cap, out)
+    cdef _Leaf d = _decide(out, None, "host", DEFAULT)
+    return HOST_EXECUTORS[d.route.action](d.route, d.cap, out)
 
 
 def _host_empty(Route route, cap, x):

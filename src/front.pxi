@@ -2,7 +2,6 @@
 
 import threading as _threading
 from dlinspect import _jaxcaps, _tree
-from dlinspect._options import DEFAULT as _DEFAULT, options as _check_options
 
 # to_jax's string defaults, compared by identity on the hot path (an equal string: checked).
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
@@ -193,9 +192,8 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
     if (device is None and copy is None and sharding is None and fallback is _S_HOST
             and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
-        return _convert(x, tg, _DEFAULT, 0)
-    opts = _check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    return _convert(x, tg, opts, opts.flags)
+        return _convert(x, tg, DEFAULT)
+    return _convert(x, tg, check_options(device, copy, sharding, fallback, readonly, leaves, narrow))
 
 
 @cython.binding(True)
@@ -276,11 +274,10 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     >>> routes["x"].kind, routes["id"].kind
     ('copy', 'untouched')
     """
-    return _plan(x, target, _check_options(device, copy, sharding, fallback, readonly, leaves,
-                                           narrow))
+    return _plan(x, target, check_options(device, copy, sharding, fallback, readonly, leaves, narrow))
 
 
-cdef object _plan(x, target, opts):
+cdef object _plan(x, target, Options opts):
     """:func:`plan` with its options checked (``explain``'s too: ``x`` is held as to_jax's)."""
     if target != "jax" and target != "host":
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
@@ -297,14 +294,14 @@ cdef object _plan(x, target, opts):
     return _rebuild_parts(parts, where, tg)
 
 
-cdef object _plan_one(x, tg, str target, opts, int leaf=0):
-    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): the
-    decide half of :func:`to_jax` (``_decide_leaf``), its export released unconsumed;
-    ``leaf``: _LEAF_ALIASED for a batch leaf not proven to own its memory."""
+cdef object _plan_one(x, tg, str target, Options opts, bint aliased=False):
+    """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): its
+    decision (``_decide``, as :func:`to_jax` decides), dressed, its export released
+    unconsumed; ``aliased``: a batch leaf not proven to own its memory."""
     if isinstance(x, TensorInfo):
-        return decide(x, tg, target, opts, None, leaf)
+        return decide(x, tg, target, opts, None, aliased)
     try:
-        return _decide_leaf(x, tg, target, opts, False, leaf)[0]
+        return _route_of(_decide(x, tg, target, opts, aliased), x, tg, target, opts, aliased)
     except DLInspectError as exc:
         return failed(exc, target)
 
@@ -324,7 +321,7 @@ cdef int _plan_part(_Part part, JaxTarget tg, set seen) except -1:
         elif i == repeated:    # the same capsule twice: the second is the error
             route = failed(repeated_capsule_error(), "jax")
         else:
-            route = (_plan_one(leaf, tg, "jax", part.opts, part.leaf_flags(leaf) & _LEAF_ALIASED)
+            route = (_plan_one(leaf, tg, "jax", part.opts, part.aliased(leaf))
                      if is_tensor(leaf) else untouched(leaf, "jax", part.opts))
         if route is not None and route.problem is not None:
             route.key_path = part.keystr(i)
@@ -344,26 +341,19 @@ def convert_next(it, opts, LoaderReport report, end):
     return _convert_batch(x, tg, opts, report, 1)
 
 
-cdef object _convert(x, JaxTarget tg, opts, int flags):
-    """The one engine's entry: a lone tensor by the fast path, anything else as a batch."""
+cdef object _convert(x, JaxTarget tg, Options opts):
+    """The one engine's entry: a lone tensor decided and run here, anything else as a batch."""
     tp = type(x)
-    if (tp is dict or tp is list or tp is tuple
-            or flags & _OPT_PLACED and opts.sharding is not None or not is_tensor(x)):
+    if tp is dict or tp is list or tp is tuple or opts.sharding is not None or not is_tensor(x):
         return _convert_batch(x, tg, opts)
-    cap = got = None
+    d = None
     try:
-        if flags & (_OPT_COPY_ALWAYS | _OPT_PLACED):
-            route, cap, _ = _decide_leaf(x, tg, "jax", opts)
-            return _execute(route, cap, x, tg, opts)
-        got = to_jax_fast(x, tg, flags)
-        if type(got) is not tuple:
-            return got
-        cap, info, needs = got
-        return _execute(_fast_route(x, cap, info, needs, tg, opts), cap, x, tg, opts)
+        d = _decide(x, tg, "jax", opts)
+        return _run(d, x, tg, opts)
     except BaseException:
         # The export is let go of here, with the error handled rather than pending: a
         # producer's capsule destructor may run Python code (warp's is a ctypes callback).
-        cap = got = None
+        d = None
         raise
 
 
@@ -404,7 +394,7 @@ def explain(x, target="jax", **options):
     route to host: zero-copy
       NumPy views the kDLCPU memory directly.
     """
-    routes = _plan(x, target, _check_options(**options))
+    routes = _plan(x, target, check_options(**options))
     if isinstance(routes, Route):
         return _words.explain_one(routes, x)
     return _words.explain_tree(_tree.flatten(routes))
@@ -452,9 +442,9 @@ def to_host(x, copy=None):
     >>> dlinspect.to_host(np.arange(3.0)).tolist()
     [0.0, 1.0, 2.0]
     """
-    route, cap, _ = _decide_leaf(x, None, "host", _check_options(copy=copy))
+    cdef _Leaf d = _decide(x, None, "host", check_options(copy=copy))
     try:
-        return HOST_EXECUTORS[route.action](route, cap, x)
+        return HOST_EXECUTORS[d.route.action](d.route, d.cap, x)
     except BaseException:
-        cap = None   # (see _convert)
+        d = None   # (see _convert)
         raise

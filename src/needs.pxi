@@ -2,20 +2,6 @@
 
 import functools as _functools
 
-from dlinspect import _options as _options_module
-
-# The bits of Options.flags the core reads (what the caller asked for; 0: every default).
-cdef int _OPT_COPY_ALWAYS = _options_module.COPY_ALWAYS
-cdef int _OPT_COPY_NEVER = _options_module.COPY_NEVER
-cdef int _OPT_PLACED = _options_module.PLACED
-cdef int _OPT_SHARE_READONLY = _options_module.SHARE_READONLY
-cdef int _OPT_QUIET_NARROW = _options_module.QUIET_NARROW
-cdef int _OPT_LEAVES_RAISE = _options_module.LEAVES_RAISE
-cdef int _OPT_FALLBACK_RAISE = _options_module.FALLBACK_RAISE
-# A batch leaf whose memory the batch is not proven to own (own.pxi): not an option, a fact
-# of the leaf, carried with the options' bits into the fast path and the split cache's key.
-cdef int _LEAF_ALIASED = 1 << 20
-
 # Need's bits (dlinspect._tables documents each) as C constants (tests/test_abi.py checks).
 cdef enum:
     NEED_DEVICE = 1 << 0
@@ -51,18 +37,20 @@ cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
     return n
 
 
-# contract: the needs of ``info`` to reach ``tg`` under ``flags`` (the options' bits and
-# _LEAF_ALIASED); raises only what a dtype probe raises.
-cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, int flags) except? 0xFFFFFFFF:
+# contract: the needs of ``info`` to reach ``tg``; ``share_readonly``: readonly="share";
+# ``aliased``: a batch leaf whose memory the batch is not proven to own (own.pxi); raises
+# only what a dtype probe raises.
+cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly,
+                         bint aliased) except? 0xFFFFFFFF:
     cdef uint32_t n = _dtype_needs(tg, info._code, info._bits, info._lanes, info.flags)
     cdef bint on_cpu = True
     n |= _device_needs(info, tg, &on_cpu) | _shape_needs(info)
     if info.size == 0:
         return n | NEED_EMPTY
     n |= _layout_needs(info, tg)
-    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not flags & _OPT_SHARE_READONLY:
+    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
         n |= NEED_READ_ONLY
-    if flags & _LEAF_ALIASED:
+    if aliased:
         n |= NEED_ALIASED
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
         n |= NEED_ALIGN
@@ -199,4 +187,4 @@ def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):
     """``info``'s :class:`Need` bits to JAX (``target``) or NumPy (None); 0: viewed as it is."""
     if target is None:
         return _needs_host(info)
-    return _needs_jax(info, target, _OPT_SHARE_READONLY if share_readonly else 0)
+    return _needs_jax(info, target, share_readonly, False)

@@ -207,15 +207,48 @@ cdef bint _unpackable(TensorInfo info):
     return bits != 0 and 8 % bits == 0 and info._contiguous(_C_ORDER)
 
 
-cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, source):
-    """The route of header ``info`` into JAX (pure); ``source``: what the caller passed."""
+# Verdicts: how the fast path executes a decision without a Route (route_jax dresses the same
+# verdict in a Route's facts and words: plan says what runs); 0, the Route's executor.
+cdef enum:
+    _V_ROUTE = 0
+    _V_VIEW = 1   # imported as it is onto the device of its memory, uncommitted
+    _V_COPY = 2   # host memory copied in C onto the CPU device, uncommitted
+    _V_PASS = 3   # a row-major jax.Array, returned as it is
+
+
+cdef int _verdict(TensorInfo info, uint32_t n, JaxTarget tg, Options opts) except -1:
+    """The verdict route_jax gives first: host memory on the CPU device, with no default
+    device set, viewed as it is or copied in C (_c_copy); memory of a device JAX has, that
+    needs nothing, imported there as it is; all of it uncommitted, with no device named and
+    copy not True. Else _V_ROUTE: the rest of route_jax decides."""
+    if opts.committed or opts.copy is True:
+        return _V_ROUTE
+    if info._dev_type == kDLCPU and info.device_id == 0:
+        if tg.default_device is not None:
+            return _V_ROUTE
+        if n == 0:
+            return _V_VIEW
+        if opts.copy is None and _c_copy(info, n):
+            return _V_COPY
+        return _V_ROUTE
+    key = (info._dev_type, info.device_id)
+    if n == 0 and key in tg.devices and (tg.default_device is None or key not in tg.cpu_keys):
+        return _V_VIEW
+    return _V_ROUTE
+
+
+cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opts, source):
+    """The route of header ``info`` into JAX (pure); ``source``: what the caller passed. The
+    verdict first (fast.pxi): what the fast path runs without a Route, dressed in the facts
+    of the import it is."""
+    if _verdict(info, needs, tg, opts) != _V_ROUTE:
+        return _route_import(info, needs, tg, opts, _narrowing(info._code, info._bits, needs, tg, opts),
+                             _dev_is(info._dev_type, _DEV_HOST))
     opts = _default_place(info, tg, opts)
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     ruled_out = _ruled_out(info, needs, "jax")
     if ruled_out is not None:
         return ruled_out
-    if _lanes_share_bytes(info):   # the memory's structure first: no dtype helps it
-        return fail("lanes-share-bytes", info, "jax", needs)
     if needs & NEED_DTYPE:
         held = info._lanes == 1 and (info._bits < 8
                                      or tg.dtype_problem(info._code, info._bits) is not None)
@@ -240,12 +273,15 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, opts, sourc
 
 
 cdef Route _ruled_out(TensorInfo info, uint32_t needs, str target):
-    """The error of a header no target takes: a shape no array has (Need.SHAPE), or memory
-    that is not there (Need.UNMAPPED); else None."""
+    """The error of a header no target takes, whatever its dtype: a shape no array has
+    (Need.SHAPE), memory that is not there (Need.UNMAPPED), vector lanes that share bytes;
+    else None."""
     if needs & NEED_SHAPE:
         return fail("shape", info, target, needs)
     if needs & NEED_UNMAPPED:
         return fail("unmapped", info, target, needs)
+    if _lanes_share_bytes(info):   # the memory's structure: no dtype helps it
+        return fail("lanes-share-bytes", info, target, needs)
     return None
 
 
@@ -255,7 +291,7 @@ cdef inline bint _by_numpy_put(uint32_t needs, bint host) noexcept:
     return needs & NEED_NUMPY_PUT or (host and needs & NEED_PACKED and needs & NEED_ALIASED)
 
 
-cdef object _default_place(TensorInfo info, JaxTarget tg, opts):
+cdef Options _default_place(TensorInfo info, JaxTarget tg, Options opts):
     """``opts``; with no place named, memory a CPU device would hold goes where ``jnp.asarray``
     puts it: JAX's default device where that is not the CPU device (uncommitted)."""
     if tg.default_device is None or opts.device is not None or opts.sharding is not None:
@@ -264,7 +300,8 @@ cdef object _default_place(TensorInfo info, JaxTarget tg, opts):
     return opts.unplaced(tg.default_device) if key not in tg.devices or key in tg.cpu_keys else opts
 
 
-cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, opts, narrow, bint host):
+cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options opts, narrow,
+                         bint host):
     """Memory JAX has a device for: imported as it is, copied first, or the copy=False error."""
     copy = opts.copy
     src, dest, into, import_type, moved = _import_devices(info, needs, tg, opts.device, host)
@@ -318,7 +355,7 @@ cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host, b
     return HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
 
 
-cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
+cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, Options opts):
     """``(code, bits, narrowed code, narrowed bits, warn)`` where JAX narrows; else None."""
     if not needs & NEED_NARROW:
         return None
@@ -326,7 +363,7 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, opts):
     return (code, bits, key & 0xFF, key >> 8, opts.narrow == "warn")
 
 
-cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts):
+cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Options opts):
     """A dtype JAX holds but does not import, in host memory: a NumPy view (unpacked) put by JAX."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
@@ -340,7 +377,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, opts)
                  jax_device=dest, refusal=refusal)
 
 
-def route_numpy_copy(exc, JaxTarget tg, str target, opts):
+def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's one copy (narrowed where JAX narrows)."""
     arr = exc.array
     facts = dict(array=arr, why=exc.why)
@@ -391,8 +428,6 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     ruled_out = _ruled_out(info, needs, "host")
     if ruled_out is not None:
         return ruled_out
-    if _lanes_share_bytes(info):
-        return fail("lanes-share-bytes", info, "host", needs)
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "host", needs)
     if needs & NEED_DTYPE:
@@ -411,7 +446,7 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
 
 # ---- sharded: one decision per leaf ----------------------------------------
 
-def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts, source):
+def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, Options opts, source):
     """The route onto a multi-device ``sharding`` (pure): host memory for CPU devices split in
     place, in one pass where C views or copies every slice (``facts["parts"]``)."""
     ruled_out = _ruled_out(info, needs, "jax")
@@ -434,18 +469,18 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, opts,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
-cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts):
+cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts):
     """``(parts, copy_bytes, narrow, one_pass)``: one_pass where C views or copies every slice;
     each slice of an aliased tensor is aliased (``needs``: the whole tensor's)."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
-    cdef int flags = opts.flags | (_LEAF_ALIASED if needs & NEED_ALIASED else 0)
+    cdef bint share = opts.readonly == "share", aliased = needs & NEED_ALIASED
     cdef bint one_pass = opts.copy is not True
     copy_bytes, narrow = 0, None
     for index in lay.indices:
         part = info.sliced(index)
-        n = _needs_jax(part, tg, flags)
+        n = _needs_jax(part, tg, share, aliased)
         if n & ~NEED_VIA_CPU:
             copy_bytes += part.nbytes
             if n & NEED_NARROW and narrow is None:
@@ -455,7 +490,7 @@ cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
     return parts, copy_bytes, narrow, one_pass
 
 
-cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts, source):
+cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts, source):
     parts, copy_bytes, narrow, one_pass = _split_parts(info, needs, tg, lay, opts)
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
@@ -472,16 +507,26 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, opts
                  copying=copying, sharding=opts.sharding, narrow=narrow)
 
 
-cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, opts, source):
+cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, Options opts, source):
     return tuple([(dev, index, route_jax(part, n, tg, opts.placed(dev), source))
                   for dev, index, (part, n) in zip(devices, indices, parts)])
 
 
 # ---- jax.Array and leaves that are not tensors --------------------------------
 
-def route_jax_array(x, opts, JaxTarget tg):
-    """A ``jax.Array``'s route: ``device_put`` or a copy (into row-major first where it is not:
-    ``jax.device_put`` moves it wrong); a deleted or donated one is an error route."""
+cdef bint _array_passes(x, Options opts, JaxTarget tg) except -1:
+    """The verdict of a ``jax.Array`` the fast path returns as it is: alive, row-major, with no
+    device or sharding named and copy not True."""
+    return (not opts.committed and opts.copy is not True and not x.is_deleted()
+            and _row_major_array(x, tg))
+
+
+def route_jax_array(x, Options opts, JaxTarget tg):
+    """A ``jax.Array``'s route: as it is (the verdict first), ``device_put`` or a copy (into
+    row-major first where it is not: ``jax.device_put`` moves it wrong); a deleted or
+    donated one is an error route."""
+    if _array_passes(x, opts, tg):
+        return Route(ZERO_COPY, PASS, None, "jax", jax_array=x, where=None)
     try:
         _refuse_dead_array(x)
     except ProducerError as exc:
@@ -523,7 +568,7 @@ cdef bint _row_major_array(x, JaxTarget tg) except -1:
     return not getattr(x, "_committed", False) or tg.row_major(x)
 
 
-def untouched(leaf, str target, opts):
+def untouched(leaf, str target, Options opts):
     """The route of a pytree leaf that is not a tensor; None for None (JAX's empty subtree:
     no leaf, at any depth)."""
     if leaf is None:
@@ -533,25 +578,27 @@ def untouched(leaf, str target, opts):
     return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf))
 
 
-def decide(TensorInfo info, tg, str target, opts, source=None, int leaf=0):
-    """The route of a header to ``target``: ``needs``, then the route (pure); ``leaf``:
-    _LEAF_ALIASED for a batch leaf whose memory the batch is not proven to own."""
+def decide(TensorInfo info, tg, str target, Options opts, source=None, bint aliased=False):
+    """The route of a header to ``target``: ``needs``, then the route (pure); ``aliased``: a
+    batch leaf whose memory the batch is not proven to own."""
     if target == "host":
         return route_host(info, _needs_host(info), opts.copy, source)
-    cdef uint32_t needs = _needs_jax(info, tg, opts.flags | leaf)
+    cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share", aliased)
     sharding = opts.sharding
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
     return route_jax(info, needs, tg, _leaf_options(opts, sharding), source)
 
 
-cdef object _leaf_options(opts, sharding):
+cdef Options _leaf_options(Options opts, sharding):
     """``opts`` placed on the one device of a single-device ``sharding`` (as ``device=``)."""
     if sharding is not None and _is_plain_device(sharding):
         return opts.placed(next(iter(sharding.device_set)))
     return opts
 
 
-cdef inline object _refuser(tg, int flags):
+cdef inline object _refuser(tg, Options opts):
     """What judges a producer's device before its export: JAX's, with fallback="raise"."""
-    return (<JaxTarget>tg).refuse_device if tg is not None and flags & _OPT_FALLBACK_RAISE else None
+    if tg is None or opts.fallback != "raise":
+        return None
+    return (<JaxTarget>tg).refuse_device

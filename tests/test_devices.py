@@ -398,7 +398,7 @@ class TestDeviceFastPath:
         # The route plan gives the same header: zero-copy IMPORT with that device type.
         info = dlinspect.peek(p)
         needs = dlinspect._core.needs(info, tg)
-        route = dlinspect._core.route_jax(info, needs, tg, dlinspect._options.DEFAULT, p)
+        route = dlinspect._core.route_jax(info, needs, tg, dlinspect._core.DEFAULT, p)
         assert needs == 0 and route.kind == "zero-copy" and route.import_type == int(device_type)
 
     def test_bare_capsule_gets_no_stream(self):
@@ -435,6 +435,6 @@ class TestDeviceFastPath:
                            "with its own library first.")):
             info = dlinspect.peek(p)
             route = dlinspect._core.route_jax(info, dlinspect._core.needs(info, tg), tg,
-                                              dlinspect._options.DEFAULT, p)
+                                              dlinspect._core.DEFAULT, p)
             assert route.kind == "error" and route.problem == "layout-not-host"
             assert str(route.error).endswith(advice) and "torch" not in str(route.error)

@@ -247,7 +247,7 @@ def test_auto_takes_a_thread_only_with_work_on_both_sides(monkeypatch):
     # Margins of 3x each way: a loaded machine (two test runs on two cores) still takes
     # a list's batches as quick and a sleep as slow.
     monkeypatch.setattr(_prefetch, "_OVERLAP_S", 0.004)
-    from dlinspect._options import DEFAULT, options
+    from dlinspect._core import DEFAULT, check_options as options
     # (no device named: JAX's default device, the CPU in this suite: tests/conftest.py)
     assert _prefetch._on_cpu(DEFAULT) and _prefetch._on_cpu(options(jax.devices("cpu")[0]))
     assert [b["x"].shape for b in prefetch_to_jax([batch_of(i) for i in range(6)])] == [(4, 3)] * 6

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._core import LoaderReport, collecting, convert_next, jax_target, warn
-from ._options import Fallback, Leaves, Narrow, Options, ReadOnly, options as check_options
+from ._core import LoaderReport, Options, check_options, collecting, convert_next, jax_target, warn
+from ._options import Fallback, Leaves, Narrow, ReadOnly
 from ._words import type_name
 from .errors import SourceExhaustedError
 

@@ -10,13 +10,12 @@ never by ``import dlinspect`` nor by importing this module.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib
 from typing import Any
 
-from ._core import LoaderReport, jax_target
-from ._options import DEFAULT, Fallback, Leaves, Narrow, Options, ReadOnly, is_device
+from ._core import LoaderReport, Options, jax_target
+from ._options import Fallback, Leaves, Narrow, ReadOnly, is_device
 from ._prefetch import _END, Kept, converted, loader_options
 from ._words import type_name
 
@@ -211,7 +210,7 @@ class _ToJax:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
             self.move_to = options.device
-            options = dataclasses.replace(options, device=None)
+            options = options.replaced(device=None)
         self.options, self.report = options, LoaderReport()
         self.x64 = bool(tg.x64.value)
         self.context = tg.x64_context if threaded else None
@@ -227,8 +226,7 @@ class _ToJax:
         return item if self.threaded else item.emit()
 
     def __repr__(self) -> str:
-        given = [f"{f.name}={getattr(self.options, f.name)!r}" for f in dataclasses.fields(Options)
-                 if f.init and getattr(self.options, f.name) != getattr(DEFAULT, f.name)]
+        given = self.options.given()
         return f"dlinspect.to_jax({', '.join(given)})" if given else "dlinspect.to_jax"
 
 

@@ -170,7 +170,7 @@ def test_pinned_memory_of_a_jax_device_is_imported_there(rebuilt):
 
 
 def test_grain_device_cpu_views_where_the_default_device_is_another(default):
-    from dlinspect._options import options
+    from dlinspect._core import check_options as options
     from dlinspect.grain import _ToJax
     from _helpers import Fresh
     cpu0, made = jax.devices()[0], []
@@ -225,7 +225,7 @@ def test_prefetch_decides_its_thread_for_where_the_batches_go(rebuilt):
     """thread=None weighs a worker thread only where batches go to an accelerator: a CPU
     default device (cpu:1) is a CPU; a stand-in TPU default is not."""
     from dlinspect import _prefetch
-    from dlinspect._options import DEFAULT, options
+    from dlinspect._core import DEFAULT, check_options as options
     rebuilt(_default_device=lambda: jax.devices()[1])
     assert _prefetch._on_cpu(DEFAULT)
     rebuilt(_default_device=lambda: _Accelerator("tpu"))

@@ -1,0 +1,110 @@
+# options.pxi: the caller's options, checked once into one object every decision reads.
+
+from dlinspect import _options as _options_module
+
+# The values of each string option (dlinspect._options spells them for type checkers).
+cdef dict _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
+                      "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
+
+
+@cython.final
+cdef class Options:
+    """The options of :func:`to_jax` (:func:`plan`, a loader), checked by :func:`options`.
+
+    ``device`` is the one destination device (a single-device sharding resolved), never
+    with ``sharding``; ``committed``: the caller named a device or a sharding, so the array
+    is committed there (a default device chosen for the caller leaves it uncommitted). The
+    string options hold the checked values themselves (``"share"``...), compared by value.
+    """
+    cdef readonly object device, copy, sharding
+    cdef readonly str fallback, readonly, leaves, narrow
+    cdef readonly bint committed
+
+    def __init__(self, device=None, copy=None, sharding=None, str fallback="host",
+                 str readonly="copy", str leaves="keep", str narrow="warn", committed=None):
+        self.device, self.copy, self.sharding = device, copy, sharding
+        self.fallback, self.readonly, self.leaves, self.narrow = fallback, readonly, leaves, narrow
+        if committed is None:
+            committed = device is not None or sharding is not None
+        self.committed = committed
+
+    def replaced(self, **changes):
+        """A copy with ``changes`` (committed follows device and sharding unless given)."""
+        fields = dict(device=self.device, copy=self.copy, sharding=self.sharding,
+                      fallback=self.fallback, readonly=self.readonly, leaves=self.leaves,
+                      narrow=self.narrow)
+        fields.update(changes)
+        return Options(**fields)
+
+    def placed(self, device=None, sharding=None):
+        """Onto ``device`` or ``sharding``, committed there (None and None: nowhere named)."""
+        return self.replaced(device=device, sharding=sharding)
+
+    def unplaced(self, device):
+        """Onto ``device`` with no device named: JAX's default device, the array uncommitted."""
+        return self.replaced(device=device, committed=False)
+
+    def quiet(self, device):
+        """What a producer's host copy is routed with: onto ``device``, with no host
+        fallback of its own, no non-tensor leaves and no second narrowing warning."""
+        return self.replaced(device=device, sharding=None, copy=None, fallback="raise",
+                             leaves="keep", narrow="ok")
+
+    def given(self):
+        """``name=value`` of each option not at its default, in the order of to_jax's."""
+        values = (self.device, self.copy, self.sharding, self.fallback, self.readonly,
+                  self.leaves, self.narrow)
+        return [f"{name}={value!r}" for (name, default), value in zip(_DEFAULT_VALUES.items(), values)
+                if value != default]
+
+    def __repr__(self):
+        return f"Options({', '.join(self.given())})"
+
+    def __reduce__(self):
+        return (Options, (self.device, self.copy, self.sharding, self.fallback, self.readonly,
+                          self.leaves, self.narrow, self.committed))
+
+
+cdef dict _DEFAULT_VALUES = dict(device=None, copy=None, sharding=None, fallback="host",
+                                 readonly="copy", leaves="keep", narrow="warn")
+
+#: Every option at its default (to_jax's fast path compares by identity).
+DEFAULT = Options()
+
+cdef dict _made = {}   # options checked before, by what was passed
+
+
+def check_options(device=None, copy=None, sharding=None, fallback="host", readonly="copy",
+            leaves="keep", narrow="warn"):
+    """The checked :class:`Options`, the same object for the same arguments (a loop passing
+    ``sharding=`` checks it once). ValueError for a value outside its choices, TypeError
+    for a ``device`` that is no ``jax.Device`` or one-device sharding."""
+    # (type(copy) in the key: copy=1 equals copy=True, and is refused)
+    key = (device, copy, type(copy), sharding, fallback, readonly, leaves, narrow)
+    try:
+        made = _made.get(key)
+    except TypeError:   # a pytree of shardings: checked each time
+        made = key = None
+    if made is not None:
+        return made
+    if copy is not None and copy is not True and copy is not False:
+        raise ValueError(f"copy must be None, True or False, not {copy!r}")
+    for name, value in zip(_CHOICES, (fallback, readonly, leaves, narrow)):
+        if value not in _CHOICES[name]:
+            allowed = " or ".join(repr(c) for c in _CHOICES[name])
+            raise ValueError(f"{name} must be {allowed}, not {value!r}")
+    if sharding is not None and device is not None:
+        raise ValueError("pass device= or sharding=, not both: one of them.")
+    made = Options(_options_module.single_device(device), copy, sharding, fallback, readonly,
+                   leaves, narrow)
+    if key is not None:
+        _remember(_made, key, made, 64)
+    return made
+
+
+cdef int _remember(dict cache, key, value, Py_ssize_t most) except -1:
+    """``cache[key] = value``, the cache emptied first where it holds ``most``."""
+    if len(cache) >= most:
+        cache.clear()
+    cache[key] = value
+    return 0
