@@ -371,7 +371,7 @@ class TestTorch:
         assert torch.from_dlpack(cap).sum().item() == 15.0
 
     def test_requires_grad_is_described(self, torch):
-        # The exchange API describes it; routing decides (see test_route). Without the
+        # The exchange API describes it; routing decides (see test_producers.py). Without the
         # API, peek has only torch's __dlpack__, which refuses it.
         if torch_exchange_api():
             assert peek(torch.ones(2, requires_grad=True)).shape == (2,)
