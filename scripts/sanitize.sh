@@ -23,8 +23,9 @@ fi
 echo "sanitize.sh: $so is instrumented (ASan + UBSan)"
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(tests/test_abi.py tests/test_peek.py tests/test_route.py tests/test_devices.py
-           tests/test_producers.py tests/test_agreement.py tests/test_copies.py
+    tests=(tests/test_abi.py tests/test_peek.py tests/test_zero_copy.py tests/test_copy_routes.py
+           tests/test_dtypes.py tests/test_header_limits.py tests/test_plan_results.py
+           tests/test_devices.py tests/test_producers.py tests/test_agreement.py tests/test_copies.py
            tests/test_stack.py tests/test_batches.py
            tests/test_prefetch.py
            tests/test_subprocess_suites.py tests/test_reliability.py)

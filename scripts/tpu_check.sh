@@ -36,7 +36,8 @@ if [ "${1:-}" != "--suite" ]; then   # (--suite: the test files alone)
 fi
 # (the machine's own packages warn at import: DeprecationWarning is not this suite's to raise)
 python3 -m pytest -q -p no:cacheprovider -p no:randomly --tb=short -rf -W ignore::DeprecationWarning \
-    -o addopts="-m 'not slow'" tests/test_route.py tests/test_devices.py tests/test_agreement.py \
+    -o addopts="-m 'not slow'" tests/test_zero_copy.py tests/test_copy_routes.py tests/test_dtypes.py \
+    tests/test_header_limits.py tests/test_plan_results.py tests/test_devices.py tests/test_agreement.py \
     tests/test_batches.py tests/test_prefetch.py tests/test_computations.py > "$out/suite.log" 2>&1 \
     || status=1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.log" | tail -40

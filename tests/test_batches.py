@@ -42,7 +42,9 @@ from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, make_
 
 
 class TestMixedLeaves:
-    """C27: tensors are converted, every other leaf is left as it is (or refused)."""
+    """A batch that mixes tensors with strings, lists and numbers (``{"image": t, "id":
+    ["a", "b"], "lr": 0.1}``, once refused whole by an error that named no field): tensors
+    are converted, every other leaf is left as it is (or refused, naming its key path)."""
 
     def batch(self, torch):
         return {"image": torch.ones(2, 3), "id": ["a", "b"], "lr": 0.1, "m": np.float32(1),
@@ -202,7 +204,8 @@ class TestKeyPaths:
 
 
 class TestJaxArrays:
-    """C24: a jax.Array is not a foreign tensor: no DLPack round trip."""
+    """A jax.Array (whose versioned capsule says READ_ONLY, so that each one was once
+    copied) is not a foreign tensor: no DLPack round trip."""
 
     def test_returned_as_it_is(self):
         j = jax.numpy.arange(1024.0)

@@ -35,7 +35,10 @@ from _helpers import aligned, buffer_pointer  # noqa: E402
 
 
 class TestForeignDevices:
-    def test_pinned_host_without_cuda(self, import_path):  # C1
+    def test_pinned_host_without_cuda(self, import_path):
+        """Pinned host memory (kDLCUDAHost) on a machine without CUDA, where plain JAX
+        fails ("Unknown backend cuda", a bare KeyError before): host-accessible, the host
+        route without a copy, and to_host a view."""
         counter = DeleterCounter()
         x = aligned([1, 2, 3, 4])
         cap = make_capsule(x, device=(D.kDLCUDAHost, 0), counter=counter)
@@ -50,7 +53,9 @@ class TestForeignDevices:
         host = to_host(make_capsule(x, device=(D.kDLCUDAHost, 0)))
         assert host.ctypes.data == x.ctypes.data and plan(x, "host").kind == "zero-copy"
 
-    def test_pinned_producer_disagreeing_header(self):  # C14
+    def test_pinned_producer_disagreeing_header(self):
+        """What a pinned torch tensor does: ``__dlpack_device__`` says kDLCUDAHost while
+        its capsule says kDLCPU. The producer's word is trusted; both are in the info."""
         p = FakeProducer(aligned([5, 6]), device=(D.kDLCUDAHost, 0), capsule_device=(D.kDLCPU, 0))
         info = dlinspect.peek(p)
         assert info.device == (D.kDLCUDAHost, 0) and info.capsule_device == (D.kDLCPU, 0)
@@ -58,7 +63,11 @@ class TestForeignDevices:
         assert all(call["stream"] is None for call in p.calls)  # pinned: stream None
 
     @pytest.mark.parametrize("device", [D.kDLOpenCL, D.kDLVulkan, D.kDLMetal, D.kDLROCM, D.kDLOneAPI])
-    def test_device_without_backend(self, device, import_path):  # C2
+    def test_device_without_backend(self, device, import_path):
+        """Memory on a device no JAX here has a backend for (OpenCL, Vulkan, Metal, ROCm,
+        oneAPI), which plain JAX refuses ("unsupported device type", "Unknown backend
+        rocm"): the producer's host copy is imported; with fallback="raise", an error that
+        names the device, the producer, the platforms here and the fix."""
         src = np.arange(6, dtype=np.float32).reshape(2, 3)
         p = FakeProducer(src, device=(device, 0))
         route = plan(p)
@@ -258,7 +267,7 @@ class TestDeviceReconciliation:
     """__dlpack_device__ and the header must agree before any memory is touched."""
 
     @pytest.mark.parametrize("said, header", [
-        ((D.kDLCPU, 0), (D.kDLCUDA, 0)),       # C18: a real library shipped this
+        ((D.kDLCPU, 0), (D.kDLCUDA, 0)),       # says CPU, header CUDA: a real library shipped this
         ((D.kDLCPU, 0), (D.kDLCPU, 1)),
         ((D.kDLCUDA, 0), (D.kDLCPU, 0)),
         ((D.kDLCUDAHost, 0), (D.kDLCUDA, 0)),
@@ -280,7 +289,10 @@ class TestDeviceReconciliation:
         gc.collect()
         assert counter.calls == len(p.calls)   # every export released, none consumed
 
-    def test_cuda_header_is_never_read_as_host_memory(self):  # C18
+    def test_cuda_header_is_never_read_as_host_memory(self):
+        """A producer that says kDLCPU while its header says kDLCUDA, with an address that
+        is no host memory (dlinspect once crashed reading it in to_jax and to_host): an
+        error naming the devices before any memory is read."""
         class Lying:
             def __dlpack_device__(self):
                 return (D.kDLCPU, 0)
@@ -292,7 +304,10 @@ class TestDeviceReconciliation:
             with pytest.raises(ProducerError, match="kDLCUDA:0"):
                 call(Lying())
 
-    def test_none_device_id_taken_from_the_header(self):  # C19 (paddlepaddle 3.3.1)
+    def test_none_device_id_taken_from_the_header(self):
+        """``__dlpack_device__`` giving the id as None, ``(kDLCPU, None)``, as paddlepaddle
+        3.3.1 does (JAX fails on every such tensor; peek and to_jax once accepted it while
+        plan and to_host refused): every function takes the id from the header."""
         x = aligned([1, 2, 3])
         p = FakeProducer(x, device=(D.kDLCPU, None))
         assert p.__dlpack_device__() == (D.kDLCPU, None)

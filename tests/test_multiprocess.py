@@ -1,5 +1,7 @@
-"""C28: two real JAX processes (jax.distributed on 127.0.0.1, CPU "gloo" collectives), each
-converting its local rows onto one global sharding (tests/multiprocess/worker.py)."""
+"""Two real JAX processes (jax.distributed on 127.0.0.1, CPU "gloo" collectives), each
+converting its local rows onto one global sharding (tests/multiprocess/worker.py): the global
+array in both, where process 1 once got an error about "devices addressable by the current
+process"."""
 
 from __future__ import annotations
 

@@ -132,7 +132,9 @@ class TestCapsules:
         assert counter.calls == 1
 
     @pytest.mark.parametrize("name", ["used_dltensor", "used_dltensor_versioned"])
-    def test_consumed_capsule(self, name):  # C10
+    def test_consumed_capsule(self, name):
+        """A capsule already consumed: peek says so and reads nothing (its address is no
+        memory)."""
         cap = make_capsule(address=0xDEAD, shape=(3,), name=name, null_deleter=True,
                            versioned=name.endswith("versioned"))
         with pytest.raises(CapsuleConsumedError, match="already took the tensor"):
@@ -140,7 +142,8 @@ class TestCapsules:
         with pytest.raises(ValueError):
             peek(cap)
 
-    def test_really_consumed_numpy_capsule(self):  # C10 with a real producer
+    def test_really_consumed_numpy_capsule(self):
+        """The same with NumPy's own capsule, consumed by numpy.from_dlpack."""
         x = np.arange(3.0)
 
         class Holder:
@@ -291,34 +294,39 @@ class TestNumpy:
             assert info.version is None and info.source == "dltensor"
         assert info.data_ptr == x.ctypes.data and info.nbytes == 48
 
-    def test_transpose_is_compact_not_c(self):  # C13
+    def test_transpose_is_compact_not_c(self):
         info = peek(np.ones((2, 3)).T)
         assert info.strides == (1, 3) and info.is_f_contiguous and info.is_compact
         assert not info.is_c_contiguous
 
-    def test_slice_with_gap(self):  # C3
+    def test_slice_with_gap(self):
+        """A column slice with gaps between its rows, which JAX refuses: not compact."""
         info = peek(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])
         assert info.strides == (3, 1) and not info.is_compact and not info.is_c_contiguous
         assert not info.has_broadcast and not info.has_negative_strides
 
-    def test_broadcast(self):  # C4
+    def test_broadcast(self):
+        """np.broadcast_to's stride-0 array, which NumPy will not export (it is read-only)
+        and JAX refuses: peek reports the broadcast."""
         info = peek(np.broadcast_to(np.float32(7), (3, 4)))
         assert info.strides == (0, 0) and info.has_broadcast and not info.is_compact
         assert info.read_only is True
 
-    def test_negative_strides(self):  # C5
+    def test_negative_strides(self):
         x = np.arange(8, dtype=np.float32)[::-1]
         info = peek(x)
         assert info.strides == (-1,) and info.has_negative_strides and not info.is_compact
         assert info.data_ptr == x.ctypes.data
 
-    def test_read_only(self):  # C6
+    def test_read_only(self):
+        """A read-only NumPy array, which NumPy refuses to export to JAX: peek describes
+        it, with read_only=True."""
         x = np.ones(3)
         x.flags.writeable = False
         info = peek(x)   # (NumPy < 2.1 cannot export it: dlinspect describes it itself)
         assert info.read_only is True and info.version in ((1, 0), (1, 3))
 
-    def test_bool(self):  # C8
+    def test_bool(self):
         info = peek(np.array([True, False]))
         assert info.dtype_name == "bool" and info.dtype == (C.kDLBool, 8, 1)
 
@@ -327,7 +335,8 @@ class TestNumpy:
         info = peek(np.empty((0, 3), np.int16))
         assert info.size == 0 and info.is_c_contiguous and info.is_f_contiguous
 
-    def test_bare_capsule(self):  # C11
+    def test_bare_capsule(self):
+        """A bare capsule, no ``__dlpack_device__`` to ask: the device is the header's."""
         info = peek(np.arange(3.0).__dlpack__())
         assert info.device == (D.kDLCPU, 0) and info.capsule_name == "dltensor"
 
@@ -346,15 +355,17 @@ class TestTorch:
         lambda torch: torch.ones(3, 4).t(),
         lambda torch: torch.zeros(2, 3, 4).permute(2, 0, 1),
     ])
-    def test_permutations_are_compact(self, torch, make):  # C13
+    def test_permutations_are_compact(self, torch, make):
         info = peek(make(torch))
         assert info.is_compact and not info.is_c_contiguous
 
-    def test_expand_is_broadcast(self, torch):  # C4
+    def test_expand_is_broadcast(self, torch):
         info = peek(torch.tensor([1.0, 2.0]).expand(3, 2))
         assert info.strides == (0, 1) and info.has_broadcast
 
-    def test_bool_bfloat16_float8(self, torch):  # C8, C9
+    def test_bool_bfloat16_float8(self, torch):
+        """The names of dtypes other consumers refused: bool (older ones), bfloat16 and
+        float8_e4m3fn (numpy.from_dlpack)."""
         assert peek(torch.tensor([1, 2, 3]) > 2).dtype_name == "bool"
         assert peek(torch.arange(3, dtype=torch.bfloat16)).dtype_name == "bfloat16"
         if torch_exports_float8():   # torch 2.3: "float8 types are not supported by dlpack"
@@ -371,7 +382,7 @@ class TestTorch:
         assert torch.from_dlpack(cap).sum().item() == 15.0
 
     def test_requires_grad_is_described(self, torch):
-        # The exchange API describes it; routing decides (see test_route). Without the
+        # The exchange API describes it; routing decides (see test_producers.py). Without the
         # API, peek has only torch's __dlpack__, which refuses it.
         if torch_exchange_api():
             assert peek(torch.ones(2, requires_grad=True)).shape == (2,)
@@ -388,7 +399,9 @@ class TestJax:
 
 
 class TestProducers:
-    def test_dlpack_device_wins_and_capsule_device_is_kept(self):  # C14, C1
+    def test_dlpack_device_wins_and_capsule_device_is_kept(self):
+        """A pinned torch tensor's way: ``__dlpack_device__`` says kDLCUDAHost, the
+        capsule kDLCPU. Pinned memory is host-accessible, and the capsule's device kept."""
         p = FakeProducer(np.ones(3, np.float32), device=(D.kDLCUDAHost, 0), capsule_device=(D.kDLCPU, 0))
         info = peek(p)
         assert info.device == (D.kDLCUDAHost, 0) and info.capsule_device == (D.kDLCPU, 0)
@@ -402,7 +415,7 @@ class TestProducers:
         assert info.capsule_name == "dltensor" and len(p.calls) == 1
         assert p.counter.calls == 1
 
-    def test_producer_refusal_keeps_reason(self):  # C17
+    def test_producer_refusal_keeps_reason(self):
         p = FakeProducer(np.ones(3), refuse="Can't export tensors that require gradient, use tensor.detach()")
         with pytest.raises(ProducerError, match=r"require gradient.*detach\(\)") as err:
             peek(p)
@@ -414,7 +427,8 @@ class TestProducers:
         with pytest.raises(TypeError):
             peek(object())
 
-    def test_vulkan_producer(self):  # C2
+    def test_vulkan_producer(self):
+        """Memory on a device no JAX backend serves (Vulkan): described, not host memory."""
         info = peek(FakeProducer(np.ones((2, 2), np.float32), device=(D.kDLVulkan, 1)))
         assert info.device == (D.kDLVulkan, 1) and not info.host_accessible
 

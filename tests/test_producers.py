@@ -37,7 +37,10 @@ from _versions import (  # noqa: E402
 class TestProducerErrors:
     """Any exception a producer raises becomes a ProducerError with its own words."""
 
-    def test_torch_refusals(self, torch):  # C17
+    def test_torch_refusals(self, torch):
+        """torch refuses a tensor that requires grad, a conjugated one and a sparse one
+        with its own BufferError: the error keeps torch's reason and adds what to do
+        (detach(), resolve_conj(), to_dense())."""
         with pytest.raises(ProducerError, match=r"(?s)require gradient.*\.detach\(\)") as err:
             to_jax(torch.ones(2, requires_grad=True))
         # torch's own type: BufferError (RuntimeError before torch 2.4), kept as the cause
@@ -56,7 +59,10 @@ class TestProducerErrors:
                                      RuntimeError("bad"), ValueError("no"), KeyError("k"),
                                      type("ArrowTypeError", (TypeError,), {})("only arrays with no nulls"),
                                      type("Custom", (Exception,), {})("custom words")])
-    def test_any_exception_type(self, exc):  # C20
+    def test_any_exception_type(self, exc):
+        """A refusal of any exception type (pyarrow raises ArrowTypeError, a TypeError, for
+        an array with nulls, once raised as it was after a second call without keywords):
+        a ProducerError keeping the producer's words, plan's kind "error", one call."""
         p = FakeProducer(np.ones(3, np.float32), refuse=exc)
         for call in (dlinspect.peek, to_jax, to_host):
             with pytest.raises(ProducerError) as err:
@@ -184,7 +190,9 @@ class TestProducerErrors:
             with pytest.raises(ProducerError, match="not a PyCapsule"):
                 call(ReturnsNone())
 
-    def test_lazy_negation_on_every_path(self, torch):  # C21
+    def test_lazy_negation_on_every_path(self, torch):
+        """torch's lazy negative bit (``_neg_view()``, on a subclass too), whose values
+        to_jax once returned un-negated: refused, saying resolve_neg(), on every path."""
         class Sub(torch.Tensor):
             pass
 
@@ -199,7 +207,7 @@ class TestProducerErrors:
             assert plan(t).kind == "error"
         assert to_jax(plain.resolve_neg()).tolist() == [-float(i) for i in range(16)]
 
-    def test_lazy_negation_with_a_pinned_capable_producer(self, torch, monkeypatch):  # C21
+    def test_lazy_negation_with_a_pinned_capable_producer(self, torch, monkeypatch):
         """The guard holds when __dlpack_device__ is asked too (a pinned-capable torch)."""
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         _core._TYPES.clear()
@@ -220,7 +228,9 @@ class TestProducerErrors:
         with pytest.raises(NotDLPackError):
             to_jax(np.ndarray, leaves="raise")
 
-    def test_consumed_capsule(self):  # C10
+    def test_consumed_capsule(self):
+        """A capsule some consumer already took (used_dltensor), on which consumers raised
+        assorted errors or crashed: every route says it was consumed, reading nothing."""
         cap = make_capsule(address=0x1000, shape=(3,), name="used_dltensor", null_deleter=True,
                            versioned=False)
         for fn in (to_jax, to_host):
@@ -249,7 +259,11 @@ class TestProducerErrors:
         assert refused.startswith("<no header") and "ProducerError" in refused
 
 
-class TestLifetimes:  # C12
+class TestLifetimes:
+    """The producer's deleter runs exactly once on every route (zero-copy, copy, host,
+    error) and never during peek: consumers have leaked capsules (never calling it) and
+    crashed (calling it twice)."""
+
     def _capsule(self, counter, **kw):
         return make_capsule(aligned([1, 2, 3, 4]), counter=counter, **kw)
 
@@ -407,7 +421,9 @@ class TestProducerProtocol:
         to_jax(p)
         assert p.calls == [{"stream": None, "max_version": (1, 3)}]
 
-    def test_batch_dict(self, torch):  # C16
+    def test_batch_dict(self, torch):
+        """A torch DataLoader's batch, ``{"x": float32, "y": bool, "idx": int64}``, becomes
+        the same dict of jax arrays, with no tree walk of one's own around from_dlpack."""
         batch = {"x": torch.randn(4, 8), "y": torch.tensor([True, False, True, False]),
                  "idx": torch.arange(4)}
         with pytest.warns(DLInspectWarning, match="int64"):

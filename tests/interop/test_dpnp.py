@@ -37,7 +37,7 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
           "float16", "float32", "float64", "complex64", "complex128"]
 NARROWED = {"int64", "uint64", "float64", "complex128"}
 
-# Formerly FAULT F2 (issue 12's interop notes): plan(x).warning was None on a host-fallback
+# A regression guarded here: plan(x).warning was None on a host-fallback
 # route while to_jax warned DLInspectWarning for the narrowing; check() asserts they agree.
 
 

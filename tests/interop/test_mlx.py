@@ -146,7 +146,7 @@ def test_sharded_agrees_with_plan(sharded):
     assert [c["raised"] for c in sharded if c["copy"] is False] == ["CopyRequiredError"] * 2
 
 
-# Formerly FAULT F4: the CopyRequiredError described one (4, 4) shard of the (16, 4)
+# A regression guarded here: the CopyRequiredError described one (4, 4) shard of the (16, 4)
 # tensor, without saying it was a shard.
 def test_sharded_copy_error_names_the_tensor(sharded):
     for case in sharded:

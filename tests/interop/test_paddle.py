@@ -83,7 +83,7 @@ def test_requires_grad_refused_by_paddle():
     record_jax("paddle", "requires grad", x, dlinspect.plan(x).kind)
 
 
-# Formerly FAULT F1: dlinspect took such a tensor through paddle's C exchange API, which
+# A regression guarded here: dlinspect took such a tensor through paddle's C exchange API, which
 # makes none of __dlpack__'s refusals (the guards existed for torch only).
 def test_requires_grad_is_a_producer_error():
     x = paddle.to_tensor(np.ones(3, np.float32), stop_gradient=False)

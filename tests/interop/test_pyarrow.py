@@ -103,7 +103,7 @@ def test_refusals_are_producer_errors(case, words, hint):
     assert outcome[0] == "raised"
 
 
-# Formerly FAULT F3: the generic hint named .cpu() and .contiguous() for a dtype refusal
+# A regression guarded here: the generic hint named .cpu() and .contiguous() for a dtype refusal
 # (found on date32, which is now a non-numeric leaf: decimals are numbers DLPack lacks).
 def test_type_refusal_hint_fits_pyarrow():
     with pytest.raises(dlinspect.ProducerError) as info:
