@@ -15,11 +15,13 @@ import dlinspect  # noqa: E402
 from dlinspect import CopyRequiredError, DLInspectWarning, Need, plan, to_jax  # noqa: E402
 from dlinspect import _core  # noqa: E402
 from dlinspect._core import capsule_name  # noqa: E402
-from dlinspect._options import COPY_NEVER  # noqa: E402
+from dlinspect._core import check_options  # noqa: E402
 from dlinspect.testing import DeleterCounter, aligned_empty, make_capsule  # noqa: E402
 from _helpers import aligned, buffer_pointer, read_only, target  # noqa: E402
 from _computations import assert_computes_like  # noqa: E402
 from _versions import enable_x64  # noqa: E402
+
+COPY_NEVER = check_options(copy=False)
 
 
 class TestCopies:
