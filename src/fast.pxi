@@ -60,6 +60,8 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
     d.cap = _take_ref(p)
     try:
         _decide_header(d, x, tg, target, opts, aliased, reuse)
+        if entry is None and d.route is not None and (<Route>d.route).problem == "unmapped":
+            _peek_capsule(x)   # (memory freed by a thread that consumed it since: that error)
     except BaseException:
         d = None   # (see _convert)
         raise

@@ -166,7 +166,7 @@ def _stage_types() -> tuple[type, type]:
     ``converted``); state and checkpoints are the parent's."""
     grain = importlib.import_module("grain")
 
-    class ToJaxIterator(grain.DatasetIterator):   # type: ignore[misc, name-defined]
+    class ToJaxIterator(grain.DatasetIterator):   # type: ignore[misc, name-defined, unused-ignore]
         def __init__(self, parent: Any, to_jax: _ToJax) -> None:
             super().__init__(parent)
             self._to_jax = to_jax
@@ -183,7 +183,7 @@ def _stage_types() -> tuple[type, type]:
         def __str__(self) -> str:
             return f"ToJaxIterator({self._to_jax!r})"
 
-    class ToJaxDataset(grain.IterDataset):   # type: ignore[misc, name-defined]
+    class ToJaxDataset(grain.IterDataset):   # type: ignore[misc, name-defined, unused-ignore]
         def __init__(self, parent: Any, to_jax: _ToJax) -> None:
             super().__init__(parent)
             self._to_jax = to_jax

@@ -61,11 +61,14 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
     ------
     ValueError
         An unknown suite name.
+    ImportError
+        jax is not installed (before anything runs).
     """
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         raise ValueError(f"unknown suite(s) {unknown}; choose from {list(SUITES)}")
+    importlib.import_module("jax")   # (every suite converts into JAX: ImportError before any line)
     estimate = sum(TYPICAL_SECONDS[name][0 if quick else 1] for name in names)
     bar = _progress(names, quick, estimate) if progress else None
     start = time.perf_counter()

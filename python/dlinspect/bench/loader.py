@@ -109,7 +109,7 @@ def _iterate(method: str, batches: Any, sharding: Any = None) -> Any:
 
 
 #: The methods of the by-source table, each converting a (images, labels) batch.
-SOURCE_METHODS = {
+SOURCE_METHODS: dict[str, Callable[[Any], Any]] = {
     "to_jax loop": dlinspect.to_jax,
     "jnp.asarray loop": lambda b: [jnp.asarray(leaf.numpy()) for leaf in b],
     "jax.device_put loop": lambda b: [jax.device_put(leaf.numpy()) for leaf in b]}
