@@ -1,8 +1,8 @@
 # cython: language_level=3, freethreading_compatible=False, embedsignature=True, embedsignature.format=clinic
-"""dlinspect._core: the one export, the header, the one decision, the fast path.
+"""dlinspect._core: the one export, the header, the options, the one verdict, the fast path.
 
 One concern per included file, in the order of the includes below. Below the core stand
-dlinspect.errors, _options, _tree, _tables, _words and _jaxcaps (what the installed JAX
+dlinspect.errors, _options (the option values' types), _tree, _tables, _words and _jaxcaps (what the installed JAX
 takes, probed with the core's capsule functions, handed to it as arguments); they import
 nothing of the core, and it never reaches up. Pointers: ``dlm`` a ``DLManagedTensor*``,
 ``dlm_ver`` a ``DLManagedTensorVersioned*``, ``t`` a ``DLTensor*``.

@@ -16,13 +16,13 @@ cdef class _Part:
     cdef list keys, leaves, out
     cdef Options opts
     cdef Py_ssize_t offset   # its first leaf's index among the batch's
-    # owned: the leaves proven to own their memory (own.pxi), the batch's; None: every
+    # owned: the ids of the leaves proven to own their memory (own.pxi), the batch's; None: every
     # leaf is taken as it is (no proof asked: copy given, or a tensor given alone).
-    cdef _Owned owned
+    cdef set owned
 
     cdef bint aliased(self, object leaf) except -1:
         """``leaf`` is a tensor the batch is not proven to own the memory of (Need.ALIASED)."""
-        return self.owned is not None and not self.owned.has(leaf)
+        return self.owned is not None and _key(leaf) not in self.owned
 
     cdef str keystr(self, Py_ssize_t i):
         """Leaf ``i``'s key path, as ``jax.tree_util.keystr`` writes it (the prefix first)."""
@@ -62,7 +62,7 @@ cdef _Part _part(x, tuple prefix, Options opts, bint planned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, _Owned owned=None):
+cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=None):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding

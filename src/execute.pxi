@@ -7,7 +7,9 @@ cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     if d.verdict == _V_PASS:
         return x
     if d.split is not None:
-        return _split_again(d.cap, d.info, d.split, tg)
+        s = <_SplitViews>d.split
+        return _split_import(d.cap, d.info, s.parts, s.devices, s.sharding, tg,
+                             (<TensorInfo>d.info)._ptr() - s.whole._ptr(), s.aval)
     if d.verdict == _V_ROUTE:
         return _execute(d.route, d.cap, x, tg, opts, prepared)
     cdef TensorInfo info = d.info

@@ -2,6 +2,7 @@
 # taken) and the fast path that executes a verdict without building a Route.
 
 @cython.final
+@cython.no_gc
 @cython.freelist(8)
 cdef class _Leaf:
     """One tensor's decision (a batch's leaf's, or a lone tensor's): what runs, before
@@ -109,11 +110,12 @@ cdef Route _route_of(_Leaf d, x, JaxTarget tg, str target, Options opts, bint al
 
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
-                          JaxTarget tg):
+                          JaxTarget tg, uintptr_t delta=0, aval=None):
     """Consume ``cap`` into one owner and put each slice of a one-pass split on its device:
     viewed where it needs nothing but VIA_CPU, else copied in C (narrowed, warned before),
     by one batched put where it views them all, else imported and assembled. The deleter
-    runs when the last view dies; a legacy capsule is imported writable."""
+    runs when the last view dies; a legacy capsule is imported writable. A split viewed
+    again: ``delta`` bytes from the tensor it was decided for, ``aval`` its put's."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
@@ -129,7 +131,7 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     try:
         for (part, n), device in zip(parts, devices):
             if n & ~NEED_VIA_CPU == 0:
-                arrays.append(_view_of(owner, part, writeable) if by_put else
+                arrays.append(_view_of(owner, part, writeable, delta) if by_put else
                               import_capsule(tg.import_fn, view_capsule(owner, part), device,
                                              None, None, kDLCPU))
             else:
@@ -137,10 +139,11 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
                 _fill(copy, part)
                 arrays.append(copy if by_put else _put_host(tg, copy, device, True))
                 del copy
-        if by_put:   # (devices: the sharding's addressable ones, in its own order)
-            return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
-                                          sharding), sharding, arrays, devices, True)
-        return tg.assemble(info.shape, sharding, devices, arrays)
+        if not by_put:
+            return tg.assemble(info.shape, sharding, devices, arrays)
+        if aval is None:
+            aval = tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8), sharding)
+        return tg.put(aval, sharding, arrays, devices, True)   # (the sharding's devices, in order)
     except BaseException:
         arrays = None
         _untake(owner, cap)   # a failed split consumes nothing
@@ -154,9 +157,8 @@ cdef class _SplitViews:
     """A zero-copy split kept for the next tensor of this header and sharding (a loader's every
     step: deciding again costs more than the put), at its address; it holds no tensor."""
     cdef TensorInfo whole     # the first tensor's header
-    cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
+    cdef list parts, devices  # (parts: each slice's (header, needs), at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
-    cdef cnp.dtype descr
 
 
 _split_views = {}   # _split_key(...) -> _SplitViews; a module global (tests start it afresh)
@@ -193,26 +195,7 @@ cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliase
         if n & ~NEED_VIA_CPU or not _viewable_by_put(part, tg):
             return 0
     cdef _SplitViews s = _SplitViews.__new__(_SplitViews)
-    s.whole, s.devices, s.sharding = info, f["devices"], f["sharding"]
-    s.parts = [part for part, _ in parts]
-    s.descr = _numpy_dtype(info._code, info._bits)
-    s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
+    s.whole, s.parts, s.devices, s.sharding = info, parts, f["devices"], f["sharding"]
+    s.aval = tg.sharded_aval(info.shape, _numpy_dtype(info._code, info._bits), s.sharding)
     _remember(_split_views, _split_key(info, opts, aliased, tg), s, 256)
     return 0
-
-
-cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget tg):
-    """Put ``s``'s slices, viewed at ``info``'s address, from ``cap`` (a failed put takes none)."""
-    cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
-    cdef bint writeable = info.read_only is not True
-    cdef TensorInfo part
-    owner = take(cap)
-    try:
-        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
-                           part._strides, part._bits // 8, s.descr, writeable)
-                  for part in s.parts]
-        return tg.put(s.aval, s.sharding, arrays, s.devices, True)
-    except BaseException:
-        arrays = None
-        _untake(owner, cap)
-        raise

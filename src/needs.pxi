@@ -1,4 +1,5 @@
-# needs.pxi: the one decision: what a TensorInfo needs to reach JAX or NumPy, as bits.
+# needs.pxi: what a TensorInfo needs to reach JAX or NumPy, as bits: the facts the verdict
+# (routes.pxi) is decided from.
 
 import functools as _functools
 

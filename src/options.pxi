@@ -1,15 +1,17 @@
 # options.pxi: the caller's options, checked once into one object every decision reads.
 
+from typing import get_args as _get_args
 from dlinspect import _options as _options_module
 
-# The values of each string option (dlinspect._options spells them for type checkers).
-cdef dict _CHOICES = {"fallback": ("host", "raise"), "readonly": ("copy", "share"),
-                      "leaves": ("keep", "raise"), "narrow": ("warn", "ok")}
+# The options, in to_jax's order; the values of each string one: dlinspect._options's type.
+cdef tuple _FIELDS = ("device", "copy", "sharding", "fallback", "readonly", "leaves", "narrow")
+cdef dict _CHOICES = {name: _get_args(getattr(_options_module, kind)) for name, kind in zip(
+    _FIELDS[3:], ("Fallback", "ReadOnly", "Leaves", "Narrow"))}
 
 
 @cython.final
 cdef class Options:
-    """The options of :func:`to_jax` (:func:`plan`, a loader), checked by :func:`options`.
+    """The options of :func:`to_jax` (:func:`plan`, a loader), checked by :func:`check_options`.
 
     ``device`` is the one destination device (a single-device sharding resolved), never
     with ``sharding``; ``committed``: the caller named a device or a sharding, so the array
@@ -30,11 +32,7 @@ cdef class Options:
 
     def replaced(self, **changes):
         """A copy with ``changes`` (committed follows device and sharding unless given)."""
-        fields = dict(device=self.device, copy=self.copy, sharding=self.sharding,
-                      fallback=self.fallback, readonly=self.readonly, leaves=self.leaves,
-                      narrow=self.narrow)
-        fields.update(changes)
-        return Options(**fields)
+        return Options(**{**{name: getattr(self, name) for name in _FIELDS}, **changes})
 
     def placed(self, device=None, sharding=None):
         """Onto ``device`` or ``sharding``, committed there (None and None: nowhere named)."""
@@ -52,21 +50,15 @@ cdef class Options:
 
     def given(self):
         """``name=value`` of each option not at its default, in the order of to_jax's."""
-        values = (self.device, self.copy, self.sharding, self.fallback, self.readonly,
-                  self.leaves, self.narrow)
-        return [f"{name}={value!r}" for (name, default), value in zip(_DEFAULT_VALUES.items(), values)
-                if value != default]
+        return [f"{name}={getattr(self, name)!r}" for name in _FIELDS
+                if getattr(self, name) != getattr(DEFAULT, name)]
 
     def __repr__(self):
         return f"Options({', '.join(self.given())})"
 
     def __reduce__(self):
-        return (Options, (self.device, self.copy, self.sharding, self.fallback, self.readonly,
-                          self.leaves, self.narrow, self.committed))
+        return Options, tuple(getattr(self, name) for name in _FIELDS) + (self.committed,)
 
-
-cdef dict _DEFAULT_VALUES = dict(device=None, copy=None, sharding=None, fallback="host",
-                                 readonly="copy", leaves="keep", narrow="warn")
 
 #: Every option at its default (to_jax's fast path compares by identity).
 DEFAULT = Options()

@@ -66,49 +66,6 @@ cdef inline object _key(object v):
     return <Py_ssize_t><void*>v
 
 
-cdef enum:
-    _OWNED_INLINE = 64   # leaves an _Owned holds in its own array (more: in a set too)
-
-
-@cython.final
-@cython.freelist(4)
-cdef class _Owned:
-    """The proof's answer: the tensor leaves of a batch proven to own their memory, by
-    address (an object stays at one while the batch holds it); a leaf not in it is copied."""
-    cdef uintptr_t at[_OWNED_INLINE]
-    cdef Py_ssize_t n
-    cdef set more        # the keys past the first _OWNED_INLINE (None until then)
-
-    cdef int add(self, object v) except -1:
-        if self.n < _OWNED_INLINE:
-            self.at[self.n] = <uintptr_t><void*>v
-            self.n += 1
-            return 0
-        if self.more is None:
-            self.more = set()
-        self.more.add(_key(v))
-        return 0
-
-    cdef bint has(self, object v) except -1:
-        cdef uintptr_t p = <uintptr_t><void*>v
-        cdef Py_ssize_t i
-        for i in range(self.n):
-            if self.at[i] == p:
-                return True
-        return self.more is not None and _key(v) in self.more
-
-    cdef int drop(self, list keys) except -1:
-        """Take the leaves of ``keys`` (their ids) out."""
-        cdef Py_ssize_t i
-        for key in keys:
-            for i in range(self.n):
-                if self.at[i] == <uintptr_t><Py_ssize_t>key:
-                    self.at[i] = 0
-            if self.more is not None:
-                self.more.discard(key)
-        return 0
-
-
 @cython.final
 @cython.freelist(4)
 cdef class _Owners:
@@ -116,7 +73,7 @@ cdef class _Owners:
     # the key of each tensor leaf met, once per slot that holds it, from the first object
     # counted on (the leaves a counted object leads to are met after it)
     cdef list leaves
-    cdef _Owned owned    # each leaf whose memory is proven its own
+    cdef set owned       # the key of each leaf whose memory is proven its own
     # key -> [object, slots holding it, references the walk's own lists hold, keys of the
     # leaves it leads to, walked]: each object met whose references are not one slot's
     # alone (None until one is met).
@@ -159,7 +116,7 @@ cdef class _Owners:
         cdef int guard = _tensor_guard(v)
         if guard != _NOT_A_TENSOR:
             if self.memory(v, guard):
-                self.owned.add(v)
+                self.owned.add(_key(v))
             if self.counted is not None:   # (what a counted container leads to)
                 self.leaves.append(_key(v))
             return 0
@@ -324,11 +281,11 @@ cdef Py_ssize_t _namespace_refs(object ns, object obj, list spaces) except -1:
     return m
 
 
-cdef _Owned _prove(object x, Py_ssize_t held, bint own_frame):
-    """Batch ``x``'s tensor leaves proven to own their memory; ``held``:
+cdef set _prove(object x, Py_ssize_t held, bint own_frame):
+    """The keys of batch ``x``'s tensor leaves proven to own their memory; ``held``:
     the references the core's caller holds to ``x`` (a Python caller's stack, or a loader's
     variable); ``own_frame``: the calling frame's variables are the caller's own."""
-    cdef _Owned owned = _Owned.__new__(_Owned)
+    cdef set owned = set()
     if not _EXACT_COUNTS:
         return owned
     if Py_REFCNT(x) != held and (
@@ -338,7 +295,7 @@ cdef _Owned _prove(object x, Py_ssize_t held, bint own_frame):
     w.leaves, w.owned = [], owned
     w.node(x, 0)
     if w.deep:
-        return _Owned.__new__(_Owned)
+        return set()
     if w.counted is None:
         return owned
     cdef list entry
@@ -350,7 +307,7 @@ cdef _Owned _prove(object x, Py_ssize_t held, bint own_frame):
         if extra > 0 and own_frame:
             extra = _unexplained(obj, extra)
         if extra != 0:
-            owned.drop(entry[3])
+            owned.difference_update(entry[3])
     return owned
 
 
@@ -368,7 +325,7 @@ cdef Py_ssize_t _core_held() except -1:
     return _CORE_HELD
 
 
-cdef _Owned _owned(object x, opts, Py_ssize_t held):
+cdef set _owned(object x, Options opts, Py_ssize_t held):
     """The proof's answer for batch ``x`` under ``opts`` (see _prove), or None where none is
     asked: ``copy`` given, or a tensor a Python caller gives alone (DLPack's consumer
     contract). ``held``: the references a loader holds to ``x``; -1: a Python caller's call,

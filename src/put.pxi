@@ -4,6 +4,7 @@
 # so that a jitted function fed both compiles once.
 
 from cpython.object cimport PyTypeObject
+import atexit as _atexit
 
 cdef extern from "numpy/arrayobject.h":
     # (numpy's own .pxd leaves it out) Steals a reference to ``descr``.
@@ -40,8 +41,9 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
     return arr
 
 
-cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one lane an element)
-    return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
+cdef object _view_of(object owner, TensorInfo info, bint writeable, uintptr_t delta=0):
+    """A NumPy view of ``info``'s memory (one lane an element), ``delta`` bytes on."""
+    return _ndarray(owner, <void*>(info._ptr() + delta), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
@@ -95,19 +97,54 @@ cdef struct _Worker:   # one C thread that copies the first half of a large copy
     # done: released by the worker when its half is written.
     PyThread_type_lock busy, go, done
     # pid: the process it was started in; failed_pid: a process where it could not be started
-    # (not tried again).
+    # or was stopped (not tried again).
     long pid, failed_pid
+    bint stop   # the job handed over is to end the thread (interpreter exit)
 
 
 cdef _Worker _worker
 _worker.pid = _worker.failed_pid = -1
-cdef int _CORES = (len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
-                   else _os.cpu_count() or 1)
+
+
+def cgroup_cpus(str root="/sys/fs/cgroup"):
+    """The CPUs the CPU quota of this process's cgroup allows (cgroup v2's ``cpu.max``, else
+    v1's ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), rounded up; None where none is set."""
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(f"{root}/{quota_file}") as f:
+                words = f.read().split()
+            if period_file is not None:
+                with open(f"{root}/{period_file}") as f:
+                    words.append(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if len(words) == 2 and words[0] not in ("max", "-1"):
+            return max(1, -(-int(words[0]) // int(words[1])))
+        return None
+    return None
+
+
+def copy_threads():
+    """The threads a large copy runs on (1 or 2): ``DLINSPECT_COPY_THREADS`` where it is set
+    to 1 or 2; else 2 where this process may use two CPUs or more (its CPU affinity and its
+    cgroup's CPU quota), else 1."""
+    asked = _os.environ.get("DLINSPECT_COPY_THREADS")
+    if asked in ("1", "2"):
+        return int(asked)
+    cpus = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else _os.cpu_count() or 1
+    quota = cgroup_cpus()
+    return 2 if min(cpus, quota or cpus) >= 2 else 1
+
+
+cdef int _COPY_THREADS = copy_threads()
 
 
 cdef void _worker_loop(void* unused) noexcept nogil:
     while True:
         PyThread_acquire_lock(_worker.go, WAIT_LOCK)
+        if _worker.stop:
+            PyThread_release_lock(_worker.done)
+            return
         dl_gather_part(_worker.job.dst, _worker.job.src, _worker.job.ndim, _worker.job.shape,
                        _worker.job.strides, _worker.job.size, _worker.job.cast,
                        _worker.job.fresh, 0, 2)
@@ -128,6 +165,7 @@ cdef bint _worker_started():
         PyThread_acquire_lock(locks[1], WAIT_LOCK)
         PyThread_acquire_lock(locks[2], WAIT_LOCK)
         _worker.busy, _worker.go, _worker.done = locks[0], locks[1], locks[2]
+        _worker.stop = False
         if PyThread_start_new_thread(_worker_loop, NULL) != -1:
             _worker.pid = pid
             return True
@@ -138,11 +176,26 @@ cdef bint _worker_started():
     return False
 
 
+def _stop_worker():
+    """At interpreter exit: the worker (of this process) ends, after any copy in flight."""
+    if _worker.pid != _os.getpid():
+        return
+    with nogil:
+        PyThread_acquire_lock(_worker.busy, WAIT_LOCK)
+        _worker.stop = True
+        PyThread_release_lock(_worker.go)
+        PyThread_acquire_lock(_worker.done, WAIT_LOCK)   # (it has left its loop)
+    _worker.failed_pid, _worker.pid = _worker.pid, -1   # (not started again)
+
+
+_atexit.register(_stop_worker)
+
+
 cdef int _fill(object out, TensorInfo info) except -1:
     """Copy ``info``'s host memory into ``out`` (row-major, its shape) in C without the GIL
     (include/dlinspect/copy.h): the bytes as they are, or narrowed as NumPy's unsafe cast and
-    JAX's x64 mode do. From DL_COPY_PARALLEL_MIN bytes, with several cores, a worker thread
-    copies one half. The memory must be the caller's while this runs."""
+    JAX's x64 mode do. From DL_COPY_PARALLEL_MIN bytes, with two threads (copy_threads), a
+    worker thread copies one half. The memory must be the caller's while this runs."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
     cdef size_t dst_bytes = <size_t>info.size * dst_size
@@ -151,7 +204,7 @@ cdef int _fill(object out, TensorInfo info) except -1:
         cast = (DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat
                 else DL_COPY_U64_U32)
     cdef const char* src = <const char*>info._ptr()
-    cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _CORES > 1 and _worker_started()
+    cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _COPY_THREADS > 1 and _worker_started()
                         and PyThread_acquire_lock(_worker.busy, NOWAIT_LOCK))
     cdef bint fresh
     with nogil:   # (not halves: small, or the worker copies another thread's half)

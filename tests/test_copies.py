@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -125,3 +126,55 @@ def test_large_copies_from_many_threads_at_once():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(_large_copy_checked, range(12)))
 
+
+
+@pytest.mark.parametrize("files, cpus", [
+    ({"cpu.max": "150000 100000\n"}, 2),   # cgroup v2: 1.5 CPUs of quota
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu.max": "max 100000\n"}, None),   # no quota
+    ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4),   # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),   # no cgroup file at all (macOS, Windows, a bare process)
+])
+def test_the_cpu_quota_a_container_sets(tmp_path, files, cpus):
+    from dlinspect._core import cgroup_cpus
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpus(str(tmp_path)) == cpus
+
+
+_THREADS_OF_A_LARGE_COPY = """
+import os, sys, numpy as np, dlinspect
+from dlinspect._core import copy_threads
+def threads():
+    return len(os.listdir("/proc/self/task"))
+x = (np.arange(1 << 22, dtype=np.float32) % 251).reshape(2048, 2048).T   # 16 MiB, copied
+before = threads()
+y = dlinspect.to_jax(x)
+assert np.array_equal(np.asarray(y + 0), x)
+print(copy_threads(), threads() - before)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.parametrize("asked", ["1", "2"])
+def test_copy_threads_as_asked_and_stopped_at_exit(asked):
+    """DLINSPECT_COPY_THREADS=1 copies on the caller's thread alone (no worker started), 2
+    with one worker thread; either way the process ends at once (the worker stopped at
+    exit) with the values right."""
+    import subprocess
+    import sys
+    env = dict(os.environ, DLINSPECT_COPY_THREADS=asked, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads, started = map(int, proc.stdout.split()[-2:])
+    assert threads == int(asked)
+    assert started >= threads - 1   # (jax may start threads of its own on the first put)
+    if asked == "1":
+        # the same copy with the worker allowed starts one thread more than without it
+        env["DLINSPECT_COPY_THREADS"] = "2"
+        two = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert int(two.stdout.split()[-1]) == started + 1, (two.stdout, proc.stdout)
