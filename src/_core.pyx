@@ -39,7 +39,9 @@ cdef extern from "Python.h":
     void PyErr_Clear()
     Py_ssize_t PyTuple_GET_SIZE(object t)
     bint PyIndex_Check(object o)
-    PyObject* PyEval_GetFrame()   # (borrowed; NULL on a thread C started, running no Python)
+    ctypedef struct PyFrameObject:
+        pass
+    PyFrameObject* PyEval_GetFrame()   # (borrowed; NULL on a thread C started, running no Python)
 
 cdef extern from "dlinspect/copy.h":
     ctypedef enum dl_copy_cast:

@@ -23,10 +23,10 @@
 from cpython.ref cimport Py_REFCNT
 
 cdef extern from "Python.h":
-    object PyFrame_GetLocals(object frame)   # (a module's or class body's: its namespace)
-    object PyFrame_GetCode(object frame)
-    PyObject* PyFrame_GetBack(PyObject* frame)   # (a new reference; NULL: the outermost)
-    int PyFrame_GetLasti(PyObject* frame)
+    object PyFrame_GetLocals(PyFrameObject* frame)   # (a module's or class body's: its namespace)
+    object PyFrame_GetCode(PyFrameObject* frame)
+    PyFrameObject* PyFrame_GetBack(PyFrameObject* frame)   # (a new reference; NULL: the outermost)
+    int PyFrame_GetLasti(PyFrameObject* frame)
     int PY_VERSION_HEX
 
 cdef extern from "dlinspect/frames.h":
@@ -234,11 +234,11 @@ cdef tuple _base_holders(object t):
 cdef Py_ssize_t _call_refs() except -1:
     """The references the innermost Python frame's call into the core holds to the batch
     it passes: its stack's, or the tuple's and the unpacked array's of ``f(*a, **kw)``."""
-    cdef PyObject* f = PyEval_GetFrame()
+    cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL or PY_VERSION_HEX >= 0x030E0000:
         return _STACK_REFS
     cdef Py_ssize_t at = PyFrame_GetLasti(f)
-    code = PyFrame_GetCode(<object>f).co_code
+    code = PyFrame_GetCode(f).co_code
     if at < 0 or at + 1 >= len(code) or (<bytes>code)[at] != _CALL_FUNCTION_EX:
         return _STACK_REFS
     return 1 + ((<bytes>code)[at + 1] & 1)
@@ -249,20 +249,20 @@ cdef Py_ssize_t _unexplained(object obj, Py_ssize_t extra) except? -1:
     variables of each frame on the call stack, from the innermost, until none is left (at
     most _FRAMES_MAX frames); a namespace (a module's, a class body's) counted once. A
     source's variables are none of these: a generator it runs is suspended, off the stack."""
-    cdef PyObject* f = PyEval_GetFrame()
+    cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL:   # (a thread C started, running no Python)
         return extra
-    frame = <object>f
+    frame = <object><PyObject*>f
     cdef list spaces = []
     cdef int k
     for k in range(_FRAMES_MAX):
-        if PyFrame_GetCode(frame).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
+        if PyFrame_GetCode(<PyFrameObject*>frame).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
             extra -= dl_frame_refs(<PyObject*>frame, <PyObject*>obj)
         else:
-            extra -= _namespace_refs(PyFrame_GetLocals(frame), obj, spaces)
+            extra -= _namespace_refs(PyFrame_GetLocals(<PyFrameObject*>frame), obj, spaces)
         if extra <= 0:
             return extra
-        frame = _take_ref(PyFrame_GetBack(<PyObject*>frame))
+        frame = _take_ref(<PyObject*>PyFrame_GetBack(<PyFrameObject*>frame))
         if frame is None:
             break
     return extra

@@ -290,6 +290,19 @@ class Forged:
         return (DLDeviceType.kDLCPU, 0)
 
 
+def _mapped(start, size):
+    """Whether bytes [start, start + size) lie in one mapping of this process (Linux's
+    /proc/self/maps; False elsewhere)."""
+    if not os.path.exists("/proc/self/maps"):
+        return False
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            low, high = (int(bound, 16) for bound in line.split()[0].split("-"))
+            if low <= start and start + size <= high:
+                return True
+    return False
+
+
 @pytest.mark.parametrize("address, byte_offset", [
     (None, 2**40), (None, 2**47), (None, 2**57), (None, 2**62), (None, 2**63), (None, UINT64_MAX - 7),
     (2**47, 0), (2**48 - 64, 0), (2**56, 0), (2**63, 0), (UINT64_MAX - 63, 0), (2**63, 2**63 - 64)])
@@ -301,9 +314,14 @@ def test_header_pointing_past_memory_is_malformed_everywhere(address, byte_offse
     producer's export alike (stack takes producers only). Peek reads the header of memory
     that could lie in this process (it reads no element)."""
     memory = np.arange(256, dtype=np.float32)
+    forged = Forged(address, byte_offset)
+    for start in (memory.ctypes.data, forged.memory.ctypes.data):
+        if address is None and _mapped(start + byte_offset, memory.nbytes):
+            pytest.skip("the offset lands in memory this process has mapped (AddressSanitizer's "
+                        "allocator reserves terabytes): such a header is not provably wrong")
     counter = DeleterCounter()
     cap = make_capsule(memory, address=address, byte_offset=byte_offset, counter=counter)
-    for x in (Forged(address, byte_offset),) + ((cap,) if entry != "stack" else ()):
+    for x in (forged,) + ((cap,) if entry != "stack" else ()):
         try:
             result = ENTRY_POINTS[entry](x)
         except dlinspect.MalformedTensorError as e:
