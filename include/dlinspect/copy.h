@@ -201,7 +201,101 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
                                          _mm_loadu_ps((const float*)(src + 16)),
                                          _MM_SHUFFLE(2, 0, 2, 0)));
 }
+
+/* contract: the element at `src` (1, 2, 4, 8 or 16 bytes) repeated over 16 bytes. */
+static inline __m128i dl_splat16(const char* src, size_t size) {
+  uint64_t e = 0, rep = 0;
+  size_t q;
+  __m128i v;
+  if (size == 16) return _mm_loadu_si128((const __m128i*)src);
+  /* The element in e's low bytes (x86 is little-endian), times 0x..01 in units of its size:
+   * 8 bytes of copies. */
+  memcpy(&e, src, size);
+  for (q = 0; q < 8; q += size) rep |= (uint64_t)1 << (8 * q);
+  e *= rep;
+  v = _mm_loadl_epi64((const __m128i*)&e);
+  return _mm_unpacklo_epi64(v, v);
+}
+
+/* contract: dl_row's vector loops: copies the first elements of a broadcast, a reversed or
+ * an every-other row of `size`-byte elements (1, 2, 4, 8 or 16); returns how many it wrote
+ * (0 for any other row), the rest left to the scalar loop. */
+static inline int64_t dl_row_simd(char* restrict dst, const char* restrict src, int64_t count,
+                                  int64_t sb, size_t size) {
+  const int64_t sz = (int64_t)size;
+  int64_t k = 0, w, q;
+  if (sz > 16 || (sz & (sz - 1)) != 0) return 0;
+  w = 16 / sz; /* elements in 16 bytes */
+  if (sb == 0) { /* broadcast: one 16-byte pattern stored over and over */
+    const __m128i v = dl_splat16(src, size);
+    for (; k + 4 * w <= count; k += 4 * w) { /* 64 bytes a step */
+      for (q = 0; q < 64; q += 16) _mm_storeu_si128((__m128i*)(dst + k * sz + q), v);
+    }
+    for (; k + w <= count; k += w) _mm_storeu_si128((__m128i*)(dst + k * sz), v);
+  } else if (sb == -sz && sz < 16) { /* reversed: k .. k + w - 1 lie at src - (k + w - 1) * sz */
+    for (; k + w <= count; k += w) {
+      __m128i v = _mm_loadu_si128((const __m128i*)(src - (k + w - 1) * sz));
+      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_reverse16(v, size));
+    }
+  } else if (sb == 2 * sz && sz < 16) { /* every other element: the 32 bytes loaded end at
+                                           element k + w, so it must exist */
+    for (; k + w < count; k += w) {
+      const char* s = src + k * sb;
+      __m128i a = _mm_loadu_si128((const __m128i*)s);
+      __m128i b = _mm_loadu_si128((const __m128i*)(s + 16));
+      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(a, b, size));
+    }
+  }
+  return k;
+}
 #endif
+
+/* contract: dl_row narrowed: each 8-byte part of each element to 4 bytes (a dense row four
+ * parts a vector step); returns the end of what it wrote. */
+static inline char* dl_row_narrow(char* restrict dst, const char* restrict src, int64_t count,
+                                  int64_t sb, size_t size, dl_copy_cast cast) {
+  const int64_t parts = (int64_t)size / 8;
+  int64_t k = 0;
+  if (sb == (int64_t)size) { /* dense: one loop over the parts */
+    const int64_t total = count * parts;
+#if DL_COPY_SSE2
+    for (; k + 4 <= total; k += 4) {
+      _mm_storeu_si128((__m128i*)(dst + 4 * k), dl_narrow4(src + 8 * k, cast));
+    }
+#endif
+    for (; k < total; k++) dl_put1(dst + 4 * k, src + 8 * k, 8, cast);
+    return dst + 4 * total;
+  }
+  for (; k < count; k++) dl_put1(dst + 4 * parts * k, src + k * sb, size, cast);
+  return dst + 4 * parts * count;
+}
+
+/* contract: dl_row's dense run: copies the `n` bytes at `src` to `dst`; returns dst + n.
+ * `nt`: with streaming stores (the caller fences). */
+static inline char* dl_row_dense(char* restrict dst, const char* restrict src, size_t n,
+                                 int nt) {
+  size_t i = 0;
+#if DL_COPY_SSE2
+  if (nt) { /* to a 16-byte boundary, then 64 bytes a step: four loads, four stores */
+    i = (16 - ((uintptr_t)dst & 15)) & 15;
+    memcpy(dst, src, i < n ? i : n);
+    for (; i + 64 <= n; i += 64) {
+      const __m128i* p = (const __m128i*)(src + i);
+      __m128i* q = (__m128i*)(dst + i);
+      __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1), c = _mm_loadu_si128(p + 2),
+              e = _mm_loadu_si128(p + 3);
+      _mm_stream_si128(q, a);
+      _mm_stream_si128(q + 1, b);
+      _mm_stream_si128(q + 2, c);
+      _mm_stream_si128(q + 3, e);
+    }
+  }
+#else
+  (void)nt;
+#endif
+  if (i < n) memcpy(dst + i, src + i, n - i);
+  return dst + n;
+}
 
 /* contract: writes `count` elements of `size` bytes, the k-th from src + k * sb, to `dst`
  * packed, as `cast` says; returns the end of what it wrote. dst and src do not overlap.
@@ -210,78 +304,10 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
                            int64_t sb, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size;
   int64_t k = 0;
-  if (cast != DL_COPY_SAME) { /* narrowing: 8-byte parts to 4-byte ones */
-    const int64_t parts = sz / 8;
-    if (sb == sz) { /* dense: one loop over the parts */
-      const int64_t total = count * parts;
+  if (cast != DL_COPY_SAME) return dl_row_narrow(dst, src, count, sb, size, cast);
+  if (sb == sz) return dl_row_dense(dst, src, (size_t)count * size, nt);
 #if DL_COPY_SSE2
-      for (; k + 4 <= total; k += 4) {
-        _mm_storeu_si128((__m128i*)(dst + 4 * k), dl_narrow4(src + 8 * k, cast));
-      }
-#endif
-      for (; k < total; k++) dl_put1(dst + 4 * k, src + 8 * k, 8, cast);
-      return dst + 4 * total;
-    }
-    for (; k < count; k++) dl_put1(dst + 4 * parts * k, src + k * sb, size, cast);
-    return dst + 4 * parts * count;
-  }
-  if (sb == sz) {
-    size_t n = (size_t)count * size, i = 0;
-#if DL_COPY_SSE2
-    if (nt) { /* to a 16-byte boundary, then 64 bytes a step: four loads, four stores */
-      i = (16 - ((uintptr_t)dst & 15)) & 15;
-      memcpy(dst, src, i < n ? i : n);
-      for (; i + 64 <= n; i += 64) {
-        const __m128i* p = (const __m128i*)(src + i);
-        __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1), c = _mm_loadu_si128(p + 2),
-                e = _mm_loadu_si128(p + 3);
-        __m128i* q = (__m128i*)(dst + i);
-        _mm_stream_si128(q, a), _mm_stream_si128(q + 1, b);
-        _mm_stream_si128(q + 2, c), _mm_stream_si128(q + 3, e);
-      }
-    }
-#else
-    (void)nt;
-#endif
-    if (i < n) memcpy(dst + i, src + i, n - i);
-    return dst + count * sz;
-  }
-#if DL_COPY_SSE2
-  if (sz <= 16 && (sz & (sz - 1)) == 0) {
-    const int64_t w = 16 / sz; /* elements in 16 bytes */
-    if (sb == 0) { /* broadcast: one 16-byte pattern stored over and over */
-      __m128i v;
-      int64_t q;
-      if (sz == 16) {
-        v = _mm_loadu_si128((const __m128i*)src);
-      } else { /* the element in e's low bytes (x86 is little-endian), times 0x..01 in
-                  units of its size: 8 bytes of copies */
-        uint64_t e = 0, rep = 0;
-        memcpy(&e, src, size);
-        for (q = 0; q < 8; q += sz) rep |= (uint64_t)1 << (8 * q);
-        e *= rep;
-        v = _mm_loadl_epi64((const __m128i*)&e);
-        v = _mm_unpacklo_epi64(v, v);
-      }
-      for (; k + 4 * w <= count; k += 4 * w) { /* 64 bytes a step */
-        for (q = 0; q < 64; q += 16) _mm_storeu_si128((__m128i*)(dst + k * sz + q), v);
-      }
-      for (; k + w <= count; k += w) _mm_storeu_si128((__m128i*)(dst + k * sz), v);
-    } else if (sb == -sz && sz < 16) { /* reversed: k .. k + w - 1 lie at src - (k + w - 1) * sz */
-      for (; k + w <= count; k += w) {
-        __m128i v = _mm_loadu_si128((const __m128i*)(src - (k + w - 1) * sz));
-        _mm_storeu_si128((__m128i*)(dst + k * sz), dl_reverse16(v, size));
-      }
-    } else if (sb == 2 * sz && sz < 16) { /* every other element: the 32 bytes loaded end
-                                             at element k + w, so it must exist */
-      for (; k + w < count; k += w) {
-        const char* s = src + k * sb;
-        __m128i a = _mm_loadu_si128((const __m128i*)s);
-        __m128i b = _mm_loadu_si128((const __m128i*)(s + 16));
-        _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(a, b, size));
-      }
-    }
-  }
+  k = dl_row_simd(dst, src, count, sb, size);
 #endif
   if (sb == 0 && size == 1) {
     memset(dst + k, (unsigned char)src[0], (size_t)(count - k));
@@ -348,16 +374,47 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
   for (k = 0; k < w; k++) dl_store16(dst + k * dj, r[k], nt);
 }
 
+/* contract: one block of a plane as dl_tile_simd says, nj x ni elements (multiples of w;
+ * a cache line of source along j, of destination along i): microtiles straight into dst,
+ * or where `nt` into a staging block first, then streamed a destination line at a time. */
+DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
+                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
+  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
+  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  __m128i stage[256]; /* the block's destination: nj <= 64 rows of 64 bytes */
+  char* b = (char*)stage;
+  int64_t j, i, c;
+  if (!nt) {
+    for (j = 0; j < nj; j += w) {
+      for (i = 0; i < ni; i += w) {
+        dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast, 0);
+      }
+    }
+    return;
+  }
+  /* Transposed into `stage` (rows 64 bytes apart), then streamed a destination line at a
+   * time: few write-combining buffers in use. */
+  for (i = 0; i < ni; i += w) { /* each source line consumed before the next */
+    for (j = 0; j < nj; j += w) {
+      dl_micro(b + j * 64 + i * out, 64, src + j * sz + i * si, si, size, cast, 0);
+    }
+  }
+  for (j = 0; j < nj; j++) {
+    for (c = 0; c < ni * out; c += 16) { /* a row: a multiple of 16 bytes */
+      dl_store16(dst + j * dj + c, _mm_load_si128((const __m128i*)(b + j * 64 + c)), 1);
+    }
+  }
+}
+
 /* contract: the nj x ni elements (both multiples of w) of a plane as dl_plane_copy says,
- * with a source dense along j (sj = size), by microtiles, panel by panel. */
+ * with a source dense along j (sj = size), by microtiles, panel by panel, block by block. */
 DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
   const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
   const int64_t pj = DL_PANEL_J / sz, pi = DL_PANEL_I / out > w ? DL_PANEL_I / out : w;
   const int64_t bj = 64 / sz > w ? 64 / sz : w, bi = 64 / out > w ? 64 / out : w;
-  __m128i stage[256]; /* one block's destination: bj <= 64 rows of 64 bytes */
-  int64_t j0, i0, j1, i1, j, i;
+  int64_t j0, i0, j1, i1;
   for (j0 = 0; j0 < nj; j0 += pj) {
     const int64_t ej0 = nj - j0 < pj ? nj : j0 + pj;
     for (i0 = 0; i0 < ni; i0 += pi) {
@@ -366,30 +423,8 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
         const int64_t ej1 = ej0 - j1 < bj ? ej0 : j1 + bj;
         for (i1 = i0; i1 < ei0; i1 += bi) {
           const int64_t ei1 = ei0 - i1 < bi ? ei0 : i1 + bi;
-          if (!nt) {
-            for (j = j1; j < ej1; j += w) {
-              for (i = i1; i < ei1; i += w) {
-                dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast, 0);
-              }
-            }
-          } else { /* transposed into `stage` (rows 64 bytes apart), then streamed a
-                      destination line at a time: few write-combining buffers in use */
-            const int64_t row = (ei1 - i1) * out; /* a multiple of 16 bytes */
-            char* b = (char*)stage;
-            int64_t c;
-            for (i = i1; i < ei1; i += w) { /* each source line consumed before the next */
-              for (j = j1; j < ej1; j += w) {
-                dl_micro(b + (j - j1) * 64 + (i - i1) * out, 64, src + j * sz + i * si, si, size,
-                         cast, 0);
-              }
-            }
-            for (j = j1; j < ej1; j++) {
-              for (c = 0; c < row; c += 16) {
-                dl_store16(dst + j * dj + i1 * out + c,
-                           _mm_load_si128((const __m128i*)(b + (j - j1) * 64 + c)), 1);
-              }
-            }
-          }
+          dl_tile_block(dst + j1 * dj + i1 * out, src + j1 * sz + i1 * si, ej1 - j1, ei1 - i1,
+                        si, dj, size, cast, nt);
         }
       }
     }
@@ -525,6 +560,60 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
   return 1;
 }
 
+/* contract: the axis j of L whose planes (j by the innermost axis) are copied as transposes,
+ * or -1 (rows): j strides narrower than any other axis that is not a broadcast, and than
+ * the innermost axis, which strides wider than two elements (the rows of a stride of one or
+ * two elements have vector loops of their own). */
+static inline int dl_plane_axis(const dl_layout* L) {
+  const int64_t inner = L->sstr[L->n - 1];
+  int64_t best = inner < 0 ? -inner : inner;
+  int tj = -1, d;
+  if (best <= 2 * (int64_t)L->size) return -1; /* a broadcast row, or a nearly dense one */
+  for (d = 0; d < L->n - 1; d++) {
+    const int64_t s = L->sstr[d] < 0 ? -L->sstr[d] : L->sstr[d];
+    if (s != 0 && s < best) {
+      best = s;
+      tj = d;
+    }
+  }
+  return tj;
+}
+
+/* contract: whether the copy of L (planes along tj, or rows where tj < 0) stores streaming:
+ * a large transpose or dense copy, decided on the whole copy, not the part; but into fresh
+ * pages a narrow band, or a dense copy, stores ordinarily. */
+static inline int dl_streams(const dl_layout* L, int tj, dl_copy_cast cast, int fresh) {
+  if (L->dstr[0] * L->ext[0] < (int64_t)DL_COPY_STREAM_MIN) return 0;
+  if (tj >= 0) { /* a band: the rows of j one panel spans (dstr still row-major) */
+    const int64_t panel = (int64_t)(DL_PANEL_J / L->size);
+    const int64_t band = (panel < L->ext[tj] ? panel : L->ext[tj]) * L->dstr[tj];
+    return !fresh || band > (int64_t)DL_COPY_BAND_MAX;
+  }
+  return !fresh && cast == DL_COPY_SAME && L->sstr[L->n - 1] == (int64_t)L->size;
+}
+
+/* contract: whether axis d of L cuts into `nparts` near-equal slices: nparts divides its
+ * extent (evenly), or it has 8 * nparts at least (finely). */
+static inline int dl_cuts_well(const dl_layout* L, int d, int nparts) {
+  return L->ext[d] >= 8 * (int64_t)nparts || L->ext[d] % nparts == 0;
+}
+
+/* contract: the axis of L that parts cut: the first that cuts well, taking first the axes
+ * the odometer walks (each part then copies whole planes or rows), then the plane's j
+ * (tj), then the row's; where none does, the longest. */
+static inline int dl_cut_axis(const dl_layout* L, int tj, int nparts) {
+  int a = 0, d;
+  for (d = 0; d < L->n - 1; d++) {
+    if (d != tj && dl_cuts_well(L, d, nparts)) return d;
+  }
+  if (tj >= 0 && dl_cuts_well(L, tj, nparts)) return tj;
+  if (dl_cuts_well(L, L->n - 1, nparts)) return L->n - 1;
+  for (d = 1; d < L->n; d++) {
+    if (L->ext[d] > L->ext[a]) a = d;
+  }
+  return a;
+}
+
 /* contract: copies the `ndim`-d tensor at `src` (strides in elements of `src_size` bytes;
  * ndim <= 64, TensorInfo's bound) into `dst` in row-major order, each element as `cast`
  * says: this call part `part` of `nparts`, the destination cut along one canonical axis
@@ -535,100 +624,58 @@ static inline void dl_gather_part(char* restrict dst, const char* restrict src, 
                                   size_t src_size, dl_copy_cast cast, int fresh, int part,
                                   int nparts) {
   dl_layout L;
-  int64_t oe[64], os[64], od[64], idx[64]; /* the odometer's axes */
-  int m = 0, d, tj = -1, n, stream;
+  int64_t idx[64] = {0}; /* the odometer: a position on each axis but the innermost */
+  int64_t so = 0, doff = 0, nj = 1; /* bytes from src, dst to this position: inside both */
+  int tj, stream, d;
   if (!dl_layout_make(&L, ndim, shape, strides, src_size, cast)) return;
-  n = L.n;
-  if (n == 0) { /* one element */
+  if (L.n == 0) { /* one element */
     if (part == 0) dl_put1(dst, src, L.size, cast);
     return;
   }
-  /* A transpose: the innermost axis strides wider than another axis (j) that is not a
-   * broadcast, and wider than two elements (the rows of a stride of one or two elements
-   * have vector loops of their own); j is the one of narrowest stride. */
-  {
-    const int64_t si = L.sstr[n - 1] < 0 ? -L.sstr[n - 1] : L.sstr[n - 1];
-    int64_t best = si;
-    for (d = 0; d < n - 1; d++) {
-      const int64_t s = L.sstr[d] < 0 ? -L.sstr[d] : L.sstr[d];
-      if (s != 0 && s < best) {
-        best = s;
-        tj = d;
-      }
-    }
-    if (si <= 2 * (int64_t)L.size) tj = -1; /* a broadcast row, or a nearly dense one */
-  }
-  /* Streaming stores for a large transpose or dense copy, decided on the whole copy, not
-   * the part (but into fresh pages a narrow band, or a dense copy, stores ordinarily). */
-  stream = L.dstr[0] * L.ext[0] >= (int64_t)DL_COPY_STREAM_MIN;
-  if (stream && tj >= 0) { /* a band: the rows of j one panel spans (dstr still row-major) */
-    const int64_t panel = (int64_t)(DL_PANEL_J / L.size);
-    const int64_t band = (panel < L.ext[tj] ? panel : L.ext[tj]) * L.dstr[tj];
-    stream = !fresh || band > (int64_t)DL_COPY_BAND_MAX;
-  } else if (stream) {
-    stream = !fresh && cast == DL_COPY_SAME && L.sstr[n - 1] == (int64_t)L.size;
-  }
+  tj = dl_plane_axis(&L);
+  stream = dl_streams(&L, tj, cast, fresh);
   if (nparts > 1) { /* keep this part's slice of one axis */
-    int a = -1, k;
-    int64_t lo, hi;
-    /* The first axis that cuts evenly (nparts divides it) or finely (8 * nparts at least):
-     * one that the odometer walks first (each part then copies whole planes or rows),
-     * else the plane's j, else the row's; else the longest. */
-    for (k = 0; k < n + 1 && a < 0; k++) {
-      d = k < n - 1 ? k : k == n - 1 ? tj : n - 1;
-      if (d < 0 || (k < n - 1 && d == tj)) continue;
-      if (L.ext[d] >= 8 * (int64_t)nparts || L.ext[d] % nparts == 0) a = d;
-    }
-    if (a < 0) {
-      a = 0;
-      for (d = 1; d < n; d++) {
-        if (L.ext[d] > L.ext[a]) a = d;
-      }
-    }
-    lo = L.ext[a] * part / nparts;
-    hi = L.ext[a] * (part + 1) / nparts;
+    const int a = dl_cut_axis(&L, tj, nparts);
+    const int64_t lo = L.ext[a] * part / nparts;
+    const int64_t hi = L.ext[a] * (part + 1) / nparts;
     if (hi <= lo) return;
     src += lo * L.sstr[a];
     dst += lo * L.dstr[a];
     L.ext[a] = hi - lo;
   }
-  if (tj >= 0 && L.sstr[tj] < 0) { /* walk j upwards in the source: the destination's rows
-                                      go down */
-    src += (L.ext[tj] - 1) * L.sstr[tj];
-    dst += (L.ext[tj] - 1) * L.dstr[tj];
-    L.sstr[tj] = -L.sstr[tj];
-    L.dstr[tj] = -L.dstr[tj];
-  }
-  for (d = 0; d < n - 1; d++) {
-    if (d == tj) continue;
-    oe[m] = L.ext[d];
-    os[m] = L.sstr[d];
-    od[m] = L.dstr[d];
-    idx[m] = 0;
-    m++;
-  }
-  {
-    int64_t so = 0, doff = 0; /* bytes from src, dst to this position: inside both */
-    for (;;) {
-      if (tj >= 0) {
-        dl_plane_copy(dst + doff, src + so, L.ext[tj], L.ext[n - 1], L.sstr[tj], L.sstr[n - 1],
-                      L.dstr[tj], L.size, cast, stream);
-      } else {
-        dl_row(dst + doff, src + so, L.ext[n - 1], L.sstr[n - 1], L.size, cast, stream);
-      }
-      /* Next position: the odometer over the other axes. */
-      for (d = m - 1; d >= 0; d--) {
-        if (++idx[d] < oe[d]) {
-          so += os[d];
-          doff += od[d];
-          break;
-        }
-        so -= (oe[d] - 1) * os[d];
-        doff -= (oe[d] - 1) * od[d];
-        idx[d] = 0;
-      }
-      if (d < 0) break;
+  if (tj >= 0) { /* the planes' j: walked upwards in the source (the destination's rows go
+                   down), and its extent 1 for the odometer, which then passes over it */
+    if (L.sstr[tj] < 0) {
+      src += (L.ext[tj] - 1) * L.sstr[tj];
+      dst += (L.ext[tj] - 1) * L.dstr[tj];
+      L.sstr[tj] = -L.sstr[tj];
+      L.dstr[tj] = -L.dstr[tj];
     }
+    nj = L.ext[tj];
+    L.ext[tj] = 1;
+  }
+  /* The walk stays in this function: as a helper of its own (inlined or not), GCC 12 -O3
+   * built the row and tile loops it calls worse, up to 1.4x the time of short rows and of
+   * DL_COPY_NO_SIMD transposes (tests/c/compare.sh). */
+  for (;;) {
+    if (tj >= 0) {
+      dl_plane_copy(dst + doff, src + so, nj, L.ext[L.n - 1], L.sstr[tj], L.sstr[L.n - 1],
+                    L.dstr[tj], L.size, cast, stream);
+    } else {
+      dl_row(dst + doff, src + so, L.ext[L.n - 1], L.sstr[L.n - 1], L.size, cast, stream);
+    }
+    /* Next position: the odometer over the other axes. */
+    for (d = L.n - 2; d >= 0; d--) {
+      if (++idx[d] < L.ext[d]) {
+        so += L.sstr[d];
+        doff += L.dstr[d];
+        break;
+      }
+      so -= (L.ext[d] - 1) * L.sstr[d];
+      doff -= (L.ext[d] - 1) * L.dstr[d];
+      idx[d] = 0;
+    }
+    if (d < 0) break;
   }
 #if DL_COPY_SSE2
   if (stream) _mm_sfence(); /* the streaming stores, ordered before what follows */
