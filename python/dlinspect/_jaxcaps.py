@@ -206,10 +206,16 @@ class JaxCaps:
         return _first_viewed(self.core.aligned_empty,
                              lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
 
+    def _filled(self, values: Any, dtype: Any = np.float32) -> np.ndarray:
+        """A probe's input: ``values`` in 256-byte aligned memory."""
+        values = np.asarray(values, dtype)
+        buf = self.core.aligned_empty(values.shape, dtype, alignment=256)
+        buf[...] = values
+        return buf
+
     def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
         """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
-        buf = self.core.aligned_empty((6,), np.float32, alignment=256)
-        buf[:] = np.arange(6)
+        buf = self._filled(np.arange(6))
         want = np.asarray(want, np.float32)
         try:
             arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
@@ -225,8 +231,7 @@ class JaxCaps:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
         if bits == 0:
             return "a 0-bit type holds no data"
-        buf = self.core.aligned_empty((64,), np.uint8, alignment=256)
-        buf[:] = 0
+        buf = self._filled(np.zeros(64), np.uint8)
         try:
             self._import(self.core.header_capsule(buf, buf.ctypes.data, (8,), (1,), code, bits, 1))
         except Exception as exc:  # jaxlib's reason, e.g. "Unknown or invalid DLPack type code 15"
@@ -323,8 +328,7 @@ class JaxCaps:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], committed)
 
         def as_device_put() -> bool:   # jax.device_put's array, committed only when asked
-            x = self.core.aligned_empty((2, 3), np.float32, alignment=256)
-            x[...] = [[1, 2, 3], [4, 5, 6]]
+            x = self._filled([[1, 2, 3], [4, 5, 6]])
             ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
             return [a._committed for a in ours] == [False, True] and all(
                 a.aval == theirs.aval and a.sharding == theirs.sharding
@@ -356,8 +360,7 @@ class JaxCaps:
             return handler(arr.shape, arr.dtype, arr.sharding)([arr]) if arr._committed else arr
 
         def probe() -> bool:   # the same memory and values, uncommitted
-            buf = self.core.aligned_empty((4,), np.float32, alignment=256)
-            buf[:] = [1, 2, 3, 4]
+            buf = self._filled([1, 2, 3, 4])
             arr = self._import(self.core.capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()

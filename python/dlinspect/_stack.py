@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -112,7 +112,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     allocate = _allocator(pinned)
     items = _elements(elements)
     if type(items[0]) is np.ndarray:   # elements that are arrays: one column, no walk
-        return _stack_leaf(None, 0, items, align, allocate)
+        return _stack_leaf(_At(None, 0), items, align, allocate)
     first = _flatten(0, items[0])
     columns = _plain_columns(first, items)
     if columns is None:
@@ -123,7 +123,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
                     f"element {k} of the elements to stack has the structure {flats[k].describe()}, and "
                     f"element 0 {first.describe()}; {_SAME_STRUCTURE} (fill what an element lacks first).")
         columns = [[flat.leaves[j] for flat in flats] for j in range(len(first.leaves))]
-    return first.unflatten([_stack_leaf(first, j, columns[j], align, allocate)
+    return first.unflatten([_stack_leaf(_At(first, j), columns[j], align, allocate)
                             for j in range(len(columns))])
 
 
@@ -196,36 +196,54 @@ def _in_element(exc: Any, k: int, path: str) -> Any:
     return exc
 
 
-def _stack_leaf(first: _tree.Flat | None, j: int, column: list[Any], align: int,
-                allocate: Callable[..., Any]) -> Any:
+class _At(NamedTuple):
+    """Where a batched leaf is: position ``j`` of element 0's leaves (``first``: None where
+    the elements are the leaves); its key path leads the messages about it."""
+
+    first: _tree.Flat | None
+    j: int
+
+    def path(self) -> str:
+        return self.first.keystr(self.j) if self.first is not None else ""
+
+    def where(self) -> str:
+        path = self.path()
+        return f"{path}: " if path else ""
+
+    def there(self) -> str:
+        """Where the leaf is, after its key path led the message."""
+        return "there" if self.path() else "at the examples' top level"
+
+
+def _stack_leaf(at: _At, column: list[Any], align: int, allocate: Callable[..., Any]) -> Any:
     # (arrays of one shape and dtype: a memcpy each, in C)
     if allocate is aligned_empty and (stacked := stack_column(column, align)) is not None:
         return stacked
     t0 = type(column[0])
-    if (t0 in _SCALARS or issubclass(t0, np.generic)) and all(type(leaf) is t0 for leaf in column):
+    if issubclass(t0, _SCALARS) and all(type(leaf) is t0 for leaf in column):
         # Scalars of one type (labels): NumPy reads them in one call, with np.stack's dtype.
         values = np.array(column)
         if values.dtype.hasobject:
             return values
-        out = _allocated(first, j, values.shape, values.dtype, allocate, align)
+        out = _allocated(at, values.shape, values.dtype, allocate, align)
         out[...] = values
         return out
-    arrays = [leaf if type(leaf) is np.ndarray else _as_array(first, j, k, leaf)
+    arrays = [leaf if type(leaf) is np.ndarray else _as_array(at, k, leaf)
               for k, leaf in enumerate(column)]
-    dtype = _stack_dtype(first, j, arrays)
+    dtype = _stack_dtype(at, arrays)
     shape = (len(arrays),) + arrays[0].shape
     if dtype.hasobject:   # (references, not values: np.stack's own array)
-        return _allocated(first, j, shape, dtype, lambda *_: np.stack(arrays))
-    return np.stack(arrays, out=_allocated(first, j, shape, dtype, allocate, align))
+        return _allocated(at, shape, dtype, lambda *_: np.stack(arrays))
+    return np.stack(arrays, out=_allocated(at, shape, dtype, allocate, align))
 
 
-def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> np.dtype[Any]:
+def _stack_dtype(at: _At, arrays: list[np.ndarray]) -> np.dtype[Any]:
     """np.stack's dtype; StackError for different shapes, or dtypes with no common one."""
     a0 = arrays[0]
     for k in range(1, len(arrays)):
         if arrays[k].shape != a0.shape:
             raise StackError(
-                f"{_where(first, j)}element {k} has shape {arrays[k].shape} {_there(first, j)}, "
+                f"{at.where()}element {k} has shape {arrays[k].shape} {at.there()}, "
                 f"and element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
     try:
@@ -233,12 +251,12 @@ def _stack_dtype(first: _tree.Flat | None, j: int, arrays: list[np.ndarray]) -> 
     except (TypeError, ValueError) as exc:
         k = next(k for k, a in enumerate(arrays) if a.dtype != a0.dtype)
         raise StackError(
-            f"{_where(first, j)}element {k} has dtype {arrays[k].dtype} {_there(first, j)}, "
+            f"{at.where()}element {k} has dtype {arrays[k].dtype} {at.there()}, "
             f"and element 0 {a0.dtype}, which have no common dtype ({exc}). To fix: give the "
             f"leaf one dtype in every element (x.astype(...)) before batching.") from None
 
 
-def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
                allocate: Callable[..., Any], align: int = 0) -> Any:
     """StackError for a shape NumPy has no array of; AllocationError."""
     nbytes = dtype.itemsize * math.prod(shape)
@@ -246,7 +264,7 @@ def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: 
     extents = dtype.itemsize * math.prod(e for e in shape if e)
     if len(shape) > NUMPY_MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
         raise StackError(
-            f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, has "
+            f"{at.where()}the batched leaf, {dtype} of shape {shape}, has "
             + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "
                f"at most {NUMPY_MAX_NDIM}" if len(shape) > NUMPY_MAX_NDIM else
                "no elements, but nonzero extents that multiply past 2**63 - 1 bytes, which "
@@ -257,46 +275,36 @@ def _allocated(first: _tree.Flat | None, j: int, shape: tuple[int, ...], dtype: 
         return allocate(shape, dtype, align)
     except (MemoryError, ValueError):
         raise AllocationError(
-            f"{_where(first, j)}the batched leaf, {dtype} of shape {shape}, needs "
+            f"{at.where()}the batched leaf, {dtype} of shape {shape}, needs "
             f"{nbytes} bytes, which cannot be allocated"
             f"{f' (this machine has {total} bytes of physical memory)' if total else ''}. "
             f"To fix: stack fewer elements at a time (a smaller batch).") from None
 
 
-def _as_array(first: _tree.Flat | None, j: int, k: int, leaf: Any) -> np.ndarray:
+def _as_array(at: _At, k: int, leaf: Any) -> np.ndarray:
     """A tensor as :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
     if isinstance(leaf, _SCALARS):
         return np.asarray(leaf)
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
-        raise StackError(f"{_where(first, j)}element {k} has a {type_name(type(leaf))} "
-                         f"{_there(first, j)}, where element 0 has a leaf; {_SAME_STRUCTURE}.")
+        raise StackError(f"{at.where()}element {k} has a {type_name(type(leaf))} "
+                         f"{at.there()}, where element 0 has a leaf; {_SAME_STRUCTURE}.")
     if is_tensor(leaf):
         if type(leaf) is _CAPSULE:
             raise StackError(
-                f"{_where(first, j)}element {k} is a DLPack capsule; stacking copies the "
+                f"{at.where()}element {k} is a DLPack capsule; stacking copies the "
                 f"values of arrays, and reading a capsule's would consume it, which the "
                 f"caller may still need. To fix: pass the producer's array (the object "
                 f"whose __dlpack__() made the capsule), or dlinspect.to_host(capsule).")
         try:
             return to_host(leaf)
         except DLInspectError as exc:
-            raise _in_element(exc, k, first.keystr(j) if first is not None else "") from None
+            raise _in_element(exc, k, at.path()) from None
     try:
         return np.asarray(leaf)
     except (TypeError, ValueError) as exc:
         raise StackError(
-            f"{_where(first, j)}element {k} is a {type_name(type(leaf))} that NumPy makes no array "
+            f"{at.where()}element {k} is a {type_name(type(leaf))} that NumPy makes no array "
             f"of ({exc}). To fix: make that leaf an array (or a number) in every element.") from None
-
-
-def _where(first: _tree.Flat | None, j: int) -> str:
-    path = first.keystr(j) if first is not None else ""
-    return f"{path}: " if path else ""
-
-
-def _there(first: _tree.Flat | None, j: int) -> str:
-    """Where the leaf is, after its key path led the message."""
-    return "there" if first is not None and first.keystr(j) else "at the examples' top level"
 
 
 def _allocator(pinned: bool) -> Callable[..., Any]:

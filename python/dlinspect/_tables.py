@@ -173,11 +173,11 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
 @functools.cache   # (never emptied: the core borrows its values)
 def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
     """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
-    row = DTYPES.get((code, bits))
-    if lanes == 1 and row is not None and row.numpy:
-        return numpy.dtype(row.name)
     if lanes != 1 or code == _C.kDLOpaqueHandle:
         return None
+    row = DTYPES.get((code, bits))
+    if row is not None and row.numpy:
+        return numpy.dtype(row.name)
     try:   # ml_dtypes' types, by the name dtype_name gives
         import ml_dtypes
     except ImportError:

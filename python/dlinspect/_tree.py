@@ -54,19 +54,19 @@ def _kind(tp: type) -> int:
 _tree_util = functools.partial(jax_module, "jax.tree_util")
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Flat:
     """A pytree flattened once (an unregistered container's leaves in its place); ``errors``: by
     leaf index, containers that cannot be rebuilt (their messages do not yet name the path)."""
 
-    __slots__ = ("x", "leaves", "treedef", "parts", "errors", "is_leaf")
-
-    def __init__(self, x: Any, leaves: list[Any], treedef: Any, parts: list[Any] | None,
-                 errors: dict[int, ContainerError], is_leaf: Any = None):
-        self.x, self.leaves, self.treedef, self.errors = x, leaves, treedef, errors
-        self.is_leaf = is_leaf   # text_leaf where lists of plain scalars are one leaf each
-        # None: no leaf of jax's flattening is a container. Else one entry per jax
-        # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
-        self.parts = parts
+    x: Any
+    leaves: list[Any]
+    treedef: Any
+    # None: no leaf of jax's flattening is a container. Else one entry per jax
+    # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
+    parts: list[Any] | None
+    errors: dict[int, ContainerError]
+    is_leaf: Any = None   # text_leaf where lists of plain scalars are one leaf each
 
     def unflatten(self, values: list[Any]) -> Any:
         """ContainerError where a container cannot be rebuilt around ``values``."""

@@ -59,7 +59,7 @@ def narrowing_text(name: str, narrowed: str) -> tuple[str, str]:
 def device_fix(device_type: int, target: str, bare_capsule: bool) -> str:
     """What to do about memory on ``device_type`` that could not reach ``target``; never
     an option that just failed (``fallback="host"`` is for ``to_jax`` with a producer)."""
-    row = device_row(int(device_type))
+    row = device_row(device_type)
     parts = [f"move it to host memory with its own library first ({row.to_host})"]
     if bare_capsule:
         parts.append("or pass the producer object instead of its capsule, so dlinspect can "
@@ -188,7 +188,7 @@ def _no_device_head(route: Any) -> str:
     if route.facts.get("lanes_only"):
         return (f"{describe(info)} has {info.dtype.lanes} lanes, which JAX holds only as a "
                 f"trailing axis of host memory.")
-    return _no_jax_device(describe(info), int(info.device_type), info.device_id, route.facts["platforms"])
+    return _no_jax_device(describe(info), info.device_type, info.device_id, route.facts["platforms"])
 
 
 def not_asked(x: Any, device_type: int, device_id: int, platforms: Any) -> str:
@@ -295,7 +295,7 @@ def _layout_not_host(route: Any) -> Parts:
 
 
 def _no_device(route: Any) -> Parts:
-    dt, bare, t = int(route.info.device_type), route.facts["bare"], route.target
+    dt, bare, t = route.info.device_type, route.facts["bare"], route.target
     if t == "host":
         return (UnsupportedDeviceError, _subject(route),
                 "is not in host memory. A bare capsule has no producer to ask for a host "
@@ -433,7 +433,7 @@ def _array_put(route: Any) -> str:
 
 def _producer_copy(route: Any) -> str:
     f = route.facts
-    where = device_name(int(route.info.device_type))
+    where = device_name(route.info.device_type)
     # How a host copy is asked for, in the order the executor tries.
     steps = [f"the producer copies it into aligned host memory dlinspect allocates "
              f"({into_call(f['into'])}), which is viewed"] if f.get("into") else []
@@ -485,7 +485,7 @@ def _jax_view(route: Any) -> str:
         text = _lanes_text(info)
         return f"{text[0].upper()}{text[1:]}; JAX views the producer's memory on {route.facts['dest']}."
     if route.needs & Need.VIA_CPU:
-        dt = int(info.device_type)
+        dt = info.device_type
         return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
                 f"a copy (no {device_row(dt).platform or 'device'} backend here).")
     return f"JAX views the producer's memory on {route.facts['dest']}."
@@ -518,10 +518,10 @@ REASONS: dict[str, Callable[[Any], str]] = {
                              f"packed; NumPy holds one per byte, so they are unpacked into a copy."),
     T.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_copy(route)),
-    T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(int(route.info.device_type))} "
+    T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(route.info.device_type)} "
                                 f"memory directly{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_words(route)),
-    T.IMPORT: lambda route: _jax_words(route),
+    T.IMPORT: _jax_words,
 }
 
 

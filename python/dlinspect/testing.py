@@ -94,13 +94,12 @@ def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype:
         if not (data.flags.c_contiguous or data.flags.f_contiguous) and address is None:
             address = data.ctypes.data  # first element; `data` itself is kept alive
     if isinstance(dtype, tuple):   # (code, bits[, lanes])
-        code, bits, lanes = (int(v) for v in (*dtype, 1)[:3])
+        code, bits, lanes = (*dtype, 1)[:3]
     else:
         code, bits, lanes = dldtype_from_numpy("float32" if dtype is None else dtype)
     shape, strides = (None if v is None else tuple(map(int, v)) for v in (shape, strides))
-    return _make_capsule(data, address, shape, ndim, strides, code, bits, lanes,
-                         int(device[0]), int(device[1]), int(byte_offset), bool(versioned),
-                         int(version[0]), int(version[1]), int(flags), counter, name, bool(null_deleter))
+    return _make_capsule(data, address, shape, ndim, strides, code, bits, lanes, *device,
+                         byte_offset, versioned, *version, flags, counter, name, null_deleter)
 
 
 def _element_strides(arr: np.ndarray) -> tuple[int, ...]:
