@@ -220,13 +220,15 @@ cdef bint _private_base(object t) except -1:
     """``t`` is a view (reshape, a slice) of a tensor no one but ``t`` holds: the second
     holder of its storage (torch keeps a view's base alive; a view of a view has the first
     base as its own), held as the base of a new view is."""
-    return _base_holders(t) == _torch_private
+    holders = _base_holders(t)
+    return holders is not None and holders == _torch_private
 
 
 cdef tuple _base_holders(object t):
-    """The references to ``t``'s base (None: not a view) and its use count, as held here."""
+    """The references to ``t``'s base and its use count, as held here (None: not a view, or
+    a torch whose tensors do not say their use count, torch 2.3's: no view is proven)."""
     base = t._base
-    if base is None:
+    if base is None or not hasattr(base, "_use_count"):
         return None
     return (Py_REFCNT(base), base._use_count())
 

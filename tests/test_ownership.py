@@ -358,7 +358,11 @@ def test_numpy_base_chains():
 
 def test_torch_storages(torch):
     assert plan({"t": torch.ones(4)})["t"].kind == "zero-copy"
-    assert plan({"t": torch.arange(8.0).reshape(2, 4)})["t"].kind == "zero-copy"  # private base
+    view_of_private_base = plan({"t": torch.arange(8.0).reshape(2, 4)})["t"].kind
+    if hasattr(torch.Tensor, "_use_count"):
+        assert view_of_private_base == "zero-copy"
+    else:   # (torch 2.3's tensors do not say their use count: no view is proven)
+        assert view_of_private_base == "copy"
     base = torch.arange(8.0)
     assert plan({"t": base.reshape(2, 4)})["t"].kind == "copy"
     assert plan({"t": base.detach()})["t"].kind == "copy"
