@@ -341,7 +341,7 @@ class TestContainers:
     dataclasses are walked and rebuilt as their own type, by every entry point."""
 
     def batch(self, torch):
-        return {"enc": BatchEncoding({"input_ids": torch.arange(4, dtype=torch.int32).reshape(1, 4),
+        return {"enc": BatchEncoding({"input_ids": torch.tensor([[0, 1, 2, 3]], dtype=torch.int32),
                                       "attention_mask": torch.ones(1, 4, dtype=torch.int32)}),
                 "sub": Batch(x=np.ones(2, np.float32), text=np.array(["a", "b"])),
                 "frozen": FrozenMapping({"y": torch.zeros(3)}),
