@@ -45,11 +45,12 @@ cdef class _Part:
         return self.out if self.tp is list else tuple(self.out)
 
 
-cdef _Part _part(x, tuple prefix, Options opts, bint planned):
+cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
     """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
-    here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf)."""
+    here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf);
+    ``owned``: the proof's answer (own.pxi)."""
     cdef _Part part = _Part.__new__(_Part)
-    part.prefix, part.opts, part.keys = prefix, opts, []
+    part.prefix, part.opts, part.keys, part.owned = prefix, opts, [], owned
     cdef bint text_lists = not (planned or opts.leaves == "raise")
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
@@ -66,11 +67,8 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=N
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
-    cdef _Part part
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
-        part = _part(x, (), _leaf_options(opts, sharding), planned)
-        part.owned = owned
-        return [part], None
+        return [_part(x, (), _leaf_options(opts, sharding), planned, owned)], None
     Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -83,9 +81,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=N
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        cdef _Part part = _part(sub, tuple(path), _leaf_options(leaf_opts, s), planned)
-        part.owned = owned
-        parts.append(part)
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned, owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where
@@ -138,9 +134,8 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
             if i >= 0:
                 raise repeated_capsule_error()
             if part.opts.leaves == "raise":
-                for i in range(len(part.leaves)):
-                    route = None if is_tensor(part.leaves[i]) else untouched(part.leaves[i], "jax",
-                                                                             part.opts)
+                for i, leaf in enumerate(part.leaves):
+                    route = None if is_tensor(leaf) else untouched(leaf, "jax", part.opts)
                     if route is not None:
                         _raise_route(route)
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)

@@ -192,9 +192,7 @@ cdef _TypeEntry _entry_for(object tp):
                           and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
-    if len(_types) >= _TYPES_MAX:
-        _types.clear()
-    _types[tp] = entry
+    _remember(_types, tp, entry, _TYPES_MAX)
     return entry
 
 

@@ -93,10 +93,3 @@ def check_options(device=None, copy=None, sharding=None, fallback="host", readon
         _remember(_made, key, made, 64)
     return made
 
-
-cdef int _remember(dict cache, key, value, Py_ssize_t most) except -1:
-    """``cache[key] = value``, the cache emptied first where it holds ``most``."""
-    if len(cache) >= most:
-        cache.clear()
-    cache[key] = value
-    return 0

@@ -89,9 +89,8 @@ cdef class JaxTarget:
         key = (shape, descr, sharding)
         got = self._avals.get(key)
         if got is None:
-            if len(self._avals) >= 1024:
-                self._avals.clear()
-            got = self._avals[key] = self.make_aval(shape, descr, sharding)
+            got = self.make_aval(shape, descr, sharding)
+            _remember(self._avals, key, got, 1024)
         return got
 
     cdef object single(self, device):
