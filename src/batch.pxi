@@ -93,7 +93,7 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
     ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
     owned = _owned(x, opts, held)   # (first: nothing of dlinspect's holds a part of x yet)
     if report is not None:
-        report._pending = []   # (what a failed batch noted)
+        report._pending = []   # (what a failed batch noted: forgotten here)
     parts, where = _parts(x, tg, opts, False, owned)
     cdef list plan
     try:
@@ -101,8 +101,6 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
         _run_batch(plan, parts, tg)
     except BaseException:
         plan = None   # the exports let go of, with the error handled (see _convert)
-        if report is not None:
-            report._pending = []
         raise
     if report is not None:
         report._end(_leaf_key(parts))
@@ -156,11 +154,12 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
 cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
     """Every tensor leaf of ``part`` decided into the plan (``_decide``), nothing taken; a leaf
-    that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``."""
+    that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``. An error
+    is marked with the index of the leaf it is about (``_dlinspect_leaf``)."""
     cdef Options opts = part.opts
     cdef bint reuse = opts.sharding is not None
     cdef list leaves = part.leaves
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i = -1
     cdef _Leaf d
     part.out = list(leaves)
     got = None
@@ -170,23 +169,20 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                 got = _decide(leaves[i], tg, "jax", opts, part.aliased(leaves[i]), i, reuse)
             except NotNumericError:
                 continue   # not a numeric tensor: a leaf kept as it is
-            except BaseException as exc:
-                _mark_leaf(exc, i)
-                raise
             if got is leaves[i] or (<_Leaf>got).verdict == _V_PASS:
                 continue
             d = got
             d.part = k
             if d.route is not None:
                 if (<Route>d.route).problem is not None:
-                    _mark_leaf(d.route.error, i)
                     _raise_route(d.route)
                 d.rank = _rank(d.route)
             if report is not None:
                 report._note(part.offset + i, d.route, d.info, d.needs, opts.copy is True)
             plan.append(d)
-    except BaseException:
+    except BaseException as exc:
         got = d = None   # the exports let go of with the error handled (see _convert)
+        _mark_leaf(exc, i)
         raise
     return 0
 

@@ -177,7 +177,7 @@ cdef _TypeEntry _entry_for(object tp):
     # Only a type that defines the table itself: a subclass may override __dlpack__,
     # and the table's functions expect objects of the type that owns it.
     api_obj = getattr(tp, "__dict__", {}).get("__dlpack_c_exchange_api__")
-    if api_obj is not None and PyCapsule_IsValid(api_obj, EXCHANGE_API):
+    if PyCapsule_IsValid(api_obj, EXCHANGE_API):   # (None is no capsule)
         api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(api_obj, EXCHANGE_API)
         if (api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL
                 and api.managed_tensor_from_py_object_no_sync != NULL):

@@ -463,9 +463,9 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, Optio
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
-cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts):
-    """``(parts, copy_bytes, one_pass)``: one_pass where C views or copies every slice;
-    each slice of an aliased tensor is aliased (``needs``: the whole tensor's)."""
+cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts, source):
+    """Each slice's header and needs (a slice of an aliased tensor is aliased: ``needs``, the
+    whole tensor's), then one pass where C views or copies every slice, else a route each."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
@@ -479,11 +479,6 @@ cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
             copy_bytes += part.nbytes
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
-    return parts, copy_bytes, one_pass
-
-
-cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts, source):
-    parts, copy_bytes, one_pass = _split_parts(info, needs, tg, lay, opts)
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",

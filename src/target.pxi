@@ -47,8 +47,8 @@ cdef class JaxTarget:
         self.permuted_ok, self.unit_strides_ok = permuted_ok, unit_strides_ok
         self.put = put if make_aval is not None and make_single is not None else None
         self.put_align, self.make_aval, self.make_single = put_align, make_aval, make_single
-        self.uncommit = uncommit if uncommit is not None else _same
-        self.row_major = row_major if row_major is not None else lambda arr: True
+        self.uncommit = uncommit or _same
+        self.row_major = row_major or (lambda arr: True)
         self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
         memset(self._known, 0, sizeof(self._known))
         self.bad, self._avals, self._singles = {}, {}, {}
@@ -116,8 +116,7 @@ cdef class JaxTarget:
 
     def refuse_device(self, x, int device_type, int device_id):
         """``fallback="raise"``: UnsupportedDeviceError before the export for a device JAX lacks."""
-        if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
-                or _dev_is(device_type, _DEV_HOST)):
+        if _dev_is(device_type, _DEV_HOST) or (device_type, device_id) in self.devices:
             return
         raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id, self.platforms))
 
