@@ -510,11 +510,9 @@ cdef bint _array_passes(x, Options opts, JaxTarget tg) except -1:
 
 
 def route_jax_array(x, Options opts, JaxTarget tg):
-    """A ``jax.Array``'s route: as it is (the verdict first), ``device_put`` or a copy (into
-    row-major first where it is not: ``jax.device_put`` moves it wrong); a deleted or
-    donated one is an error route."""
-    if _array_passes(x, opts, tg):
-        return Route(ZERO_COPY, PASS, None, "jax", jax_array=x, where=None)
+    """A ``jax.Array``'s route: as it is (what _array_passes, the fast path's verdict, lets
+    pass ends there too), ``device_put`` or a copy (into row-major first where it is not:
+    ``jax.device_put`` moves it wrong); a deleted or donated one is an error route."""
     try:
         _refuse_dead_array(x)
     except ProducerError as exc:
