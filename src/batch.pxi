@@ -50,7 +50,10 @@ cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
     here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf);
     ``owned``: the proof's answer (own.pxi)."""
     cdef _Part part = _Part.__new__(_Part)
-    part.prefix, part.opts, part.keys, part.owned = prefix, opts, [], owned
+    part.prefix = prefix
+    part.opts = opts
+    part.keys = []
+    part.owned = owned
     cdef bint text_lists = not (planned or opts.leaves == "raise")
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:

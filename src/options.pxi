@@ -24,8 +24,13 @@ cdef class Options:
 
     def __init__(self, device=None, copy=None, sharding=None, str fallback="host",
                  str readonly="copy", str leaves="keep", str narrow="warn", committed=None):
-        self.device, self.copy, self.sharding = device, copy, sharding
-        self.fallback, self.readonly, self.leaves, self.narrow = fallback, readonly, leaves, narrow
+        self.device = device
+        self.copy = copy
+        self.sharding = sharding
+        self.fallback = fallback
+        self.readonly = readonly
+        self.leaves = leaves
+        self.narrow = narrow
         if committed is None:
             committed = device is not None or sharding is not None
         self.committed = committed

@@ -108,8 +108,10 @@ cdef class LoaderReport:
 
     def new_epoch(self):
         """Start the counts again (a new epoch); the one warning stays given."""
-        self.batches, self._leaves = 0, {}
-        self._pending, self._staged = [], []
+        self.batches = 0
+        self._leaves = {}
+        self._pending = []
+        self._staged = []
 
     def _next_epoch(self):
         """A new report for the loader's next epoch (one still running counts into its own)."""
