@@ -37,7 +37,7 @@ def jax_caps():
 
 def jax_target():
     """The process-wide JaxTarget every route reads (built on first use, as jax_caps)."""
-    return _jax_target()
+    return _TARGET if _TARGET is not None else _jax_target()
 
 
 def set_target(tg):
@@ -60,12 +60,10 @@ def current_target():
     return _TARGET
 
 
-cdef inline JaxTarget _jax_target():
+cdef JaxTarget _jax_target():
     global _TARGET
-    if _TARGET is None:
-        with _CAPS_LOCK:   # built once, however many threads ask first
-            if _TARGET is None:
-                _TARGET = jax_caps().target
+    with _CAPS_LOCK:   # built once, however many threads ask first (callers check _TARGET)
+        _TARGET = _TARGET if _TARGET is not None else jax_caps().target
     return _TARGET
 
 
@@ -191,7 +189,7 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    cdef JaxTarget tg = _jax_target()
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
     if (device is None and copy is None and sharding is None and fallback is _S_HOST
             and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
         return _convert(x, tg, DEFAULT)
@@ -336,7 +334,7 @@ def convert_next(it, opts, LoaderReport report, end):
     a batch, with its options one ``Options``; ``report`` counts it; ``end`` where ``it`` has
     no more. The item is held by this function alone while the proof counts its references
     (own.pxi): a bare tensor is a batch of one leaf here."""
-    cdef JaxTarget tg = _jax_target()
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
     x = next(it, end)
     if x is end:
         return end
