@@ -91,6 +91,15 @@ FLAG_IS_COPIED = <uint64_t>DLPACK_FLAG_BITMASK_IS_COPIED
 FLAG_IS_SUBBYTE_TYPE_PADDED = <uint64_t>DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
 
+cdef int _remember(dict cache, key, value, Py_ssize_t most) except -1:
+    """``cache[key] = value``, the cache emptied first where it holds ``most``: the one
+    bounded cache of every file below (types, abstract values, layouts, options...)."""
+    if len(cache) >= most:
+        cache.clear()
+    cache[key] = value
+    return 0
+
+
 include "tables.pxi"
 include "warn.pxi"
 include "header.pxi"

@@ -45,11 +45,15 @@ cdef class _Part:
         return self.out if self.tp is list else tuple(self.out)
 
 
-cdef _Part _part(x, tuple prefix, Options opts, bint planned):
+cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
     """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
-    here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf)."""
+    here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf);
+    ``owned``: the proof's answer (own.pxi)."""
     cdef _Part part = _Part.__new__(_Part)
-    part.prefix, part.opts, part.keys = prefix, opts, []
+    part.prefix = prefix
+    part.opts = opts
+    part.keys = []
+    part.owned = owned
     cdef bint text_lists = not (planned or opts.leaves == "raise")
     tp = type(x)
     if tp is dict or tp is list or tp is tuple:
@@ -66,11 +70,8 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=N
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
-    cdef _Part part
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
-        part = _part(x, (), _leaf_options(opts, sharding), planned)
-        part.owned = owned
-        return [part], None
+        return [_part(x, (), _leaf_options(opts, sharding), planned, owned)], None
     Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -83,9 +84,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=N
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        cdef _Part part = _part(sub, tuple(path), _leaf_options(leaf_opts, s), planned)
-        part.owned = owned
-        parts.append(part)
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned, owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where
@@ -97,7 +96,7 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
     ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
     owned = _owned(x, opts, held)   # (first: nothing of dlinspect's holds a part of x yet)
     if report is not None:
-        report._pending = []   # (what a failed batch noted)
+        report._pending = []   # (what a failed batch noted: forgotten here)
     parts, where = _parts(x, tg, opts, False, owned)
     cdef list plan
     try:
@@ -105,8 +104,6 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
         _run_batch(plan, parts, tg)
     except BaseException:
         plan = None   # the exports let go of, with the error handled (see _convert)
-        if report is not None:
-            report._pending = []
         raise
     if report is not None:
         report._end(_leaf_key(parts))
@@ -138,9 +135,8 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
             if i >= 0:
                 raise repeated_capsule_error()
             if part.opts.leaves == "raise":
-                for i in range(len(part.leaves)):
-                    route = None if is_tensor(part.leaves[i]) else untouched(part.leaves[i], "jax",
-                                                                             part.opts)
+                for i, leaf in enumerate(part.leaves):
+                    route = None if is_tensor(leaf) else untouched(leaf, "jax", part.opts)
                     if route is not None:
                         _raise_route(route)
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
@@ -161,11 +157,12 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
 cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
     """Every tensor leaf of ``part`` decided into the plan (``_decide``), nothing taken; a leaf
-    that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``."""
+    that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``. An error
+    is marked with the index of the leaf it is about (``_dlinspect_leaf``)."""
     cdef Options opts = part.opts
     cdef bint reuse = opts.sharding is not None
     cdef list leaves = part.leaves
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i = -1
     cdef _Leaf d
     part.out = list(leaves)
     got = None
@@ -175,23 +172,20 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                 got = _decide(leaves[i], tg, "jax", opts, part.aliased(leaves[i]), i, reuse)
             except NotNumericError:
                 continue   # not a numeric tensor: a leaf kept as it is
-            except BaseException as exc:
-                _mark_leaf(exc, i)
-                raise
             if got is leaves[i] or (<_Leaf>got).verdict == _V_PASS:
                 continue
             d = got
             d.part = k
             if d.route is not None:
                 if (<Route>d.route).problem is not None:
-                    _mark_leaf(d.route.error, i)
                     _raise_route(d.route)
                 d.rank = _rank(d.route)
             if report is not None:
                 report._note(part.offset + i, d.route, d.info, d.needs, opts.copy is True)
             plan.append(d)
-    except BaseException:
+    except BaseException as exc:
         got = d = None   # the exports let go of with the error handled (see _convert)
+        _mark_leaf(exc, i)
         raise
     return 0
 

@@ -307,15 +307,14 @@ cdef class HostOwner:
 def take(cap):
     """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
-    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
-    if name != NULL and strcmp(name, VERSIONED) == 0:
+    if PyCapsule_IsValid(cap, VERSIONED):
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         PyCapsule_SetName(cap, VERSIONED_USED)
-    elif name != NULL and strcmp(name, LEGACY) == 0:
+    elif PyCapsule_IsValid(cap, LEGACY):
         owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         PyCapsule_SetName(cap, LEGACY_USED)
     else:   # another thread took it since its header was read
-        _raise_bad_capsule(cap, name)
+        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
     return owner
 
 

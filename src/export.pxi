@@ -177,7 +177,7 @@ cdef _TypeEntry _entry_for(object tp):
     # Only a type that defines the table itself: a subclass may override __dlpack__,
     # and the table's functions expect objects of the type that owns it.
     api_obj = getattr(tp, "__dict__", {}).get("__dlpack_c_exchange_api__")
-    if api_obj is not None and PyCapsule_IsValid(api_obj, EXCHANGE_API):
+    if PyCapsule_IsValid(api_obj, EXCHANGE_API):   # (None is no capsule)
         api = <const DLPackExchangeAPI*>PyCapsule_GetPointer(api_obj, EXCHANGE_API)
         if (api.header.version.major == 1 and api.dltensor_from_py_object_no_sync != NULL
                 and api.managed_tensor_from_py_object_no_sync != NULL):
@@ -185,16 +185,15 @@ cdef _TypeEntry _entry_for(object tp):
             entry.api_owner = api_obj
     row = _producer_row(tp)
     entry.guard, entry.fix, entry.into = row.guard, row.fix, row.into
-    # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor.
+    # A tensor type without __dlpack__ (typed PRNG keys, ragged...) is still a tensor, and so
+    # is one with the exchange API only.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
-                        or entry.guard == GUARD_JAX)
+                        or entry.guard == GUARD_JAX or entry.api != NULL)
     entry.numpy_export = (entry.guard == GUARD_NUMPY
                           and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
-    if len(_types) >= _TYPES_MAX:
-        _types.clear()
-    _types[tp] = entry
+    _remember(_types, tp, entry, _TYPES_MAX)
     return entry
 
 
@@ -327,7 +326,7 @@ cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 # any export.
 cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
     cdef Guard g = entry.guard
-    if not entry.has_dlpack and entry.api == NULL:
+    if not entry.has_dlpack:
         raise NotDLPackError(
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
             f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
@@ -400,7 +399,7 @@ cdef int _tensor_guard(x) except -3:
     if PyType_Check(x):
         return _NOT_A_TENSOR
     cdef _TypeEntry entry = _entry_for(type(x))
-    if not entry.has_dlpack and entry.api == NULL:
+    if not entry.has_dlpack:
         return _NOT_A_TENSOR
     cdef cnp.dtype dt
     cdef bint numeric = True

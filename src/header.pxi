@@ -454,11 +454,16 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
                        f"every element has at least one lane.")
     cdef TensorInfo info = TensorInfo.__new__(TensorInfo)
     info._alloc(ndim)
-    info.ndim, info._source, info.flags = ndim, source, flags
+    info.ndim = ndim
+    info._source = source
+    info.flags = flags
     info._dev_type = info._cap_dev_type = t.device.device_type
     info.device_id = info._cap_dev_id = t.device.device_id
-    info._code, info._bits, info._lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
-    info.byte_offset, info._data = t.byte_offset, <uintptr_t>t.data
+    info._code = t.dtype.code
+    info._bits = t.dtype.bits
+    info._lanes = t.dtype.lanes
+    info.byte_offset = t.byte_offset
+    info._data = <uintptr_t>t.data
     info.strides_null = t.strides == NULL and ndim > 0
     info.size = _read_shape(info, t)
     _read_strides(info, t)

@@ -24,8 +24,13 @@ cdef class Options:
 
     def __init__(self, device=None, copy=None, sharding=None, str fallback="host",
                  str readonly="copy", str leaves="keep", str narrow="warn", committed=None):
-        self.device, self.copy, self.sharding = device, copy, sharding
-        self.fallback, self.readonly, self.leaves, self.narrow = fallback, readonly, leaves, narrow
+        self.device = device
+        self.copy = copy
+        self.sharding = sharding
+        self.fallback = fallback
+        self.readonly = readonly
+        self.leaves = leaves
+        self.narrow = narrow
         if committed is None:
             committed = device is not None or sharding is not None
         self.committed = committed
@@ -93,10 +98,3 @@ def check_options(device=None, copy=None, sharding=None, fallback="host", readon
         _remember(_made, key, made, 64)
     return made
 
-
-cdef int _remember(dict cache, key, value, Py_ssize_t most) except -1:
-    """``cache[key] = value``, the cache emptied first where it holds ``most``."""
-    if len(cache) >= most:
-        cache.clear()
-    cache[key] = value
-    return 0

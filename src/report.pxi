@@ -108,8 +108,10 @@ cdef class LoaderReport:
 
     def new_epoch(self):
         """Start the counts again (a new epoch); the one warning stays given."""
-        self.batches, self._leaves = 0, {}
-        self._pending, self._staged = [], []
+        self.batches = 0
+        self._leaves = {}
+        self._pending = []
+        self._staged = []
 
     def _next_epoch(self):
         """A new report for the loader's next epoch (one still running counts into its own)."""
@@ -127,13 +129,12 @@ cdef class LoaderReport:
         without a route (the fast path's, a split viewed again): where ``needs`` asks for
         anything but a view."""
         if route is None:
-            self._pending.append((i, info.nbytes, _copy_reason(needs, False)))
-            return 0
-        info = (<Route>route).info
+            reason = _copy_reason(needs, False)
+        else:
+            info = route.info
+            reason = route_reason(route, forced)
         # (info None: NumPy memory DLPack cannot describe)
-        nbytes = (<TensorInfo>info).nbytes if info is not None else route.copy_bytes
-        reason = route_reason(route, forced)
-        self._pending.append((i, nbytes, reason))
+        self._pending.append((i, route.copy_bytes if info is None else info.nbytes, reason))
         return 0
 
     cdef int _end(self, key) except -1:

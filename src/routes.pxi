@@ -197,11 +197,6 @@ cdef Route _fits(Route route):
     return route
 
 
-cdef bint _lanes_share_bytes(TensorInfo info):
-    """Vector lanes narrower than a byte share bytes: no trailing axis can hold them."""
-    return info._lanes != 1 and info._bits % 8 != 0
-
-
 cdef bint _unpackable(TensorInfo info):
     cdef int bits = info._bits * info._lanes
     return bits != 0 and 8 % bits == 0 and info._contiguous(_C_ORDER)
@@ -241,9 +236,10 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     """The route of header ``info`` into JAX (pure); ``source``: what the caller passed. The
     verdict first (fast.pxi): what the fast path runs without a Route, dressed in the facts
     of the import it is."""
+    narrow = _narrowing(info._code, info._bits, needs, tg, opts)
+    host = _dev_is(info._dev_type, _DEV_HOST)
     if _verdict(info, needs, tg, opts) != _V_ROUTE:
-        return _route_import(info, needs, tg, opts, _narrowing(info._code, info._bits, needs, tg, opts),
-                             _dev_is(info._dev_type, _DEV_HOST))
+        return _route_import(info, needs, tg, opts, narrow, host)
     opts = _default_place(info, tg, opts)
     # What rules the tensor out whatever its memory, then where it is, then how JAX takes it.
     ruled_out = _ruled_out(info, needs, "jax")
@@ -255,11 +251,9 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
         return fail("dtype", info, "jax", needs, why=tg.dtype_problem(info._code, info._bits, held),
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
-    narrow = _narrowing(info._code, info._bits, needs, tg, opts)
     if needs & NEED_EMPTY:
         dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
-    host = _dev_is(info._dev_type, _DEV_HOST)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
@@ -280,7 +274,9 @@ cdef Route _ruled_out(TensorInfo info, uint32_t needs, str target):
         return fail("shape", info, target, needs)
     if needs & NEED_UNMAPPED:
         return fail("unmapped", info, target, needs)
-    if _lanes_share_bytes(info):   # the memory's structure: no dtype helps it
+    # Vector lanes narrower than a byte share bytes: no trailing axis can hold them (the
+    # memory's structure: no dtype helps it).
+    if info._lanes != 1 and info._bits % 8 != 0:
         return fail("lanes-share-bytes", info, target, needs)
     return None
 
@@ -307,8 +303,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     src, dest, into, import_type, moved = _import_devices(info, needs, tg, opts.device, host)
     if moved:   # the put copies it there, whatever its alignment or write flag (aliased
         needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # memory is copied first: the put reads later)
-    blocking = needs & (NEED_LAYOUT | NEED_PERMUTED | NEED_READ_ONLY | NEED_ALIGN | NEED_NARROW
-                        | NEED_ALIASED)
+    blocking = needs & _C_COPY_NEEDS   # (what blocks a view: what a copy of the bytes resolves)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
                  permuted=info._contiguous(_ANY_ORDER))
     cdef bint stays = not blocking and dest == src   # (viewed as it is, unless copy=True)
@@ -390,14 +385,13 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
     if needs & (NEED_DTYPE | NEED_NUMPY_PUT):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
+    opts = _leaf_options(opts, opts.sharding)   # (a single-device sharding: its device)
     sharding, device = opts.sharding, opts.device or tg.default_device
-    if sharding is not None and not _is_plain_device(sharding):
+    if sharding is not None:
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
             return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
         facts["spread"], device = len(sharding.device_set), None
-    elif sharding is not None:
-        device = next(iter(sharding.device_set))
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,
@@ -469,29 +463,23 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, Optio
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
 
-cdef tuple _split_parts(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts):
-    """``(parts, copy_bytes, narrow, one_pass)``: one_pass where C views or copies every slice;
-    each slice of an aliased tensor is aliased (``needs``: the whole tensor's)."""
+cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts, source):
+    """Each slice's header and needs (a slice of an aliased tensor is aliased: ``needs``, the
+    whole tensor's), then one pass where C views or copies every slice, else a route each."""
     cdef list parts = []
     cdef TensorInfo part
     cdef uint32_t n
     cdef bint share = opts.readonly == "share", aliased = needs & NEED_ALIASED
     cdef bint one_pass = opts.copy is not True
-    copy_bytes, narrow = 0, None
+    copy_bytes = 0
     for index in lay.indices:
         part = info.sliced(index)
         n = _needs_jax(part, tg, share, aliased)
         if n & ~NEED_VIA_CPU:
             copy_bytes += part.nbytes
-            if n & NEED_NARROW and narrow is None:
-                narrow = _narrowing(part._code, part._bits, n, tg, opts)
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
-    return parts, copy_bytes, narrow, one_pass
-
-
-cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Options opts, source):
-    parts, copy_bytes, narrow, one_pass = _split_parts(info, needs, tg, lay, opts)
+    narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
     if one_pass:   # every slice viewed or copied in C: one pass, in C
         return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
                            needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
@@ -522,11 +510,9 @@ cdef bint _array_passes(x, Options opts, JaxTarget tg) except -1:
 
 
 def route_jax_array(x, Options opts, JaxTarget tg):
-    """A ``jax.Array``'s route: as it is (the verdict first), ``device_put`` or a copy (into
-    row-major first where it is not: ``jax.device_put`` moves it wrong); a deleted or
-    donated one is an error route."""
-    if _array_passes(x, opts, tg):
-        return Route(ZERO_COPY, PASS, None, "jax", jax_array=x, where=None)
+    """A ``jax.Array``'s route: as it is (what _array_passes, the fast path's verdict, lets
+    pass ends there too), ``device_put`` or a copy (into row-major first where it is not:
+    ``jax.device_put`` moves it wrong); a deleted or donated one is an error route."""
     try:
         _refuse_dead_array(x)
     except ProducerError as exc:
@@ -537,11 +523,12 @@ def route_jax_array(x, Options opts, JaxTarget tg):
         nbytes = 0
     if opts.copy is True:
         return Route(COPY, ARRAY_COPY, None, "jax", copy_bytes=nbytes, jax_array=x)
-    sharding = None if opts.sharding is None else check_sharding(opts.sharding)
-    want = sharding if sharding is not None else opts.device
-    bad = None if sharding is None else layout(sharding, x.shape).uneven
-    if bad is not None:
-        return fail("uneven", None, "jax", jax_array=x, sharding=sharding, uneven=bad)
+    want = opts.device
+    if opts.sharding is not None:
+        want = check_sharding(opts.sharding)
+        bad = layout(want, x.shape).uneven
+        if bad is not None:
+            return fail("uneven", None, "jax", jax_array=x, sharding=want, uneven=bad)
     cdef bint relayout = not _row_major_array(x, tg)
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits

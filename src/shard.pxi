@@ -25,9 +25,8 @@ def layout(sharding, shape):
     index_map = sharding.addressable_devices_indices_map(shape) if bad is None else {}
     split = (local and bad is None and all(d.platform == "cpu" for d in index_map)
              and default_memory(sharding))
-    if len(_layouts) >= 256:
-        _layouts.clear()
-    got = _layouts[key] = Layout(local, bad, list(index_map), list(index_map.values()), split)
+    got = Layout(local, bad, list(index_map), list(index_map.values()), split)
+    _remember(_layouts, key, got, 256)
     return got
 
 
@@ -59,9 +58,7 @@ cdef bint _is_plain_device(sharding) except -1:
         return (<tuple>got)[1]
     single = _options_module.jax_module("jax.sharding").SingleDeviceSharding
     plain = type(check_sharding(sharding)) is single and default_memory(sharding)
-    if len(_plain_devices) >= 256:
-        _plain_devices.clear()
-    _plain_devices[id(sharding)] = (sharding, plain)
+    _remember(_plain_devices, id(sharding), (sharding, plain), 256)
     return plain
 
 

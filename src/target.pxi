@@ -38,20 +38,38 @@ cdef class JaxTarget:
         for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
             if align == 0 or (align & (align - 1)) != 0:
                 raise ValueError(f"{name} must be a power of two, not {align}")
-        self.jax, self.jnp, self.import_fn, self.direct = jax, jnp, import_fn, direct
-        self.cpu_device, self.cpu_align, self.default_device = cpu_device, cpu_align, default_device
-        self.x64, self.x64_context, self.devices = x64, x64_context, devices
-        self.cpu_keys, self.platforms = cpu_keys, frozenset(platforms)
-        self.probe, self.hold, self.narrow, self.warn = probe, hold, narrow, warn
-        self.stream_for, self.array_type, self.assemble = stream_for, array_type, assemble
-        self.permuted_ok, self.unit_strides_ok = permuted_ok, unit_strides_ok
+        self.jax = jax
+        self.jnp = jnp
+        self.import_fn = import_fn
+        self.direct = direct
+        self.cpu_device = cpu_device
+        self.cpu_align = cpu_align
+        self.default_device = default_device
+        self.x64 = x64
+        self.x64_context = x64_context
+        self.devices = devices
+        self.cpu_keys = cpu_keys
+        self.platforms = frozenset(platforms)
+        self.probe = probe
+        self.hold = hold
+        self.narrow = narrow
+        self.warn = warn
+        self.stream_for = stream_for
+        self.array_type = array_type
+        self.assemble = assemble
+        self.permuted_ok = permuted_ok
+        self.unit_strides_ok = unit_strides_ok
         self.put = put if make_aval is not None and make_single is not None else None
-        self.put_align, self.make_aval, self.make_single = put_align, make_aval, make_single
-        self.uncommit = uncommit if uncommit is not None else _same
-        self.row_major = row_major if row_major is not None else lambda arr: True
+        self.put_align = put_align
+        self.make_aval = make_aval
+        self.make_single = make_single
+        self.uncommit = uncommit or _same
+        self.row_major = row_major or (lambda arr: True)
         self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
         memset(self._known, 0, sizeof(self._known))
-        self.bad, self._avals, self._singles = {}, {}, {}
+        self.bad = {}
+        self._avals = {}
+        self._singles = {}
 
     def __dealloc__(self):
         cdef int i
@@ -89,9 +107,8 @@ cdef class JaxTarget:
         key = (shape, descr, sharding)
         got = self._avals.get(key)
         if got is None:
-            if len(self._avals) >= 1024:
-                self._avals.clear()
-            got = self._avals[key] = self.make_aval(shape, descr, sharding)
+            got = self.make_aval(shape, descr, sharding)
+            _remember(self._avals, key, got, 1024)
         return got
 
     cdef object single(self, device):
@@ -117,8 +134,7 @@ cdef class JaxTarget:
 
     def refuse_device(self, x, int device_type, int device_id):
         """``fallback="raise"``: UnsupportedDeviceError before the export for a device JAX lacks."""
-        if ((device_type == kDLCPU and device_id == 0) or (device_type, device_id) in self.devices
-                or _dev_is(device_type, _DEV_HOST)):
+        if _dev_is(device_type, _DEV_HOST) or (device_type, device_id) in self.devices:
             return
         raise UnsupportedDeviceError(_words.not_asked(x, device_type, device_id, self.platforms))
 

@@ -34,9 +34,7 @@ def warn(message, bint at_consumer=False):
         return
     _warnings.warn(message, DLInspectWarning, stacklevel=level)
     if key is not None and _repeats_hidden(frame_or_none, message):
-        if len(_shown) >= 1024:
-            _shown.clear()
-        _shown[key] = (filters, len(filters))
+        _remember(_shown, key, (filters, len(filters)), 1024)
 
 
 # (code, line, message) -> (the filters list, whose identity is the test, and its length)
