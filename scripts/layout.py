@@ -187,14 +187,36 @@ _C_TOKEN = re.compile(r"""
 """, re.X)
 
 
+#: Python 3.12's tokenize splits an f-string into its parts (PEP 701); each is counted
+#: whole, as Python 3.11 reads it, so that every interpreter counts the same.
+_FSTRING_START = getattr(tokenize, "FSTRING_START", None)
+_FSTRING_END = getattr(tokenize, "FSTRING_END", None)
+
+
+def _whole_fstrings(toks: list[tokenize.TokenInfo]) -> list[tokenize.TokenInfo]:
+    """``toks`` with each f-string (its parts, nested ones too) one STRING token."""
+    out = []
+    depth = 0
+    for tok in toks:
+        if tok.type == _FSTRING_START:
+            depth += 1
+            if depth == 1:
+                out.append(tok._replace(type=tokenize.STRING))
+        elif tok.type == _FSTRING_END:
+            depth -= 1
+        elif depth == 0:
+            out.append(tok)
+    return out
+
+
 def tokens(path: str, text: str) -> int:
     """The tokens of file ``text`` at ``path``: names, numbers, strings, operators and
     brackets; no comment, no docstring (a string that is a statement of its own), no line
     end or indentation. Python and Cython through ``tokenize``, C by :data:`_C_TOKEN`."""
     if path.endswith(".h"):
         return len(_C_TOKEN.findall(_C_COMMENT.sub(" ", text)))
-    toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
-            if t.type != tokenize.COMMENT]
+    toks = _whole_fstrings([t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                            if t.type != tokenize.COMMENT])
     count = 0
     for i, tok in enumerate(toks):
         if tok.type in _LAYOUT:
