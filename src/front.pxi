@@ -117,9 +117,12 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         once per call site and dtype), or (``"ok"``) quietly.
     readonly : {"copy", "share"}
         Read-only memory (the versioned READ_ONLY flag, e.g. a read-only NumPy
-        array) is copied by default. ``"share"`` imports it without a copy: JAX
-        never writes an array it did not allocate, except through buffer
-        donation, so do not donate such arrays (``jax.jit(donate_argnums=...)``).
+        array) is copied by default. ``"share"`` imports it without a copy, a batch
+        leaf whose memory the batch is not proven to own too: the caller says that
+        nothing writes read-only memory while the result lives (Arrow's buffers and
+        memory-mapped dataset files are never written). JAX never writes an array it
+        did not allocate, except through buffer donation, so do not donate such
+        arrays (``jax.jit(donate_argnums=...)``).
 
     Returns
     -------

@@ -49,9 +49,10 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly,
     if info.size == 0:
         return n | NEED_EMPTY
     n |= _layout_needs(info, tg)
-    if (info.flags & DLPACK_FLAG_BITMASK_READ_ONLY) and not share_readonly:
+    cdef bint read_only = info.flags & DLPACK_FLAG_BITMASK_READ_ONLY
+    if read_only and not share_readonly:
         n |= NEED_READ_ONLY
-    if aliased:
+    if aliased and not (read_only and share_readonly):   # (the caller says nothing writes it)
         n |= NEED_ALIASED
     if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
         n |= NEED_ALIGN

@@ -446,3 +446,18 @@ def test_kept_batches_moved_to_another_device_stay_right():
     assert proc.returncode == 0, proc.stderr[-3000:]
     got, want = eval(proc.stdout.strip().splitlines()[-1])
     assert got == want
+
+
+def test_read_only_memory_a_source_keeps_is_shared_where_the_caller_says_nothing_writes_it():
+    """readonly="share" vouches for read-only memory (Arrow's, a memory-mapped file's): a
+    read-only leaf a source still holds is imported zero-copy with it, copied without it;
+    a writable leaf the source holds is copied either way."""
+    source = types.SimpleNamespace(frozen=fresh(3), writable=fresh(4))
+    source.frozen.flags.writeable = False
+    assert plan({"x": source.frozen})["x"].kind == "copy"
+    assert plan({"x": source.writable}, readonly="share")["x"].kind == "copy"
+    assert plan({"x": source.frozen}, readonly="share")["x"].kind == "zero-copy"
+    out = to_jax({"x": source.frozen}, readonly="share")["x"]
+    assert buffer_pointer(out) == source.frozen.ctypes.data
+    assert_computes_like(out, source.frozen)
+    assert not source.frozen.flags.writeable

@@ -92,28 +92,33 @@ class Batches(PAGE["Batches"]):
         return -(-len(self.ds) // self.batch_size)
 
 
-#: Whether each array a Recorded source handed over was writable then, by id (the loader
-#: marks a NumPy source read-only while a batch views it: reuse="error").
-WRITABLE = {}
+class Seen:
+    """What the tests compare of a numeric NumPy leaf a Recorded source handed over,
+    without holding it (a source that keeps a batch's arrays has dlinspect copy them):
+    its address, size, dtype and writability then."""
 
-
-def was_writable(a):
-    return WRITABLE[id(a)]
+    def __init__(self, a):
+        self.data = a.ctypes.data
+        self.nbytes = a.nbytes
+        self.dtype = a.dtype
+        self.writeable = a.flags.writeable
 
 
 class Recorded:
-    """A source handing over ``source``'s batches and keeping each (``seen``), so that a
-    loader's output can be compared with its input by pointer."""
+    """A source handing over ``source``'s batches and recording each (``seen``: its numeric
+    leaves as Seen, the others as they are), so that a loader's output can be compared
+    with its input by pointer."""
 
     def __init__(self, source):
         self.source, self.seen = source, []
 
     def __iter__(self):
-        for batch in self.source:
-            self.seen.append(batch)
-            WRITABLE.update((id(v), v.flags.writeable) for v in batch.values()
-                            if isinstance(v, np.ndarray))
-            yield batch
+        return map(self.record, self.source)   # (no variable holds a batch handed over)
+
+    def record(self, batch):
+        self.seen.append({k: Seen(v) if isinstance(v, np.ndarray) and v.dtype.kind in "iuf" else v
+                          for k, v in batch.items()})
+        return batch
 
     def __len__(self):
         return len(self.source)
@@ -319,8 +324,7 @@ SOURCES = ["aligned", "misaligned", "from disk", "shuffled", "Array2D", "padded 
 
 def numeric(batch):
     """The batch's numeric NumPy leaves, by key."""
-    return {k: v for k, v in batch.items()
-            if isinstance(v, np.ndarray) and v.dtype.kind in "iuf"}
+    return {k: v for k, v in batch.items() if isinstance(v, Seen)}
 
 
 def run_recipe(ds, **options):
@@ -343,7 +347,7 @@ def test_recipe_shares_every_numeric_byte(sources, name):
         assert set(leaves) == {k for k, v in numpy_batch.items() if v.dtype.kind in "iuf"}
         for key, leaf in leaves.items():
             # zero-copy: the JAX array is the recipe's memory, its values the dataset's
-            assert converted[key].unsafe_buffer_pointer() == leaf.ctypes.data, key
+            assert converted[key].unsafe_buffer_pointer() == leaf.data, key
             stored = values_of(ds.data.table.column(key)).type.to_pandas_dtype()
             assert leaf.dtype == stored, key                   # as stored: no widening
             assert np.array_equal(np.asarray(converted[key]), numpy_batch[key]), key
@@ -362,8 +366,8 @@ def test_recipe_views_the_dataset_memory_where_aligned(sources):
     for i, (ours, converted) in enumerate(zip(seen, out)):
         for key, row_bytes in (("x", F * 4), ("label", 4)):
             start = address(ds.data.table, key) + i * BATCH * row_bytes
-            assert not ours[key].flags.writeable                # Arrow's: read-only
-            assert ours[key].ctypes.data == start == converted[key].unsafe_buffer_pointer()
+            assert not ours[key].writeable                      # Arrow's: read-only
+            assert ours[key].data == start == converted[key].unsafe_buffer_pointer()
 
 
 def test_recipe_writes_misaligned_columns_once(sources):
@@ -374,9 +378,9 @@ def test_recipe_writes_misaligned_columns_once(sources):
     arrow = address(ds.data.table, "x")
     for ours, converted in zip(seen, out):
         x = ours["x"]
-        assert was_writable(x) and x.ctypes.data % 64 == 0
-        assert not arrow <= x.ctypes.data < arrow + N * F * 4          # not Arrow's memory
-        assert converted["x"].unsafe_buffer_pointer() == x.ctypes.data
+        assert x.writeable and x.data % 64 == 0
+        assert not arrow <= x.data < arrow + N * F * 4          # not Arrow's memory
+        assert converted["x"].unsafe_buffer_pointer() == x.data
     assert all(not r["copied_bytes"] for r in loader.report.as_dict().values())
 
 
@@ -389,9 +393,9 @@ def test_recipe_defaults(sources, name):
     for ours, converted in zip(seen, out, strict=True):
         for key, leaf in numeric(ours).items():
             path = f"['{key}']"
-            shared = converted[key].unsafe_buffer_pointer() == leaf.ctypes.data
-            assert shared == was_writable(leaf), (key, leaf.ctypes.data % 64)
-            into = writable if was_writable(leaf) else read_only
+            shared = converted[key].unsafe_buffer_pointer() == leaf.data
+            assert shared == leaf.writeable, (key, leaf.data % 64)
+            into = writable if leaf.writeable else read_only
             into[path] = into.get(path, 0) + leaf.nbytes
     report = loader.report.as_dict()
     for path, row in report.items():
