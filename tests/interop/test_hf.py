@@ -400,7 +400,8 @@ def test_recipe_defaults(sources, name):
     report = loader.report.as_dict()
     for path, row in report.items():
         assert row["zero_copy_bytes"] == writable.get(path, 0), path
-        assert row["copied_bytes"] == ({"read-only": read_only[path]} if path in read_only
+        # (Arrow's memory: read-only, and not the batch's own)
+        assert row["copied_bytes"] == ({"read-only, aliased": read_only[path]} if path in read_only
                                        else {}), path
     if name in ("aligned", "shuffled"):      # Arrow's memory, aligned: all of it read-only
         assert not writable and read_only
@@ -419,7 +420,7 @@ def test_read_only_copies_are_named_once():
     with pytest.warns(dlinspect.DLInspectWarning, match=r"^\['x'\]: copied in every one.*"
                                                         r"read-only.*readonly=\"share\""):
         list(loader)
-    assert loader.report.as_dict()["['x']"]["copied_bytes"] == {"read-only": rows * width * 4}
+    assert loader.report.as_dict()["['x']"]["copied_bytes"] == {"read-only, aliased": rows * width * 4}
     shared = dlinspect.prefetch_to_jax(Batches(ds, 32), readonly="share")
     with warnings.catch_warnings():
         warnings.simplefilter("error", dlinspect.DLInspectWarning)
