@@ -15,6 +15,7 @@ from libc.stdint cimport (
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp, memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
 from cpython.type cimport PyType_Check
 cimport numpy as cnp

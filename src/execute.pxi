@@ -7,9 +7,7 @@ cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     if d.verdict == _V_PASS:
         return x
     if d.split is not None:
-        s = <_SplitViews>d.split
-        return _split_import(d.cap, d.info, s.parts, s.devices, s.sharding, tg,
-                             (<TensorInfo>d.info)._ptr() - s.whole._ptr(), s.aval)
+        return _split_again(d.cap, d.info, d.split, tg)
     if d.verdict == _V_ROUTE:
         return _execute(d.route, d.cap, x, tg, opts, prepared)
     cdef TensorInfo info = d.info

@@ -110,12 +110,11 @@ cdef Route _route_of(_Leaf d, x, JaxTarget tg, str target, Options opts, bint al
 
 
 cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
-                          JaxTarget tg, uintptr_t delta=0, aval=None):
+                          JaxTarget tg):
     """Consume ``cap`` into one owner and put each slice of a one-pass split on its device:
     viewed where it needs nothing but VIA_CPU, else copied in C (narrowed, warned before),
     by one batched put where it views them all, else imported and assembled. The deleter
-    runs when the last view dies; a legacy capsule is imported writable. A split viewed
-    again: ``delta`` bytes from the tensor it was decided for, ``aval`` its put's."""
+    runs when the last view dies; a legacy capsule is imported writable."""
     cdef TensorInfo part
     cdef uint32_t n
     cdef int dst_key = info._key()
@@ -131,7 +130,7 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
     try:
         for (part, n), device in zip(parts, devices):
             if n & ~NEED_VIA_CPU == 0:
-                arrays.append(_view_of(owner, part, writeable, delta) if by_put else
+                arrays.append(_view_of(owner, part, writeable) if by_put else
                               import_capsule(tg.import_fn, view_capsule(owner, part), device,
                                              None, None, kDLCPU))
             else:
@@ -139,11 +138,10 @@ cdef object _split_import(object cap, TensorInfo info, list parts, list devices,
                 _fill(copy, part)
                 arrays.append(copy if by_put else _put_host(tg, copy, device, True))
                 del copy
-        if not by_put:
-            return tg.assemble(info.shape, sharding, devices, arrays)
-        if aval is None:
-            aval = tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8), sharding)
-        return tg.put(aval, sharding, arrays, devices, True)   # (the sharding's devices, in order)
+        if by_put:   # (devices: the sharding's addressable ones, in its own order)
+            return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
+                                          sharding), sharding, arrays, devices, True)
+        return tg.assemble(info.shape, sharding, devices, arrays)
     except BaseException:
         arrays = None
         _untake(owner, cap)   # a failed split consumes nothing
@@ -157,21 +155,37 @@ cdef class _SplitViews:
     """A zero-copy split kept for the next tensor of this header and sharding (a loader's every
     step: deciding again costs more than the put), at its address; it holds no tensor."""
     cdef TensorInfo whole     # the first tensor's header
-    cdef list parts, devices  # (parts: each slice's (header, needs), at the first tensor's address)
+    cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
+    cdef cnp.dtype descr
+    cdef JaxTarget tg         # (held, as the sharding is: the key names both by address)
 
 
 _split_views = {}   # _split_key(...) -> _SplitViews; a module global (tests start it afresh)
 
+cdef enum:
+    _SPLIT_KEY = 9   # a split key's words before the header's shape and strides
 
-cdef tuple _split_key(TensorInfo info, Options opts, bint aliased, JaxTarget tg):
-    """What decides a split's views: the header (its address modulo the put's alignment),
-    the sharding, the options a view depends on, the JAX it is for and, for a 64-bit dtype,
-    whether x64 is on now (JAX narrows by it)."""
+
+cdef bytes _split_key(TensorInfo info, Options opts, bint aliased, JaxTarget tg):
+    """What decides a split's views, as bytes: the sharding and the JAX it is for (by address:
+    the entry holds both), the options a view depends on, whether x64 is on now for a 64-bit
+    dtype (JAX narrows by it), and the header, its address modulo the put's alignment."""
+    cdef int64_t k[_SPLIT_KEY + 2 * _MAX_NDIM]
+    cdef int n = info.ndim
     cdef bint x64 = (info._bits == 64 or info._bits == 128) and tg.x64.value
-    return (opts.sharding, opts.copy, opts.readonly, aliased, tg, x64, info._key(), info._lanes,
-            info.flags, info._dev_type, info.device_id, info._ptr() & (tg.put_align - 1),
-            info.shape, info.strides)
+    k[0] = <int64_t><uintptr_t><PyObject*>opts.sharding
+    k[1] = <int64_t><uintptr_t><PyObject*>tg
+    k[2] = aliased | (opts.copy is True) << 1 | (opts.copy is False) << 2 | (opts.readonly == "share") << 3
+    k[3] = x64
+    k[4] = info._key() | <int64_t>info._lanes << 16
+    k[5] = info._dev_type
+    k[6] = info.device_id
+    k[7] = <int64_t>info.flags
+    k[8] = info._ptr() & (tg.put_align - 1)
+    memcpy(&k[_SPLIT_KEY], info._shape, n * sizeof(int64_t))
+    memcpy(&k[_SPLIT_KEY + n], info._strides, n * sizeof(int64_t))
+    return PyBytes_FromStringAndSize(<char*>k, (_SPLIT_KEY + 2 * n) * sizeof(int64_t))
 
 
 cdef _SplitViews _split_seen(TensorInfo info, Options opts, bint aliased, JaxTarget tg):
@@ -195,7 +209,26 @@ cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliase
         if n & ~NEED_VIA_CPU or not _viewable_by_put(part, tg):
             return 0
     cdef _SplitViews s = _SplitViews.__new__(_SplitViews)
-    s.whole, s.parts, s.devices, s.sharding = info, parts, f["devices"], f["sharding"]
-    s.aval = tg.sharded_aval(info.shape, _numpy_dtype(info._code, info._bits), s.sharding)
+    s.whole, s.devices, s.sharding, s.tg = info, f["devices"], f["sharding"], tg
+    s.parts = [part for part, _ in parts]
+    s.descr = _numpy_dtype(info._code, info._bits)
+    s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
     _remember(_split_views, _split_key(info, opts, aliased, tg), s, 256)
     return 0
+
+
+cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget tg):
+    """Put ``s``'s slices, viewed at ``info``'s address, from ``cap`` (a failed put takes none)."""
+    cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
+    cdef bint writeable = info.read_only is not True
+    cdef TensorInfo part
+    owner = take(cap)
+    try:
+        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
+                           part._strides, part._bits // 8, s.descr, writeable)
+                  for part in s.parts]
+        return tg.put(s.aval, s.sharding, arrays, s.devices, True)
+    except BaseException:
+        arrays = None
+        _untake(owner, cap)
+        raise

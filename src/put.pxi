@@ -41,9 +41,8 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
     return arr
 
 
-cdef object _view_of(object owner, TensorInfo info, bint writeable, uintptr_t delta=0):
-    """A NumPy view of ``info``'s memory (one lane an element), ``delta`` bytes on."""
-    return _ndarray(owner, <void*>(info._ptr() + delta), info.ndim, info._shape, info._strides,
+cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one lane an element)
+    return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
