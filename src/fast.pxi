@@ -158,7 +158,7 @@ cdef class _SplitViews:
     cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
     cdef cnp.dtype descr
-    cdef JaxTarget tg         # (held, as the sharding is: the key names both by address)
+    cdef tuple named          # what its key names by address, held: (the options' sharding, the target)
 
 
 _split_views = {}   # _split_key(...) -> _SplitViews; a module global (tests start it afresh)
@@ -209,7 +209,10 @@ cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliase
         if n & ~NEED_VIA_CPU or not _viewable_by_put(part, tg):
             return 0
     cdef _SplitViews s = _SplitViews.__new__(_SplitViews)
-    s.whole, s.devices, s.sharding, s.tg = info, f["devices"], f["sharding"], tg
+    s.whole = info
+    s.devices = f["devices"]
+    s.sharding = f["sharding"]
+    s.named = (opts.sharding, tg)
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
     s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
