@@ -189,22 +189,62 @@ def capsule_of(arr, bint read_only=False):
     cdef uint64_t flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
     if bits * lanes < 8:
         flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # one element per byte
-    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM], row = 1
-    cdef int32_t i, ndim = arr.ndim
-    item = arr.itemsize
+    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
+    cdef DLTensor t
+    _numpy_header(arr, c_DLDataType(code, bits, lanes), &t, shape, strides)
+    return _capsule(arr, &t, t.ndim, flags)
+
+
+cdef bint _numpy_header(cnp.ndarray a, c_DLDataType dtype, DLTensor* t, int64_t* shape,
+                        int64_t* strides) noexcept:
+    """``t``: ``a``'s header as ``dtype`` (``shape``, ``strides``: its arrays, MAX_NDIM long,
+    at most that many dimensions). False where a stride holds part of an element."""
+    cdef int32_t i, ndim = cnp.PyArray_NDIM(a)
+    cdef int64_t row = 1, item = cnp.PyArray_ITEMSIZE(a)
     # An extent-1 axis may carry any stride (NumPy gives some 0): the header gets the row-major
     # one (jaxlib 0.4.30 takes a stride-0 axis for the minor one, a layout its jit refuses).
     for i in range(ndim - 1, -1, -1):
-        shape[i], stride = arr.shape[i], arr.strides[i]
+        shape[i] = cnp.PyArray_DIMS(a)[i]
+        strides[i] = cnp.PyArray_STRIDES(a)[i] // item
         if shape[i] <= 1:
             strides[i] = row
-        else:   # (not a whole number of elements only in an empty array: 0)
-            strides[i] = stride // item if stride % item == 0 else 0
+        elif cnp.PyArray_STRIDES(a)[i] % item == 0:
             row *= shape[i]
-    # (&shape[0], not shape: Cython would copy the array over the field's pointer)
-    cdef DLTensor t = DLTensor(<void*><uintptr_t>arr.ctypes.data, DLDevice(kDLCPU, 0), ndim,
-                               c_DLDataType(code, bits, lanes), &shape[0], &strides[0], 0)
-    return _capsule(arr, &t, ndim, flags)
+        elif cnp.PyArray_SIZE(a):
+            return False
+        else:
+            strides[i] = 0   # (an empty array's: it addresses nothing)
+    t[0] = DLTensor(cnp.PyArray_DATA(a), DLDevice(kDLCPU, 0), ndim, dtype, shape, strides, 0)
+    return True
+
+
+# DLPack's ``code | bits << 8`` by the type number of a builtin NumPy dtype (0: none here).
+cdef uint16_t _KEY_OF_NUM[32]
+for _char in "?bBhHiIlLqQefdFD":
+    _code, _bits, _ = dldtype_from_numpy(_char)
+    _KEY_OF_NUM[_np_dtype(_char).num] = _code | _bits << 8
+del _char, _code, _bits, _
+
+
+cdef inline int _numpy_key(cnp.ndarray a) noexcept:
+    """``a``'s dtype as DLPack's ``code | bits << 8`` where it is a builtin one; else 0."""
+    cdef int num = cnp.PyArray_TYPE(a)
+    return _KEY_OF_NUM[num] if 0 <= num < 32 else 0
+
+
+cdef TensorInfo _ndarray_info(cnp.ndarray a):
+    """``a``'s header read from its fields without an export (source "ndarray"); None where
+    NumPy's export must judge it: a dtype not builtin or not native, a stride of part of an
+    element."""
+    cdef int key = _numpy_key(a)
+    if key == 0 or not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_NDIM(a) > _MAX_NDIM:
+        return None
+    cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
+    cdef DLTensor t
+    if not _numpy_header(a, c_DLDataType(key & 0xFF, key >> 8, 1), &t, shape, strides):
+        return None
+    cdef uint64_t flags = 0 if cnp.PyArray_ISWRITEABLE(a) else DLPACK_FLAG_BITMASK_READ_ONLY
+    return _new_info(&t, SRC_NDARRAY, flags)
 
 
 def numpy_capsule(arr, refusal=None):

@@ -398,6 +398,8 @@ cdef int _tensor_guard(x) except -3:
         return _CAPSULE
     if PyType_Check(x):
         return _NOT_A_TENSOR
+    if type(x) is _np_ndarray and _numpy_key(x):   # (the hot path's: no table)
+        return GUARD_NUMPY
     cdef _TypeEntry entry = _entry_for(type(x))
     if not entry.has_dlpack:
         return _NOT_A_TENSOR

@@ -42,6 +42,8 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     d.index, d.rank = index, 2
+    if type(x) is _np_ndarray and tg is not None and _put_as_is(d, x, tg, opts, aliased):
+        return d
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
         if index >= 0 and not entry.has_dlpack and entry.api == NULL:
@@ -67,6 +69,21 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
         d = None   # (see _convert)
         raise
     return d
+
+
+cdef bint _put_as_is(_Leaf d, cnp.ndarray x, JaxTarget tg, Options opts, bint aliased) except -1:
+    """Decide NumPy array ``x`` from its own fields where the verdict is the batched put of ``x``
+    itself (_V_VIEW, viewable by the put): its export would go unused. Else False: exported."""
+    cdef TensorInfo info = _ndarray_info(x)
+    if info is None:
+        return False
+    cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share", aliased)
+    if _verdict(info, needs, tg, opts) != _V_VIEW or not _viewable_by_put(info, tg):
+        return False
+    d.info = info
+    d.needs = needs
+    d.verdict = _V_VIEW
+    return True
 
 
 cdef int _decide_header(_Leaf d, x, JaxTarget tg, str target, Options opts, bint aliased,

@@ -5,8 +5,9 @@ cdef enum Source:
     SRC_LEGACY = 0       # a "dltensor" capsule
     SRC_VERSIONED = 1    # a "dltensor_versioned" capsule
     SRC_EXCHANGE = 2     # the DLPack 1.3 C exchange API; no capsule was made
+    SRC_NDARRAY = 3      # a NumPy array's own fields, as its export gives them; no capsule was made
 
-_SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api")
+_SOURCE_NAMES = ("dltensor", "dltensor_versioned", "exchange_api", "ndarray")
 
 # TensorInfo.to_dict's keys, in order: the attributes of that name.
 _DICT_FIELDS = (
@@ -83,13 +84,16 @@ cdef class TensorInfo:
     flags : int
         The versioned header's ``flags`` (0 where there is no flags field).
     read_only : bool or None
-        READ_ONLY flag of a versioned capsule; None where the source cannot say.
+        READ_ONLY flag of a versioned capsule (a NumPy array read without one: not
+        writeable); None where the source cannot say.
     is_copied : bool or None
         IS_COPIED flag of a versioned capsule; None where the source cannot say.
     capsule_name : str or None
         ``"dltensor"`` or ``"dltensor_versioned"``; None when no capsule was made.
     source : str
-        ``"dltensor"``, ``"dltensor_versioned"`` or ``"exchange_api"``.
+        ``"dltensor"``, ``"dltensor_versioned"``, ``"exchange_api"``, or ``"ndarray"``
+        (the header :func:`to_jax` and :func:`plan` read from a NumPy array's own fields
+        where JAX takes the array itself: no export).
     is_c_contiguous, is_f_contiguous : bool
         NumPy's rules: extent-1 dimensions ignored; zero-size tensors are contiguous.
     is_compact : bool
@@ -229,11 +233,13 @@ cdef class TensorInfo:
         return self._flag(DLPACK_FLAG_BITMASK_IS_COPIED)
 
     cdef object _flag(self, uint64_t bit):
-        return (self.flags & bit) != 0 if self._source == SRC_VERSIONED else None
+        if self._source == SRC_VERSIONED or self._source == SRC_NDARRAY:
+            return (self.flags & bit) != 0
+        return None
 
     @property
     def capsule_name(self):
-        return None if self._source == SRC_EXCHANGE else _SOURCE_NAMES[self._source]
+        return _SOURCE_NAMES[self._source] if self._source < SRC_EXCHANGE else None
 
     @property
     def source(self):
