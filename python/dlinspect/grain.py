@@ -166,11 +166,15 @@ def _stage_types() -> tuple[type, type]:
     ``converted``); state and checkpoints are the parent's."""
     grain = importlib.import_module("grain")
 
-    class ToJaxIterator(grain.DatasetIterator):   # type: ignore[misc, name-defined, unused-ignore]
+    class Stage:   # what both hold: the parent and the conversion
         def __init__(self, parent: Any, to_jax: _ToJax) -> None:
-            super().__init__(parent)
+            super().__init__(parent)  # type: ignore[call-arg]
             self._to_jax = to_jax
 
+        def __str__(self) -> str:
+            return f"{type(self).__name__}({self._to_jax!r})"
+
+    class ToJaxIterator(Stage, grain.DatasetIterator):   # type: ignore[misc, name-defined, unused-ignore]
         def __next__(self) -> Any:
             return self._to_jax.next_of(self._parent)
 
@@ -180,19 +184,9 @@ def _stage_types() -> tuple[type, type]:
         def set_state(self, state: Any) -> None:
             self._parent.set_state(state)
 
-        def __str__(self) -> str:
-            return f"ToJaxIterator({self._to_jax!r})"
-
-    class ToJaxDataset(grain.IterDataset):   # type: ignore[misc, name-defined, unused-ignore]
-        def __init__(self, parent: Any, to_jax: _ToJax) -> None:
-            super().__init__(parent)
-            self._to_jax = to_jax
-
+    class ToJaxDataset(Stage, grain.IterDataset):   # type: ignore[misc, name-defined, unused-ignore]
         def __iter__(self) -> Any:
             return ToJaxIterator(self._parent.__iter__(), self._to_jax)
-
-        def __str__(self) -> str:
-            return f"ToJaxDataset({self._to_jax!r})"
 
     return ToJaxDataset, ToJaxIterator
 
@@ -205,7 +199,7 @@ class _ToJax:
     __slots__ = ("context", "move_to", "options", "report", "threaded", "x64")
 
     def __init__(self, options: Options, tg: Any, threaded: bool) -> None:
-        self.options, self.threaded, self.move_to = options, threaded, None
+        self.threaded, self.move_to = threaded, None
         if tg.default_device is None and options.device == tg.cpu_device and options.copy is None:
             # Only where copy=None: with copy=False a move must raise CopyRequiredError,
             # and copy=True takes the general route anyway.
