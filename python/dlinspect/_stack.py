@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _tree
-from ._core import aligned_empty, capsule_of, current_target, is_tensor, physical_memory
-from ._core import stack_column, to_host
+from ._core import (aligned_empty, capsule_of, current_target, is_tensor, physical_memory,
+                    stack_column, to_host)
 from ._tables import NUMPY_MAX_NDIM
 from ._words import type_name
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
@@ -122,9 +122,9 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
                 raise StackError(
                     f"element {k} of the elements to stack has the structure {flats[k].describe()}, and "
                     f"element 0 {first.describe()}; {_SAME_STRUCTURE} (fill what an element lacks first).")
-        columns = [[flat.leaves[j] for flat in flats] for j in range(len(first.leaves))]
-    return first.unflatten([_stack_leaf(_At(first, j), columns[j], align, allocate)
-                            for j in range(len(columns))])
+        columns = [list(column) for column in zip(*(flat.leaves for flat in flats))]
+    return first.unflatten([_stack_leaf(_At(first, j), column, align, allocate)
+                            for j, column in enumerate(columns)])
 
 
 def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
@@ -153,7 +153,7 @@ def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | Non
 def _alignment(alignment: Any) -> int:
     """The caller's, or this JAX's where it was probed, else 64."""
     align = operator.index(alignment)
-    if align < 0 or align > MAX_ALIGNMENT or align & (align - 1):
+    if not 0 <= align <= MAX_ALIGNMENT or align & (align - 1):
         raise ValueError(f"alignment must be 0 or a power of two (bytes) up to 2**30, not {alignment}")
     if align:
         return align
@@ -261,7 +261,7 @@ def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
     """StackError for a shape NumPy has no array of; AllocationError."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
-    extents = dtype.itemsize * math.prod(e for e in shape if e)
+    extents = dtype.itemsize * math.prod(filter(None, shape))
     if len(shape) > NUMPY_MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
         raise StackError(
             f"{at.where()}the batched leaf, {dtype} of shape {shape}, has "
