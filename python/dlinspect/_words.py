@@ -150,8 +150,8 @@ def _only_read_only(route: Any) -> bool:
 
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
     """Why a JAX route copies (or would), and the fix for each."""
-    needs, f = route.needs, route.facts
-    found = [words(route) for need, words in _COPY_NEEDS if needs & need]
+    f = route.facts
+    found = [words(route) for need, words in _COPY_NEEDS if route.needs & need]
     reasons, fixes = [r for r, _ in found], [fix for _, fix in found]
     if f["dest"] != f["src"]:
         reasons.append(f"it moves from {f['src']} to {f['dest']}")
@@ -479,7 +479,9 @@ def _host_lanes(info: Any) -> str:
     return f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
 
 
-def _jax_view(route: Any) -> str:
+def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a copy)
+    if not route.zero_copy:
+        return _jax_copy(route)
     info = route.info
     if route.needs & Need.LANES:
         text = _lanes_text(info)
@@ -489,10 +491,6 @@ def _jax_view(route: Any) -> str:
         return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
                 f"a copy (no {device_row(dt).platform or 'device'} backend here).")
     return f"JAX views the producer's memory on {route.facts['dest']}."
-
-
-def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a copy)
-    return _jax_view(route) if route.zero_copy else _jax_copy(route)
 
 
 def _jax_copy(route: Any) -> str:
