@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 from typing import Any, NamedTuple
 
 import numpy
@@ -191,9 +192,8 @@ def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
     name = numpy.dtype(dtype).name
     if (found := _DTYPE_BY_NAME.get(name)) is not None:
         return found
-    for prefix, code in (("uint", _C.kDLUInt), ("int", _C.kDLInt)):   # ml_dtypes' other widths
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            return (code, int(name[len(prefix):]), 1)
+    if (integer := re.fullmatch(r"(u?)int(\d+)", name)) is not None:   # ml_dtypes' other widths
+        return (_C.kDLUInt if integer[1] else _C.kDLInt, int(integer[2]), 1)
     raise ValueError(f"DLPack has no type code for dtype {name!r}")
 
 
