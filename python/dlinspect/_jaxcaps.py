@@ -20,7 +20,6 @@ from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
 from ._tables import dtype_name, numpy_dtype
 from ._words import first_line, narrowing_text
 
-__all__ = ["CoreTools", "JaxCaps", "SYMBOLS"]
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()

@@ -8,8 +8,6 @@ import importlib
 import sys
 from typing import Any, Literal, Protocol
 
-__all__ = ["single_device", "is_device", "jax_module", "check_sharding", "SupportsDLPack",
-           "Target", "Fallback", "ReadOnly", "Leaves", "Narrow"]
 
 # The values of each string option.
 Target = Literal["jax", "host"]

@@ -20,7 +20,6 @@ from ._options import Fallback, Leaves, Narrow, ReadOnly
 from ._words import type_name
 from .errors import SourceExhaustedError
 
-__all__ = ["prefetch_to_jax", "PrefetchLoader", "Kept", "loader_options", "converted"]
 
 _END = object()  # the source has no more batches
 _POLL_S = 0.05  # how often a blocked worker looks at the stop flag

@@ -16,7 +16,6 @@ from ._tables import NUMPY_MAX_NDIM
 from ._words import type_name
 from .errors import AllocationError, DLInspectError, StackError, UnsupportedDeviceError
 
-__all__ = ["stack"]
 
 MAX_ALIGNMENT = 1 << 30   # bytes
 _CAPSULE = type(capsule_of(np.zeros(1, np.uint8)))

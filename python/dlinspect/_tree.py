@@ -18,7 +18,6 @@ from ._options import jax_module
 from ._words import type_name
 from .errors import ContainerError
 
-__all__ = ["Flat", "flatten", "is_leaf", "text_leaf", "MAX_DEPTH"]
 
 MAX_DEPTH = 200   # containers inside containers
 
