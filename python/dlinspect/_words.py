@@ -348,9 +348,9 @@ def _copy_forbidden(route: Any) -> Parts:
                  "dtype=x.dtype.newbyteorder('='))"]
     elif "jax_array" in f:
         devices = ", ".join(map(str, f["jax_array"].devices()))
-        subject, found = "", (f"{_RELAYOUT}, so it is copied into row-major order" if f["relayout"] else
-                              f"a jax.Array on {devices} must move to {_where(f)}, which copies")
-        found += ", but copy=False"
+        subject = ""
+        found = (f"{_RELAYOUT}, so it is copied into row-major order, but copy=False" if f["relayout"]
+                 else f"a jax.Array on {devices} must move to {_where(f)}, which copies, but copy=False")
     elif f.get("through_host") and route.target == "host":
         found = f"is not in host memory. Bringing it to the host {refused}"
     elif f.get("through_host"):
