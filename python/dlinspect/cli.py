@@ -57,7 +57,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     if jax is not None:
         c = jax_caps()
         report["jax"] = {
-            "platforms": sorted({d.platform for d in devices}), "devices": [str(d) for d in devices],
+            "platforms": sorted({d.platform for d in devices}), "devices": list(map(str, devices)),
             "direct_import": c.direct, "direct_reason": c.direct_reason,
             # (c.target, built before the symbols are read: its probes say which are used)
             "cpu_alignment": c.target.cpu_align,
@@ -148,7 +148,7 @@ def doctor_verdict(r: dict[str, Any]) -> str:
 
 
 def _print_doctor(r: dict[str, Any]) -> None:
-    print(doctor_verdict(r) + "\n")
+    print(f"{doctor_verdict(r)}\n")
     print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
     j = r["jax"]
     if j is None and r.get("jax_error"):
@@ -186,12 +186,11 @@ def _inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
     import dlinspect
-    import dlinspect.testing  # noqa: F401 - in scope for --expr (FakeProducer, make_capsule)
     from dlinspect._core import is_tensor
     if (args.path is None) == (args.expr is None):
         return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
     try:
-        x = _load_subject(args, np, dlinspect)
+        x = _load_subject(args)
     except Exception as exc:  # the user's file or expression: report it, no traceback
         if args.path is not None and not _is_npy(args.path):
             return _fail(f"inspect: {args.path} is not a .npy file (it does not start with NumPy's "
@@ -227,11 +226,13 @@ def _is_npy(path: str) -> bool:
         return True   # (not readable: np.load's own words say why)
 
 
-def _load_subject(args: argparse.Namespace, np: Any, dlinspect: Any) -> Any:
+def _load_subject(args: argparse.Namespace) -> Any:
+    import numpy as np
     if args.path is not None:
         # Copy-on-write mapping: the file is never written, and the array is as
         # writable as np.load's would be (mode "r" would always read "read-only").
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
+    import dlinspect.testing   # (in scope for --expr: FakeProducer, make_capsule)
     from dlinspect.bench._common import optional
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
@@ -246,7 +247,7 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in (p for p in (args.json, args.plot, args.markdown) if p):
+    for path in filter(None, (args.json, args.plot, args.markdown)):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             return f"cannot write {path}: the folder {folder} does not exist"
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ImportError as exc:
-        if "jax" not in str(exc) and getattr(exc, "name", None) not in ("jax", "jaxlib"):
+        if "jax" not in str(exc) and exc.name not in ("jax", "jaxlib"):
             raise
         # One line, no traceback: the install hint is all there is to do.
         return _fail(f"{args.command}: this needs jax, which is not installed here; install it "
