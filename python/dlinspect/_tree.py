@@ -149,7 +149,7 @@ def is_leaf(v: Any) -> bool:
     return v is not None and _kind(type(v)) == _LEAF and _tree_util().all_leaves([v])
 
 
-def _one_level(x: Any, text_lists: bool = False) -> int:
+def _one_level(x: Any, text_lists: bool) -> int:
     """1 where ``x`` is a dict (keys that sort), list or tuple of leaves only (2: with a
     :func:`text_leaf` among them), whose walk needs no looking for cycles; else 0."""
     tp = type(x)
@@ -172,7 +172,7 @@ def _one_level(x: Any, text_lists: bool = False) -> int:
     return level
 
 
-def _flatten(x: Any, is_leaf: Any = None, level: int = 0) -> Flat:
+def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
     """``level``: :func:`_one_level`'s answer, where no container among the leaves JAX finds
     needs walking (and no list is kept whole where it is 1)."""
     outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
@@ -203,7 +203,7 @@ def _leaf_kind(tp: type, is_leaf: Any) -> int:
     return _LEAF if is_leaf is not None and (tp is list or tp is tuple) else _kind(tp)
 
 
-def _container(kind: int, obj: Any, is_leaf: Any = None) -> Any:
+def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
     """``(kind, obj, keys, names, subs)``, or the ContainerError of its rebuild."""
     names, values = _named_values(kind, obj)
     try:
