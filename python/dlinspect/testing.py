@@ -179,8 +179,7 @@ class FakeProducer:
                  host_values: np.ndarray | None = None) -> None:
         self.array = np.asarray(array)
         self.device = (int(device[0]), None if device[1] is None else int(device[1]))
-        self.capsule_device = ((self.device[0], self.device[1] or 0) if capsule_device is None
-                               else capsule_device)
+        self.capsule_device = capsule_device or (self.device[0], self.device[1] or 0)
         self.dtype, self.legacy_only, self.read_only = dtype, legacy_only, read_only
         self.host_copy, self.refuse, self.host_align = host_copy, refuse, host_align
         self.counter = DeleterCounter() if counter is None else counter
