@@ -42,7 +42,7 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
     d.index, d.rank = index, 2
-    if type(x) is _np_ndarray and tg is not None and _put_as_is(d, x, tg, opts, aliased):
+    if _put_as_is(d, x, tg, opts, aliased):
         return d
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
@@ -71,9 +71,11 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
     return d
 
 
-cdef bint _put_as_is(_Leaf d, cnp.ndarray x, JaxTarget tg, Options opts, bint aliased) except -1:
-    """Decide NumPy array ``x`` from its own fields where the verdict is the batched put of ``x``
-    itself (_V_VIEW, viewable by the put): its export would go unused. Else False: exported."""
+cdef bint _put_as_is(_Leaf d, x, JaxTarget tg, Options opts, bint aliased) except -1:
+    """Decide a NumPy array ``x`` from its own fields where the verdict is the batched put of
+    ``x`` itself (_V_VIEW, viewable by the put): its export would go unused. Else False."""
+    if type(x) is not _np_ndarray or tg is None:
+        return False
     cdef TensorInfo info = _ndarray_info(x)
     if info is None:
         return False
