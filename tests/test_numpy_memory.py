@@ -164,6 +164,8 @@ def test_numeric_memory_every_route(name, order, pattern, n, x64):
         warnings.simplefilter("ignore", DLInspectWarning)
         want = expected_jax(x)
         route = plan(x)
+        if route.info is not None and route.info.source == "ndarray":   # no export: its fields
+            assert _header(route.info) == _header(peek(x))
         if want is None:
             assert route.kind == "error" and isinstance(route.error, UnsupportedDTypeError)
             with pytest.raises(UnsupportedDTypeError):
@@ -179,6 +181,30 @@ def test_numeric_memory_every_route(name, order, pattern, n, x64):
             with pytest.raises(CopyRequiredError):
                 to_jax(x, copy=False)
             assert plan(x, copy=False).kind == "error"
+
+
+def _header(info) -> tuple:
+    """What a header says of the memory (not where it came from: a capsule or not)."""
+    return (info.shape, info.strides, info.dtype_name, info.data_ptr, info.device, info.read_only)
+
+
+def test_an_array_jax_takes_itself_is_read_without_an_export():
+    """An aligned row-major array the batched put takes as it is is decided from its own fields
+    (source "ndarray": no capsule made), with the header its export gives; others are exported."""
+    x = dlinspect.testing.aligned_array(np.arange(12.0).reshape(3, 4), np.float32)
+    info = plan(x).info
+    assert (info.source, info.capsule_name, info.version) == ("ndarray", None, None)
+    assert _header(info) == _header(peek(x)) and info.read_only is False
+    got = to_jax(x)
+    assert plan(x).zero_copy and shares(got, x)
+    same(jax.jit(lambda a: a * 2 + 1)(got), np.asarray(x) * 2 + 1)
+    assert float((got + 0)[2, 3]) == 11.0 and float(got.sum()) == 66.0
+    frozen = np.arange(4.0, dtype=np.float32)
+    frozen.flags.writeable = False   # (read-only: its export says so; readonly="share" views it)
+    shared = plan(frozen, readonly="share").info
+    assert shared.read_only is True and _header(shared) == _header(peek(frozen))
+    for other in (x[:, ::2], x.astype(">f4"), np.arange(3, dtype=np.float64)):
+        assert plan(other).info is None or plan(other).info.source != "ndarray"
 
 
 @pytest.mark.slow
