@@ -236,8 +236,8 @@ cdef TensorInfo _ndarray_info(cnp.ndarray a):
     """``a``'s header read from its fields without an export (source "ndarray"); None where
     NumPy's export must judge it: a dtype not builtin or not native, a stride of part of an
     element."""
-    cdef int key = _numpy_key(a)
-    if key == 0 or not cnp.PyArray_ISNOTSWAPPED(a) or cnp.PyArray_NDIM(a) > _MAX_NDIM:
+    cdef int key = _numpy_key(a)   # (NumPy's dimensions are at most MAX_NDIM: 64, 32 before 2.0)
+    if key == 0 or not cnp.PyArray_ISNOTSWAPPED(a):
         return None
     cdef int64_t shape[_MAX_NDIM], strides[_MAX_NDIM]
     cdef DLTensor t

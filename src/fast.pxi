@@ -76,6 +76,9 @@ cdef bint _put_as_is(_Leaf d, x, JaxTarget tg, Options opts, bint aliased) excep
     ``x`` itself (_V_VIEW, viewable by the put): its export would go unused. Else False."""
     if type(x) is not _np_ndarray or tg is None:
         return False
+    # (no header made for an array the put cannot view: misaligned, or not row-major)
+    if not cnp.PyArray_IS_C_CONTIGUOUS(x) or <uintptr_t>cnp.PyArray_DATA(x) & (tg.put_align - 1):
+        return False
     cdef TensorInfo info = _ndarray_info(x)
     if info is None:
         return False
