@@ -6,10 +6,11 @@ Suites: ``peek``, ``to_jax``, ``sweep`` (per-call cost against tensor size, for
 every consumer installed), ``loader`` (a torch DataLoader into JAX) and, when named
 (``dlinspect bench --instructions``), ``instructions`` (instructions per call under
 valgrind's callgrind: targets that hold on a noisy machine) and ``copies`` (the copies
-to_jax makes, 1 KiB to 256 MiB, against NumPy's own copy) and ``stack``
-(``dlinspect.stack`` against ``np.stack``, also as a torch ``collate_fn``). Every
-figure is a median measured in the run that reports it; targets are ratios
-against baselines measured in the same run.
+to_jax makes, 1 KiB to 256 MiB and either side of the copy kernel's 4 MiB thresholds,
+against JAX's own and NumPy's, in wall and in CPU time; its targets are judged on CPU
+time) and ``stack`` (``dlinspect.stack`` against ``np.stack``, also as a torch
+``collate_fn``). Every figure is a median measured in the run that reports it; targets
+are ratios against baselines measured in the same run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import format_suite, machine, versions
+from ._common import format_suite, machine, target_value, versions
 
 __all__ = ["SUITES", "DEFAULT_SUITES", "run_suites", "format_report", "verdict", "plot_sweep",
            "write_markdown", "summary_markdown"]
@@ -99,8 +100,11 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
 
 #: Each suite's seconds, (quick, full), in the runs recorded in benchmarks/ on a 2-core
 #: x86-64 machine (each suite's "seconds" there): what the first line's estimate adds up.
+#: copies: its quick run measured on that machine with ten kinds and five sizes (32 s);
+#: its full run estimated from the cases it times (40 a size, nine sizes) until one is
+#: recorded.
 TYPICAL_SECONDS = {"peek": (2, 60), "to_jax": (3, 120), "sweep": (3, 240), "loader": (8, 600),
-                   "instructions": (60, 600), "copies": (12, 420), "stack": (3, 200)}
+                   "instructions": (60, 600), "copies": (35, 1000), "stack": (3, 200)}
 
 
 def _progress(names: Sequence[str], quick: bool, estimate: int) -> Any:
@@ -125,17 +129,13 @@ NOISY_SPREAD = 0.25
 def _mark_noisy(result: dict[str, Any], quick: bool) -> None:
     """A target missed on figures that spread more than :data:`NOISY_SPREAD` across
     their repetitions, or missed by less than they spread, is NOISY (not FAIL), saying
-    why: the machine was too busy for the figure to judge the target."""
+    why: the machine was too busy for the figure to judge the target. The figures are
+    those the target's ratio is of: wall time, or CPU time (``figure`` "cpu_median")."""
     rows = {r["name"]: r for r in result.get("rows", [])}
     for t in result["targets"]:
         if t["status"] != "FAIL":
             continue
-        spreads = []
-        for name in (t.get("measured"), t.get("baseline")):
-            runs = rows.get(name, {}).get("runs") if name else None
-            if runs and len(runs) > 1:
-                median = sorted(runs)[len(runs) // 2]
-                spreads.append((max(runs) - min(runs)) / median if median else 0.0)
+        spreads = _spreads(t, rows)
         miss = abs(t["value"] / t["limit"] - 1) if t.get("value") and t.get("limit") else 1.0
         if spreads and (max(spreads) > NOISY_SPREAD or miss < max(spreads)):
             t["status"] = "NOISY"
@@ -143,6 +143,20 @@ def _mark_noisy(result: dict[str, Any], quick: bool) -> None:
                         f"across the repetitions of this run: " + (
                             "run without --quick" if quick else
                             "run again on a quieter machine") + " to judge the target")
+
+
+def _spreads(target: dict[str, Any], rows: dict[str, dict[str, Any]]) -> list[float]:
+    """The spread, (max - min) / median, of the runs of a target's measured and baseline
+    rows (those that have more than one run): wall-time runs, or CPU-time ones where the
+    target's ratio is of CPU time."""
+    runs_key = "cpu_runs" if target.get("figure") == "cpu_median" else "runs"
+    spreads = []
+    for name in (target.get("measured"), target.get("baseline")):
+        runs = rows.get(name, {}).get(runs_key) if name else None
+        if runs and len(runs) > 1:
+            median = sorted(runs)[len(runs) // 2]
+            spreads.append((max(runs) - min(runs)) / median if median else 0.0)
+    return spreads
 
 
 def _jax_platform() -> str | None:
@@ -280,15 +294,24 @@ def _suite_markdown(name: str, result: dict[str, Any]) -> list[str]:
              + (f", {result['repeat']} runs" if "repeat" in result else "") + ".", ""]
             + table(result) + [""]
             + [f"- {note}" for note in result.get("notes", [])]
-            + [f"- **{t['status']}** {t['target']}"
-               + ("" if t["value"] is None else f": {t['value']:.4g}") for t in result["targets"]]
+            + [f"- **{t['status']}** {t['target']}{target_value(t, _g4)}"
+               for t in result["targets"]]
             + [""])
 
 
+def _g4(value: float) -> str:
+    """A ratio as the Markdown report writes it: four significant digits."""
+    return f"{value:.4g}"
+
+
 def _rows_table(result: dict[str, Any]) -> list[str]:
-    """The median of every call."""
-    return (["| call | median |", "| --- | ---: |"]
-            + [f"| `{r['name']}` | {r['median']:.4g} |" for r in result["rows"]])
+    """The median of every call, and its median CPU time where the rows have one."""
+    rows = result["rows"]
+    if not any("cpu_median" in r for r in rows):
+        return (["| call | median |", "| --- | ---: |"]
+                + [f"| `{r['name']}` | {r['median']:.4g} |" for r in rows])
+    return (["| call | median | CPU time, median |", "| --- | ---: | ---: |"]
+            + [f"| `{r['name']}` | {r['median']:.4g} | {r['cpu_median']:.4g} |" for r in rows])
 
 
 def _sweep_table(result: dict[str, Any]) -> list[str]:
@@ -326,7 +349,8 @@ def _figure(value: float | None, unit: str) -> str:
 
 def summary_markdown(report: dict[str, Any]) -> str:
     """Every target of a run in one Markdown table: suite, target, the measured and the
-    baseline figures (medians, in the suite's unit), the ratio and its status.
+    baseline figures (the medians the ratio is of, wall or CPU time, in the suite's unit),
+    the ratio and its status.
 
     Parameters
     ----------
@@ -344,12 +368,13 @@ def summary_markdown(report: dict[str, Any]) -> str:
            "| suite | target | measured | baseline | value | status |",
            "| --- | --- | ---: | ---: | ---: | --- |"]
     for name, result in report["suites"].items():
-        medians = {r["name"]: r["median"] for r in result.get("rows", [])}
+        rows = {r["name"]: r for r in result.get("rows", [])}
         unit = result.get("unit", "")
         for t in result["targets"]:
+            figure = t.get("figure", "median")
+            measured = rows.get(t.get("measured"), {}).get(figure)
+            baseline = rows.get(t.get("baseline"), {}).get(figure)
             value = "" if t["value"] is None else f"{t['value']:.3g}"
-            out.append(f"| {name} | {t['target']} | "
-                       f"{_figure(medians.get(t.get('measured')), unit)} | "
-                       f"{_figure(medians.get(t.get('baseline')), unit)} | {value} | "
-                       f"{t['status']} |")
+            out.append(f"| {name} | {t['target']} | {_figure(measured, unit)} | "
+                       f"{_figure(baseline, unit)} | {value} | {t['status']} |")
     return "\n".join(out)

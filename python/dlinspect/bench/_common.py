@@ -3,9 +3,12 @@
 A suite's ``run(quick, repeat, tick)`` returns a dict:
 
 ``title``, ``unit`` ("µs per call" or "batches/s"), ``rows`` (a list of dicts with
-``name`` and ``median``, the figure in ``unit``, plus whatever the suite adds),
-``targets`` (dicts with ``target``, ``status`` "PASS"/"FAIL"/"SKIP", or "NOISY" in a
-quick run whose figures spread too much to judge, ``value``),
+``name`` and ``median``, the figure in ``unit``, plus whatever the suite adds: with
+``time_cases(..., cpu=True)``, ``cpu_median``, ``cpu_min`` and ``cpu_runs``, the
+process's CPU time per call, all threads, in µs), ``targets`` (dicts with ``target``,
+``status`` "PASS"/"FAIL"/"SKIP", or "NOISY" in a quick run whose figures spread too much
+to judge, ``value``, and ``figure``, the rows' key the ratio is of: ``median`` or
+``cpu_median``; a suite may add ``wall_value``, the same ratio in wall time),
 ``notes`` (lines of text) and optional suite-specific keys (``sweep``, ``memory``...).
 """
 
@@ -15,6 +18,7 @@ import importlib.metadata
 import os
 import platform
 import statistics
+import time
 import timeit
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,8 +37,13 @@ def handed_over(batches: list[Any]) -> Iterator[Any]:
 
 
 def size_label(nbytes: int) -> str:
-    """``nbytes`` as the suites name a size: ``"64 KiB"``, ``"4 MiB"``."""
-    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+    """``nbytes`` as the suites name a size: ``"64 KiB"``, ``"4 MiB"``; a size of 1 MiB or
+    more that is no whole number of MiB with one decimal: ``"3.9 MiB"`` (3,994 KiB)."""
+    if nbytes < MIB:
+        return f"{nbytes // KIB} KiB"
+    if nbytes % MIB:
+        return f"{nbytes / MIB:.1f} MiB"
+    return f"{nbytes // MIB} MiB"
 
 
 def size_repeat(repeat: int, nbytes: int) -> int:
@@ -66,17 +75,70 @@ def time_statement(stmt: str, namespace: dict[str, Any], repeat: int,
                                for total in timer.repeat(repeat=repeat, number=number)])
 
 
+def _cpu_fields(cpu_us: list[float]) -> dict[str, Any]:
+    """A row's CPU-time fields: median and least µs per call, and every run's."""
+    return {"cpu_median": statistics.median(cpu_us), "cpu_min": min(cpu_us), "cpu_runs": cpu_us}
+
+
+def _rounds(order: list[tuple[str, tuple[Any, int]]],
+            repeat: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run each ``(name, (timer, number))`` loop once a round for ``repeat`` rounds, each
+    round starting one further on; the wall and the process's CPU µs per call of every
+    run, by name."""
+    runs_us: dict[str, list[float]] = {name: [] for name, _ in order}
+    cpu_us: dict[str, list[float]] = {name: [] for name, _ in order}
+    for r in range(repeat):
+        for name, (timer, number) in order[r % len(order):] + order[:r % len(order)]:
+            cpu_began = time.process_time()
+            wall = timer.timeit(number)
+            cpu_us[name].append((time.process_time() - cpu_began) / number * 1e6)
+            runs_us[name].append(wall / number * 1e6)
+    return runs_us, cpu_us
+
+
 def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[str, Any],
                repeat: int, quick: bool, tick: Tick | None,
-               targets: list[tuple[str, str, str, float]]) -> tuple[list[dict[str, Any]],
-                                                                    list[dict[str, Any]]]:
-    """Time ``(name, statement, needs torch)`` cases (torch ones skipped without torch in
-    ``namespace``) and check ``(description, measured, baseline, limit)`` ratio targets.
+               targets: list[tuple[str, str, str, float]],
+               cpu: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Time cases in turns and check ratio targets on their medians.
 
     The cases take turns: each of the ``repeat`` rounds runs every case's calibrated loop
     once, starting one case further on than the round before, so that the machine's drift
     over time (large on shared virtual machines) and what a case leaves behind for the next
-    fall on a measured case and its baseline alike."""
+    fall on a measured case and its baseline alike.
+
+    Parameters
+    ----------
+    suite : str
+        The suite's name, for ``tick``.
+    cases : list of (str, str, bool)
+        ``(name, statement, needs torch)``; the torch ones are skipped where ``namespace``
+        has no ``"t"``.
+    namespace : dict
+        The globals the statements run in.
+    repeat : int
+        Rounds: runs of each case's loop.
+    quick : bool
+        Calibrate each loop to 0.02 s a run instead of 0.2 s.
+    tick : callable or None
+        Told each case's name as its calibration starts.
+    targets : list of (str, str, str, float)
+        ``(description, measured, baseline, limit)``: ``measured``'s median wall time at
+        most ``limit`` times ``baseline``'s.
+    cpu : bool
+        Also give each row the process's CPU time per call (``time.process_time``: every
+        thread of the process, JAX's and dlinspect's copy worker included), read around
+        the same loop as the wall time, in the fields ``cpu_median``, ``cpu_min`` and
+        ``cpu_runs`` (µs). Default False.
+
+    Returns
+    -------
+    rows : list of dict
+        One per case run: ``name``, ``stmt``, ``number`` (calls per loop), ``repeat``,
+        ``median``, ``min`` and ``runs`` (wall µs per call), and the CPU fields with ``cpu``.
+    checked : list of dict
+        ``targets``, each judged as :func:`ratio_target` judges.
+    """
     chosen = [(name, stmt) for name, stmt, needs_torch in cases
               if not needs_torch or "t" in namespace]
     timers = {}
@@ -84,26 +146,80 @@ def time_cases(suite: str, cases: list[tuple[str, str, bool]], namespace: dict[s
         if tick:
             tick(f"{suite}: {name}")
         timers[name] = _calibrated(stmt, namespace, 0.02 if quick else 0.2)
-    runs_us: dict[str, list[float]] = {name: [] for name, _ in chosen}
-    order = list(timers.items())
-    for r in range(repeat):
-        for name, (timer, number) in order[r % len(order):] + order[:r % len(order)]:
-            runs_us[name].append(timer.timeit(number) / number * 1e6)
-    rows = [{"name": name, **_row(stmt, timers[name][1], runs_us[name])} for name, stmt in chosen]
+    runs_us, cpu_us = _rounds(list(timers.items()), repeat)
+    rows = []
+    for name, stmt in chosen:
+        row = {"name": name, **_row(stmt, timers[name][1], runs_us[name])}
+        if cpu:
+            row.update(_cpu_fields(cpu_us[name]))
+        rows.append(row)
     by_name = {r["name"]: r for r in rows}
     return rows, [ratio_target(d, by_name, m, b, lim) for d, m, b, lim in targets]
 
 
 def ratio_target(description: str, rows: dict[str, dict[str, Any]], measured: str,
-                 baseline: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
-    """``measured / baseline`` (or its inverse for rates) against ``limit``."""
+                 baseline: str, limit: float, higher_is_better: bool = False,
+                 figure: str = "median") -> dict[str, Any]:
+    """``measured / baseline`` (or its inverse for rates) against ``limit``.
+
+    Parameters
+    ----------
+    description : str
+        The target, in words.
+    rows : dict
+        The rows by name.
+    measured, baseline : str
+        The names of the two rows.
+    limit : float
+        The most (or with ``higher_is_better`` the least) the ratio may be.
+    higher_is_better : bool
+        The figures are rates: the ratio must reach ``limit``. Default False.
+    figure : str
+        The rows' key the ratio is of: ``"median"`` (the suite's unit, by default) or
+        ``"cpu_median"`` (CPU µs per call, rows timed with ``time_cases(..., cpu=True)``).
+
+    Returns
+    -------
+    dict
+        ``target``, ``status`` ("PASS", "FAIL", or "SKIP" where a row is missing),
+        ``value`` (the ratio, None when skipped), ``limit``, ``figure``, and ``measured``
+        and ``baseline`` (names) unless skipped.
+    """
     if measured not in rows or baseline not in rows:
         return {"target": description, "status": "SKIP", "value": None, "limit": limit,
-                "why": "a row is missing (optional library not installed)"}
-    ratio = rows[measured]["median"] / rows[baseline]["median"]
+                "figure": figure, "why": "a row is missing (optional library not installed)"}
+    ratio = rows[measured][figure] / rows[baseline][figure]
     ok = ratio >= limit if higher_is_better else ratio <= limit
     return {"target": description, "status": "PASS" if ok else "FAIL", "value": ratio,
-            "limit": limit, "measured": measured, "baseline": baseline}
+            "limit": limit, "figure": figure, "measured": measured, "baseline": baseline}
+
+
+def target_value(target: dict[str, Any], number: Callable[[float], str] | None = None) -> str:
+    """A target's ratio as the reports write it after the description.
+
+    Parameters
+    ----------
+    target : dict
+        A target, as :func:`ratio_target` returns it.
+    number : callable or None
+        How a ratio is written (default: four significant digits, thousands grouped).
+
+    Returns
+    -------
+    str
+        ``": 0.83"``; with the figure the ratio is of where that is CPU time, and the
+        wall-time ratio where the suite adds one: ``": 0.83 CPU time, 0.61 wall time"``;
+        ``""`` when skipped.
+    """
+    write = number or _fmt
+    if target["value"] is None:
+        return ""
+    text = f": {write(target['value'])}"
+    if target.get("figure") == "cpu_median":
+        text += " CPU time"
+    if target.get("wall_value") is not None:
+        text += f", {write(target['wall_value'])} wall time"
+    return text
 
 
 def versions() -> dict[str, str | None]:
@@ -143,17 +259,24 @@ def format_suite(result: dict[str, Any]) -> str:
     lines = [f"== {result['title']} ({result['unit']})"]
     rows = result["rows"]
     if rows:
-        width = max(len(r["name"]) for r in rows)
-        lines.append(f"{'name':<{width}}  {'median':>12}")
-        lines.append(f"{'-' * width}  {'-' * 12}")
-        for r in rows:
-            lines.append(f"{r['name']:<{width}}  {_fmt(r['median']):>12}")
+        lines.extend(_rows_text(rows))
     lines.extend(result.get("notes", []))
     for t in result["targets"]:
-        value = "" if t["value"] is None else f": {_fmt(t['value'])}"
         why = f" ({t['why']})" if t.get("why") and t["status"] in ("NOISY", "SKIP") else ""
-        lines.append(f"{t['status']:<5} {t['target']}{value}{why}")
+        lines.append(f"{t['status']:<5} {t['target']}{target_value(t)}{why}")
     return "\n".join(lines)
+
+
+def _rows_text(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows as a text table: name and median, and the CPU median where rows have one."""
+    width = max(len(r["name"]) for r in rows)
+    cpu = any("cpu_median" in r for r in rows)
+    lines = [f"{'name':<{width}}  {'median':>12}" + (f"  {'cpu median':>12}" if cpu else ""),
+             f"{'-' * width}  {'-' * 12}" + (f"  {'-' * 12}" if cpu else "")]
+    for r in rows:
+        cpu_text = f"  {_fmt(r['cpu_median']):>12}" if "cpu_median" in r else ""
+        lines.append(f"{r['name']:<{width}}  {_fmt(r['median']):>12}{cpu_text}")
+    return lines
 
 
 def _fmt(v: float) -> str:
