@@ -50,6 +50,9 @@ cdef extern from "dlinspect/copy.h":
         DL_COPY_F64_F32
         DL_COPY_U64_U32
     size_t DL_COPY_PARALLEL_MIN
+    void dl_copy_init() noexcept nogil
+    bint dl_worth_two(int ndim, const int64_t* shape, const int64_t* strides, size_t src_size,
+                      dl_copy_cast cast) noexcept nogil
     void dl_advise_huge(void* p, size_t n) noexcept nogil
     bint dl_fresh(const void* p, size_t n) noexcept nogil
     void dl_gather_part(char* dst, const char* src, int ndim, const int64_t* shape,

@@ -136,6 +136,7 @@ def copy_threads():
 
 
 cdef int _COPY_THREADS = copy_threads()
+dl_copy_init()   # (the last-level cache's size: from what size rows stream)
 
 
 cdef void _worker_loop(void* unused) noexcept nogil:
@@ -194,7 +195,8 @@ cdef int _fill(object out, TensorInfo info) except -1:
     """Copy ``info``'s host memory into ``out`` (row-major, its shape) in C without the GIL
     (include/dlinspect/copy.h): the bytes as they are, or narrowed as NumPy's unsafe cast and
     JAX's x64 mode do. From DL_COPY_PARALLEL_MIN bytes, with two threads (copy_threads), a
-    worker thread copies one half. The memory must be the caller's while this runs."""
+    worker thread copies one half of a transposing copy (dl_worth_two). The memory must be
+    the caller's while this runs."""
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
     cdef size_t dst_bytes = <size_t>info.size * dst_size
@@ -203,8 +205,9 @@ cdef int _fill(object out, TensorInfo info) except -1:
         cast = (DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat
                 else DL_COPY_U64_U32)
     cdef const char* src = <const char*>info._ptr()
-    cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _COPY_THREADS > 1 and _worker_started()
-                        and PyThread_acquire_lock(_worker.busy, NOWAIT_LOCK))
+    cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _COPY_THREADS > 1
+                        and dl_worth_two(info.ndim, info._shape, info._strides, info._bits // 8, cast)
+                        and _worker_started() and PyThread_acquire_lock(_worker.busy, NOWAIT_LOCK))
     cdef bint fresh
     with nogil:   # (not halves: small, or the worker copies another thread's half)
         fresh = dl_fresh(dst, dst_bytes)

@@ -79,7 +79,7 @@ def test_past_a_mebibyte_still_one_copy(nbytes):
                                   ints[::-3].astype(np.int32))
 
 
-LARGE = {   # past DL_COPY_PARALLEL_MIN: two threads copy a half each
+LARGE = {   # past DL_COPY_PARALLEL_MIN: two threads copy a half each of a transpose
     "x.T": lambda a: a.reshape(1024, -1).T,
     "NCHW->NHWC": lambda a: a.reshape(2, 8, 256, -1).transpose(0, 2, 3, 1),
     "5-axis": lambda a: a.reshape(4, 8, 16, 32, -1).transpose(4, 1, 3, 0, 2),
@@ -94,7 +94,7 @@ LARGE = {   # past DL_COPY_PARALLEL_MIN: two threads copy a half each
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "float64", "complex128"])
 @pytest.mark.parametrize("layout", sorted(LARGE))
 def test_large_copies_in_two_halves(layout, dtype, memory):
-    """Copies of 4 MiB and more (two threads, cache tiles, streaming stores) give the
+    """Copies of 4 MiB and more (two threads for a transpose, cache tiles, streaming stores) give the
     values NumPy's copy gives, narrowed as JAX narrows, into fresh pages and into memory
     malloc had before (streamed: glibc's malloc keeps what is freed, as the copies
     benchmark has it)."""
@@ -149,7 +149,8 @@ import os, sys, numpy as np, dlinspect
 from dlinspect._core import copy_threads
 def threads():
     return len(os.listdir("/proc/self/task"))
-x = (np.arange(1 << 22, dtype=np.float32) % 251).reshape(2048, 2048).T   # 16 MiB, copied
+base = (np.arange(1 << 22, dtype=np.float32) % 251).reshape(2048, 2048)   # 16 MiB
+x = {x}   # copied
 before = threads()
 y = dlinspect.to_jax(x)
 assert np.array_equal(np.asarray(y + 0), x)
@@ -166,8 +167,8 @@ def test_copy_threads_as_asked_and_stopped_at_exit(asked):
     import subprocess
     import sys
     env = dict(os.environ, DLINSPECT_COPY_THREADS=asked, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY.format(x="base.T")],
+                          env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     threads, started = map(int, proc.stdout.split()[-2:])
     assert threads == int(asked)
@@ -175,6 +176,24 @@ def test_copy_threads_as_asked_and_stopped_at_exit(asked):
     if asked == "1":
         # the same copy with the worker allowed starts one thread more than without it
         env["DLINSPECT_COPY_THREADS"] = "2"
-        two = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY], env=env,
-                             capture_output=True, text=True, timeout=120)
+        two = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY.format(x="base.T")],
+                             env=env, capture_output=True, text=True, timeout=120)
         assert int(two.stdout.split()[-1]) == started + 1, (two.stdout, proc.stdout)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.parametrize("x", ["base[::-1]", "base.ravel()[1:]", "np.broadcast_to(base[:1], base.shape)"])
+def test_a_copy_of_rows_runs_on_the_callers_thread(x):
+    """A copy of rows (reversed, misaligned, broadcast) runs at memory speed on one
+    thread: with two threads allowed it starts no more threads than with one, and its
+    values are right."""
+    import subprocess
+    import sys
+    started = []
+    for asked in ("1", "2"):
+        env = dict(os.environ, DLINSPECT_COPY_THREADS=asked, JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, "-c", _THREADS_OF_A_LARGE_COPY.format(x=x)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        started.append(int(proc.stdout.split()[-1]))
+    assert started[0] == started[1], started

@@ -13,6 +13,7 @@
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 #if !defined(DL_COPY_NO_SIMD) && (defined(__SSE2__) || defined(_M_X64) || \
                                   (defined(_M_IX86_FP) && _M_IX86_FP >= 2))
@@ -50,6 +51,21 @@ typedef enum {
 #ifndef DL_COPY_STREAM_MIN
 #define DL_COPY_STREAM_MIN ((size_t)4 << 20)
 #endif
+
+/* The destination bytes from which a copy of rows stores streaming: the last-level cache's
+ * size where the system says it (dl_copy_init), at least DL_COPY_STREAM_MIN. Ordinary stores
+ * write a destination the cache holds faster (measured on a 2-core x86-64 VM with a 480 MiB
+ * L3, memory touched before: rows of 4 to 30 MiB took 1.05-1.2x the time streaming). */
+static size_t dl_rows_stream_min = DL_COPY_STREAM_MIN;
+
+/* contract: sets dl_rows_stream_min from the last-level cache's size; called once, before
+ * any copy (the copying threads only read it). */
+static inline void dl_copy_init(void) {
+#if defined(__linux__) && defined(_SC_LEVEL3_CACHE_SIZE)
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE); /* (0 or -1: not said) */
+  if (llc > (long)DL_COPY_STREAM_MIN) dl_rows_stream_min = (size_t)llc;
+#endif
+}
 
 /* Into fresh pages (dl_fresh: each first touch has the kernel zero a page, which leaves its
  * lines cached) a band of destination up to DL_COPY_BAND_MAX wide, and a dense copy, store
@@ -580,16 +596,31 @@ static inline int dl_plane_axis(const dl_layout* L) {
 }
 
 /* contract: whether the copy of L (planes along tj, or rows where tj < 0) stores streaming:
- * a large transpose or dense copy, decided on the whole copy, not the part; but into fresh
- * pages a narrow band, or a dense copy, stores ordinarily. */
+ * a large transpose, decided on the whole copy, not the part, but into fresh pages only a
+ * wide band; dense rows into memory touched before, larger than dl_rows_stream_min, each
+ * row starting a cache line (a line written partly streaming and partly not is slow: rows
+ * of 4,148 bytes took 4x the time). */
 static inline int dl_streams(const dl_layout* L, int tj, dl_copy_cast cast, int fresh) {
-  if (L->dstr[0] * L->ext[0] < (int64_t)DL_COPY_STREAM_MIN) return 0;
+  const int64_t total = L->dstr[0] * L->ext[0];
+  if (total < (int64_t)DL_COPY_STREAM_MIN) return 0;
   if (tj >= 0) { /* a band: the rows of j one panel spans (dstr still row-major) */
     const int64_t panel = (int64_t)(DL_PANEL_J / L->size);
     const int64_t band = (panel < L->ext[tj] ? panel : L->ext[tj]) * L->dstr[tj];
     return !fresh || band > (int64_t)DL_COPY_BAND_MAX;
   }
-  return !fresh && cast == DL_COPY_SAME && L->sstr[L->n - 1] == (int64_t)L->size;
+  return !fresh && cast == DL_COPY_SAME && L->sstr[L->n - 1] == (int64_t)L->size &&
+         total >= (int64_t)dl_rows_stream_min && (L->n == 1 || L->dstr[L->n - 2] % 64 == 0);
+}
+
+/* contract: whether a copy of the tensor (dl_gather_part's arguments) is worth a second
+ * thread: transposed planes, whose register shuffles leave the memory time to spare. Rows
+ * copy at memory speed on one thread: two add CPU time, not speed (measured: dense,
+ * broadcast and reversed rows of 4 MiB in 1.1-1.35x one thread's process CPU time). */
+static inline int dl_worth_two(int ndim, const int64_t* shape, const int64_t* strides,
+                               size_t src_size, dl_copy_cast cast) {
+  dl_layout L;
+  return dl_layout_make(&L, ndim, shape, strides, src_size, cast) && L.n > 0 &&
+         dl_plane_axis(&L) >= 0;
 }
 
 /* contract: whether axis d of L cuts into `nparts` near-equal slices: nparts divides its
