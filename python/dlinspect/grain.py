@@ -151,7 +151,7 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
     if cpu_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=cpu_buffer_size)
     to_jax = _ToJax(opts, jax_target(), bool(device_buffer_size))
-    ds = _stage_types()[0](ds, to_jax)
+    ds = _stage_type()(ds, to_jax)
     if device_buffer_size:
         ds = prefetch(ds, prefetch_buffer_size=device_buffer_size).map(Kept.emit)
     ds.report = to_jax.report
@@ -159,8 +159,8 @@ def device_put(ds: Any, device: Any = None, *, sharding: Any = None, cpu_buffer_
 
 
 @functools.cache
-def _stage_types() -> tuple[type, type]:
-    """The stage as a grain dataset and its iterator (grain's classes, imported by now):
+def _stage_type() -> type:
+    """The stage as a grain dataset, with its iterator (grain's classes, imported by now):
     as grain's own map, but the element goes from the parent iterator into the conversion
     with no variable between, as the proof that it owns its memory needs (prefetch_to_jax's
     ``converted``); state and checkpoints are the parent's."""
@@ -188,7 +188,7 @@ def _stage_types() -> tuple[type, type]:
         def __iter__(self) -> Any:
             return ToJaxIterator(self._parent.__iter__(), self._to_jax)
 
-    return ToJaxDataset, ToJaxIterator
+    return ToJaxDataset
 
 
 class _ToJax:
