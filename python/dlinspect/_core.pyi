@@ -161,7 +161,7 @@ class JaxTarget:
     cpu_align: int
     copy_align: int
     x64: Any
-    x64_context: Callable[[bool], Any] | None
+    x64_context: Callable[[bool], Any]
     platforms: frozenset[str]
     warn: Callable[[str], None]
     stream_for: Callable[[int, int], int | None]
@@ -175,7 +175,7 @@ class JaxTarget:
     row_major: Callable[[Any], bool]
     def __init__(self, *, jax: Any, jnp: Any, import_fn: Callable[..., Any], direct: bool,
                  cpu_device: Any, cpu_align: int, x64: Any,
-                 x64_context: Callable[[bool], Any] | None,
+                 x64_context: Callable[[bool], Any],
                  devices: dict[tuple[int, int], Any], platforms: set[str] | frozenset[str],
                  cpu_keys: set[tuple[int, int]], probe: Callable[[int, int], str | None],
                  hold: Callable[[int, int], str | None], narrow: dict[int, tuple[int, str]],

@@ -134,9 +134,11 @@ CoreTools = collections.namedtuple("CoreTools", "JaxTarget aligned_empty capsule
 
 
 class _X64Flag:
-    """``.value`` is ``jax.config.jax_enable_x64`` (for jax without the State object)."""
+    """``.value`` is ``jax.config.jax_enable_x64``, and a call gives a context that sets
+    nothing, so the global mode holds (for jax without the State object, which is both)."""
 
     value = property(lambda self: bool(sys.modules["jax"].config.jax_enable_x64))
+    __call__ = staticmethod(contextlib.nullcontext)
 
 
 class JaxCaps:
@@ -157,7 +159,6 @@ class JaxCaps:
         self.mapping = {int(k): v
                         for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
-        self._x64_state = x64_state
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
@@ -274,7 +275,7 @@ class JaxCaps:
             self._target = self.core.JaxTarget(
                 jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
-                x64_context=self._x64_state, devices=self.devices, platforms=self.platforms,
+                x64_context=self.x64, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
                 array_type=self.array_type,

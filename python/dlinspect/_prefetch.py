@@ -326,9 +326,8 @@ class _Worker(threading.Thread):
         return False
 
     def run(self) -> None:
-        context = jax_target().x64_context
         try:
-            with context(self.x64) if context is not None else contextlib.nullcontext():
+            with jax_target().x64_context(self.x64):
                 for item in self.batches:
                     if not self._put(item):
                         return

@@ -207,11 +207,11 @@ class _ToJax:
             options = options.replaced(device=None)
         self.options, self.report = options, LoaderReport()
         self.x64 = bool(tg.x64.value)
-        self.context = tg.x64_context if threaded else None
+        self.context = tg.x64_context if threaded else contextlib.nullcontext
 
     def next_of(self, parent: Any) -> Any:
         """The next element of grain iterator ``parent``, converted; StopIteration at its end."""
-        with self.context(self.x64) if self.context is not None else contextlib.nullcontext():
+        with self.context(self.x64):
             item = converted(parent, self.options, self.report)
         if item is _END:
             raise StopIteration
