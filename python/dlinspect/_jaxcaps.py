@@ -444,7 +444,7 @@ class _CapsuleProducer(NamedTuple):
     cap: Any
     device: tuple[int, int]
 
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+    def __dlpack__(self, **kwargs: Any) -> Any:   # (stream and the rest: the capsule is made)
         return self.cap
 
     def __dlpack_device__(self) -> tuple[int, int]:
