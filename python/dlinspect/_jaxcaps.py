@@ -151,7 +151,7 @@ class JaxCaps:
         except ImportError as exc:
             raise ImportError("dlinspect's JAX routes need jax, which is not installed "
                               "here; install it with: pip install 'dlinspect[jax]'") from exc
-        self.core, self.jax, self.jnp = core, jax, jax.numpy
+        self.core, self.jax = core, jax
         resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
         self.symbols = {name: status for name, (_, status) in resolved.items()}
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
@@ -273,7 +273,7 @@ class JaxCaps:
     def target(self) -> Any:
         if self._target is None:
             self._target = self.core.JaxTarget(
-                jax=self.jax, jnp=self.jnp, import_fn=self.import_fn, direct=self.direct,
+                jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self.x64, devices=self.devices, platforms=self.platforms,
                 cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
