@@ -345,16 +345,16 @@ class JaxCaps:
     def _uncommitter(self) -> Callable[[Any], Any] | None:
         """``uncommit(array)``: a committed array of the DLPack import as the uncommitted one
         ``jnp.asarray`` gives (jaxlib's result handler, probed); else None."""
-        handler_fn, shaped_array = self._handler_fn, self._shaped_array
+        handler_fn = self._handler_fn
         if not self.direct:
             self._note("result_handler", None,
                        f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
-        if handler_fn is None or shaped_array is None or not self.direct:
+        if handler_fn is None or self._shaped_array is None or not self.direct:
             return None
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
         skip = {"_skip_checks": True} if "_skip_checks" in (handler_fn.__doc__ or "") else {}
         handler = functools.lru_cache(256)(lambda shape, dtype, sharding: handler_fn(
-            shaped_array(shape, dtype, weak_type=False), sharding, committed=False, **skip))
+            self._make_aval(shape, dtype), sharding, committed=False, **skip))
 
         def uncommit(arr: Any) -> Any:
             return handler(arr.shape, arr.dtype, arr.sharding)([arr]) if arr._committed else arr
