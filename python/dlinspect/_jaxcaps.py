@@ -196,7 +196,7 @@ class JaxCaps:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
-        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, int(D.kDLCPU))
+        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, D.kDLCPU)
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
@@ -241,7 +241,7 @@ class JaxCaps:
     def _probe_hold(self, code: int, bits: int) -> str | None:
         """None if ``jax.device_put`` takes a NumPy (ml_dtypes) array of it; else the reason."""
         dtype = numpy_dtype(code, bits)
-        if code == int(Code.kDLOpaqueHandle):
+        if code == Code.kDLOpaqueHandle:
             return "an opaque handle holds no values that an array dtype describes"
         if dtype is None:
             return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides "
