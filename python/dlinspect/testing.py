@@ -198,7 +198,7 @@ class FakeProducer:
             raise self.refuse if isinstance(self.refuse, BaseException) else BufferError(self.refuse)
         max_version, dl_device, copy = map(kwargs.get, ("max_version", "dl_device", "copy"))
         versioned = max_version is not None and max_version[0] >= 1
-        flags = FLAG_READ_ONLY if self.read_only else 0   # (versioned capsules only: see below)
+        flags = FLAG_READ_ONLY if self.read_only else 0   # (a legacy capsule has no flags to hold them)
         arr, device = self.array, self.capsule_device
         if dl_device is not None and tuple(dl_device) != (self.device[0], self.device[1] or 0):
             if tuple(dl_device) != (DLDeviceType.kDLCPU, 0) or not self.host_copy:
@@ -213,7 +213,7 @@ class FakeProducer:
             arr = np.array(self.array, copy=True)
             flags |= FLAG_IS_COPIED
         return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
-                            flags=flags if versioned else 0, counter=self.counter,
+                            flags=flags, counter=self.counter,
                             strides=_element_strides(arr))
 
 
