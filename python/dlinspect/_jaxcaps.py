@@ -327,15 +327,15 @@ class JaxCaps:
         def view(buf: np.ndarray, committed: bool = False) -> Any:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], committed)
 
-        def as_device_put() -> bool:   # jax.device_put's array, committed only when asked
+        def probe() -> Any:   # jax.device_put's array, committed only when asked; the alignment
             x = self._filled([[1, 2, 3], [4, 5, 6]])
             ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
             return [a._committed for a in ours] == [False, True] and all(
                 a.aval == theirs.aval and a.sharding == theirs.sharding
-                and np.asarray(a).tolist() == x.tolist() for a in ours)
+                and np.asarray(a).tolist() == x.tolist() for a in ours) and _first_viewed(
+                self.core.aligned_empty, view)
 
-        align = self._probe("batched_put", lambda: as_device_put()
-                            and _first_viewed(self.core.aligned_empty, view))
+        align = self._probe("batched_put", probe)
         if align is None:
             return {"put": None}
         self._note("batched_put", self.symbols["batched_put"].found,
