@@ -65,7 +65,7 @@ class Flat:
     # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
     parts: list[Any] | None
     errors: dict[int, ContainerError]
-    is_leaf: Any = None   # text_leaf where lists of plain scalars are one leaf each
+    is_leaf: Any   # text_leaf where lists of plain scalars are one leaf each, else None
 
     def unflatten(self, values: list[Any]) -> Any:
         """ContainerError where a container cannot be rebuilt around ``values``."""
