@@ -481,7 +481,9 @@ def _host_lanes(info: Any) -> str:
 
 def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a copy)
     if not route.zero_copy:
-        return _jax_copy(route)
+        reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
+                                             if route.needs & Need.LANES else [])
+        return f"A copy is needed: {'; '.join(reasons)}."
     info = route.info
     if route.needs & Need.LANES:
         text = _lanes_text(info)
@@ -491,12 +493,6 @@ def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a c
         return (f"{device_name(dt)} memory is host memory: JAX's CPU backend views it without "
                 f"a copy (no {device_row(dt).platform or 'device'} backend here).")
     return f"JAX views the producer's memory on {route.facts['dest']}."
-
-
-def _jax_copy(route: Any) -> str:
-    reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
-                                         if route.needs & Need.LANES else [])
-    return f"A copy is needed: {'; '.join(reasons)}."
 
 
 REASONS: dict[str, Callable[[Any], str]] = {
@@ -515,7 +511,7 @@ REASONS: dict[str, Callable[[Any], str]] = {
     T.UNPACK: lambda route: (f"{route.info.dtype.bits * route.info.dtype.lanes}-bit elements are "
                              f"packed; NumPy holds one per byte, so they are unpacked into a copy."),
     T.HOST_COPY: lambda route: (f"copy=True was asked for{_host_lanes(route.info)}."
-                                if route.target == "host" else _jax_copy(route)),
+                                if route.target == "host" else _jax_words(route)),
     T.HOST_VIEW: lambda route: (f"NumPy views the {device_name(route.info.device_type)} "
                                 f"memory directly{_host_lanes(route.info)}."
                                 if route.target == "host" else _jax_words(route)),
