@@ -162,7 +162,7 @@ class JaxCaps:
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
-        self.devices, self.cpu_keys, self.platforms = self._local_devices()
+        self.devices, self.platforms = self._local_devices()
         self._cpu = jax.local_devices(backend="cpu")[0]
         #: jax.Array's concrete type (a jax.Array is never exported through DLPack).
         self.array_type = type(jax.numpy.zeros(()))
@@ -177,7 +177,7 @@ class JaxCaps:
     def _note(self, name: str, found: str | None, reason: str) -> None:
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
-    def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[tuple[int, int]], set[str]]:
+    def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[str]]:
         devices: dict[tuple[int, int], Any] = {}
         platforms: set[str] = set()
         for platform in sorted(set(self.mapping.values())):
@@ -190,7 +190,7 @@ class JaxCaps:
                 for d in local:
                     hw = getattr(d, "local_hardware_id", None)
                     devices[(dl_type, d.id if hw is None else hw)] = d
-        return devices, {k for k, d in devices.items() if d.platform == "cpu"}, platforms
+        return devices, platforms
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
@@ -276,7 +276,8 @@ class JaxCaps:
                 jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
                 cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
                 x64_context=self.x64, devices=self.devices, platforms=self.platforms,
-                cpu_keys=self.cpu_keys, probe=self._probe_dtype, hold=self._probe_hold,
+                cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
+                probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
                 array_type=self.array_type,
                 # a permuted order (2x3 stored column-major) kept committed, as the route leaves
