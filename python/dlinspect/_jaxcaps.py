@@ -164,8 +164,6 @@ class JaxCaps:
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
         self.devices, self.platforms = self._local_devices()
         self._cpu = jax.local_devices(backend="cpu")[0]
-        #: jax.Array's concrete type (a jax.Array is never exported through DLPack).
-        self.array_type = type(jax.numpy.zeros(()))
 
     def _set_direct(self, force_public: bool, why: str) -> None:
         status = self.symbols["import"]
@@ -279,7 +277,8 @@ class JaxCaps:
                 cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
                 probe=self._probe_dtype, hold=self._probe_hold,
                 narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
-                array_type=self.array_type,
+                # jax.Array's concrete type (a jax.Array is never exported through DLPack)
+                array_type=type(self.jax.numpy.zeros(())),
                 # a permuted order (2x3 stored column-major) kept committed, as the route leaves
                 # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
                 permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
