@@ -101,10 +101,10 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
 #: Each suite's seconds, (quick, full), in the runs recorded in benchmarks/ on a 2-core
 #: x86-64 machine (each suite's "seconds" there): what the first line's estimate adds up.
 #: copies: its quick run measured on that machine with ten kinds and five sizes (32 s);
-#: its full run estimated from the cases it times (40 a size, nine sizes) until one is
+#: its full run had not ended after 1,500 s there (stopped), so at least that until one is
 #: recorded.
 TYPICAL_SECONDS = {"peek": (2, 60), "to_jax": (3, 120), "sweep": (3, 240), "loader": (8, 600),
-                   "instructions": (60, 600), "copies": (35, 1000), "stack": (3, 200)}
+                   "instructions": (60, 600), "copies": (35, 1800), "stack": (3, 200)}
 
 
 def _progress(names: Sequence[str], quick: bool, estimate: int) -> Any:
