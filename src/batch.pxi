@@ -16,9 +16,9 @@ cdef class _Part:
     cdef list keys, leaves, out
     cdef Options opts
     cdef Py_ssize_t offset   # its first leaf's index among the batch's
-    # owned: the ids of the leaves proven to own their memory (own.pxi), the batch's; None: every
-    # leaf is taken as it is (no proof asked: copy given, or a tensor given alone).
-    cdef set owned
+    # owned: the ids of the leaves proven to own their memory (own.pxi's _Owners.owned), the
+    # batch's; None: every leaf is taken as it is (no proof asked: copy given, or a tensor alone).
+    cdef dict owned
 
     cdef bint aliased(self, object leaf) except -1:
         """``leaf`` is a tensor the batch is not proven to own the memory of (Need.ALIASED)."""
@@ -45,7 +45,7 @@ cdef class _Part:
         return self.out if self.tp is list else tuple(self.out)
 
 
-cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
+cdef _Part _part(x, tuple prefix, Options opts, bint planned, dict owned):
     """The part of sub-tree ``x``: a plain dict, list or tuple of tensors and scalars walked
     here, anything else by dlinspect._tree (``planned``: a list of text a route per leaf);
     ``owned``: the proof's answer (own.pxi)."""
@@ -66,7 +66,7 @@ cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=None):
+cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, dict owned=None):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding

@@ -344,8 +344,11 @@ cdef class HostOwner:
         _delete(self.dlm, self.dlm_ver)
 
 
-def take(cap):
-    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``)."""
+cpdef object take(object cap):
+    """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); a torch
+    tensor's storage read in MODE_VIEW is the owner itself."""
+    if not PyCapsule_CheckExact(cap):
+        return cap
     cdef HostOwner owner = HostOwner.__new__(HostOwner)
     if PyCapsule_IsValid(cap, VERSIONED):
         owner.dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
@@ -358,8 +361,11 @@ def take(cap):
     return owner
 
 
-cdef int _untake(HostOwner owner, object cap) except -1:
-    """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``owner`` nothing."""
+cdef int _untake(object taken, object cap) except -1:
+    """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``taken`` nothing."""
+    if taken is cap:   # (a storage: nothing was taken)
+        return 0
+    cdef HostOwner owner = taken
     PyCapsule_SetName(cap, VERSIONED if owner.dlm_ver != NULL else LEGACY)   # (take took one)
     owner.dlm, owner.dlm_ver = NULL, NULL
     return 0

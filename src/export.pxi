@@ -295,8 +295,6 @@ cdef object _torch_take(object x, _TypeEntry entry):
     as it is (the API makes none of its refusals: requires_grad, the conjugate bit); else None
     (CUDA memory takes a stream; the API calls pinned memory kDLCPU)."""
     cdef DLManagedTensorVersioned* dlm_ver = NULL
-    cdef _Asked dev
-    cdef bint keep
     if x.requires_grad:
         return None
     if (entry.api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0
@@ -305,17 +303,40 @@ cdef object _torch_take(object x, _TypeEntry entry):
         return None
     cap = None
     try:
-        keep = (dlm_ver.dl_tensor.device.device_type == kDLCPU
-                and not (dlm_ver.dl_tensor.dtype.code == kDLComplex and x.is_conj()))
-        if keep and entry.ask_device_on_cpu:
-            _ask_device(x, &dev)
-            keep = dev.dev_type == kDLCPU
-        if keep:
+        if _torch_on_host(x, entry, &dlm_ver.dl_tensor):
             cap = PyCapsule_New(dlm_ver, VERSIONED, _owned_capsule_destructor)
     finally:
         if cap is None and dlm_ver.deleter != NULL:   # not kept, or an error: released
             dlm_ver.deleter(dlm_ver)
     return cap
+
+
+cdef TensorInfo _torch_view(object x, _TypeEntry entry, PyObject** cap_out):
+    """MODE_VIEW: the header of a host torch tensor _torch_take would take, read through the
+    exchange API without making a managed tensor; *cap_out is the tensor's storage, which
+    keeps the memory alive as the base of a view (a later ``x.set_()`` cannot free it). Else
+    None."""
+    cdef DLTensor t
+    if x.requires_grad:
+        return None
+    if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
+        PyErr_Clear()
+        return None
+    if not _torch_on_host(x, entry, &t):
+        return None
+    return _handing(_new_info(&t, SRC_EXCHANGE, 0), x.untyped_storage(), cap_out)
+
+
+cdef bint _torch_on_host(object x, _TypeEntry entry, const DLTensor* t) except -1:
+    """Torch tensor ``x`` of header ``t`` is in host memory that is not pinned, without the
+    conjugate bit: what __dlpack__ would export as it is."""
+    cdef _Asked dev
+    if t.device.device_type != kDLCPU or (t.dtype.code == kDLComplex and x.is_conj()):
+        return False
+    if entry.ask_device_on_cpu:
+        _ask_device(x, &dev)
+        return dev.dev_type == kDLCPU
+    return True
 
 
 # tf.DType names TensorFlow's __dlpack__ aborts the process on (GUARD_TF).
@@ -440,6 +461,10 @@ cdef enum Mode:
     MODE_PEEK = 0        # the header only: the exchange API may fill it without a capsule
     MODE_TAKE = 1        # an owning capsule for a consumer
     MODE_HOST_COPY = 2   # an owning capsule of a host copy (dl_device=(kDLCPU, 0), copy=True)
+    # as MODE_TAKE, but a host torch tensor's header is read through the exchange API and no
+    # capsule made: *cap_out is its storage (_torch_view), for a view or a copy of the memory
+    # (fast.pxi makes a capsule over it where a route takes one)
+    MODE_VIEW = 3
 
 
 cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out):
@@ -483,9 +508,11 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, 
     said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
     if mode == MODE_HOST_COPY:
         return None
-    if mode == MODE_TAKE and entry.guard == GUARD_TORCH:
+    if mode != MODE_PEEK and entry.guard == GUARD_TORCH:
         # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
         # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad).
+        if mode == MODE_VIEW:
+            return _torch_view(x, entry, cap_out)
         cap = _torch_take(x, entry)
         return None if cap is None else _handing(_peek_capsule(cap), cap, cap_out)
     cdef DLTensor t
@@ -506,7 +533,7 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, 
 cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for, _Asked* dev):
     """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
-    if (mode == MODE_TAKE and dev.asked and stream_for is not None
+    if ((mode == MODE_TAKE or mode == MODE_VIEW) and dev.asked and stream_for is not None
             and _dev_is(dev.dev_type, _DEV_STREAM)):
         stream = stream_for(dev.dev_type, dev.dev_id)
     try:

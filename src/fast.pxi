@@ -55,20 +55,40 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
                 d.route = route_jax_array(x, opts, tg)
             return d
     try:
-        d.info = _export(x, MODE_TAKE, None if tg is None else tg.stream_for, &p, entry,
-                         _refuser(tg, opts))
+        d.info = _export(x, MODE_TAKE if tg is None else MODE_VIEW,
+                         None if tg is None else tg.stream_for, &p, entry, _refuser(tg, opts))
     except NotDescribableError as exc:   # (nothing taken)
         d.route = route_numpy_copy(exc.with_traceback(None), tg, target, opts)
         return d
     d.cap = _take_ref(p)
     try:
         _decide_header(d, x, tg, target, opts, aliased, reuse)
-        if entry is None and d.route is not None and (<Route>d.route).problem == "unmapped":
-            _peek_capsule(x)   # (memory freed by a thread that consumed it since: that error)
+        _capsule_for_route(d, tg)
+        if entry is None:
+            _freed_since(d, x)
     except BaseException:
         d = None   # (see _convert)
         raise
     return d
+
+
+cdef int _freed_since(_Leaf d, object cap) except -1:
+    """Bare capsule ``cap``'s memory is unmapped: where a thread that consumed it since freed
+    it, that error."""
+    if d.route is not None and (<Route>d.route).problem == "unmapped":
+        _peek_capsule(cap)
+    return 0
+
+
+cdef int _capsule_for_route(_Leaf d, JaxTarget tg) except -1:
+    """A torch tensor's storage (MODE_VIEW, JAX's target) serves a batched put of a view of the
+    memory, or a copy of it, as a capsule would; a route takes a capsule made over it."""
+    if PyCapsule_CheckExact(d.cap):
+        return 0
+    if d.verdict == _V_COPY or (d.verdict == _V_VIEW and _viewable_by_put(d.info, tg)):
+        return 0
+    d.cap = view_capsule(d.cap, d.info)
+    return 0
 
 
 cdef bint _put_as_is(_Leaf d, x, JaxTarget tg, Options opts, bint aliased) except -1:

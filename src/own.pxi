@@ -73,7 +73,9 @@ cdef class _Owners:
     # the key of each tensor leaf met, once per slot that holds it, from the first object
     # counted on (the leaves a counted object leads to are met after it)
     cdef list leaves
-    cdef set owned       # the key of each leaf whose memory is proven its own
+    # the key of each leaf whose memory is proven its own -> a torch tensor's storage (held
+    # through the batch: its export finds it made, the base of a view), or True
+    cdef dict owned
     # key -> [object, slots holding it, references the walk's own lists hold, keys of the
     # leaves it leads to, walked]: each object met whose references are not one slot's
     # alone (None until one is met).
@@ -115,8 +117,9 @@ cdef class _Owners:
     cdef int node(self, object v, Py_ssize_t depth) except -1:
         cdef int guard = _tensor_guard(v)
         if guard != _NOT_A_TENSOR:
-            if self.memory(v, guard):
-                self.owned.add(_key(v))
+            holder = self.memory(v, guard)
+            if holder is not None:
+                self.owned[_key(v)] = holder
             if self.counted is not None:   # (what a counted container leads to)
                 self.leaves.append(_key(v))
             return 0
@@ -143,14 +146,15 @@ cdef class _Owners:
             self.child(item, 1, depth + 1)
         return 0
 
-    cdef bint memory(self, object x, int guard) except -1:
-        """Whether tensor ``x``'s memory is proven its own (its base chain counted on the
-        way); ``guard``: its _tensor_guard (a bare capsule proves nothing)."""
-        if guard == GUARD_JAX:
-            return True
+    cdef object memory(self, object x, int guard):
+        """Where tensor ``x``'s memory is proven its own (its base chain counted on the way),
+        its storage for a torch tensor, else True; None where not proven. ``guard``: its
+        _tensor_guard (a bare capsule proves nothing)."""
         if guard == GUARD_TORCH:
             return _torch_owns(x)
-        return guard == GUARD_NUMPY and self.chain(x)
+        if guard == GUARD_JAX or (guard == GUARD_NUMPY and self.chain(x)):
+            return True
+        return None
 
     cdef bint chain(self, object leaf) except -1:
         """Each array on ``leaf``'s base chain held only by it; the last owns its data."""
@@ -169,7 +173,7 @@ cdef class _Owners:
                 entry[1] += 1
                 (<list>entry[3]).append(key)
             if not cnp.PyArray_Check(base):
-                return _entry_for(type(base)).guard == GUARD_TORCH and _torch_owns(base)
+                return _entry_for(type(base)).guard == GUARD_TORCH and _torch_owns(base) is not None
             arr = base
 
 
@@ -190,9 +194,9 @@ cdef list _slots(object v):
     return None
 
 
-cdef bint _torch_owns(object t) except -1:
-    """A torch tensor's storage is held by it alone (or with the base it is a view of, which
-    nothing else holds), and is torch's own or shared memory."""
+cdef object _torch_owns(object t):
+    """A torch tensor's storage where it is held by the tensor alone (or with the base it is a
+    view of, which nothing else holds) and is torch's own or shared memory; else None."""
     global _torch_alone, _torch_use_count, _torch_private
     try:
         if _torch_alone < 0:
@@ -200,20 +204,22 @@ cdef bint _torch_owns(object t) except -1:
             _torch_use_count = getattr(torch._C, "_storage_Use_Count", None)
             if _torch_use_count is None:   # (a torch that does not say proves nothing)
                 _torch_alone = 0
-                return False
+                return None
             alone = torch.empty(1)   # (held here as a leaf is, its storage too)
             storage = alone.untyped_storage()
             _torch_alone = _torch_use_count(storage._cdata)
             _torch_private = _base_holders(torch.empty(2)[:1])
         if _torch_use_count is None:
-            return False
+            return None
         storage = t.untyped_storage()
         uses = _torch_use_count(storage._cdata)
         if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
-            return False
-        return storage.resizable() or (storage.device.type == "cpu" and storage.is_shared())
+            return None
+        if storage.resizable() or (storage.device.type == "cpu" and storage.is_shared()):
+            return storage
     except Exception:   # (a tensor without storage: its export says why)
-        return False
+        pass
+    return None
 
 
 cdef bint _private_base(object t) except -1:
@@ -283,11 +289,12 @@ cdef Py_ssize_t _namespace_refs(object ns, object obj, list spaces) except -1:
     return m
 
 
-cdef set _prove(object x, Py_ssize_t held, bint own_frame):
-    """The keys of batch ``x``'s tensor leaves proven to own their memory; ``held``:
+cdef dict _prove(object x, Py_ssize_t held, bint own_frame):
+    """The keys of batch ``x``'s tensor leaves proven to own their memory (_Owners.owned);
+    ``held``:
     the references the core's caller holds to ``x`` (a Python caller's stack, or a loader's
     variable); ``own_frame``: the calling frame's variables are the caller's own."""
-    cdef set owned = set()
+    cdef dict owned = {}
     if not _EXACT_COUNTS:
         return owned
     if Py_REFCNT(x) != held and (
@@ -297,7 +304,7 @@ cdef set _prove(object x, Py_ssize_t held, bint own_frame):
     w.leaves, w.owned = [], owned
     w.node(x, 0)
     if w.deep:
-        return set()
+        return {}
     if w.counted is None:
         return owned
     cdef list entry
@@ -309,7 +316,8 @@ cdef set _prove(object x, Py_ssize_t held, bint own_frame):
         if extra > 0 and own_frame:
             extra = _unexplained(obj, extra)
         if extra != 0:
-            owned.difference_update(entry[3])
+            for key in <list>entry[3]:
+                owned.pop(key, None)
     return owned
 
 
@@ -327,7 +335,7 @@ cdef Py_ssize_t _core_held() except -1:
     return _CORE_HELD
 
 
-cdef set _owned(object x, Options opts, Py_ssize_t held):
+cdef dict _owned(object x, Options opts, Py_ssize_t held):
     """The proof's answer for batch ``x`` under ``opts`` (see _prove), or None where none is
     asked: ``copy`` given, or a tensor a Python caller gives alone (DLPack's consumer
     contract). ``held``: the references a loader holds to ``x``; -1: a Python caller's call,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 from typing import Any
 
 import numpy as np
@@ -59,9 +60,12 @@ def torch_exports_versioned() -> bool:
 
 
 def torch_use_count(t: Any) -> int | None:
-    """``t._use_count()`` where torch has it (the storage's reference count), else None."""
+    """What holds ``t``'s memory, where torch says it (``Tensor._use_count``, torch >= 2.4),
+    else None: the references to its tensor (a capsule's managed tensor holds one) plus those
+    to its storage's Python object (torch keeps one per storage while it is held: a host
+    view's base, which a zero-copy import of a torch tensor is)."""
     fn = getattr(t, "_use_count", None)
-    return None if fn is None else fn()
+    return None if fn is None else fn() + sys.getrefcount(t.untyped_storage())
 
 
 def ml_dtypes_has(name: str) -> bool:

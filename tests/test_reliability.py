@@ -33,6 +33,7 @@ from dlinspect import CopyRequiredError, DLInspectError  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_empty, make_capsule  # noqa: E402
 
 from _helpers import jax_lets_go  # noqa: E402
+from _versions import torch_use_count  # noqa: E402
 
 HERE = Path(__file__).parent
 ROUTES = ["zero-copy", "copy", "host-fallback", "error"]
@@ -79,8 +80,7 @@ def numpy_producer():
 def torch_producer():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     t = torch.from_numpy(values()).clone()
-    # Tensor._use_count (the storage's reference count) exists from torch 2.4 on.
-    return t, (lambda t: t._use_count()) if hasattr(t, "_use_count") else None
+    return t, (torch_use_count if torch_use_count(t) is not None else None)
 
 
 def jax_producer():
