@@ -179,10 +179,9 @@ static inline __m128i dl_reverse16(__m128i v, size_t size) {
   if (size == 1) { /* swap the bytes of each 2-byte unit, then reverse those */
     v = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
   }
-  if (size <= 2) {
+  if (size <= 2) { /* reverse the 2-byte units of each half, then swap the halves below */
     v = _mm_shufflelo_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
     v = _mm_shufflehi_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
-    return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
   }
   if (size == 4) return _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3));
   return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
