@@ -219,15 +219,14 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
 
 /* contract: the element at `src` (1, 2, 4, 8 or 16 bytes) repeated over 16 bytes. */
 static inline __m128i dl_splat16(const char* src, size_t size) {
-  uint64_t e = 0, rep = 0;
+  uint64_t e = 0;
   size_t q;
   __m128i v;
   if (size == 16) return _mm_loadu_si128((const __m128i*)src);
-  /* The element in e's low bytes (x86 is little-endian), times 0x..01 in units of its size:
-   * 8 bytes of copies. */
+  /* The element in e's low bytes (x86 is little-endian), then its q bytes of copies doubled
+   * until they fill 8 bytes. */
   memcpy(&e, src, size);
-  for (q = 0; q < 8; q += size) rep |= (uint64_t)1 << (8 * q);
-  e *= rep;
+  for (q = size; q < 8; q *= 2) e |= e << (8 * q);
   v = _mm_loadl_epi64((const __m128i*)&e);
   return _mm_unpacklo_epi64(v, v);
 }
