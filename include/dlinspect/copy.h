@@ -449,9 +449,9 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
  * microtile's vectors stay in registers). */
 static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  /* narrowed: 8 or 16 bytes (a double, a complex128); the bytes as they are: 1 .. 16 */
-  const size_t key = cast == DL_COPY_SAME ? size : size == 8 ? 8 + cast : 16 + cast;
-  switch (key) {
+  /* narrowed: 8 or 16 bytes (a double, a complex128), cast 1 or 2; the bytes as they are
+   * (cast 0): 1, 2, 4, 8 or 16. So size + cast tells them apart. */
+  switch (size + cast) {
 #define DL_TILE(S, C)                                              \
   case (S) + (C):                                                  \
     dl_tile_simd(dst, src, nj, ni, si, dj, S, C, nt);              \
