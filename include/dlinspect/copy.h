@@ -95,10 +95,8 @@ static inline void dl_advise_huge(void* p, size_t n) {
   const uintptr_t page = 4096;
   if (n >= ((size_t)4 << 20)) {
     uintptr_t start = ((uintptr_t)p + page - 1) & ~(page - 1);
-    uintptr_t end = ((uintptr_t)p + n) & ~(page - 1);
-    if (end > start) {
-      (void)madvise((void*)start, end - start, MADV_HUGEPAGE);
-    }
+    uintptr_t end = ((uintptr_t)p + n) & ~(page - 1); /* past start: n spans many pages */
+    (void)madvise((void*)start, end - start, MADV_HUGEPAGE);
   }
 #else
   (void)p;
