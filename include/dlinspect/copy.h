@@ -38,6 +38,11 @@ typedef enum {
   DL_COPY_U64_U32 = 2,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
 } dl_copy_cast;
 
+/* contract: the bytes an element of `size` source bytes takes in the destination. */
+DL_INLINE int64_t dl_out(size_t size, dl_copy_cast cast) {
+  return (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+}
+
 /* Below this many destination bytes a second thread costs more than it saves (measured on
  * a 2-core x86-64 VM, both cores idle, with put.pxi's C worker: two halves take 1.1-2x the
  * time of one at 1 MiB and 0.9-1.15x at 2 MiB for dense rows; 0.5-0.65x from 4 MiB for
@@ -364,7 +369,7 @@ DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
  * the (row, column) index bits by one, so log2(w) stages leave column m in r_m. */
 DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
                         dl_copy_cast cast, int nt) {
-  const int64_t w = (cast == DL_COPY_SAME ? 16 : 32) / (int64_t)size, e = 16 / w;
+  const int64_t e = dl_out(size, cast), w = 16 / e; /* e: the bytes of a unit zipped */
   __m128i r[16], t[16];
   int64_t k, s;
 #pragma GCC unroll 16
@@ -391,8 +396,7 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
  * or where `nt` into a staging block first, then streamed a destination line at a time. */
 DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
-  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  const int64_t sz = (int64_t)size, out = dl_out(size, cast), w = 16 / out;
   __m128i stage[256]; /* the block's destination: nj <= 64 rows of 64 bytes */
   char* b = (char*)stage;
   int64_t j, i, c;
@@ -422,8 +426,7 @@ DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni,
  * with a source dense along j (sj = size), by microtiles, panel by panel, block by block. */
 DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
-  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  const int64_t sz = (int64_t)size, out = dl_out(size, cast), w = 16 / out;
   const int64_t pj = DL_PANEL_J / sz, pi = DL_PANEL_I / out > w ? DL_PANEL_I / out : w;
   const int64_t bj = 64 / sz > w ? 64 / sz : w, bi = 64 / out > w ? 64 / out : w;
   int64_t j0, i0, j1, i1;
@@ -470,7 +473,7 @@ static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni,
 static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
                                   int64_t sj, int64_t si, int64_t dj, size_t size,
                                   dl_copy_cast cast) {
-  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  const int64_t out = dl_out(size, cast);
   int64_t j0, i0, j, i;
   for (j0 = 0; j0 < nj; j0 += 16) {
     const int64_t ej = nj - j0 < 16 ? nj : j0 + 16;
@@ -497,11 +500,11 @@ static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_
 DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni, int64_t sj,
                              int64_t si, int64_t dj, size_t size, dl_copy_cast cast,
                              int stream) {
-  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  const int64_t out = dl_out(size, cast);
   int64_t wj = 0, wi = 0;
 #if DL_COPY_SSE2
   if (sj == (int64_t)size && (cast != DL_COPY_SAME || (size <= 16 && (size & (size - 1)) == 0))) {
-    const int64_t w = (int64_t)(cast == DL_COPY_SAME ? 16 / size : 32 / size);
+    const int64_t w = 16 / out;
     wj = nj - nj % w;
     wi = ni - ni % w;
     if (wj > 0 && wi > 0) {
@@ -527,7 +530,6 @@ DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni,
 typedef struct {
   int n;
   size_t size;            /* source element bytes (a folded run counts as one element) */
-  size_t out;             /* destination element bytes */
   int64_t ext[64];        /* extents */
   int64_t sstr[64];       /* source strides, bytes */
   int64_t dstr[64];       /* destination strides, bytes (row-major) */
@@ -537,6 +539,7 @@ typedef struct {
  * `src_size` bytes, ndim <= 64) copied as `cast` says; 0 for an empty tensor, else 1. */
 static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
                                  const int64_t* strides, size_t src_size, dl_copy_cast cast) {
+  int64_t step;
   int n = 0, d;
   for (d = 0; d < ndim; d++) {
     if (shape[d] == 0) return 0;
@@ -554,10 +557,9 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
     n++;
   }
   L->size = src_size;
-  for (d = 0; d < n; d++) L->sstr[d] *= (int64_t)src_size;
   /* A dense innermost run of up to 32 bytes (a pixel's channels, a complex pair) is one
    * wider element: the same bytes, moved whole. */
-  if (cast == DL_COPY_SAME && n > 0 && L->sstr[n - 1] == (int64_t)src_size) {
+  if (cast == DL_COPY_SAME && n > 0 && L->sstr[n - 1] == 1) {
     const int64_t run = L->ext[n - 1] * (int64_t)src_size;
     if (run <= 32) {
       L->size = (size_t)run;
@@ -565,9 +567,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
     }
   }
   L->n = n;
-  L->out = cast == DL_COPY_SAME ? L->size : L->size / 2;
+  step = dl_out(L->size, cast); /* the destination's stride of axis d, row-major */
   for (d = n - 1; d >= 0; d--) {
-    L->dstr[d] = d == n - 1 ? (int64_t)L->out : L->dstr[d + 1] * L->ext[d + 1];
+    L->sstr[d] *= (int64_t)src_size; /* in bytes from here */
+    L->dstr[d] = step;
+    step *= L->ext[d];
   }
   return 1;
 }
