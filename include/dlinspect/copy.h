@@ -297,14 +297,10 @@ static inline char* dl_row_dense(char* restrict dst, const char* restrict src, s
     i = (16 - ((uintptr_t)dst & 15)) & 15;
     memcpy(dst, src, i < n ? i : n);
     for (; i + 64 <= n; i += 64) {
-      const __m128i* p = (const __m128i*)(src + i);
-      __m128i* q = (__m128i*)(dst + i);
-      __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1), c = _mm_loadu_si128(p + 2),
-              e = _mm_loadu_si128(p + 3);
-      _mm_stream_si128(q, a);
-      _mm_stream_si128(q + 1, b);
-      _mm_stream_si128(q + 2, c);
-      _mm_stream_si128(q + 3, e);
+      __m128i v[4];
+      int m;
+      for (m = 0; m < 4; m++) v[m] = _mm_loadu_si128((const __m128i*)(src + i) + m);
+      for (m = 0; m < 4; m++) _mm_stream_si128((__m128i*)(dst + i) + m, v[m]);
     }
   }
 #else
