@@ -268,8 +268,8 @@ static inline int64_t dl_row_simd(char* restrict dst, const char* restrict src, 
 #endif
 
 /* contract: dl_row narrowed: each 8-byte part of each element to 4 bytes (a dense row four
- * parts a vector step); returns the end of what it wrote. */
-static inline char* dl_row_narrow(char* restrict dst, const char* restrict src, int64_t count,
+ * parts a vector step). */
+static inline void dl_row_narrow(char* restrict dst, const char* restrict src, int64_t count,
                                   int64_t sb, size_t size, dl_copy_cast cast) {
   const int64_t parts = (int64_t)size / 8;
   int64_t k = 0;
@@ -281,15 +281,14 @@ static inline char* dl_row_narrow(char* restrict dst, const char* restrict src, 
     }
 #endif
     for (; k < total; k++) dl_put1(dst + 4 * k, src + 8 * k, 8, cast);
-    return dst + 4 * total;
+    return;
   }
   for (; k < count; k++) dl_put1(dst + 4 * parts * k, src + k * sb, size, cast);
-  return dst + 4 * parts * count;
 }
 
-/* contract: dl_row's dense run: copies the `n` bytes at `src` to `dst`; returns dst + n.
- * `nt`: with streaming stores (the caller fences). */
-static inline char* dl_row_dense(char* restrict dst, const char* restrict src, size_t n,
+/* contract: dl_row's dense run: copies the `n` bytes at `src` to `dst`. `nt`: with
+ * streaming stores (the caller fences). */
+static inline void dl_row_dense(char* restrict dst, const char* restrict src, size_t n,
                                  int nt) {
   size_t i = 0;
 #if DL_COPY_SSE2
@@ -307,18 +306,23 @@ static inline char* dl_row_dense(char* restrict dst, const char* restrict src, s
   (void)nt;
 #endif
   if (i < n) memcpy(dst + i, src + i, n - i);
-  return dst + n;
 }
 
 /* contract: writes `count` elements of `size` bytes, the k-th from src + k * sb, to `dst`
- * packed, as `cast` says; returns the end of what it wrote. dst and src do not overlap.
- * `nt`: a dense run stores with streaming stores (the caller fences). */
-static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t count,
-                           int64_t sb, size_t size, dl_copy_cast cast, int nt) {
+ * packed, as `cast` says. dst and src do not overlap. `nt`: a dense run stores with
+ * streaming stores (the caller fences). */
+static inline void dl_row(char* restrict dst, const char* restrict src, int64_t count,
+                          int64_t sb, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size;
   int64_t k = 0;
-  if (cast != DL_COPY_SAME) return dl_row_narrow(dst, src, count, sb, size, cast);
-  if (sb == sz) return dl_row_dense(dst, src, (size_t)count * size, nt);
+  if (cast != DL_COPY_SAME) {
+    dl_row_narrow(dst, src, count, sb, size, cast);
+    return;
+  }
+  if (sb == sz) {
+    dl_row_dense(dst, src, (size_t)count * size, nt);
+    return;
+  }
 #if DL_COPY_SSE2
   k = dl_row_simd(dst, src, count, sb, size);
 #endif
@@ -327,7 +331,6 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
   } else {
     dl_gather_scalar(dst + k * sz, src + k * sb, count - k, sb, size);
   }
-  return dst + count * sz;
 }
 
 /* ---- Tiles: a transposed plane -------------------------------------------------- */
