@@ -505,11 +505,9 @@ DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni,
   if (sj == (int64_t)size && (cast != DL_COPY_SAME || (size <= 16 && (size & (size - 1)) == 0))) {
     const int64_t w = 16 / out;
     wj = nj - nj % w;
-    wi = ni - ni % w;
-    if (wj > 0 && wi > 0) {
-      dl_tile_simd_any(dst, src, wj, wi, si, dj, size, cast,
-                       stream && (dj & 15) == 0 && ((uintptr_t)dst & 15) == 0);
-    }
+    wi = ni - ni % w; /* (0 by 0 or 0 by any: the tiles' loops do not start) */
+    dl_tile_simd_any(dst, src, wj, wi, si, dj, size, cast,
+                     stream && (((uintptr_t)dst | (uintptr_t)dj) & 15) == 0);
   }
 #else
   (void)stream;
