@@ -427,7 +427,7 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size, out = dl_out(size, cast), w = 16 / out;
   const int64_t pj = DL_PANEL_J / sz, pi = DL_PANEL_I / out > w ? DL_PANEL_I / out : w;
-  const int64_t bj = 64 / sz > w ? 64 / sz : w, bi = 64 / out > w ? 64 / out : w;
+  const int64_t bj = 64 / sz, bi = 64 / out; /* 2 or 4 microtiles (w <= 32 / sz, 16 / out) */
   int64_t j0, i0, j1, i1;
   for (j0 = 0; j0 < nj; j0 += pj) {
     const int64_t ej0 = nj - j0 < pj ? nj : j0 + pj;
