@@ -336,15 +336,6 @@ static inline void dl_row(char* restrict dst, const char* restrict src, int64_t 
 /* ---- Tiles: a transposed plane -------------------------------------------------- */
 
 #if DL_COPY_SSE2
-/* contract: stores `v` at `p`: streaming where `nt` (p then 16-byte aligned), else unaligned. */
-DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
-  if (nt) {
-    _mm_stream_si128((__m128i*)p, v);
-  } else {
-    _mm_storeu_si128((__m128i*)p, v);
-  }
-}
-
 /* contract: the units of `e` bytes (1, 2, 4 or 8) of a and b interleaved, from their low
  * halves (hi = 0) or their high halves. */
 DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
@@ -362,12 +353,12 @@ DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
 
 /* contract: one microtile of w x w elements (w = 16 / size, or 32 / size narrowed):
  * dst + m * dj + k * out gets the element at src + k * si + m * size, as cast says, for
- * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w stores of 16
- * bytes (streaming where nt). The transpose: row k of r holds elements (k, 0 .. w); each
+ * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w unaligned
+ * stores of 16 bytes. The transpose: row k of r holds elements (k, 0 .. w); each
  * stage replaces r by LO(r_0, r_w/2), HI(r_0, r_w/2), LO(r_1, r_w/2+1), ..., which rotates
  * the (row, column) index bits by one, so log2(w) stages leave column m in r_m. */
 DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
-                        dl_copy_cast cast, int nt) {
+                        dl_copy_cast cast) {
   const int64_t e = dl_out(size, cast), w = 16 / e; /* e: the bytes of a unit zipped */
   __m128i r[16], t[16];
   int64_t k, s;
@@ -387,7 +378,7 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
     for (k = 0; k < w; k++) r[k] = t[k];
   }
 #pragma GCC unroll 16
-  for (k = 0; k < w; k++) dl_store16(dst + k * dj, r[k], nt);
+  for (k = 0; k < w; k++) _mm_storeu_si128((__m128i*)(dst + k * dj), r[k]);
 }
 
 /* contract: one block of a plane as dl_tile_simd says, nj x ni elements (multiples of w;
@@ -402,7 +393,7 @@ DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni,
   if (!nt) {
     for (j = 0; j < nj; j += w) {
       for (i = 0; i < ni; i += w) {
-        dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast, 0);
+        dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast);
       }
     }
     return;
@@ -411,12 +402,13 @@ DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni,
    * time: few write-combining buffers in use. */
   for (i = 0; i < ni; i += w) { /* each source line consumed before the next */
     for (j = 0; j < nj; j += w) {
-      dl_micro(b + j * 64 + i * out, 64, src + j * sz + i * si, si, size, cast, 0);
+      dl_micro(b + j * 64 + i * out, 64, src + j * sz + i * si, si, size, cast);
     }
   }
   for (j = 0; j < nj; j++) {
     for (c = 0; c < ni * out; c += 16) { /* a row: a multiple of 16 bytes */
-      dl_store16(dst + j * dj + c, _mm_load_si128((const __m128i*)(b + j * 64 + c)), 1);
+      _mm_stream_si128((__m128i*)(dst + j * dj + c),
+                       _mm_load_si128((const __m128i*)(b + j * 64 + c)));
     }
   }
 }
