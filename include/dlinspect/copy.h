@@ -190,8 +190,10 @@ static inline __m128i dl_reverse16(__m128i v, size_t size) {
   return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
 }
 
-/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes a:b. */
-static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
+/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes at `src`. */
+static inline __m128i dl_evens32(const char* src, size_t size) {
+  __m128i a = _mm_loadu_si128((const __m128i*)src),
+          b = _mm_loadu_si128((const __m128i*)(src + 16));
   if (size == 1) { /* the low byte of each 2-byte unit; packus never saturates here */
     const __m128i m = _mm_set1_epi16(0xFF);
     return _mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m));
@@ -257,10 +259,7 @@ static inline int64_t dl_row_simd(char* restrict dst, const char* restrict src, 
   } else if (sb == 2 * sz && sz < 16) { /* every other element: the 32 bytes loaded end at
                                            element k + w, so it must exist */
     for (; k + w < count; k += w) {
-      const char* s = src + k * sb;
-      __m128i a = _mm_loadu_si128((const __m128i*)s);
-      __m128i b = _mm_loadu_si128((const __m128i*)(s + 16));
-      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(a, b, size));
+      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(src + k * sb, size));
     }
   }
   return k;
