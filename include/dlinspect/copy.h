@@ -212,10 +212,9 @@ static inline __m128i dl_evens32(const char* src, size_t size) {
 
 /* contract: 4 floats of the 4 doubles at `src` (F64_F32), or the low halves of 4 uint64s. */
 static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
-  if (cast == DL_COPY_F64_F32) {
-    __m128 lo = _mm_cvtpd_ps(_mm_loadu_pd((const double*)src));
-    __m128 hi = _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)));
-    return _mm_castps_si128(_mm_movelh_ps(lo, hi));
+  if (cast == DL_COPY_F64_F32) { /* two floats from each 16 bytes, side by side */
+    return _mm_castps_si128(_mm_movelh_ps(_mm_cvtpd_ps(_mm_loadu_pd((const double*)src)),
+                                          _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)))));
   }
   return _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps((const float*)src),
                                          _mm_loadu_ps((const float*)(src + 16)),
