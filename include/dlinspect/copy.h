@@ -31,11 +31,12 @@
 #define DL_INLINE static inline
 #endif
 
-/* How each element is written: as it is, or narrowed as JAX narrows with x64 off. */
+/* How each element is written: as it is, or narrowed as JAX narrows with x64 off. (C numbers
+ * them 0, 1, 2, as dl_tile_simd_any counts on.) */
 typedef enum {
-  DL_COPY_SAME = 0,      /* the bytes as they are */
-  DL_COPY_F64_F32 = 1,   /* each 8-byte float rounded to float (complex: both parts) */
-  DL_COPY_U64_U32 = 2,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
+  DL_COPY_SAME,      /* the bytes as they are */
+  DL_COPY_F64_F32,   /* each 8-byte float rounded to float (complex: both parts) */
+  DL_COPY_U64_U32,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
 } dl_copy_cast;
 
 /* contract: the bytes an element of `size` source bytes takes in the destination. */
