@@ -31,12 +31,18 @@
 #define DL_INLINE static inline
 #endif
 
-/* How each element is written: as it is, or narrowed as JAX narrows with x64 off. */
+/* How each element is written: as it is, or narrowed as JAX narrows with x64 off. (C numbers
+ * them 0, 1, 2, as dl_tile_simd_any counts on.) */
 typedef enum {
-  DL_COPY_SAME = 0,      /* the bytes as they are */
-  DL_COPY_F64_F32 = 1,   /* each 8-byte float rounded to float (complex: both parts) */
-  DL_COPY_U64_U32 = 2,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
+  DL_COPY_SAME,      /* the bytes as they are */
+  DL_COPY_F64_F32,   /* each 8-byte float rounded to float (complex: both parts) */
+  DL_COPY_U64_U32,   /* each 8-byte integer's low 32 bits (wraps, as NumPy's cast) */
 } dl_copy_cast;
+
+/* contract: the bytes an element of `size` source bytes takes in the destination. */
+DL_INLINE int64_t dl_out(size_t size, dl_copy_cast cast) {
+  return (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+}
 
 /* Below this many destination bytes a second thread costs more than it saves (measured on
  * a 2-core x86-64 VM, both cores idle, with put.pxi's C worker: two halves take 1.1-2x the
@@ -95,10 +101,8 @@ static inline void dl_advise_huge(void* p, size_t n) {
   const uintptr_t page = 4096;
   if (n >= ((size_t)4 << 20)) {
     uintptr_t start = ((uintptr_t)p + page - 1) & ~(page - 1);
-    uintptr_t end = ((uintptr_t)p + n) & ~(page - 1);
-    if (end > start) {
-      (void)madvise((void*)start, end - start, MADV_HUGEPAGE);
-    }
+    uintptr_t end = ((uintptr_t)p + n) & ~(page - 1); /* past start: n spans many pages */
+    (void)madvise((void*)start, end - start, MADV_HUGEPAGE);
   }
 #else
   (void)p;
@@ -179,17 +183,18 @@ static inline __m128i dl_reverse16(__m128i v, size_t size) {
   if (size == 1) { /* swap the bytes of each 2-byte unit, then reverse those */
     v = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
   }
-  if (size <= 2) {
+  if (size <= 2) { /* reverse the 2-byte units of each half, then swap the halves below */
     v = _mm_shufflelo_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
     v = _mm_shufflehi_epi16(v, _MM_SHUFFLE(0, 1, 2, 3));
-    return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
   }
   if (size == 4) return _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3));
   return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2));
 }
 
-/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes a:b. */
-static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
+/* contract: the even-numbered `size`-byte elements (1, 2, 4 or 8) of the 32 bytes at `src`. */
+static inline __m128i dl_evens32(const char* src, size_t size) {
+  __m128i a = _mm_loadu_si128((const __m128i*)src),
+          b = _mm_loadu_si128((const __m128i*)(src + 16));
   if (size == 1) { /* the low byte of each 2-byte unit; packus never saturates here */
     const __m128i m = _mm_set1_epi16(0xFF);
     return _mm_packus_epi16(_mm_and_si128(a, m), _mm_and_si128(b, m));
@@ -208,10 +213,9 @@ static inline __m128i dl_evens32(__m128i a, __m128i b, size_t size) {
 
 /* contract: 4 floats of the 4 doubles at `src` (F64_F32), or the low halves of 4 uint64s. */
 static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
-  if (cast == DL_COPY_F64_F32) {
-    __m128 lo = _mm_cvtpd_ps(_mm_loadu_pd((const double*)src));
-    __m128 hi = _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)));
-    return _mm_castps_si128(_mm_movelh_ps(lo, hi));
+  if (cast == DL_COPY_F64_F32) { /* two floats from each 16 bytes, side by side */
+    return _mm_castps_si128(_mm_movelh_ps(_mm_cvtpd_ps(_mm_loadu_pd((const double*)src)),
+                                          _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)))));
   }
   return _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps((const float*)src),
                                          _mm_loadu_ps((const float*)(src + 16)),
@@ -220,15 +224,14 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
 
 /* contract: the element at `src` (1, 2, 4, 8 or 16 bytes) repeated over 16 bytes. */
 static inline __m128i dl_splat16(const char* src, size_t size) {
-  uint64_t e = 0, rep = 0;
+  uint64_t e = 0;
   size_t q;
   __m128i v;
   if (size == 16) return _mm_loadu_si128((const __m128i*)src);
-  /* The element in e's low bytes (x86 is little-endian), times 0x..01 in units of its size:
-   * 8 bytes of copies. */
+  /* The element in e's low bytes (x86 is little-endian), then its q bytes of copies doubled
+   * until they fill 8 bytes. */
   memcpy(&e, src, size);
-  for (q = 0; q < 8; q += size) rep |= (uint64_t)1 << (8 * q);
-  e *= rep;
+  for (q = size; q < 8; q *= 2) e |= e << (8 * q);
   v = _mm_loadl_epi64((const __m128i*)&e);
   return _mm_unpacklo_epi64(v, v);
 }
@@ -256,10 +259,7 @@ static inline int64_t dl_row_simd(char* restrict dst, const char* restrict src, 
   } else if (sb == 2 * sz && sz < 16) { /* every other element: the 32 bytes loaded end at
                                            element k + w, so it must exist */
     for (; k + w < count; k += w) {
-      const char* s = src + k * sb;
-      __m128i a = _mm_loadu_si128((const __m128i*)s);
-      __m128i b = _mm_loadu_si128((const __m128i*)(s + 16));
-      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(a, b, size));
+      _mm_storeu_si128((__m128i*)(dst + k * sz), dl_evens32(src + k * sb, size));
     }
   }
   return k;
@@ -267,8 +267,8 @@ static inline int64_t dl_row_simd(char* restrict dst, const char* restrict src, 
 #endif
 
 /* contract: dl_row narrowed: each 8-byte part of each element to 4 bytes (a dense row four
- * parts a vector step); returns the end of what it wrote. */
-static inline char* dl_row_narrow(char* restrict dst, const char* restrict src, int64_t count,
+ * parts a vector step). */
+static inline void dl_row_narrow(char* restrict dst, const char* restrict src, int64_t count,
                                   int64_t sb, size_t size, dl_copy_cast cast) {
   const int64_t parts = (int64_t)size / 8;
   int64_t k = 0;
@@ -280,15 +280,14 @@ static inline char* dl_row_narrow(char* restrict dst, const char* restrict src, 
     }
 #endif
     for (; k < total; k++) dl_put1(dst + 4 * k, src + 8 * k, 8, cast);
-    return dst + 4 * total;
+    return;
   }
   for (; k < count; k++) dl_put1(dst + 4 * parts * k, src + k * sb, size, cast);
-  return dst + 4 * parts * count;
 }
 
-/* contract: dl_row's dense run: copies the `n` bytes at `src` to `dst`; returns dst + n.
- * `nt`: with streaming stores (the caller fences). */
-static inline char* dl_row_dense(char* restrict dst, const char* restrict src, size_t n,
+/* contract: dl_row's dense run: copies the `n` bytes at `src` to `dst`. `nt`: with
+ * streaming stores (the caller fences). */
+static inline void dl_row_dense(char* restrict dst, const char* restrict src, size_t n,
                                  int nt) {
   size_t i = 0;
 #if DL_COPY_SSE2
@@ -296,32 +295,33 @@ static inline char* dl_row_dense(char* restrict dst, const char* restrict src, s
     i = (16 - ((uintptr_t)dst & 15)) & 15;
     memcpy(dst, src, i < n ? i : n);
     for (; i + 64 <= n; i += 64) {
-      const __m128i* p = (const __m128i*)(src + i);
-      __m128i* q = (__m128i*)(dst + i);
-      __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1), c = _mm_loadu_si128(p + 2),
-              e = _mm_loadu_si128(p + 3);
-      _mm_stream_si128(q, a);
-      _mm_stream_si128(q + 1, b);
-      _mm_stream_si128(q + 2, c);
-      _mm_stream_si128(q + 3, e);
+      __m128i v[4];
+      int m;
+      for (m = 0; m < 4; m++) v[m] = _mm_loadu_si128((const __m128i*)(src + i) + m);
+      for (m = 0; m < 4; m++) _mm_stream_si128((__m128i*)(dst + i) + m, v[m]);
     }
   }
 #else
   (void)nt;
 #endif
   if (i < n) memcpy(dst + i, src + i, n - i);
-  return dst + n;
 }
 
 /* contract: writes `count` elements of `size` bytes, the k-th from src + k * sb, to `dst`
- * packed, as `cast` says; returns the end of what it wrote. dst and src do not overlap.
- * `nt`: a dense run stores with streaming stores (the caller fences). */
-static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t count,
-                           int64_t sb, size_t size, dl_copy_cast cast, int nt) {
+ * packed, as `cast` says. dst and src do not overlap. `nt`: a dense run stores with
+ * streaming stores (the caller fences). */
+static inline void dl_row(char* restrict dst, const char* restrict src, int64_t count,
+                          int64_t sb, size_t size, dl_copy_cast cast, int nt) {
   const int64_t sz = (int64_t)size;
   int64_t k = 0;
-  if (cast != DL_COPY_SAME) return dl_row_narrow(dst, src, count, sb, size, cast);
-  if (sb == sz) return dl_row_dense(dst, src, (size_t)count * size, nt);
+  if (cast != DL_COPY_SAME) {
+    dl_row_narrow(dst, src, count, sb, size, cast);
+    return;
+  }
+  if (sb == sz) {
+    dl_row_dense(dst, src, (size_t)count * size, nt);
+    return;
+  }
 #if DL_COPY_SSE2
   k = dl_row_simd(dst, src, count, sb, size);
 #endif
@@ -330,21 +330,11 @@ static inline char* dl_row(char* restrict dst, const char* restrict src, int64_t
   } else {
     dl_gather_scalar(dst + k * sz, src + k * sb, count - k, sb, size);
   }
-  return dst + count * sz;
 }
 
 /* ---- Tiles: a transposed plane -------------------------------------------------- */
 
 #if DL_COPY_SSE2
-/* contract: stores `v` at `p`: streaming where `nt` (p then 16-byte aligned), else unaligned. */
-DL_INLINE void dl_store16(char* p, __m128i v, int nt) {
-  if (nt) {
-    _mm_stream_si128((__m128i*)p, v);
-  } else {
-    _mm_storeu_si128((__m128i*)p, v);
-  }
-}
-
 /* contract: the units of `e` bytes (1, 2, 4 or 8) of a and b interleaved, from their low
  * halves (hi = 0) or their high halves. */
 DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
@@ -362,13 +352,13 @@ DL_INLINE __m128i dl_zip(__m128i a, __m128i b, int64_t e, int hi) {
 
 /* contract: one microtile of w x w elements (w = 16 / size, or 32 / size narrowed):
  * dst + m * dj + k * out gets the element at src + k * si + m * size, as cast says, for
- * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w stores of 16
- * bytes (streaming where nt). The transpose: row k of r holds elements (k, 0 .. w); each
+ * k, m < w: w loads of 16 source bytes (32 narrowed), a register transpose, w unaligned
+ * stores of 16 bytes. The transpose: row k of r holds elements (k, 0 .. w); each
  * stage replaces r by LO(r_0, r_w/2), HI(r_0, r_w/2), LO(r_1, r_w/2+1), ..., which rotates
  * the (row, column) index bits by one, so log2(w) stages leave column m in r_m. */
 DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size_t size,
-                        dl_copy_cast cast, int nt) {
-  const int64_t w = (cast == DL_COPY_SAME ? 16 : 32) / (int64_t)size, e = 16 / w;
+                        dl_copy_cast cast) {
+  const int64_t e = dl_out(size, cast), w = 16 / e; /* e: the bytes of a unit zipped */
   __m128i r[16], t[16];
   int64_t k, s;
 #pragma GCC unroll 16
@@ -387,7 +377,7 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
     for (k = 0; k < w; k++) r[k] = t[k];
   }
 #pragma GCC unroll 16
-  for (k = 0; k < w; k++) dl_store16(dst + k * dj, r[k], nt);
+  for (k = 0; k < w; k++) _mm_storeu_si128((__m128i*)(dst + k * dj), r[k]);
 }
 
 /* contract: one block of a plane as dl_tile_simd says, nj x ni elements (multiples of w;
@@ -395,15 +385,14 @@ DL_INLINE void dl_micro(char* dst, int64_t dj, const char* src, int64_t si, size
  * or where `nt` into a staging block first, then streamed a destination line at a time. */
 DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
-  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  const int64_t sz = (int64_t)size, out = dl_out(size, cast), w = 16 / out;
   __m128i stage[256]; /* the block's destination: nj <= 64 rows of 64 bytes */
   char* b = (char*)stage;
   int64_t j, i, c;
   if (!nt) {
     for (j = 0; j < nj; j += w) {
       for (i = 0; i < ni; i += w) {
-        dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast, 0);
+        dl_micro(dst + j * dj + i * out, dj, src + j * sz + i * si, si, size, cast);
       }
     }
     return;
@@ -412,12 +401,13 @@ DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni,
    * time: few write-combining buffers in use. */
   for (i = 0; i < ni; i += w) { /* each source line consumed before the next */
     for (j = 0; j < nj; j += w) {
-      dl_micro(b + j * 64 + i * out, 64, src + j * sz + i * si, si, size, cast, 0);
+      dl_micro(b + j * 64 + i * out, 64, src + j * sz + i * si, si, size, cast);
     }
   }
   for (j = 0; j < nj; j++) {
     for (c = 0; c < ni * out; c += 16) { /* a row: a multiple of 16 bytes */
-      dl_store16(dst + j * dj + c, _mm_load_si128((const __m128i*)(b + j * 64 + c)), 1);
+      _mm_stream_si128((__m128i*)(dst + j * dj + c),
+                       _mm_load_si128((const __m128i*)(b + j * 64 + c)));
     }
   }
 }
@@ -426,10 +416,9 @@ DL_INLINE void dl_tile_block(char* dst, const char* src, int64_t nj, int64_t ni,
  * with a source dense along j (sj = size), by microtiles, panel by panel, block by block. */
 DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                             int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  const int64_t sz = (int64_t)size, out = cast == DL_COPY_SAME ? sz : sz / 2;
-  const int64_t w = cast == DL_COPY_SAME ? 16 / sz : 32 / sz;
+  const int64_t sz = (int64_t)size, out = dl_out(size, cast), w = 16 / out;
   const int64_t pj = DL_PANEL_J / sz, pi = DL_PANEL_I / out > w ? DL_PANEL_I / out : w;
-  const int64_t bj = 64 / sz > w ? 64 / sz : w, bi = 64 / out > w ? 64 / out : w;
+  const int64_t bj = 64 / sz, bi = 64 / out; /* 2 or 4 microtiles (w <= 32 / sz, 16 / out) */
   int64_t j0, i0, j1, i1;
   for (j0 = 0; j0 < nj; j0 += pj) {
     const int64_t ej0 = nj - j0 < pj ? nj : j0 + pj;
@@ -451,9 +440,9 @@ DL_INLINE void dl_tile_simd(char* dst, const char* src, int64_t nj, int64_t ni, 
  * microtile's vectors stay in registers). */
 static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni, int64_t si,
                              int64_t dj, size_t size, dl_copy_cast cast, int nt) {
-  /* narrowed: 8 or 16 bytes (a double, a complex128); the bytes as they are: 1 .. 16 */
-  const size_t key = cast == DL_COPY_SAME ? size : size == 8 ? 8 + cast : 16 + cast;
-  switch (key) {
+  /* narrowed: 8 or 16 bytes (a double, a complex128), cast 1 or 2; the bytes as they are
+   * (cast 0): 1, 2, 4, 8 or 16. So size + cast tells them apart. */
+  switch (size + cast) {
 #define DL_TILE(S, C)                                              \
   case (S) + (C):                                                  \
     dl_tile_simd(dst, src, nj, ni, si, dj, S, C, nt);              \
@@ -474,7 +463,7 @@ static void dl_tile_simd_any(char* dst, const char* src, int64_t nj, int64_t ni,
 static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_t ni,
                                   int64_t sj, int64_t si, int64_t dj, size_t size,
                                   dl_copy_cast cast) {
-  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  const int64_t out = dl_out(size, cast);
   int64_t j0, i0, j, i;
   for (j0 = 0; j0 < nj; j0 += 16) {
     const int64_t ej = nj - j0 < 16 ? nj : j0 + 16;
@@ -501,17 +490,15 @@ static inline void dl_tile_scalar(char* dst, const char* src, int64_t nj, int64_
 DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni, int64_t sj,
                              int64_t si, int64_t dj, size_t size, dl_copy_cast cast,
                              int stream) {
-  const int64_t out = (int64_t)(cast == DL_COPY_SAME ? size : size / 2);
+  const int64_t out = dl_out(size, cast);
   int64_t wj = 0, wi = 0;
 #if DL_COPY_SSE2
   if (sj == (int64_t)size && (cast != DL_COPY_SAME || (size <= 16 && (size & (size - 1)) == 0))) {
-    const int64_t w = (int64_t)(cast == DL_COPY_SAME ? 16 / size : 32 / size);
+    const int64_t w = 16 / out;
     wj = nj - nj % w;
-    wi = ni - ni % w;
-    if (wj > 0 && wi > 0) {
-      dl_tile_simd_any(dst, src, wj, wi, si, dj, size, cast,
-                       stream && (dj & 15) == 0 && ((uintptr_t)dst & 15) == 0);
-    }
+    wi = ni - ni % w; /* (0 by 0 or 0 by any: the tiles' loops do not start) */
+    dl_tile_simd_any(dst, src, wj, wi, si, dj, size, cast,
+                     stream && (((uintptr_t)dst | (uintptr_t)dj) & 15) == 0);
   }
 #else
   (void)stream;
@@ -531,7 +518,6 @@ DL_INLINE void dl_plane_copy(char* dst, const char* src, int64_t nj, int64_t ni,
 typedef struct {
   int n;
   size_t size;            /* source element bytes (a folded run counts as one element) */
-  size_t out;             /* destination element bytes */
   int64_t ext[64];        /* extents */
   int64_t sstr[64];       /* source strides, bytes */
   int64_t dstr[64];       /* destination strides, bytes (row-major) */
@@ -541,6 +527,7 @@ typedef struct {
  * `src_size` bytes, ndim <= 64) copied as `cast` says; 0 for an empty tensor, else 1. */
 static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
                                  const int64_t* strides, size_t src_size, dl_copy_cast cast) {
+  int64_t step;
   int n = 0, d;
   for (d = 0; d < ndim; d++) {
     if (shape[d] == 0) return 0;
@@ -558,10 +545,9 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
     n++;
   }
   L->size = src_size;
-  for (d = 0; d < n; d++) L->sstr[d] *= (int64_t)src_size;
   /* A dense innermost run of up to 32 bytes (a pixel's channels, a complex pair) is one
    * wider element: the same bytes, moved whole. */
-  if (cast == DL_COPY_SAME && n > 0 && L->sstr[n - 1] == (int64_t)src_size) {
+  if (cast == DL_COPY_SAME && n > 0 && L->sstr[n - 1] == 1) {
     const int64_t run = L->ext[n - 1] * (int64_t)src_size;
     if (run <= 32) {
       L->size = (size_t)run;
@@ -569,9 +555,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
     }
   }
   L->n = n;
-  L->out = cast == DL_COPY_SAME ? L->size : L->size / 2;
+  step = dl_out(L->size, cast); /* the destination's stride of axis d, row-major */
   for (d = n - 1; d >= 0; d--) {
-    L->dstr[d] = d == n - 1 ? (int64_t)L->out : L->dstr[d + 1] * L->ext[d + 1];
+    L->sstr[d] *= (int64_t)src_size; /* in bytes from here */
+    L->dstr[d] = step;
+    step *= L->ext[d];
   }
   return 1;
 }
