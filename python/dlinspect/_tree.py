@@ -91,7 +91,7 @@ class Flat:
             path, tp, cause = _refusal(self.x, lambda v: swap.get(id(v), v), self.is_leaf) or (
                 (), type(self.x), exc)
             raise ContainerError(
-                f"the {type_name(tp)} at {_where(path)} refuses the arrays the conversion gives "
+                f"the {type_name(tp)} at {_keystr(path)} refuses the arrays the conversion gives "
                 f"({type(cause).__name__}: {cause}); nothing was converted. To fix: let "
                 f"{tp.__qualname__} hold jax.Array values (its constructor, or its pytree "
                 f"unflatten), or pass a dict.") from cause
@@ -247,18 +247,18 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,
              path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], type, Any] | None:
-    """``(path, type, exception)`` of the innermost container refusing its values' ``swap(v)``,
-    or None."""
+    """``(path, type, exception)`` of the innermost container refusing its values' ``swap(v)``
+    (``path``: JAX's keys), or None."""
     pairs, treedef = _tree_util().tree_flatten_with_path(   # one level of JAX's walk
         x, is_leaf=lambda n: n is not x or (is_leaf is not None and is_leaf(n)))
     kind = _kind(type(x))
     if not (treedef.num_leaves == 1 and pairs[0][1] is x):   # a node JAX walks
-        keys = [_raw_key(p[0]) for p, _ in pairs]
+        keys = [p[0] for p, _ in pairs]
         values = [v for _, v in pairs]
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [(_KEY_KIND[kind], n) for n in names]
+        keys = [_jax_key((_KEY_KIND[kind], n)) for n in names]
         rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
@@ -271,13 +271,6 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
     except Exception as exc:
         return path, type(x), exc.__cause__ if isinstance(exc, ContainerError) else exc
     return None
-
-
-def _raw_key(key: Any) -> tuple[int, Any]:
-    for kind, attr in ((_DICT_KEY, "key"), (_SEQUENCE_KEY, "idx"), (_ATTR_KEY, "name")):
-        if hasattr(key, attr):
-            return kind, getattr(key, attr)
-    return _SEQUENCE_KEY, str(key)
 
 
 def _check_walkable(x: Any) -> None:
@@ -302,11 +295,15 @@ def _check_walkable(x: Any) -> None:
 
 
 def _where(raw: tuple[Any, ...]) -> str:
-    """``jax.tree_util.keystr`` of ``(kind, name)`` pairs, its middle left out when long."""
+    """:func:`_keystr` of ``(kind, name)`` pairs."""
+    return _keystr(tuple(map(_jax_key, raw)))
+
+
+def _keystr(path: tuple[Any, ...]) -> str:
+    """``jax.tree_util.keystr`` of JAX's keys, its middle left out when long."""
     tree_util = _tree_util()
-    if not raw:
+    if not path:
         return "the top of the batch"
-    path = tuple(map(_jax_key, raw))
     if len(path) <= 8:
         return tree_util.keystr(path)
     return f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, {len(path)} levels down"
@@ -321,15 +318,14 @@ def _children(node: Any, path: tuple[Any, ...]) -> Any:
     kind = _kind(type(node))
     if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)
-    if kind != _MAPPING:
-        names, values = _named_values(kind, node)
-        return [((_KEY_KIND[kind], n), v) for n, v in zip(names, values)]
     try:
-        names = sorted(node) if type(node) is dict else list(node)
+        if type(node) is dict:
+            sorted(node)
     except TypeError:
         kinds = sorted({type(k).__name__ for k in node})
         raise ContainerError(
             f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
             f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
             f"converted. To fix: give its keys one type (e.g. str(key)).") from None
-    return [((_DICT_KEY, k), node[k]) for k in names]
+    names, values = _named_values(kind, node)
+    return [((_KEY_KIND[kind], n), v) for n, v in zip(names, values)]
