@@ -97,10 +97,9 @@ class Flat:
                 f"unflatten), or pass a dict.") from cause
 
     def key_paths(self) -> list[tuple[Any, ...]]:
-        paths = [tuple(path) for path, _ in
-                 _tree_util().tree_flatten_with_path(self.x, is_leaf=self.is_leaf)[0]]
+        pairs = _tree_util().tree_leaves_with_path(self.x, is_leaf=self.is_leaf)
         out: list[tuple[Any, ...]] = []
-        for path, part in zip(paths, self.parts or [None] * len(paths)):
+        for (path, _), part in zip(pairs, self.parts or [None] * len(pairs)):
             if part is None:
                 out.append(path)
                 continue
@@ -216,7 +215,7 @@ def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
 
 def _named_values(kind: int, obj: Any) -> tuple[list[Any], list[Any]]:
     if kind == _MAPPING:
-        names = list(obj.keys())
+        names = list(obj)
         return names, [obj[k] for k in names]
     if kind == _SEQUENCE:
         return list(range(len(obj))), list(obj)
