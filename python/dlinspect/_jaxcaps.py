@@ -116,7 +116,7 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
     misaligned import may copy silently: the alignment probe checks pointers."""
     if fn is None:   # not found: its status says why
         return None, status
-    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
+    doc = (fn.__doc__ or "").split("\n")[0]
     names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
     if names is None:
         return None, status._replace(found=None, reason=f"found at {status.found} with another "
@@ -156,8 +156,7 @@ class JaxCaps:
         self.symbols = {name: status for name, (_, status) in resolved.items()}
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
          self._put_fn, self._handler_fn) = (value for value, _ in resolved.values())
-        self.mapping = {int(k): v
-                        for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
+        self.mapping = {int(k): v for k, v in (mapping or _DEFAULT_PLATFORMS).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
@@ -170,7 +169,7 @@ class JaxCaps:
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
                               else why if force_public else status.reason)
-        self._target: Any = None
+        vars(self).pop("target", None)   # (built again on next use)
 
     def _note(self, name: str, found: str | None, reason: str) -> None:
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
@@ -178,16 +177,15 @@ class JaxCaps:
     def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[str]]:
         devices: dict[tuple[int, int], Any] = {}
         platforms: set[str] = set()
-        for platform in sorted(set(self.mapping.values())):
+        for dl_type, platform in self.mapping.items():
             try:
                 local = self.jax.local_devices(backend=platform)
             except RuntimeError:   # no such backend here ("Unknown backend cuda")
                 continue
             platforms.add(platform)
-            for dl_type in [t for t, p in self.mapping.items() if p == platform]:
-                for d in local:
-                    hw = getattr(d, "local_hardware_id", None)
-                    devices[(dl_type, d.id if hw is None else hw)] = d
+            for d in local:
+                hw = getattr(d, "local_hardware_id", None)
+                devices[(dl_type, d.id if hw is None else hw)] = d
         return devices, platforms
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
@@ -267,27 +265,25 @@ class JaxCaps:
         wrapper = _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id))
         return self.jax.dlpack.from_dlpack(wrapper, copy=copy)
 
-    @property
+    @functools.cached_property
     def target(self) -> Any:
-        if self._target is None:
-            self._target = self.core.JaxTarget(
-                jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
-                cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
-                x64_context=self.x64, devices=self.devices, platforms=self.platforms,
-                cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
-                probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
-                # jax.Array's concrete type (a jax.Array is never exported through DLPack)
-                array_type=type(self.jax.numpy.zeros(())),
-                # a permuted order (2x3 stored column-major) kept committed, as the route leaves
-                # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
-                permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
-                # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
-                # from it that its own jit refuses
-                unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
-                assemble=self._assembler(), uncommit=self._uncommitter(),
-                row_major=_row_major, default_device=self._default_device(), **self._put())
-        return self._target
+        return self.core.JaxTarget(
+            jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
+            cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
+            x64_context=self.x64, devices=self.devices, platforms=self.platforms,
+            cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
+            probe=self._probe_dtype, hold=self._probe_hold,
+            narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
+            # jax.Array's concrete type (a jax.Array is never exported through DLPack)
+            array_type=type(self.jax.numpy.zeros(())),
+            # a permuted order (2x3 stored column-major) kept committed, as the route leaves
+            # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
+            permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
+            # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
+            # from it that its own jit refuses
+            unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
+            assemble=self._assembler(), uncommit=self._uncommitter(),
+            row_major=_row_major, default_device=self._default_device(), **self._put())
 
     def _default_device(self) -> Any:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
