@@ -157,7 +157,7 @@ _DTYPE_ROWS = (
 
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
 _DTYPE_BY_NAME = {row.name: (int(code), bits, 1) for code, bits, row in _DTYPE_ROWS}
-_DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
+_DATA_TYPE_CODES = set(DLDataTypeCode)   # (an int finds its member: they hash alike)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -72,7 +72,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
         if jax is not None:   # the header of a float32 tensor on that device, as a producer's
             route = dlinspect.plan(dlinspect.peek(header_capsule(
-                x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, int(dt))))
+                x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, dt)))
             row.update(route=route.kind, reason=route.reason)
         rows.append(row)
     if producers:
