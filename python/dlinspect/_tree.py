@@ -22,9 +22,9 @@ from .errors import ContainerError
 MAX_DEPTH = 200   # containers inside containers
 
 _LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
-_DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2   # a key as (kind, name): see _where
-_KEY_KIND = {_MAPPING: _DICT_KEY, _DATACLASS: _ATTR_KEY, _SEQUENCE: _SEQUENCE_KEY,
-             _NAMESPACE: _ATTR_KEY}
+# By the kind of a container, JAX's class of the keys of its values (a key as (kind of its
+# container, name): see _where).
+_JAX_KEYS = (None, "DictKey", "GetAttrKey", "SequenceKey", "GetAttrKey")
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
@@ -209,7 +209,7 @@ def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
-    keys = [_jax_key((_KEY_KIND[kind], n)) for n in names]
+    keys = [_jax_key((kind, n)) for n in names]
     return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
 
 
@@ -257,7 +257,7 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [_jax_key((_KEY_KIND[kind], n)) for n in names]
+        keys = [_jax_key((kind, n)) for n in names]
         rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
@@ -309,7 +309,7 @@ def _keystr(path: tuple[Any, ...]) -> str:
 
 
 def _jax_key(raw: tuple[int, Any]) -> Any:
-    return getattr(_tree_util(), ("DictKey", "SequenceKey", "GetAttrKey")[raw[0]])(raw[1])
+    return getattr(_tree_util(), _JAX_KEYS[raw[0]])(raw[1])
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
@@ -327,4 +327,4 @@ def _children(node: Any, path: tuple[Any, ...]) -> Any:
             f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
             f"converted. To fix: give its keys one type (e.g. str(key)).") from None
     names, values = _named_values(kind, node)
-    return [((_KEY_KIND[kind], n), v) for n, v in zip(names, values)]
+    return [((kind, n), v) for n, v in zip(names, values)]
