@@ -161,7 +161,8 @@ class JaxCaps:
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
-        self.devices, self.platforms = self._local_devices()
+        self.devices = self._local_devices()
+        self.platforms = {self.mapping[t] for t, _ in self.devices}   # (those with a backend here)
         self._cpu = jax.local_devices(backend="cpu")[0]
 
     def _set_direct(self, force_public: bool, why: str) -> None:
@@ -174,19 +175,17 @@ class JaxCaps:
     def _note(self, name: str, found: str | None, reason: str) -> None:
         self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
 
-    def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[str]]:
+    def _local_devices(self) -> dict[tuple[int, int], Any]:
         devices: dict[tuple[int, int], Any] = {}
-        platforms: set[str] = set()
         for dl_type, platform in self.mapping.items():
             try:
                 local = self.jax.local_devices(backend=platform)
             except RuntimeError:   # no such backend here ("Unknown backend cuda")
                 continue
-            platforms.add(platform)
             for d in local:
                 hw = getattr(d, "local_hardware_id", None)
                 devices[(dl_type, d.id if hw is None else hw)] = d
-        return devices, platforms
+        return devices
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
@@ -403,7 +402,7 @@ def _row_major(arr: Any) -> bool:
             order = [int(d) for d in reversed(text.split(","))] if text else []
     except Exception:
         return True
-    return tuple(order) == tuple(range(len(order)))
+    return list(order) == sorted(order)   # (a permutation of the axes)
 
 
 def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
