@@ -218,7 +218,7 @@ class JaxCaps:
             checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
                 lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
-            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in checks)
+            return all(np.array_equal(f(arr), f(want)) for f in checks)
         except Exception:
             return False
 
@@ -327,7 +327,7 @@ class JaxCaps:
             ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
             return [a._committed for a in ours] == [False, True] and all(
                 a.aval == theirs.aval and a.sharding == theirs.sharding
-                and np.asarray(a).tolist() == x.tolist() for a in ours) and _first_viewed(
+                and np.array_equal(a, x) for a in ours) and _first_viewed(
                 self.core.aligned_empty, view)
 
         align = self._probe("batched_put", probe)
@@ -359,8 +359,8 @@ class JaxCaps:
             arr = self._import(self.core.capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
-                    and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
-                    and np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() == [4, 3, 2, 1])
+                    and np.array_equal(out + 0, [1, 2, 3, 4])
+                    and np.array_equal(self.jax.jit(lambda a: a[::-1])(out), [4, 3, 2, 1]))
         return uncommit if self._probe("result_handler", probe) else None
 
     def _assembler(self) -> Callable[..., Any]:
@@ -387,7 +387,7 @@ class JaxCaps:
             one = jax.sharding.SingleDeviceSharding(dev)
             part = jax.device_put(np.arange(4, dtype=np.float32), dev)
             a, b = direct((4,), one, [dev], [part]), public((4,), one, [part])
-            return bool(a.sharding == b.sharding and np.array_equal(a, b))
+            return a.sharding == b.sharding and np.array_equal(a, b)
         return direct if self._probe("array_impl", probe) else checked
 
 
