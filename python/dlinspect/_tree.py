@@ -24,7 +24,7 @@ MAX_DEPTH = 200   # containers inside containers
 _LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
 # By the kind of a container, JAX's class of the keys of its values (a key as (kind of its
 # container, name): see _where).
-_JAX_KEYS = (None, "DictKey", "GetAttrKey", "SequenceKey", "GetAttrKey")
+_JAX_KEYS = ("", "DictKey", "GetAttrKey", "SequenceKey", "GetAttrKey")
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
