@@ -20,7 +20,7 @@ from .errors import (AllocationError, CopyRequiredError, DLInspectError, Malform
 
 def first_line(exc: BaseException, typed: bool = True) -> str:
     """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
-    line = (str(exc).splitlines() or [""])[0]
+    line = str(exc).partition("\n")[0]
     return f"{type(exc).__name__}: {line}" if typed else line
 
 
@@ -553,7 +553,8 @@ def explain_tree(flat: Any) -> str:
             blocks.extend(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  ")
                           for path, route in leaves)
             continue
-        first, reason = keystr(leaves[0][0]), leaves[0][1].reason
+        first = keystr(leaves[0][0])
+        _, reason = run   # (their parent's path, the reason)
         blocks.append(f"{first}: untouched ({reason})" if len(leaves) == 1 else
                       f"{first} .. {keystr(leaves[-1][0])}: {len(leaves)} leaves untouched ({reason})")
     return "\n".join(blocks)
