@@ -262,11 +262,12 @@ def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(filter(None, shape))
-    if len(shape) > NUMPY_MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
+    deep = len(shape) > NUMPY_MAX_NDIM
+    if deep or (nbytes == 0 and extents > 2**63 - 1):
         raise StackError(
             f"{at.where()}the batched leaf, {dtype} of shape {shape}, has "
             + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "
-               f"at most {NUMPY_MAX_NDIM}" if len(shape) > NUMPY_MAX_NDIM else
+               f"at most {NUMPY_MAX_NDIM}" if deep else
                "no elements, but nonzero extents that multiply past 2**63 - 1 bytes, which "
                "NumPy holds no array of") + ". To fix: give that leaf fewer dimensions, or smaller extents.")
     try:

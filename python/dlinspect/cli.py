@@ -327,14 +327,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write; never written)")
     p.add_argument("--expr", help="a Python expression giving a tensor, with np, torch, jax, jnp "
                                   "and dlinspect in scope, e.g. 'np.ones((3, 4))[:, ::2]'")
-    p.add_argument("--target", choices=("jax", "host"), default="jax",
-                   help="route into JAX (to_jax) or NumPy (to_host); default jax")
-    p.add_argument("--copy", choices=("none", "true", "false"), default="none",
-                   help="the copy= option: none copies only where needed, false never")
-    p.add_argument("--fallback", choices=("host", "raise"), default="host",
-                   help="for devices this JAX has no backend for: through host memory, or an error")
-    p.add_argument("--readonly", choices=("copy", "share"), default="copy",
-                   help="read-only memory: copy it (default) or import it without a copy")
+    for flag, choices, text in (   # (the first choice is the default)
+            ("--target", ("jax", "host"), "route into JAX (to_jax) or NumPy (to_host); default jax"),
+            ("--copy", ("none", "true", "false"),
+             "the copy= option: none copies only where needed, false never"),
+            ("--fallback", ("host", "raise"),
+             "for devices this JAX has no backend for: through host memory, or an error"),
+            ("--readonly", ("copy", "share"),
+             "read-only memory: copy it (default) or import it without a copy")):
+        p.add_argument(flag, choices=choices, default=choices[0], help=text)
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack",
                        description="Time dlinspect against plain from_dlpack, jax.device_put, "
                                    "jnp.asarray and NumPy's own copy, and check each target "

@@ -186,7 +186,7 @@ def _stage_type() -> type:
 
     class ToJaxDataset(Stage, grain.IterDataset):   # type: ignore[misc, name-defined, unused-ignore]
         def __iter__(self) -> Any:
-            return ToJaxIterator(self._parent.__iter__(), self._to_jax)
+            return ToJaxIterator(iter(self._parent), self._to_jax)
 
     return ToJaxDataset
 
