@@ -93,7 +93,7 @@ def as_device_type(value: int) -> Any:
 
 def device_name(device_type: int, device_id: int | None = None) -> str:
     """``"kDLVulkan:0"`` style name; unknown types print as ``"DLDeviceType(42)"``."""
-    member = _DEVICE_BY_VALUE.get(int(device_type))
+    member = _DEVICE_BY_VALUE.get(device_type)
     name = member.name if member is not None else f"DLDeviceType({int(device_type)})"
     return name if device_id is None else f"{name}:{device_id}"
 

@@ -62,8 +62,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             # (c.target, built before the symbols are read: its probes say which are used)
             "cpu_alignment": c.target.cpu_align,
             "dlpack_platforms": {str(as_device_type(k)): v for k, v in sorted(c.mapping.items())},
-            "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
-                                for s in c.symbols.values()],
+            "private_symbols": [s._asdict() for s in c.symbols.values()],   # purpose, found, reason
         }
     report["device_types"] = rows = []
     x = aligned_array(np.ones((4, 4)))
