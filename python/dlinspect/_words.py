@@ -34,7 +34,6 @@ def into_call(into: str) -> str:
 
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
 
-_SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
 Parts = tuple[type[Exception], str, str, str]
 _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as jax.dlpack.from_dlpack "
              "gives a transpose), and jax.device_put moves such an array wrong")
@@ -271,8 +270,9 @@ def _dtype(route: Any) -> Parts:
 
 def _host_dtype(route: Any) -> Parts:
     info = route.info
+    # (a row of the dtype table NumPy has no dtype for here is one of ml_dtypes')
     hint = (" (NumPy has no such dtype; ml_dtypes provides it: pip install -U ml_dtypes)"
-            if info.dtype_name.startswith(_SUBBYTE_NAMES) else "")
+            if info.dtype[:2] in T.DTYPES else "")
     return (UnsupportedDTypeError, _subject(route),
             f"has {_dtype_text(info)}, which has no NumPy dtype here{hint}.",
             f"To fix: {_widen(route)}.")
