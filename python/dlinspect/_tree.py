@@ -315,7 +315,7 @@ def _jax_key(raw: tuple[int, Any]) -> Any:
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
     """``[((kind, name), child)]`` (``[]`` for a leaf); a dict's ContainerError: unsortable keys."""
     kind = _kind(type(node))
-    if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
+    if kind == _LEAF or text_leaf(node):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)
     try:
         if type(node) is dict:
