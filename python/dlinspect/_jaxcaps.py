@@ -172,8 +172,9 @@ class JaxCaps:
                               else why if force_public else status.reason)
         vars(self).pop("target", None)   # (built again on next use)
 
-    def _note(self, name: str, found: str | None, reason: str) -> None:
-        self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
+    def _unused(self, name: str, reason: str) -> None:
+        """The private symbol ``name`` is not used, for ``reason``."""
+        self.symbols[name] = self.symbols[name]._replace(found=None, reason=reason)
 
     def _local_devices(self) -> dict[tuple[int, int], Any]:
         devices: dict[tuple[int, int], Any] = {}
@@ -306,7 +307,7 @@ class JaxCaps:
         except Exception as exc:
             got, why = None, first_line(exc)
         if not got:
-            self._note(name, None, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
+            self._unused(name, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
         return got or None
 
     def _put(self) -> dict[str, Any]:
@@ -314,8 +315,8 @@ class JaxCaps:
         and gives ``jax.device_put``'s array; else ``put=None``."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
-            self._note("batched_put", None, "the public API is forced: jax.device_put puts "
-                                            "dlinspect's copies")
+            self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
+                                        "copies")
         if not self.direct or put is None or self._shaped_array is None:
             return {"put": None}
 
@@ -333,8 +334,8 @@ class JaxCaps:
         align = self._probe("batched_put", probe)
         if align is None:
             return {"put": None}
-        self._note("batched_put", self.symbols["batched_put"].found,
-                   f"views host memory aligned to {align} bytes")
+        self.symbols["batched_put"] = self.symbols["batched_put"]._replace(
+            reason=f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}
 
     def _uncommitter(self) -> Callable[[Any], Any] | None:
@@ -342,8 +343,8 @@ class JaxCaps:
         ``jnp.asarray`` gives (jaxlib's result handler, probed); else None."""
         handler_fn = self._handler_fn
         if not self.direct:
-            self._note("result_handler", None,
-                       f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
+            self._unused("result_handler",
+                         f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
         if handler_fn is None or self._shaped_array is None or not self.direct:
             return None
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
