@@ -184,7 +184,7 @@ class JaxCaps:
             except RuntimeError:   # no such backend here ("Unknown backend cuda")
                 continue
             for d in local:
-                hw = getattr(d, "local_hardware_id", None)
+                hw = d.local_hardware_id   # (None where the platform defines none)
                 devices[(dl_type, d.id if hw is None else hw)] = d
         return devices
 
@@ -261,7 +261,7 @@ class JaxCaps:
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
                        dl_device_type: int) -> Any:
-        hw_id = getattr(device, "local_hardware_id", None)
+        hw_id = device.local_hardware_id
         wrapper = _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id))
         return self.jax.dlpack.from_dlpack(wrapper, copy=copy)
 
@@ -289,7 +289,7 @@ class JaxCaps:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
         where it is not the CPU device that views host memory, else None (viewed there); this
         process's own first device, as JAX's (jax.devices()[0] is process 0's in a cluster)."""
-        default = getattr(self.jax.config, "jax_default_device", None)
+        default = self.jax.config.jax_default_device
         if default is None or isinstance(default, str):
             default = self.jax.local_devices(backend=default)[0]
         return None if default == self._cpu else default
