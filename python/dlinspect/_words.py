@@ -347,10 +347,10 @@ def _copy_forbidden(route: Any) -> Parts:
         fixes = ["make it native and C-ordered first: numpy.ascontiguousarray(x, "
                  "dtype=x.dtype.newbyteorder('='))"]
     elif "jax_array" in f:
-        devices = ", ".join(map(str, f["jax_array"].devices()))
         subject = ""
         found = (f"{_RELAYOUT}, so it is copied into row-major order, but copy=False" if f["relayout"]
-                 else f"a jax.Array on {devices} must move to {_where(f)}, which copies, but copy=False")
+                 else f"a jax.Array on {', '.join(map(str, f['jax_array'].devices()))} must move to "
+                      f"{_where(f)}, which copies, but copy=False")
     elif f.get("through_host") and route.target == "host":
         found = f"is not in host memory. Bringing it to the host {refused}"
     elif f.get("through_host"):

@@ -240,9 +240,9 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
         raise ImportError("dlinspect.grain needs grain, which is not installed: pip install grain") from exc
     prefetch = getattr(getattr(grain, "experimental", None), "ThreadPrefetchIterDataset", None)
     if prefetch is None or not hasattr(grain, "IterDataset"):
-        version = getattr(grain, "__version__", "?")
         raise ImportError(f"dlinspect.grain needs grain.IterDataset and "
-                          f"grain.experimental.ThreadPrefetchIterDataset, which grain {version} "
+                          f"grain.experimental.ThreadPrefetchIterDataset, which grain "
+                          f"{getattr(grain, '__version__', '?')} "
                           f"lacks: pip install -U grain")
     if isinstance(ds, grain.IterDataset):
         return ds, prefetch
