@@ -262,8 +262,8 @@ class JaxCaps:
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
                        dl_device_type: int) -> Any:
         hw_id = device.local_hardware_id
-        wrapper = _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id))
-        return self.jax.dlpack.from_dlpack(wrapper, copy=copy)
+        return self.jax.dlpack.from_dlpack(
+            _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id)), copy=copy)
 
     @functools.cached_property
     def target(self) -> Any:

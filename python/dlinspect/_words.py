@@ -280,9 +280,8 @@ def _host_dtype(route: Any) -> Parts:
 
 def _numpy_dtype(route: Any) -> Parts:
     f = route.facts
-    code, bits, lanes = f["dtype"]
     return (UnsupportedDTypeError, _array_head(f),
-            f"has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
+            f"has {T.DLDataType(*f['dtype'])!r}, which JAX cannot "
             f"hold: {f['jax_why']}.", "To fix: convert it with NumPy first (x.astype(...)).")
 
 
@@ -387,9 +386,8 @@ def _uneven(route: Any) -> Parts:
 
 
 def _unmapped(route: Any) -> Parts:
-    info = route.info
     return (MalformedTensorError, _subject(route),
-            f"starts at {info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
+            f"starts at {route.info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
             f"last byte lies in memory this process has not mapped: a copy would read bytes "
             f"that are not there, so nothing was read or consumed. The producer wrote a "
             f"corrupt header.", "To fix: report the header to the producer's maintainers.")
