@@ -152,10 +152,10 @@ class JaxCaps:
             raise ImportError("dlinspect's JAX routes need jax, which is not installed "
                               "here; install it with: pip install 'dlinspect[jax]'") from exc
         self.core, self.jax = core, jax
-        resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
-        self.symbols = {name: status for name, (_, status) in resolved.items()}
+        values, statuses = zip(*map(_resolve, SYMBOLS.values()))
+        self.symbols: dict[str, SymbolStatus] = dict(zip(SYMBOLS, statuses))
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
-         self._put_fn, self._handler_fn) = (value for value, _ in resolved.values())
+         self._put_fn, self._handler_fn) = values
         self.mapping = {int(k): v for k, v in (mapping or _DEFAULT_PLATFORMS).items()}
         self.x64: Any = x64_state if x64_state is not None else _X64Flag()
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
@@ -289,7 +289,7 @@ class JaxCaps:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
         where it is not the CPU device that views host memory, else None (viewed there); this
         process's own first device, as JAX's (jax.devices()[0] is process 0's in a cluster)."""
-        default = self.jax.config.jax_default_device
+        default = getattr(self.jax.config, "jax_default_device", None)
         if default is None or isinstance(default, str):
             default = self.jax.local_devices(backend=default)[0]
         return None if default == self._cpu else default
