@@ -290,7 +290,7 @@ def _check_walkable(x: Any) -> None:
                 f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
         on_path.append(id(node))
         stack.extend((child, path + (k,)) for k, child in reversed(_children(node, path))
-                     if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
+                     if _kind(type(child)) != _LEAF)   # (containers only: a leaf has nothing inside)
 
 
 def _where(raw: tuple[Any, ...]) -> str:
