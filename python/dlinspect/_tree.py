@@ -62,7 +62,7 @@ class Flat:
     leaves: list[Any]
     treedef: Any
     # None: no leaf of jax's flattening is a container. Else one entry per jax
-    # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
+    # leaf: None (a leaf), or (kind, container, names, [Flat per child]).
     parts: list[Any] | None
     errors: dict[int, ContainerError]
     is_leaf: Any   # text_leaf where lists of plain scalars are one leaf each, else None
@@ -76,7 +76,7 @@ class Flat:
             if part is None:
                 outer.append(next(it))
                 continue
-            kind, obj, _, names, subs = part
+            kind, obj, names, subs = part
             new = [sub.unflatten([next(it) for _ in sub.leaves]) for sub in subs]
             outer.append(_rebuild(kind, obj, names, new))
         return self.treedef.unflatten(outer)
@@ -103,7 +103,8 @@ class Flat:
             if part is None:
                 out.append(path)
                 continue
-            for key, sub in zip(part[2], part[4]):
+            for name, sub in zip(part[2], part[3]):
+                key = _jax_key((part[0], name))
                 out.extend(path + (key,) + p for p in sub.key_paths())
         return out
 
@@ -112,11 +113,11 @@ class Flat:
         each container JAX does not walk, its type, its keys and the structure inside."""
         return (self.treedef, tuple(
             None if part is None else
-            (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
+            (type(part[1]), tuple(part[2]), tuple(sub.structure() for sub in part[3]))
             for part in self.parts or ()))
 
     def describe(self) -> str:
-        inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
+        inner = [f"{type(part[1]).__qualname__} with keys {list(part[2])}"
                  for part in self.parts or () if part is not None]
         return str(self.treedef) + (f" holding {', '.join(inner)}" if inner else "")
 
@@ -192,7 +193,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
         if part is None:
             leaves.append(leaf)
             continue
-        for sub in part[4]:
+        for sub in part[3]:
             errors.update((len(leaves) + i, e) for i, e in sub.errors.items())
             leaves.extend(sub.leaves)
     return Flat(x, leaves, treedef, parts, errors, is_leaf)
@@ -203,14 +204,13 @@ def _leaf_kind(tp: type, is_leaf: Any) -> int:
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
-    """``(kind, obj, keys, names, subs)``, or the ContainerError of its rebuild."""
+    """``(kind, obj, names, subs)``, or the ContainerError of its rebuild."""
     names, values = _named_values(kind, obj)
     try:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
-    keys = [_jax_key((kind, n)) for n in names]
-    return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
+    return (kind, obj, names, [_flatten(v, is_leaf) for v in values])
 
 
 def _named_values(kind: int, obj: Any) -> tuple[list[Any], list[Any]]:
