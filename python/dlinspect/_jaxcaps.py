@@ -157,7 +157,7 @@ class JaxCaps:
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
          self._put_fn, self._handler_fn) = values
         self.mapping = {int(k): v for k, v in (mapping or _DEFAULT_PLATFORMS).items()}
-        self.x64: Any = x64_state if x64_state is not None else _X64Flag()
+        self.x64 = x64_state if x64_state is not None else _X64Flag()
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
