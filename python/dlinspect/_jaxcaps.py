@@ -199,8 +199,18 @@ class JaxCaps:
         """Never below MIN_ALIGN, whatever the importer takes."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
-        return _first_viewed(self.core.aligned_empty,
-                             lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
+        return self._first_viewed(lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
+
+    def _first_viewed(self, view: Callable[[np.ndarray], Any]) -> int | None:
+        """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies
+        what it cannot view, silently); or None."""
+        with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
+            for align in ALIGNMENTS:
+                buf = self.core.aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+                with contextlib.suppress(Exception):
+                    if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
+                        return align
+        return None
 
     def _filled(self, values: Any, dtype: Any = np.float32) -> np.ndarray:
         """A probe's input: ``values`` in 256-byte aligned memory."""
@@ -328,8 +338,7 @@ class JaxCaps:
             ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
             return [a._committed for a in ours] == [False, True] and all(
                 a.aval == theirs.aval and a.sharding == theirs.sharding
-                and np.array_equal(a, x) for a in ours) and _first_viewed(
-                self.core.aligned_empty, view)
+                and np.array_equal(a, x) for a in ours) and self._first_viewed(view)
 
         align = self._probe("batched_put", probe)
         if align is None:
@@ -404,18 +413,6 @@ def _row_major(arr: Any) -> bool:
     except Exception:
         return True
     return list(order) == sorted(order)   # (a permutation of the axes)
-
-
-def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
-    """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies what it
-    cannot view, silently); or None."""
-    with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
-        for align in ALIGNMENTS:
-            buf = empty((64,), np.uint8, alignment=2 * align, offset=align)
-            with contextlib.suppress(Exception):
-                if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
-                    return align
-    return None
 
 
 @contextlib.contextmanager
