@@ -313,9 +313,10 @@ def _jax_key(raw: tuple[int, Any]) -> Any:
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
-    """``[((kind, name), child)]`` (``[]`` for a leaf); a dict's ContainerError: unsortable keys."""
+    """``[((kind, name), child)]`` of a container (the walk pushes no leaf); a dict's
+    ContainerError: unsortable keys."""
     kind = _kind(type(node))
-    if kind == _LEAF or text_leaf(node):
+    if text_leaf(node):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)
     try:
         if type(node) is dict:
