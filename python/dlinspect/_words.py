@@ -20,7 +20,7 @@ from .errors import (AllocationError, CopyRequiredError, DLInspectError, Malform
 
 def first_line(exc: BaseException, typed: bool = True) -> str:
     """The first line of ``exc``'s message, after ``"TypeName: "`` where ``typed``."""
-    line = str(exc).partition("\n")[0]
+    line = (str(exc).splitlines() or [""])[0]
     return f"{type(exc).__name__}: {line}" if typed else line
 
 
