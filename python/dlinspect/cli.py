@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._words import INSTALL_JAX, first_line, type_name
+from ._words import INSTALL_JAX, explain_one, first_line, type_name
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -213,7 +213,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except dlinspect.DLInspectError as exc:
         print(f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR_ROUTE
-    print(dlinspect.explain(x, args.target, **options))
+    print(explain_one(route, x))   # (dlinspect.explain's words of the route just planned)
     return EXIT_ERROR_ROUTE if route.kind == "error" else 0
 
 
