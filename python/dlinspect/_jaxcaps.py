@@ -23,7 +23,7 @@ from ._words import first_line, narrowing_text
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
-                      if row.platform is not None and row.jax_maps}
+                      if row.platform and row.jax_maps}
 
 
 #: The least alignment, in bytes, of host memory dlinspect lets XLA:CPU view in place:
@@ -263,7 +263,7 @@ class JaxCaps:
         with x64 off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule)."""
         return {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
                                    narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
-                for (code, bits), row in DTYPES.items() if row.x64_narrow is not None}
+                for (code, bits), row in DTYPES.items() if row.x64_narrow}
 
     @property
     def import_fn(self) -> Callable[..., Any]:
