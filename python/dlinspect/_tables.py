@@ -177,7 +177,7 @@ def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
     if lanes != 1 or code == _C.kDLOpaqueHandle:
         return None
     row = DTYPES.get((code, bits))
-    if row is not None and row.numpy:
+    if row and row.numpy:
         return numpy.dtype(row.name)
     try:   # ml_dtypes' types, by the name dtype_name gives
         import ml_dtypes

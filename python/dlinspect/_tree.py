@@ -176,7 +176,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
     """``level``: :func:`_one_level`'s answer, where no container among the leaves JAX finds
     needs walking (and no list is kept whole where it is 1)."""
     outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
-    if is_leaf is not None and level != 1:   # (a list JAX gives as a leaf is one is_leaf kept whole)
+    if is_leaf and level != 1:   # (a list JAX gives as a leaf is one is_leaf kept whole)
         outer = [list(v) if type(v) is list else v for v in outer]
     if level or all(_leaf_kind(tp, is_leaf) == _LEAF for tp in set(map(type, outer))):
         return Flat(x, outer, treedef, None, {}, is_leaf)
@@ -200,7 +200,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
 
 
 def _leaf_kind(tp: type, is_leaf: Any) -> int:
-    return _LEAF if is_leaf is not None and (tp is list or tp is tuple) else _kind(tp)
+    return _LEAF if is_leaf and (tp is list or tp is tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
