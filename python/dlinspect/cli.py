@@ -14,6 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+import dlinspect
+
 from ._words import INSTALL_JAX, explain_one, first_line, type_name
 
 __all__ = ["main", "doctor_report", "producers_report"]
@@ -40,9 +44,6 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
-    import numpy as np
-
-    import dlinspect
     from dlinspect._core import header_capsule, jax_caps
     from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
@@ -182,9 +183,6 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    import dlinspect
     from dlinspect._core import is_tensor
     if (args.path is None) == (args.expr is None):
         return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
@@ -226,13 +224,12 @@ def _is_npy(path: str) -> bool:
 
 
 def _load_subject(args: argparse.Namespace) -> Any:
-    import numpy as np
     if args.path is not None:
         # Copy-on-write mapping: the file is never written, and the array is as
         # writable as np.load's would be (mode "r" would always read "read-only").
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
-    import dlinspect.testing   # (in scope for --expr: FakeProducer, make_capsule)
     from dlinspect.bench._common import optional
+    # (dlinspect.testing, which the package imports, in scope for --expr: FakeProducer...)
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
         if (mod := optional(module)) is not None:
