@@ -8,6 +8,7 @@ error route, 1 for input that cannot be read or is not a tensor, and any usage e
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -18,6 +19,8 @@ import numpy as np
 
 import dlinspect
 
+from ._core import PRODUCERS, exchange_api_version, header_capsule, is_tensor, jax_caps
+from ._tables import as_device_type
 from ._words import INSTALL_JAX, explain_one, first_line, type_name
 
 __all__ = ["main", "doctor_report", "producers_report"]
@@ -44,10 +47,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
-    from dlinspect._core import header_capsule, jax_caps
-    from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
-    from dlinspect.testing import aligned_array
 
     report: dict[str, Any] = {"versions": versions(), "jax": None}
     jax = optional("jax")
@@ -66,7 +66,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             "private_symbols": [s._asdict() for s in c.symbols.values()],   # purpose, found, reason
         }
     report["device_types"] = rows = []
-    x = aligned_array(np.ones((4, 4)))
+    x = dlinspect.testing.aligned_array(np.ones((4, 4)))
     for dt in dlinspect.DLDeviceType:
         row = {"name": str(dt), "value": int(dt), "route": "error",
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
@@ -92,7 +92,6 @@ def producers_report(each: Any = None) -> dict[str, Any]:
     """
     import subprocess
 
-    from dlinspect._core import PRODUCERS
     out: dict[str, Any] = {}
     for module, expr in (row.doctor for row in PRODUCERS.values() if row.doctor):
         if _missing(module.split(".")[0]):
@@ -112,10 +111,8 @@ def producers_report(each: Any = None) -> dict[str, Any]:
 
 
 def _probe_producer(module: str, expr: str) -> dict[str, Any]:
-    import importlib
     import inspect
 
-    from dlinspect._core import exchange_api_version
     tp = eval(expr, {"m": importlib.import_module(module)})  # noqa: S307 - the producer table's own expression
     version = exchange_api_version(tp)
     row: dict[str, Any] = {"type": type_name(tp),
@@ -183,7 +180,6 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from dlinspect._core import is_tensor
     if (args.path is None) == (args.expr is None):
         return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
     try:
@@ -288,7 +284,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _missing(module: str) -> bool:
-    import importlib.util
     try:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):  # e.g. sys.modules[module] is None
@@ -306,8 +301,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dlinspect", description="Read DLPack tensor headers "
                                      "without consuming them, and route tensors into JAX.")
-    from dlinspect import __version__
-    parser.add_argument("--version", action="version", version=f"dlinspect {__version__}")
+    parser.add_argument("--version", action="version", version=f"dlinspect {dlinspect.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="what this installation can do",
                        description="Print what this installation can do: versions, JAX's "
