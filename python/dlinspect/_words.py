@@ -142,8 +142,7 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (not route.needs & (Need.LAYOUT | Need.PERMUTED | Need.ALIGN | Need.NARROW
-                               | Need.ALIASED)
+    return (sum(bool(route.needs & need) for need, _ in _COPY_NEEDS) == 1   # (READ_ONLY's own)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
