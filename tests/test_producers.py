@@ -367,7 +367,7 @@ class TestLifetimes:
             monkeypatch.setattr(c, "_probe_dtype", lambda code, bits: None)
         else:
             monkeypatch.setattr(c, "_put_fn", put)
-        monkeypatch.setattr(c, "_target", None)
+        monkeypatch.delattr(c, "target")   # (the cached one: built again)
         dlinspect._core.set_target(None)   # (the built target the hot path reads)
         assert (c.target.put is None) == (way == "import")
         failing.append(True)

@@ -23,7 +23,7 @@ from ._words import first_line, narrowing_text
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
-                      if row.platform is not None and row.jax_maps}
+                      if row.platform and row.jax_maps}
 
 
 #: The least alignment, in bytes, of host memory dlinspect lets XLA:CPU view in place:
@@ -116,7 +116,7 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
     misaligned import may copy silently: the alignment probe checks pointers."""
     if fn is None:   # not found: its status says why
         return None, status
-    doc = (getattr(fn, "__doc__", "") or "").split("\n")[0]
+    doc = (fn.__doc__ or "").split("\n")[0]
     names = next((names for names in _IMPORT_SIGNATURES if all(n in doc for n in names)), None)
     if names is None:
         return None, status._replace(found=None, reason=f"found at {status.found} with another "
@@ -152,17 +152,17 @@ class JaxCaps:
             raise ImportError("dlinspect's JAX routes need jax, which is not installed "
                               "here; install it with: pip install 'dlinspect[jax]'") from exc
         self.core, self.jax = core, jax
-        resolved = {name: _resolve(s) for name, s in SYMBOLS.items()}
-        self.symbols = {name: status for name, (_, status) in resolved.items()}
+        values, statuses = zip(*map(_resolve, SYMBOLS.values()))
+        self.symbols: dict[str, SymbolStatus] = dict(zip(SYMBOLS, statuses))
         (import_fn, mapping, x64_state, self._impl, self._shaped_array, self._aval_of,
-         self._put_fn, self._handler_fn) = (value for value, _ in resolved.values())
-        self.mapping = {int(k): v
-                        for k, v in (_DEFAULT_PLATFORMS if mapping is None else mapping).items()}
-        self.x64: Any = x64_state if x64_state is not None else _X64Flag()
+         self._put_fn, self._handler_fn) = values
+        self.mapping = {int(k): v for k, v in (mapping or _DEFAULT_PLATFORMS).items()}
+        self.x64 = x64_state if x64_state is not None else _X64Flag()
         self._direct_fn, self.symbols["import"] = _import_adapter(import_fn, self.symbols["import"])
         self._set_direct(os.environ.get("DLINSPECT_JAX_PUBLIC_API") == "1",
                          "DLINSPECT_JAX_PUBLIC_API=1 forces the public API")
-        self.devices, self.platforms = self._local_devices()
+        self.devices = self._local_devices()
+        self.platforms = {self.mapping[t] for t, _ in self.devices}   # (those with a backend here)
         self._cpu = jax.local_devices(backend="cpu")[0]
 
     def _set_direct(self, force_public: bool, why: str) -> None:
@@ -170,25 +170,23 @@ class JaxCaps:
         self.direct = self._direct_fn is not None and not force_public
         self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
                               else why if force_public else status.reason)
-        self._target: Any = None
+        vars(self).pop("target", None)   # (built again on next use)
 
-    def _note(self, name: str, found: str | None, reason: str) -> None:
-        self.symbols[name] = self.symbols[name]._replace(found=found, reason=reason)
+    def _unused(self, name: str, reason: str) -> None:
+        """The private symbol ``name`` is not used, for ``reason``."""
+        self.symbols[name] = self.symbols[name]._replace(found=None, reason=reason)
 
-    def _local_devices(self) -> tuple[dict[tuple[int, int], Any], set[str]]:
+    def _local_devices(self) -> dict[tuple[int, int], Any]:
         devices: dict[tuple[int, int], Any] = {}
-        platforms: set[str] = set()
-        for platform in sorted(set(self.mapping.values())):
+        for dl_type, platform in self.mapping.items():
             try:
                 local = self.jax.local_devices(backend=platform)
             except RuntimeError:   # no such backend here ("Unknown backend cuda")
                 continue
-            platforms.add(platform)
-            for dl_type in [t for t, p in self.mapping.items() if p == platform]:
-                for d in local:
-                    hw = getattr(d, "local_hardware_id", None)
-                    devices[(dl_type, d.id if hw is None else hw)] = d
-        return devices, platforms
+            for d in local:
+                hw = d.local_hardware_id   # (None where the platform defines none)
+                devices[(dl_type, d.id if hw is None else hw)] = d
+        return devices
 
     def stream_for(self, device_type: int, device_id: int) -> int | None:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
@@ -201,8 +199,18 @@ class JaxCaps:
         """Never below MIN_ALIGN, whatever the importer takes."""
         # copy=False where the importer takes it: jaxlib 0.4.31-0.10.1 copy misaligned
         # memory silently, and some of them do not take copy=False.
-        return _first_viewed(self.core.aligned_empty,
-                             lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
+        return self._first_viewed(lambda buf: self._import(self.core.capsule_of(buf), False)) or 4096
+
+    def _first_viewed(self, view: Callable[[np.ndarray], Any]) -> int | None:
+        """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies
+        what it cannot view, silently); or None."""
+        with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
+            for align in ALIGNMENTS:
+                buf = self.core.aligned_empty((64,), np.uint8, alignment=2 * align, offset=align)
+                with contextlib.suppress(Exception):
+                    if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
+                        return align
+        return None
 
     def _filled(self, values: Any, dtype: Any = np.float32) -> np.ndarray:
         """A probe's input: ``values`` in 256-byte aligned memory."""
@@ -221,7 +229,7 @@ class JaxCaps:
             checks: tuple[Callable[[Any], Any], ...] = (
                 lambda a: a, lambda a: a + 0, lambda a: a[1], lambda a: a.sum(axis=0),
                 lambda a: a.sum(axis=1), lambda a: a.reshape(-1), self.jax.jit(lambda a: a * 2 - a))
-            return all(np.array_equal(np.asarray(f(arr)), np.asarray(f(want))) for f in checks)
+            return all(np.array_equal(f(arr), f(want)) for f in checks)
         except Exception:
             return False
 
@@ -255,7 +263,7 @@ class JaxCaps:
         with x64 off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule)."""
         return {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
                                    narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
-                for (code, bits), row in DTYPES.items() if row.x64_narrow is not None}
+                for (code, bits), row in DTYPES.items() if row.x64_narrow}
 
     @property
     def import_fn(self) -> Callable[..., Any]:
@@ -263,31 +271,29 @@ class JaxCaps:
 
     def _public_import(self, cap: Any, device: Any, stream: int | None, copy: bool | None,
                        dl_device_type: int) -> Any:
-        hw_id = getattr(device, "local_hardware_id", None)
-        wrapper = _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id))
-        return self.jax.dlpack.from_dlpack(wrapper, copy=copy)
+        hw_id = device.local_hardware_id
+        return self.jax.dlpack.from_dlpack(
+            _CapsuleProducer(cap, (dl_device_type, device.id if hw_id is None else hw_id)), copy=copy)
 
-    @property
+    @functools.cached_property
     def target(self) -> Any:
-        if self._target is None:
-            self._target = self.core.JaxTarget(
-                jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
-                cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
-                x64_context=self.x64, devices=self.devices, platforms=self.platforms,
-                cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
-                probe=self._probe_dtype, hold=self._probe_hold,
-                narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
-                # jax.Array's concrete type (a jax.Array is never exported through DLPack)
-                array_type=type(self.jax.numpy.zeros(())),
-                # a permuted order (2x3 stored column-major) kept committed, as the route leaves
-                # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
-                permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
-                # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
-                # from it that its own jit refuses
-                unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
-                assemble=self._assembler(), uncommit=self._uncommitter(),
-                row_major=_row_major, default_device=self._default_device(), **self._put())
-        return self._target
+        return self.core.JaxTarget(
+            jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
+            cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
+            x64_context=self.x64, devices=self.devices, platforms=self.platforms,
+            cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
+            probe=self._probe_dtype, hold=self._probe_hold,
+            narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
+            # jax.Array's concrete type (a jax.Array is never exported through DLPack)
+            array_type=type(self.jax.numpy.zeros(())),
+            # a permuted order (2x3 stored column-major) kept committed, as the route leaves
+            # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
+            permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
+            # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
+            # from it that its own jit refuses
+            unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
+            assemble=self._assembler(), uncommit=self._uncommitter(),
+            row_major=_row_major, default_device=self._default_device(), **self._put())
 
     def _default_device(self) -> Any:
         """Where memory goes with no device named (as ``jnp.asarray``'s): JAX's default device
@@ -311,7 +317,7 @@ class JaxCaps:
         except Exception as exc:
             got, why = None, first_line(exc)
         if not got:
-            self._note(name, None, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
+            self._unused(name, f"its probe failed ({why}); using {SYMBOLS[name].fallback}")
         return got or None
 
     def _put(self) -> dict[str, Any]:
@@ -319,8 +325,8 @@ class JaxCaps:
         and gives ``jax.device_put``'s array; else ``put=None``."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
-            self._note("batched_put", None, "the public API is forced: jax.device_put puts "
-                                            "dlinspect's copies")
+            self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
+                                        "copies")
         if not self.direct or put is None or self._shaped_array is None:
             return {"put": None}
 
@@ -332,14 +338,13 @@ class JaxCaps:
             ours, theirs = [view(x, c) for c in (False, True)], self.jax.device_put(x, dev)
             return [a._committed for a in ours] == [False, True] and all(
                 a.aval == theirs.aval and a.sharding == theirs.sharding
-                and np.asarray(a).tolist() == x.tolist() for a in ours) and _first_viewed(
-                self.core.aligned_empty, view)
+                and np.array_equal(a, x) for a in ours) and self._first_viewed(view)
 
         align = self._probe("batched_put", probe)
         if align is None:
             return {"put": None}
-        self._note("batched_put", self.symbols["batched_put"].found,
-                   f"views host memory aligned to {align} bytes")
+        self.symbols["batched_put"] = self.symbols["batched_put"]._replace(
+            reason=f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}
 
     def _uncommitter(self) -> Callable[[Any], Any] | None:
@@ -347,8 +352,8 @@ class JaxCaps:
         ``jnp.asarray`` gives (jaxlib's result handler, probed); else None."""
         handler_fn = self._handler_fn
         if not self.direct:
-            self._note("result_handler", None,
-                       f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
+            self._unused("result_handler",
+                         f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
         if handler_fn is None or self._shaped_array is None or not self.direct:
             return None
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
@@ -364,8 +369,8 @@ class JaxCaps:
             arr = self._import(self.core.capsule_of(buf))
             out = uncommit(arr)
             return (not out._committed and out.unsafe_buffer_pointer() == arr.unsafe_buffer_pointer()
-                    and np.asarray(out + 0).tolist() == [1, 2, 3, 4]
-                    and np.asarray(self.jax.jit(lambda a: a[::-1])(out)).tolist() == [4, 3, 2, 1])
+                    and np.array_equal(out + 0, [1, 2, 3, 4])
+                    and np.array_equal(self.jax.jit(lambda a: a[::-1])(out), [4, 3, 2, 1]))
         return uncommit if self._probe("result_handler", probe) else None
 
     def _assembler(self) -> Callable[..., Any]:
@@ -392,7 +397,7 @@ class JaxCaps:
             one = jax.sharding.SingleDeviceSharding(dev)
             part = jax.device_put(np.arange(4, dtype=np.float32), dev)
             a, b = direct((4,), one, [dev], [part]), public((4,), one, [part])
-            return bool(a.sharding == b.sharding and np.array_equal(a, b))
+            return a.sharding == b.sharding and np.array_equal(a, b)
         return direct if self._probe("array_impl", probe) else checked
 
 
@@ -407,19 +412,7 @@ def _row_major(arr: Any) -> bool:
             order = [int(d) for d in reversed(text.split(","))] if text else []
     except Exception:
         return True
-    return tuple(order) == tuple(range(len(order)))
-
-
-def _first_viewed(empty: Any, view: Callable[[np.ndarray], Any]) -> int | None:
-    """The least of ALIGNMENTS at which ``view(buf)`` keeps ``buf``'s pointer (jaxlib copies what it
-    cannot view, silently); or None."""
-    with _quiet_stderr():   # jaxlib 0.5-0.8 log each silent copy on stderr
-        for align in ALIGNMENTS:
-            buf = empty((64,), np.uint8, alignment=2 * align, offset=align)
-            with contextlib.suppress(Exception):
-                if view(buf).unsafe_buffer_pointer() == buf.ctypes.data:
-                    return align
-    return None
+    return list(order) == sorted(order)   # (a permutation of the axes)
 
 
 @contextlib.contextmanager

@@ -121,7 +121,7 @@ class PrefetchLoader:
                             f"has no len()") from None
 
     def __iter__(self) -> Iterator[Any]:
-        it: Iterator[Any] = iter(self.source)
+        it = iter(self.source)
         if it is self.source:   # one pass only (an epoch stopped early closes it, too)
             # (a generator another loop already finished, this loader's or any other's)
             finished = inspect.isgenerator(it) and inspect.getgeneratorstate(it) == inspect.GEN_CLOSED

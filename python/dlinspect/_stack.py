@@ -116,10 +116,10 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     columns = _plain_columns(first, items)
     if columns is None:
         flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
-        for k in range(1, len(flats)):
-            if first.structure() != flats[k].structure():
+        for k, flat in enumerate(flats):
+            if flat.structure() != first.structure():
                 raise StackError(
-                    f"element {k} of the elements to stack has the structure {flats[k].describe()}, and "
+                    f"element {k} of the elements to stack has the structure {flat.describe()}, and "
                     f"element 0 {first.describe()}; {_SAME_STRUCTURE} (fill what an element lacks first).")
         columns = [list(column) for column in zip(*(flat.leaves for flat in flats))]
     return first.unflatten([_stack_leaf(_At(first, j), column, align, allocate)
@@ -129,7 +129,8 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
 def _plain_columns(first: _tree.Flat, items: list[Any]) -> list[list[Any]] | None:
     """The leaves at each position unwalked, where element 0 is a leaf or a plain dict, list or
     tuple of leaves and every element one of its type and keys; else None (see ``_as_array``)."""
-    e0, tp = items[0], type(items[0])
+    e0 = items[0]
+    tp = type(e0)
     if first.parts is not None:
         return None
     if len(first.leaves) == 1 and first.leaves[0] is e0:
@@ -239,10 +240,10 @@ def _stack_leaf(at: _At, column: list[Any], align: int, allocate: Callable[..., 
 def _stack_dtype(at: _At, arrays: list[np.ndarray]) -> np.dtype[Any]:
     """np.stack's dtype; StackError for different shapes, or dtypes with no common one."""
     a0 = arrays[0]
-    for k in range(1, len(arrays)):
-        if arrays[k].shape != a0.shape:
+    for k, a in enumerate(arrays):
+        if a.shape != a0.shape:
             raise StackError(
-                f"{at.where()}element {k} has shape {arrays[k].shape} {at.there()}, "
+                f"{at.where()}element {k} has shape {a.shape} {at.there()}, "
                 f"and element 0 {a0.shape}; np.stack stacks arrays of one shape. To fix: pad or "
                 f"crop the examples to one shape before batching (or batch them as a list).")
     try:
@@ -261,11 +262,12 @@ def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
     extents = dtype.itemsize * math.prod(filter(None, shape))
-    if len(shape) > NUMPY_MAX_NDIM or (nbytes == 0 and extents > 2**63 - 1):
+    deep = len(shape) > NUMPY_MAX_NDIM
+    if deep or (nbytes == 0 and extents > 2**63 - 1):
         raise StackError(
             f"{at.where()}the batched leaf, {dtype} of shape {shape}, has "
             + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "
-               f"at most {NUMPY_MAX_NDIM}" if len(shape) > NUMPY_MAX_NDIM else
+               f"at most {NUMPY_MAX_NDIM}" if deep else
                "no elements, but nonzero extents that multiply past 2**63 - 1 bytes, which "
                "NumPy holds no array of") + ". To fix: give that leaf fewer dimensions, or smaller extents.")
     try:

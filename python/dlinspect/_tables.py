@@ -93,7 +93,7 @@ def as_device_type(value: int) -> Any:
 
 def device_name(device_type: int, device_id: int | None = None) -> str:
     """``"kDLVulkan:0"`` style name; unknown types print as ``"DLDeviceType(42)"``."""
-    member = _DEVICE_BY_VALUE.get(int(device_type))
+    member = _DEVICE_BY_VALUE.get(device_type)
     name = member.name if member is not None else f"DLDeviceType({int(device_type)})"
     return name if device_id is None else f"{name}:{device_id}"
 
@@ -157,7 +157,7 @@ _DTYPE_ROWS = (
 
 DTYPES = {(int(code), bits): row for code, bits, row in _DTYPE_ROWS}
 _DTYPE_BY_NAME = {row.name: (int(code), bits, 1) for code, bits, row in _DTYPE_ROWS}
-_DATA_TYPE_CODES = {int(m) for m in DLDataTypeCode}
+_DATA_TYPE_CODES = set(DLDataTypeCode)   # (an int finds its member: they hash alike)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -177,7 +177,7 @@ def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
     if lanes != 1 or code == _C.kDLOpaqueHandle:
         return None
     row = DTYPES.get((code, bits))
-    if row is not None and row.numpy:
+    if row and row.numpy:
         return numpy.dtype(row.name)
     try:   # ml_dtypes' types, by the name dtype_name gives
         import ml_dtypes

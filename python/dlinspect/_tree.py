@@ -22,9 +22,9 @@ from .errors import ContainerError
 MAX_DEPTH = 200   # containers inside containers
 
 _LEAF, _MAPPING, _DATACLASS, _SEQUENCE, _NAMESPACE = 0, 1, 2, 3, 4
-_DICT_KEY, _SEQUENCE_KEY, _ATTR_KEY = 0, 1, 2   # a key as (kind, name): see _where
-_KEY_KIND = {_MAPPING: _DICT_KEY, _DATACLASS: _ATTR_KEY, _SEQUENCE: _SEQUENCE_KEY,
-             _NAMESPACE: _ATTR_KEY}
+# By the kind of a container, JAX's class of the keys of its values (a key as (kind of its
+# container, name): see _where).
+_JAX_KEYS = ("", "DictKey", "GetAttrKey", "SequenceKey", "GetAttrKey")
 _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
@@ -62,7 +62,7 @@ class Flat:
     leaves: list[Any]
     treedef: Any
     # None: no leaf of jax's flattening is a container. Else one entry per jax
-    # leaf: None (a leaf), or (kind, container, keys, names, [Flat per child]).
+    # leaf: None (a leaf), or (kind, container, names, [Flat per child]).
     parts: list[Any] | None
     errors: dict[int, ContainerError]
     is_leaf: Any   # text_leaf where lists of plain scalars are one leaf each, else None
@@ -76,7 +76,7 @@ class Flat:
             if part is None:
                 outer.append(next(it))
                 continue
-            kind, obj, _, names, subs = part
+            kind, obj, names, subs = part
             new = [sub.unflatten([next(it) for _ in sub.leaves]) for sub in subs]
             outer.append(_rebuild(kind, obj, names, new))
         return self.treedef.unflatten(outer)
@@ -91,20 +91,20 @@ class Flat:
             path, tp, cause = _refusal(self.x, lambda v: swap.get(id(v), v), self.is_leaf) or (
                 (), type(self.x), exc)
             raise ContainerError(
-                f"the {type_name(tp)} at {_where(path)} refuses the arrays the conversion gives "
+                f"the {type_name(tp)} at {_keystr(path)} refuses the arrays the conversion gives "
                 f"({type(cause).__name__}: {cause}); nothing was converted. To fix: let "
                 f"{tp.__qualname__} hold jax.Array values (its constructor, or its pytree "
                 f"unflatten), or pass a dict.") from cause
 
     def key_paths(self) -> list[tuple[Any, ...]]:
-        paths = [tuple(path) for path, _ in
-                 _tree_util().tree_flatten_with_path(self.x, is_leaf=self.is_leaf)[0]]
+        pairs = _tree_util().tree_leaves_with_path(self.x, is_leaf=self.is_leaf)
         out: list[tuple[Any, ...]] = []
-        for path, part in zip(paths, self.parts or [None] * len(paths)):
+        for (path, _), part in zip(pairs, self.parts or [None] * len(pairs)):
             if part is None:
                 out.append(path)
                 continue
-            for key, sub in zip(part[2], part[4]):
+            for name, sub in zip(part[2], part[3]):
+                key = _jax_key((part[0], name))
                 out.extend(path + (key,) + p for p in sub.key_paths())
         return out
 
@@ -113,11 +113,11 @@ class Flat:
         each container JAX does not walk, its type, its keys and the structure inside."""
         return (self.treedef, tuple(
             None if part is None else
-            (type(part[1]), tuple(part[3]), tuple(sub.structure() for sub in part[4]))
+            (type(part[1]), tuple(part[2]), tuple(sub.structure() for sub in part[3]))
             for part in self.parts or ()))
 
     def describe(self) -> str:
-        inner = [f"{type(part[1]).__qualname__} with keys {list(part[3])}"
+        inner = [f"{type(part[1]).__qualname__} with keys {list(part[2])}"
                  for part in self.parts or () if part is not None]
         return str(self.treedef) + (f" holding {', '.join(inner)}" if inner else "")
 
@@ -176,7 +176,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
     """``level``: :func:`_one_level`'s answer, where no container among the leaves JAX finds
     needs walking (and no list is kept whole where it is 1)."""
     outer, treedef = _tree_util().tree_flatten(x, is_leaf=is_leaf)
-    if is_leaf is not None and level != 1:   # (a list JAX gives as a leaf is one is_leaf kept whole)
+    if is_leaf and level != 1:   # (a list JAX gives as a leaf is one is_leaf kept whole)
         outer = [list(v) if type(v) is list else v for v in outer]
     if level or all(_leaf_kind(tp, is_leaf) == _LEAF for tp in set(map(type, outer))):
         return Flat(x, outer, treedef, None, {}, is_leaf)
@@ -193,30 +193,29 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
         if part is None:
             leaves.append(leaf)
             continue
-        for sub in part[4]:
+        for sub in part[3]:
             errors.update((len(leaves) + i, e) for i, e in sub.errors.items())
             leaves.extend(sub.leaves)
     return Flat(x, leaves, treedef, parts, errors, is_leaf)
 
 
 def _leaf_kind(tp: type, is_leaf: Any) -> int:
-    return _LEAF if is_leaf is not None and (tp is list or tp is tuple) else _kind(tp)
+    return _LEAF if is_leaf and (tp is list or tp is tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
-    """``(kind, obj, keys, names, subs)``, or the ContainerError of its rebuild."""
+    """``(kind, obj, names, subs)``, or the ContainerError of its rebuild."""
     names, values = _named_values(kind, obj)
     try:
         _rebuild(kind, obj, names, values)
     except ContainerError as exc:
         return exc
-    keys = [_jax_key((_KEY_KIND[kind], n)) for n in names]
-    return (kind, obj, keys, names, [_flatten(v, is_leaf) for v in values])
+    return (kind, obj, names, [_flatten(v, is_leaf) for v in values])
 
 
 def _named_values(kind: int, obj: Any) -> tuple[list[Any], list[Any]]:
     if kind == _MAPPING:
-        names = list(obj.keys())
+        names = list(obj)
         return names, [obj[k] for k in names]
     if kind == _SEQUENCE:
         return list(range(len(obj))), list(obj)
@@ -247,18 +246,18 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,
              path: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], type, Any] | None:
-    """``(path, type, exception)`` of the innermost container refusing its values' ``swap(v)``,
-    or None."""
+    """``(path, type, exception)`` of the innermost container refusing its values' ``swap(v)``
+    (``path``: JAX's keys), or None."""
     pairs, treedef = _tree_util().tree_flatten_with_path(   # one level of JAX's walk
         x, is_leaf=lambda n: n is not x or (is_leaf is not None and is_leaf(n)))
     kind = _kind(type(x))
     if not (treedef.num_leaves == 1 and pairs[0][1] is x):   # a node JAX walks
-        keys = [_raw_key(p[0]) for p, _ in pairs]
+        keys = [p[0] for p, _ in pairs]
         values = [v for _, v in pairs]
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [(_KEY_KIND[kind], n) for n in names]
+        keys = [_jax_key((kind, n)) for n in names]
         rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
@@ -271,13 +270,6 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
     except Exception as exc:
         return path, type(x), exc.__cause__ if isinstance(exc, ContainerError) else exc
     return None
-
-
-def _raw_key(key: Any) -> tuple[int, Any]:
-    for kind, attr in ((_DICT_KEY, "key"), (_SEQUENCE_KEY, "idx"), (_ATTR_KEY, "name")):
-        if hasattr(key, attr):
-            return kind, getattr(key, attr)
-    return _SEQUENCE_KEY, str(key)
 
 
 def _check_walkable(x: Any) -> None:
@@ -298,38 +290,42 @@ def _check_walkable(x: Any) -> None:
                 f"was converted. To fix: pass a flatter batch (a dict or list of tensors).")
         on_path.append(id(node))
         stack.extend((child, path + (k,)) for k, child in reversed(_children(node, path))
-                     if not (type(child) in _PLAIN_TYPES or _tensor_type(type(child))))
+                     if _kind(type(child)) != _LEAF)   # (containers only: a leaf has nothing inside)
 
 
 def _where(raw: tuple[Any, ...]) -> str:
-    """``jax.tree_util.keystr`` of ``(kind, name)`` pairs, its middle left out when long."""
+    """:func:`_keystr` of ``(kind, name)`` pairs."""
+    return _keystr(tuple(map(_jax_key, raw)))
+
+
+def _keystr(path: tuple[Any, ...]) -> str:
+    """``jax.tree_util.keystr`` of JAX's keys, its middle left out when long."""
     tree_util = _tree_util()
-    if not raw:
+    if not path:
         return "the top of the batch"
-    path = tuple(map(_jax_key, raw))
     if len(path) <= 8:
         return tree_util.keystr(path)
     return f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, {len(path)} levels down"
 
 
 def _jax_key(raw: tuple[int, Any]) -> Any:
-    return getattr(_tree_util(), ("DictKey", "SequenceKey", "GetAttrKey")[raw[0]])(raw[1])
+    return getattr(_tree_util(), _JAX_KEYS[raw[0]])(raw[1])
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:
-    """``[((kind, name), child)]`` (``[]`` for a leaf); a dict's ContainerError: unsortable keys."""
+    """``[((kind, name), child)]`` of a container (the walk pushes no leaf); a dict's
+    ContainerError: unsortable keys."""
     kind = _kind(type(node))
-    if kind == _LEAF or (kind == _SEQUENCE and set(map(type, node)) <= _PLAIN_TYPES):
+    if text_leaf(node):
         return []   # (a list of plain scalars: a batch's string ids, nothing inside)
-    if kind != _MAPPING:
-        names, values = _named_values(kind, node)
-        return [((_KEY_KIND[kind], n), v) for n, v in zip(names, values)]
     try:
-        names = sorted(node) if type(node) is dict else list(node)
+        if type(node) is dict:
+            sorted(node)
     except TypeError:
         kinds = sorted({type(k).__name__ for k in node})
         raise ContainerError(
             f"the dict at {_where(path)} has keys of several types ({', '.join(kinds)}), which "
             f"do not sort, and JAX sorts a dict's keys to walk it; nothing was "
             f"converted. To fix: give its keys one type (e.g. str(key)).") from None
-    return [((_DICT_KEY, k), node[k]) for k in names]
+    names, values = _named_values(kind, node)
+    return [((kind, n), v) for n, v in zip(names, values)]

@@ -34,7 +34,6 @@ def into_call(into: str) -> str:
 
 INSTALL_JAX = "pip install 'dlinspect[jax]'"
 
-_SUBBYTE_NAMES = ("bfloat16", "float8", "float6", "float4", "int4", "uint4", "int2", "uint2")
 Parts = tuple[type[Exception], str, str, str]
 _RELAYOUT = ("the jax.Array keeps another layout than JAX's row-major one (as jax.dlpack.from_dlpack "
              "gives a transpose), and jax.device_put moves such an array wrong")
@@ -143,8 +142,7 @@ _COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (not route.needs & (Need.LAYOUT | Need.PERMUTED | Need.ALIGN | Need.NARROW
-                               | Need.ALIASED)
+    return (sum(bool(route.needs & need) for need, _ in _COPY_NEEDS) == 1   # (READ_ONLY's own)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
@@ -271,8 +269,9 @@ def _dtype(route: Any) -> Parts:
 
 def _host_dtype(route: Any) -> Parts:
     info = route.info
+    # (a row of the dtype table NumPy has no dtype for here is one of ml_dtypes')
     hint = (" (NumPy has no such dtype; ml_dtypes provides it: pip install -U ml_dtypes)"
-            if info.dtype_name.startswith(_SUBBYTE_NAMES) else "")
+            if info.dtype[:2] in T.DTYPES else "")
     return (UnsupportedDTypeError, _subject(route),
             f"has {_dtype_text(info)}, which has no NumPy dtype here{hint}.",
             f"To fix: {_widen(route)}.")
@@ -280,9 +279,8 @@ def _host_dtype(route: Any) -> Parts:
 
 def _numpy_dtype(route: Any) -> Parts:
     f = route.facts
-    code, bits, lanes = f["dtype"]
     return (UnsupportedDTypeError, _array_head(f),
-            f"has DLDataType(code={code}, bits={bits}, lanes={lanes}), which JAX cannot "
+            f"has {T.DLDataType(*f['dtype'])!r}, which JAX cannot "
             f"hold: {f['jax_why']}.", "To fix: convert it with NumPy first (x.astype(...)).")
 
 
@@ -347,10 +345,10 @@ def _copy_forbidden(route: Any) -> Parts:
         fixes = ["make it native and C-ordered first: numpy.ascontiguousarray(x, "
                  "dtype=x.dtype.newbyteorder('='))"]
     elif "jax_array" in f:
-        devices = ", ".join(map(str, f["jax_array"].devices()))
         subject = ""
         found = (f"{_RELAYOUT}, so it is copied into row-major order, but copy=False" if f["relayout"]
-                 else f"a jax.Array on {devices} must move to {_where(f)}, which copies, but copy=False")
+                 else f"a jax.Array on {', '.join(map(str, f['jax_array'].devices()))} must move to "
+                      f"{_where(f)}, which copies, but copy=False")
     elif f.get("through_host") and route.target == "host":
         found = f"is not in host memory. Bringing it to the host {refused}"
     elif f.get("through_host"):
@@ -387,9 +385,8 @@ def _uneven(route: Any) -> Parts:
 
 
 def _unmapped(route: Any) -> Parts:
-    info = route.info
     return (MalformedTensorError, _subject(route),
-            f"starts at {info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
+            f"starts at {route.info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
             f"last byte lies in memory this process has not mapped: a copy would read bytes "
             f"that are not there, so nothing was read or consumed. The producer wrote a "
             f"corrupt header.", "To fix: report the header to the producer's maintainers.")
@@ -553,7 +550,8 @@ def explain_tree(flat: Any) -> str:
             blocks.extend(f"{keystr(path)}:\n  " + explain_one(route, None).replace("\n", "\n  ")
                           for path, route in leaves)
             continue
-        first, reason = keystr(leaves[0][0]), leaves[0][1].reason
+        first = keystr(leaves[0][0])
+        _, reason = run   # (their parent's path, the reason)
         blocks.append(f"{first}: untouched ({reason})" if len(leaves) == 1 else
                       f"{first} .. {keystr(leaves[-1][0])}: {len(leaves)} leaves untouched ({reason})")
     return "\n".join(blocks)

@@ -8,13 +8,20 @@ error route, 1 for input that cannot be read or is not a tensor, and any usage e
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._words import INSTALL_JAX, first_line, type_name
+import numpy as np
+
+import dlinspect
+
+from ._core import PRODUCERS, exchange_api_version, header_capsule, is_tensor, jax_caps
+from ._tables import as_device_type
+from ._words import INSTALL_JAX, explain_one, first_line, type_name
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -40,13 +47,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
-    import numpy as np
-
-    import dlinspect
-    from dlinspect._core import header_capsule, jax_caps
-    from dlinspect._tables import as_device_type
     from dlinspect.bench._common import optional, versions
-    from dlinspect.testing import aligned_array
 
     report: dict[str, Any] = {"versions": versions(), "jax": None}
     jax = optional("jax")
@@ -62,17 +63,16 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             # (c.target, built before the symbols are read: its probes say which are used)
             "cpu_alignment": c.target.cpu_align,
             "dlpack_platforms": {str(as_device_type(k)): v for k, v in sorted(c.mapping.items())},
-            "private_symbols": [{"purpose": s.purpose, "found": s.found, "reason": s.reason}
-                                for s in c.symbols.values()],
+            "private_symbols": [s._asdict() for s in c.symbols.values()],   # purpose, found, reason
         }
     report["device_types"] = rows = []
-    x = aligned_array(np.ones((4, 4)))
+    x = dlinspect.testing.aligned_array(np.ones((4, 4)))
     for dt in dlinspect.DLDeviceType:
         row = {"name": str(dt), "value": int(dt), "route": "error",
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
         if jax is not None:   # the header of a float32 tensor on that device, as a producer's
             route = dlinspect.plan(dlinspect.peek(header_capsule(
-                x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, int(dt))))
+                x, x.ctypes.data, x.shape, (4, 1), 2, 32, 1, dt)))
             row.update(route=route.kind, reason=route.reason)
         rows.append(row)
     if producers:
@@ -92,7 +92,6 @@ def producers_report(each: Any = None) -> dict[str, Any]:
     """
     import subprocess
 
-    from dlinspect._core import PRODUCERS
     out: dict[str, Any] = {}
     for module, expr in (row.doctor for row in PRODUCERS.values() if row.doctor):
         if _missing(module.split(".")[0]):
@@ -112,10 +111,8 @@ def producers_report(each: Any = None) -> dict[str, Any]:
 
 
 def _probe_producer(module: str, expr: str) -> dict[str, Any]:
-    import importlib
     import inspect
 
-    from dlinspect._core import exchange_api_version
     tp = eval(expr, {"m": importlib.import_module(module)})  # noqa: S307 - the producer table's own expression
     version = exchange_api_version(tp)
     row: dict[str, Any] = {"type": type_name(tp),
@@ -183,10 +180,6 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    import dlinspect
-    from dlinspect._core import is_tensor
     if (args.path is None) == (args.expr is None):
         return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
     try:
@@ -214,7 +207,7 @@ def _inspect(args: argparse.Namespace) -> int:
     except dlinspect.DLInspectError as exc:
         print(f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR_ROUTE
-    print(dlinspect.explain(x, args.target, **options))
+    print(explain_one(route, x))   # (dlinspect.explain's words of the route just planned)
     return EXIT_ERROR_ROUTE if route.kind == "error" else 0
 
 
@@ -227,13 +220,12 @@ def _is_npy(path: str) -> bool:
 
 
 def _load_subject(args: argparse.Namespace) -> Any:
-    import numpy as np
     if args.path is not None:
         # Copy-on-write mapping: the file is never written, and the array is as
         # writable as np.load's would be (mode "r" would always read "read-only").
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
-    import dlinspect.testing   # (in scope for --expr: FakeProducer, make_capsule)
     from dlinspect.bench._common import optional
+    # (dlinspect.testing, which the package imports, in scope for --expr: FakeProducer...)
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
         if (mod := optional(module)) is not None:
@@ -292,7 +284,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _missing(module: str) -> bool:
-    import importlib.util
     try:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):  # e.g. sys.modules[module] is None
@@ -310,8 +301,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dlinspect", description="Read DLPack tensor headers "
                                      "without consuming them, and route tensors into JAX.")
-    from dlinspect import __version__
-    parser.add_argument("--version", action="version", version=f"dlinspect {__version__}")
+    parser.add_argument("--version", action="version", version=f"dlinspect {dlinspect.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("doctor", help="what this installation can do",
                        description="Print what this installation can do: versions, JAX's "
@@ -327,14 +317,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write; never written)")
     p.add_argument("--expr", help="a Python expression giving a tensor, with np, torch, jax, jnp "
                                   "and dlinspect in scope, e.g. 'np.ones((3, 4))[:, ::2]'")
-    p.add_argument("--target", choices=("jax", "host"), default="jax",
-                   help="route into JAX (to_jax) or NumPy (to_host); default jax")
-    p.add_argument("--copy", choices=("none", "true", "false"), default="none",
-                   help="the copy= option: none copies only where needed, false never")
-    p.add_argument("--fallback", choices=("host", "raise"), default="host",
-                   help="for devices this JAX has no backend for: through host memory, or an error")
-    p.add_argument("--readonly", choices=("copy", "share"), default="copy",
-                   help="read-only memory: copy it (default) or import it without a copy")
+    for flag, choices, text in (   # (the first choice is the default)
+            ("--target", ("jax", "host"), "route into JAX (to_jax) or NumPy (to_host); default jax"),
+            ("--copy", ("none", "true", "false"),
+             "the copy= option: none copies only where needed, false never"),
+            ("--fallback", ("host", "raise"),
+             "for devices this JAX has no backend for: through host memory, or an error"),
+            ("--readonly", ("copy", "share"),
+             "read-only memory: copy it (default) or import it without a copy")):
+        p.add_argument(flag, choices=choices, default=choices[0], help=text)
     p = sub.add_parser("bench", help="benchmark suites against plain from_dlpack",
                        description="Time dlinspect against plain from_dlpack, jax.device_put, "
                                    "jnp.asarray and NumPy's own copy, and check each target "

@@ -186,7 +186,7 @@ def _stage_type() -> type:
 
     class ToJaxDataset(Stage, grain.IterDataset):   # type: ignore[misc, name-defined, unused-ignore]
         def __iter__(self) -> Any:
-            return ToJaxIterator(self._parent.__iter__(), self._to_jax)
+            return ToJaxIterator(iter(self._parent), self._to_jax)
 
     return ToJaxDataset
 
@@ -240,9 +240,9 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
         raise ImportError("dlinspect.grain needs grain, which is not installed: pip install grain") from exc
     prefetch = getattr(getattr(grain, "experimental", None), "ThreadPrefetchIterDataset", None)
     if prefetch is None or not hasattr(grain, "IterDataset"):
-        version = getattr(grain, "__version__", "?")
         raise ImportError(f"dlinspect.grain needs grain.IterDataset and "
-                          f"grain.experimental.ThreadPrefetchIterDataset, which grain {version} "
+                          f"grain.experimental.ThreadPrefetchIterDataset, which grain "
+                          f"{getattr(grain, '__version__', '?')} "
                           f"lacks: pip install -U grain")
     if isinstance(ds, grain.IterDataset):
         return ds, prefetch

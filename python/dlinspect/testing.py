@@ -182,7 +182,7 @@ class FakeProducer:
         self.capsule_device = capsule_device or (self.device[0], self.device[1] or 0)
         self.dtype, self.legacy_only, self.read_only = dtype, legacy_only, read_only
         self.host_copy, self.refuse, self.host_align = host_copy, refuse, host_align
-        self.counter = DeleterCounter() if counter is None else counter
+        self.counter = counter or DeleterCounter()
         self.host_values = self.array if host_values is None else np.asarray(host_values)
         self.calls: list[dict[str, Any]] = []
         self.served: list[np.ndarray] = []

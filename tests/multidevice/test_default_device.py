@@ -21,7 +21,7 @@ from dlinspect.testing import DeleterCounter, make_capsule
 def _rebuilt(device):
     """JAX's default device set to ``device``, and the target (which reads it) built anew."""
     jax.config.update("jax_default_device", device)
-    jax_caps()._target = None
+    vars(jax_caps()).pop("target", None)   # (the cached one: built again)
     set_target(None)
     assert dlinspect._core.jax_target().default_device == device
 
@@ -128,7 +128,7 @@ def rebuilt(monkeypatch):
     def patch(**attrs):
         for name, value in attrs.items():
             monkeypatch.setattr(caps, name, value)
-        caps._target = None
+        vars(caps).pop("target", None)
         set_target(None)
     yield patch
     monkeypatch.undo()
