@@ -143,11 +143,11 @@ cdef class Route:
 
 
 def _plain(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, (int, float, str)):   # (bool is an int)
         return True
     if isinstance(value, (tuple, list, frozenset)):
         return all(_plain(v) for v in value)
-    return isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items())
+    return isinstance(value, dict) and _plain(tuple(value.items()))   # (its keys and values)
 
 
 def _picklable_error(error):
@@ -246,8 +246,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     if ruled_out is not None:
         return ruled_out
     if needs & NEED_DTYPE:
-        held = info._lanes == 1 and (info._bits < 8
-                                     or tg.dtype_problem(info._code, info._bits) is not None)
+        held = info._lanes == 1 and (info._bits < 8 or not tg._dtype_ok(info._code, info._bits))
         return fail("dtype", info, "jax", needs, why=tg.dtype_problem(info._code, info._bits, held),
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
@@ -255,9 +254,9 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
         dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
+        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device, tg.cpu_device, narrow)
+                                   facts, opts.device or tg.cpu_device)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -362,8 +361,8 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Optio
     """A dtype JAX holds but does not import, in host memory: a NumPy view (unpacked) put by JAX."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
-    padded = info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-    refusal = None if padded else tg.dtype_problem(info._code, info._bits)
+    refusal = (None if info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+               else tg.dtype_problem(info._code, info._bits))
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
     dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
@@ -399,9 +398,9 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
 
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, device=None, cpu=None, narrow=None):
+                               bint refuse, dict facts, device=None):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
-    host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
+    host copy, onto ``device`` (JAX's), or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
     if refuse or bare:
         return fail("no-device", info, target, needs, bare=bare, **facts)
@@ -410,10 +409,8 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     # The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane).
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
-    if target == "jax":   # (a host route has no narrowing fact)
-        facts["narrow"] = narrow
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
-                       copy_bytes=info.nbytes, jax_device=device or cpu,
+                       copy_bytes=info.nbytes, jax_device=device,
                        methods=tuple(host_methods(source)), into=into, **facts))
 
 
@@ -489,10 +486,9 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
     for dev, index, route in shards:
         if route.kind == ERROR:   # the caller's tensor first, then which shard and why
             return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
-    copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
-    return Route(ZERO_COPY if copying is None else COPY, SPLIT, info, "jax", needs=needs,
-                 copy_bytes=sum([r.copy_bytes for _, _, r in shards]), shards=shards,
-                 copying=copying, sharding=opts.sharding, narrow=narrow)
+    copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
+    return Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs=needs,
+                 copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding, narrow=narrow)
 
 
 cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, Options opts, source):
