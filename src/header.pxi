@@ -135,7 +135,6 @@ cdef class TensorInfo:
     def __dealloc__(self):
         if self._shape != self._inline:
             free(self._shape)     # NULL (never filled) or malloc'd by _alloc
-        self._shape = NULL
 
     def __init__(self, *args, **kwargs):
         raise TypeError("TensorInfo is made by dlinspect.peek(); it has no public constructor")
@@ -169,7 +168,7 @@ cdef class TensorInfo:
 
     @property
     def device(self):
-        return (as_device_type(self._dev_type), self.device_id)
+        return (self.device_type, self.device_id)
 
     @property
     def capsule_device(self):
@@ -209,7 +208,7 @@ cdef class TensorInfo:
 
     @property
     def numpy_dtype(self):
-        return numpy_dtype(self._code, self._bits, 1)
+        return _numpy_dtype(self._code, self._bits)
 
     @property
     def data_ptr(self):
@@ -328,8 +327,7 @@ cdef class TensorInfo:
         cdef int64_t item = self.itemsize, move, delta = 0
         cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data
-        if type(index) is not tuple:
-            index = tuple(index)
+        index = tuple(index)   # (a tuple: itself)
         n = PyTuple_GET_SIZE(index)
         if n > self.ndim:
             raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")

@@ -99,7 +99,7 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     cdef uint32_t n = _shape_needs(info)
     if not _dev_is(info._dev_type, _DEV_HOST):
         n |= NEED_DEVICE
-    if numpy_dtype(info._code, info._bits, 1) is None:
+    if _numpy_dtype(info._code, info._bits) is None:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES

@@ -45,6 +45,6 @@ cdef inline object _numpy_dtype(int code, int bits):
     cdef PyObject* got = _numpy_by_key[key]
     if got != NULL:
         return <object>got
-    found = numpy_dtype(code, bits, 1)
+    found = numpy_dtype(code, bits)
     _numpy_by_key[key] = <PyObject*>found
     return found
