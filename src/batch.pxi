@@ -196,7 +196,6 @@ cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
     if _placeholder is None or _placeholder[0] is not tg:
         _placeholder = (tg, tg.jax.device_put(_np.float32(0)))
     values = list(flat.leaves)
-    cdef Py_ssize_t i
     for i in converted:
         values[i] = _placeholder[1]
     flat.check_rebuild(values)

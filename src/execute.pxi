@@ -29,9 +29,9 @@ cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
     """(For tests) the array where the fast path takes ``x`` by its verdict; else
     ``(capsule, TensorInfo, needs)`` of the export, unconsumed."""
-    d = _decide(x, tg, "jax", opts)
-    if (<_Leaf>d).verdict == _V_ROUTE:
-        return (<_Leaf>d).cap, (<_Leaf>d).info, (<_Leaf>d).needs
+    cdef _Leaf d = _decide(x, tg, "jax", opts)
+    if d.verdict == _V_ROUTE:
+        return d.cap, d.info, d.needs
     return _run(d, x, tg, opts)
 
 
@@ -118,10 +118,9 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
-    if info._lanes != 1 or info._bits % 8:
-        dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
-        return _allocate(info._host_shape(), dtype, tg.copy_align, info)
     code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
+    if info._lanes != 1 or info._bits % 8:
+        return _allocate(info._host_shape(), _numpy_dtype(code, bits), tg.copy_align, info)
     return _aligned_array(info, code, bits, tg.copy_align)
 
 
@@ -176,16 +175,15 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
 
 def _ex_split(Route route, cap, x, JaxTarget tg, Options opts):
     """Host memory split over CPU devices: one owner, freed with the last shard; JAX assembles."""
-    cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
-        return _split_import(cap, info, f["parts"], f["devices"], f["sharding"], tg)
+        return _split_import(cap, route.info, f["parts"], f["devices"], f["sharding"], tg)
     owner = take(cap)
     arrays = []
     for _, _, shard in route._shards:
         part = view_capsule(owner, shard.info)
         arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
-    return tg.assemble(info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
+    return tg.assemble(route.info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
 
 
 def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
