@@ -12,7 +12,7 @@ cimport cython
 from libc.stdint cimport (
     int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MIN, UINTPTR_MAX,
 )
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport strcmp, memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.bytes cimport PyBytes_FromStringAndSize

@@ -66,7 +66,7 @@ cdef _Part _part(x, tuple prefix, Options opts, bint planned, set owned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, set owned=None):
+cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, set owned):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding

@@ -67,11 +67,9 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
     """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
     block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
     cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
-    cdef size_t size = head + 2 * <size_t>n * sizeof(int64_t) + 1
-    cdef char* block = <char*>malloc(size)
+    cdef char* block = <char*>calloc(1, head + 2 * <size_t>n * sizeof(int64_t) + 1)
     if block == NULL:
         raise MemoryError()
-    memset(block, 0, size)
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
     cdef DLManagedTensor* dlm = <DLManagedTensor*>block
     cdef DLTensor* dl = &dlm_ver.dl_tensor if versioned else &dlm.dl_tensor

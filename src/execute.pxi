@@ -331,15 +331,14 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8), False)
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
-    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
-    shape = info.shape
+    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size].reshape(info.shape)
     if info._code == kDLInt:   # sign-extend, then convert by value
         half = 1 << (bits - 1)
-        return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype).reshape(shape)
+        return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype)
     if info._code == kDLUInt:  # convert by value
-        return vals.astype(info.numpy_dtype).reshape(shape)
+        return vals.astype(info.numpy_dtype)
     # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
-    return vals.view(info.numpy_dtype).reshape(shape).copy()
+    return vals.view(info.numpy_dtype).copy()
 
 
 def _host_producer_copy(Route route, cap, x):

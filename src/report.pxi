@@ -128,12 +128,8 @@ cdef class LoaderReport:
         """A leaf of the general route: copied where its route copies (``forced``: copy=True);
         without a route (the fast path's, a split viewed again): where ``needs`` asks for
         anything but a view."""
-        if route is None:
-            reason = _copy_reason(needs, False)
-        else:
-            info = route.info
-            reason = route_reason(route, forced)
-        # (info None: NumPy memory DLPack cannot describe)
+        # (``info`` is the route's; None: NumPy memory DLPack cannot describe, or a jax.Array)
+        reason = _copy_reason(needs, False) if route is None else route_reason(route, forced)
         self._pending.append((i, route.copy_bytes if info is None else info.nbytes, reason))
         return 0
 

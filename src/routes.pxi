@@ -256,7 +256,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device or tg.cpu_device)
+                                   facts, opts.device, tg.cpu_device)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -398,9 +398,9 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
 
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, device=None):
+                               bint refuse, dict facts, device=None, cpu=None):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
-    host copy, onto ``device`` (JAX's), or the error (``refuse``: fallback="raise")."""
+    host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
     if refuse or bare:
         return fail("no-device", info, target, needs, bare=bare, **facts)
@@ -410,7 +410,7 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
-                       copy_bytes=info.nbytes, jax_device=device,
+                       copy_bytes=info.nbytes, jax_device=device or cpu,
                        methods=tuple(host_methods(source)), into=into, **facts))
 
 
@@ -477,18 +477,20 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
-    if one_pass:   # every slice viewed or copied in C: one pass, in C
-        return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
-                           needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
-                           devices=lay.devices, indices=lay.indices, narrow=narrow,
-                           sharding=opts.sharding, tg=tg, opts=opts, source=source))
-    shards = _shard_routes(lay.devices, lay.indices, parts, tg, opts, source)
-    for dev, index, route in shards:
-        if route.kind == ERROR:   # the caller's tensor first, then which shard and why
-            return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
-    copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
-    return Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs=needs,
-                 copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding, narrow=narrow)
+    if one_pass:   # every slice viewed or copied in C: one pass, in C (shards worded if asked)
+        shards = None
+        facts = dict(parts=parts, devices=lay.devices, indices=lay.indices, tg=tg, opts=opts,
+                     source=source)
+    else:
+        shards = _shard_routes(lay.devices, lay.indices, parts, tg, opts, source)
+        for dev, index, route in shards:
+            if route.kind == ERROR:   # the caller's tensor first, then which shard and why
+                return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
+        copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
+        facts = {}
+    split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs=needs,
+                  copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding, narrow=narrow, **facts)
+    return _fits(split) if one_pass else split   # (each shard's own route is fitted)
 
 
 cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, Options opts, source):

@@ -14,8 +14,7 @@ cdef enum:
 cdef uint8_t _DEVICE_BITS[64]   # (static C arrays: zeros where no row says otherwise)
 cdef int _DEFAULT_STREAM[64]
 for _value, _row in DEVICES.items():
-    _DEVICE_BITS[_value] = ((_DEV_HOST if _row.host else 0) | (_DEV_PINNED if _row.pinned else 0)
-                            | (_DEV_STREAM if _row.stream else 0))
+    _DEVICE_BITS[_value] = _DEV_HOST * _row.host | _DEV_PINNED * _row.pinned | _DEV_STREAM * _row.stream
     _DEFAULT_STREAM[_value] = _row.default_stream
 del _value, _row
 
