@@ -308,7 +308,7 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
+        _raise_bad_capsule(cap)
     cdef DLManagedTensorVersioned* dlm_ver = (
         <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED))
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
@@ -352,7 +352,7 @@ def take(cap):
         owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         PyCapsule_SetName(cap, LEGACY_USED)
     else:   # another thread took it since its header was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
+        _raise_bad_capsule(cap)
     return owner
 
 

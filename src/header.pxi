@@ -437,7 +437,7 @@ cdef object _corrupt(str fault):
 
 
 cdef str _ints_text(const int64_t* values, int32_t n):
-    return "(" + ", ".join([str(values[i]) for i in range(n)]) + ("," if n == 1 else "") + ")"
+    return str(tuple([values[i] for i in range(n)]))   # ("(3,)", "(2, 3)")
 
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
@@ -583,10 +583,12 @@ cdef TensorInfo _peek_capsule(object cap):
         return info
     if name != NULL and strcmp(name, LEGACY) == 0:
         return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, name)).dl_tensor, SRC_LEGACY, 0)
-    _raise_bad_capsule(cap, name)
+    _raise_bad_capsule(cap)
 
 
-cdef int _raise_bad_capsule(object cap, const char* name) except -1:
+cdef int _raise_bad_capsule(object cap) except -1:
+    """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
+    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
     if name != NULL and (strcmp(name, LEGACY_USED) == 0 or strcmp(name, VERSIONED_USED) == 0):
         raise CapsuleConsumedError(
             f"the DLPack capsule is named {name.decode()!r}: a consumer already took "

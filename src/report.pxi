@@ -195,8 +195,8 @@ cdef class LoaderReport:
         for key, (n, zero, copied) in sorted(self._leaves.items()):
             why = "; ".join(f"{b} ({r})" for r, (b, _) in copied.items()) or "0"
             rows.append((key or "(the batch)", str(n), str(zero), why))
-        widths = [max(len(r[c]) for r in rows) for c in range(3)]
-        return "\n".join("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows)
+        widths = [max(len(r[c]) for r in rows) for c in range(3)] + [0]   # (the last as it is)
+        return "\n".join("  ".join(map(str.ljust, r, widths)) for r in rows)
 
     def __repr__(self):
         return f"<LoaderReport of {self.batches} batches, {len(self._leaves)} leaves>"

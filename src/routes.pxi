@@ -172,8 +172,9 @@ def _found_device(ref):
 def _restored_route(tuple args, dict kw, str key_path, reason, error):
     """Unpickle a Route (see Route's Notes)."""
     kw["shards"] = tuple((_found_device(d), idx, r) for d, idx, r in kw["shards"])
-    cdef Route route = Route(*args, jax_device=_found_device(kw.pop("jax_device")),
-                             import_device=_found_device(kw.pop("import_device")), **kw)
+    for name in ("jax_device", "import_device"):
+        kw[name] = _found_device(kw[name])
+    cdef Route route = Route(*args, **kw)
     route.key_path, route._reason, route._error = key_path, reason, error
     route.problem = None if error is None else "raised"
     return route
