@@ -165,7 +165,6 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     cdef Py_ssize_t i = -1
     cdef _Leaf d
     part.out = list(leaves)
-    got = None
     try:
         for i in range(len(leaves)):
             try:

@@ -68,7 +68,11 @@ cdef int _prepare(Route route, JaxTarget tg) except -1:
 
 
 cdef int _raise_route(Route route) except -1:
-    raise route._take_error()
+    """Raise the route's error, let go of by the route (no cycle: error -> traceback -> the
+    caller's frame -> route -> error, which would keep the capsule alive)."""
+    error = route.error
+    route._error, route.problem = None, None
+    raise error
 
 
 def repeated_capsule(list leaves, set seen not None):

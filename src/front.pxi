@@ -289,7 +289,7 @@ cdef object _plan(x, target, Options opts):
         return _plan_one(x, tg, target, opts)
     owned = _owned(x, opts, -1)   # (first: nothing of dlinspect's holds a part of x yet)
     parts, where = _parts(x, tg, opts, True, owned)
-    cdef set seen = set()
+    seen = set()
     for part in parts:
         _plan_part(part, tg, seen)
     return _rebuild_parts(parts, where, tg)
@@ -347,7 +347,6 @@ cdef object _convert(x, JaxTarget tg, Options opts):
     tp = type(x)
     if tp is dict or tp is list or tp is tuple or opts.sharding is not None or not is_tensor(x):
         return _convert_batch(x, tg, opts)
-    d = None
     try:
         d = _decide(x, tg, "jax", opts)
         return _run(d, x, tg, opts)

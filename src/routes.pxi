@@ -122,13 +122,6 @@ cdef class Route:
         narrow = self.facts.get("narrow") if self.problem is None else None
         return _words.narrowing_warning(narrow) if narrow and narrow[4] else None
 
-    cdef object _take_error(self):
-        """The error to raise, let go of by the route (no cycle: error -> traceback ->
-        the caller's frame -> route -> error, which would keep the capsule alive)."""
-        error = self.error
-        self._error, self.problem = None, None
-        return error
-
     def __repr__(self):
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
