@@ -22,8 +22,8 @@ cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     # The consumer's stream, as the export asked the producer (array API __dlpack__): none
     # for a bare capsule, whose producer was never asked.
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
-    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
-                                      stream, None, info._dev_type))
+    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.device_of(info), stream, None,
+                                      info._dev_type))
 
 
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):

@@ -245,7 +245,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
+        dest = opts.device or tg.device_of(info)
         return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
@@ -323,7 +323,7 @@ cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device
     memory bound for a CPU device: that one, which views it as it is), the one the array ends
     on (``device``), the one dlinspect puts it on (host memory bound for an accelerator,
     ``moved``: that one, one transfer), and the device type handed to jaxlib."""
-    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
+    src = tg.device_of(info)   # (device memory of a device JAX lacks went through the host)
     dest = src if device is None else device
     if dest != src and host and src.platform == "cpu" and dest.platform == "cpu":
         src = dest
@@ -359,8 +359,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Optio
                else tg.dtype_problem(info._code, info._bits))
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
-    dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
-                           else tg.devices.get((info._dev_type, info.device_id)))
+    dest = opts.device or tg.device_of(info)
     return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
                  jax_device=dest, refusal=refusal)
 

@@ -111,6 +111,11 @@ cdef class JaxTarget:
             _remember(self._avals, key, got, 1024)
         return got
 
+    cdef object device_of(self, TensorInfo info):
+        """The JAX device of ``info``'s memory; the CPU device where JAX has none for it
+        (host memory: Need.VIA_CPU)."""
+        return self.devices.get((info._dev_type, info.device_id)) or self.cpu_device
+
     cdef object single(self, device):
         got = self._singles.get(device)
         if got is None:
