@@ -241,8 +241,7 @@ cdef TensorInfo _ndarray_info(cnp.ndarray a):
     cdef DLTensor t
     if not _numpy_header(a, c_DLDataType(key & 0xFF, key >> 8, 1), &t, shape, strides):
         return None
-    cdef uint64_t flags = 0 if cnp.PyArray_ISWRITEABLE(a) else DLPACK_FLAG_BITMASK_READ_ONLY
-    return _new_info(&t, SRC_NDARRAY, flags)
+    return _new_info(&t, SRC_NDARRAY, 0 if cnp.PyArray_ISWRITEABLE(a) else DLPACK_FLAG_BITMASK_READ_ONLY)
 
 
 def numpy_capsule(arr, refusal=None):
@@ -276,8 +275,8 @@ def view_capsule(owner, TensorInfo info):
     cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type, info._cap_dev_id),
                                info.ndim, c_DLDataType(info._code, info._bits, info._lanes),
                                info._shape, info._strides, 0)
-    cdef uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-    return _capsule(owner, &t, info.ndim, info.flags & kept)
+    return _capsule(owner, &t, info.ndim,   # (the flags that say what the memory holds)
+                    info.flags & (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
 
 
 def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits, int lanes,
@@ -388,8 +387,7 @@ def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=
     dt = _np_dtype("float32" if dtype is None else dtype)
     shape = tuple(shape)
     raw = _np_empty(dt.itemsize * _math.prod(shape) + alignment + offset, "uint8")
-    start = (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset
-    return _np_ndarray(shape, dt, raw, start)
+    return _np_ndarray(shape, dt, raw, (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset)
 
 
 cdef size_t _buffer_address(obj) except? 0:

@@ -55,7 +55,7 @@ cdef int _prepare(Route route, JaxTarget tg) except -1:
     """Before anything is taken, what can fail: the narrowing warning (a filter may raise it)
     and a copy's memory (AllocationError); a producer's host copy warns once it is in hand."""
     action = route.action
-    if action is PRODUCER_COPY or action is RAISE:
+    if action is PRODUCER_COPY:   # (an error route warns of nothing, and takes no memory)
         return 0
     text = route.warning
     if text is not None:

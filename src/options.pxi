@@ -37,7 +37,7 @@ cdef class Options:
 
     def replaced(self, **changes):
         """A copy with ``changes`` (committed follows device and sharding unless given)."""
-        return Options(**{**{name: getattr(self, name) for name in _FIELDS}, **changes})
+        return Options(**{name: getattr(self, name) for name in _FIELDS} | changes)
 
     def placed(self, device=None, sharding=None):
         """Onto ``device`` or ``sharding``, committed there (None and None: nowhere named)."""

@@ -99,9 +99,7 @@ cdef class Route:
     @property
     def shards(self):
         if self._shards is None:   # a split decided in one pass: each slice's route, worded
-            f = self.facts
-            self._shards = _shard_routes(f["devices"], f["indices"], f["parts"], f["tg"],
-                                         f["opts"], f["source"])
+            self._shards = _shard_routes(self.facts)
         return self._shards
 
     @property
@@ -245,8 +243,8 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.device_of(info)
-        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
+        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs,
+                     jax_device=opts.device or tg.device_of(info), narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
@@ -304,9 +302,9 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
         return fail("copy-forbidden", info, "jax", needs, **facts)
     # Layout, read-only and alignment need a copy of the bytes; narrowing and device moves
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
-    cdef bint bytes_copy = bool(copy) or bool(blocking if host else blocking & ~NEED_NARROW)
+    cdef bint bytes_copy = copy or (blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
-        return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
+        return fail("packed-copy", info, "jax", needs, copy_true=copy is True, **facts)
     cdef bint view = stays and not copy
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
@@ -315,7 +313,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
-                 copy_true=bool(copy), **facts)
+                 copy_true=copy is True, **facts)
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
@@ -359,9 +357,8 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Optio
                else tg.dtype_problem(info._code, info._bits))
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
-    dest = opts.device or tg.device_of(info)
     return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
-                 jax_device=dest, refusal=refusal)
+                 jax_device=opts.device or tg.device_of(info), refusal=refusal)
 
 
 def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
@@ -470,12 +467,12 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
-    if one_pass:   # every slice viewed or copied in C: one pass, in C (shards worded if asked)
-        shards = None
-        facts = dict(parts=parts, devices=lay.devices, indices=lay.indices, tg=tg, opts=opts,
-                     source=source)
-    else:
-        shards = _shard_routes(lay.devices, lay.indices, parts, tg, opts, source)
+    # One pass: every slice viewed or copied in C (its shards' routes worded only if asked).
+    facts = dict(parts=parts, devices=lay.devices, indices=lay.indices, tg=tg, opts=opts,
+                 source=source)
+    shards = None
+    if not one_pass:   # a route each
+        shards = _shard_routes(facts)
         for dev, index, route in shards:
             if route.kind == ERROR:   # the caller's tensor first, then which shard and why
                 return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
@@ -486,9 +483,10 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
     return _fits(split) if one_pass else split   # (each shard's own route is fitted)
 
 
-cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, Options opts, source):
-    return tuple([(dev, index, route_jax(part, n, tg, opts.placed(dev), source))
-                  for dev, index, (part, n) in zip(devices, indices, parts)])
+cdef tuple _shard_routes(dict f):
+    """Each slice's route, from a split's facts: its parts, devices, indices, target, options."""
+    return tuple([(dev, index, route_jax(part, n, f["tg"], f["opts"].placed(dev), f["source"]))
+                  for dev, index, (part, n) in zip(f["devices"], f["indices"], f["parts"])])
 
 
 # ---- jax.Array and leaves that are not tensors --------------------------------
