@@ -26,8 +26,8 @@ cdef enum:
 cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
                            uint64_t flags) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
-    cdef bint padded = lanes == 1 and bits < 8 and (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-    if padded or not tg._dtype_ok(code, bits):
+    if (lanes == 1 and bits < 8 and flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # (padded)
+            or not tg._dtype_ok(code, bits)):
         # JAX's DLPack import takes no padded sub-byte data, and refuses some dtypes
         # JAX itself holds (int4 and float4 on CPU): jax.device_put copies those from NumPy.
         n |= NEED_NUMPY_PUT if lanes == 1 and tg._dtype_ok(code, bits, True) else NEED_DTYPE

@@ -2,7 +2,7 @@
 
 from dlinspect._tables import (
     DEVICES, DTYPES, NUMPY_MAX_NDIM, OTHER_DEVICE, DLDataType, DLDataTypeCode, DLDeviceType,
-    Device, DType, Need, as_device_type, device_name, device_row, dldtype_from_numpy,
+    Device, DType, Need, as_device_type, device_name, dldtype_from_numpy,
     dtype_name, numpy_dtype,
 )
 

@@ -28,6 +28,7 @@ cdef class JaxTarget:
     cdef set cpu_keys
     # Each dtype probe's answer by ``code | bits << 8 | held << 16`` (0 not asked, 1 taken,
     # 2 refused: reason in ``bad``); a table, not a set: the hot path asks it for every tensor.
+    # (All 0 to start: a new object's memory is zeroed.)
     cdef uint8_t _known[1 << 17]
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
@@ -66,7 +67,6 @@ cdef class JaxTarget:
         self.uncommit = uncommit or _same
         self.row_major = row_major or (lambda arr: True)
         self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
-        memset(self._known, 0, sizeof(self._known))
         self.bad = {}
         self._avals = {}
         self._singles = {}
