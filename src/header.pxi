@@ -395,7 +395,7 @@ cdef class TensorInfo:
     def __eq__(self, other):
         if not isinstance(other, TensorInfo):
             return NotImplemented
-        return self._state() == (<TensorInfo>other)._state()
+        return self._state() == other._state()
 
     def __hash__(self):
         return hash(self._state())
@@ -472,20 +472,15 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
     info.size = _read_shape(info, t)
     _read_strides(info, t)
     _count_bytes(info, <int64_t>t.dtype.bits * t.dtype.lanes)
-    if info.size and _dev_is(info._dev_type, _DEV_HOST):
-        _check_address(info)
-    return info
-
-
-cdef int _check_address(TensorInfo info) except -1:
-    """Host memory's elements lie between address 0 and the end of user addresses."""
+    # Host memory's elements lie between address 0 and the end of user addresses.
     cdef uintptr_t p = info._ptr()
-    if p >= <uintptr_t>info._below and p < DL_USER_END and <uint64_t>info._above <= DL_USER_END - p:
-        return 0
-    raise _corrupt(f"DLTensor.data plus byte_offset puts the first element at {p:#x}, and its "
-                   f"elements reach from {info._below} bytes before it to {info._above} bytes "
-                   f"after it: outside this process's address space (user addresses end at "
-                   f"{DL_USER_END:#x}), so no byte of it is memory.")
+    if info.size and _dev_is(info._dev_type, _DEV_HOST) and (
+            p < <uintptr_t>info._below or p >= DL_USER_END or <uint64_t>info._above > DL_USER_END - p):
+        raise _corrupt(f"DLTensor.data plus byte_offset puts the first element at {p:#x}, and its "
+                       f"elements reach from {info._below} bytes before it to {info._above} bytes "
+                       f"after it: outside this process's address space (user addresses end at "
+                       f"{DL_USER_END:#x}), so no byte of it is memory.")
+    return info
 
 
 cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
