@@ -71,7 +71,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, set owned):
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
-        return [_part(x, (), _leaf_options(opts, sharding), planned, owned)], None
+        return [_part(x, (), _leaf_options(opts), planned, owned)], None
     Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
@@ -84,7 +84,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, set owned):
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned, owned))
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts), planned, owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where

@@ -141,7 +141,7 @@ cdef dict _names = {}
 
 # ---- NumPy memory: described only where DLPack says exactly what it is -------
 
-cdef enum NumpyForm:
+cdef enum:   # a NumPy array's form
     NP_EXACT = 0        # a DLPack header describes the memory exactly
     NP_COPY = 1         # numeric, but byte order or byte strides DLPack cannot express:
                         # only a copy (NumPy's own, which swaps and gathers) is right
@@ -150,7 +150,7 @@ cdef enum NumpyForm:
 
 
 cdef tuple _numpy_form(object arr):
-    """``(NumpyForm, why)`` of ndarray ``arr``; ``why`` says in words what DLPack lacks."""
+    """``(form, why)`` of ndarray ``arr`` (NP_*); ``why`` says in words what DLPack lacks."""
     dt = arr.dtype
     try:
         dldtype_from_numpy(dt)

@@ -62,7 +62,7 @@ cdef class Options:
         return f"Options({', '.join(self.given())})"
 
     def __reduce__(self):
-        return Options, tuple(getattr(self, name) for name in _FIELDS) + (self.committed,)
+        return Options, tuple(getattr(self, name) for name in _FIELDS + ("committed",))
 
 
 #: Every option at its default (to_jax's fast path compares by identity).

@@ -374,7 +374,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
     if needs & (NEED_DTYPE | NEED_NUMPY_PUT):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
-    opts = _leaf_options(opts, opts.sharding)   # (a single-device sharding: its device)
+    opts = _leaf_options(opts)   # (a single-device sharding: its device)
     sharding, device = opts.sharding, opts.device or tg.default_device
     if sharding is not None:
         lay = layout(sharding, arr.shape)
@@ -563,11 +563,12 @@ def decide(TensorInfo info, tg, str target, Options opts, source=None, bint alia
     sharding = opts.sharding
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
-    return route_jax(info, needs, tg, _leaf_options(opts, sharding), source)
+    return route_jax(info, needs, tg, _leaf_options(opts), source)
 
 
-cdef Options _leaf_options(Options opts, sharding):
-    """``opts`` placed on the one device of a single-device ``sharding`` (as ``device=``)."""
+cdef Options _leaf_options(Options opts):
+    """``opts`` placed on the one device of a single-device sharding (as ``device=``)."""
+    sharding = opts.sharding
     if sharding is not None and _is_plain_device(sharding):
         return opts.placed(next(iter(sharding.device_set)))
     return opts
