@@ -72,7 +72,8 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, set owned):
     sharding = opts.sharding
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
         return [_part(x, (), _leaf_options(opts), planned, owned)], None
-    Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
+    Sharding = tg.jax.sharding.Sharding
+    tree_util = tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
         tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)

@@ -80,9 +80,12 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
                   else <int64_t*>memcpy(dims + n, t.strides, n * sizeof(int64_t)))
     if versioned:
         dlm_ver.version = DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
-        dlm_ver.manager_ctx, dlm_ver.deleter, dlm_ver.flags = <void*>keep, _own_deleter_ver, flags
+        dlm_ver.manager_ctx = <void*>keep
+        dlm_ver.deleter = _own_deleter_ver
+        dlm_ver.flags = flags
     else:
-        dlm.manager_ctx, dlm.deleter = <void*>keep, _own_deleter
+        dlm.manager_ctx = <void*>keep
+        dlm.deleter = _own_deleter
     if name == NULL:
         name = VERSIONED if versioned else LEGACY
     try:
@@ -103,7 +106,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
     cdef _Held held = _Held.__new__(_Held)
     cdef int32_t nd = len(shape) if ndim is None else ndim
-    ext, steps = shape or (), strides or ()
+    ext = shape or ()
+    steps = strides or ()
     # Extents (row 0) and strides (row 1), padded with 1 to back a forged ``ndim`` (up to
     # _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further.
     cdef Py_ssize_t n = max(min(nd, _FORGE_NDIM_BACKED), len(ext), len(steps))
@@ -117,7 +121,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         address = <uintptr_t>held.view.buf
     cdef DLTensor t = DLTensor(<void*><uintptr_t>(address or 0), DLDevice(device_type, device_id),
                                nd, c_DLDataType(code, bits, lanes), p, p + n, byte_offset)
-    t.shape, t.strides = (NULL if shape is None else p), (NULL if strides is None else p + n)
+    t.shape = NULL if shape is None else p
+    t.strides = NULL if strides is None else p + n
     cdef bytes cname = None if name is None else _names.setdefault(name, name.encode())
     cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname)
     cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
@@ -261,7 +266,8 @@ def numpy_capsule(arr, refusal=None):
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
             f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
-        exc.array, exc.why = arr, why
+        exc.array = arr
+        exc.why = why
     else:
         exc = UnsupportedDTypeError(
             f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
@@ -313,7 +319,9 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
         raise MemoryError()
-    dlm.dl_tensor, dlm.manager_ctx, dlm.deleter = dlm_ver.dl_tensor, dlm_ver, _adapter_deleter
+    dlm.dl_tensor = dlm_ver.dl_tensor
+    dlm.manager_ctx = dlm_ver
+    dlm.deleter = _adapter_deleter
     try:
         legacy = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
     except BaseException:
@@ -358,7 +366,8 @@ def take(cap):
 cdef int _untake(HostOwner owner, object cap) except -1:
     """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``owner`` nothing."""
     PyCapsule_SetName(cap, VERSIONED if owner.dlm_ver != NULL else LEGACY)   # (take took one)
-    owner.dlm, owner.dlm_ver = NULL, NULL
+    owner.dlm = NULL
+    owner.dlm_ver = NULL
     return 0
 
 

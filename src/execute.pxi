@@ -71,7 +71,8 @@ cdef int _raise_route(Route route) except -1:
     """Raise the route's error, let go of by the route (no cycle: error -> traceback -> the
     caller's frame -> route -> error, which would keep the capsule alive)."""
     error = route.error
-    route._error, route.problem = None, None
+    route._error = None
+    route.problem = None
     raise error
 
 
@@ -284,7 +285,8 @@ cdef object _host_view(cap, TensorInfo info):
     for i in range(n):   # (strides in lanes)
         shape[i] = info._shape[i]
         strides[i] = info._strides[i] * info._lanes if info._shape[i] > 1 else 0
-    shape[n], strides[n] = info._lanes, 1
+    shape[n] = info._lanes
+    strides[n] = 1
     descr = _numpy_dtype(info._code, info._bits)
     if descr is None:   # (no NumPy dtype: unsigned integers of a lane's size)
         descr = _np_dtype(f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}")
@@ -331,7 +333,8 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
     cdef int bits = info._bits
     cdef int64_t span[2]   # (the bytes, one apart)
-    span[0], span[1] = info.nbytes, 1
+    span[0] = info.nbytes
+    span[1] = 1
     raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8), False)
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.

@@ -427,8 +427,10 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
     cdef DLTensor t = DLTensor(<void*>data, DLDevice(cap_dev_type, cap_dev_id), ndim,
                                c_DLDataType(code, bits, lanes), shape, strides, byte_offset)
     cdef TensorInfo info = _new_info(&t, source, flags)
-    info._ver_major, info._ver_minor = ver_major, ver_minor
-    info._dev_type, info.device_id = dev_type, dev_id
+    info._ver_major = ver_major
+    info._ver_minor = ver_minor
+    info._dev_type = dev_type
+    info.device_id = dev_id
     return info
 
 
@@ -574,7 +576,8 @@ cdef TensorInfo _peek_capsule(object cap):
                 f"version 1 only, so no field past 'flags' was read. Ask the producer for "
                 f"__dlpack__(max_version=(1, {DLINSPECT_DLPACK_MINOR})).")
         info = _new_info(&dlm_ver.dl_tensor, SRC_VERSIONED, dlm_ver.flags)
-        info._ver_major, info._ver_minor = dlm_ver.version.major, dlm_ver.version.minor
+        info._ver_major = dlm_ver.version.major
+        info._ver_minor = dlm_ver.version.minor
         return info
     if name != NULL and strcmp(name, LEGACY) == 0:
         return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, name)).dl_tensor, SRC_LEGACY, 0)

@@ -153,7 +153,8 @@ def stack_column(list column, Py_ssize_t alignment):
     cdef Py_ssize_t k, n = len(column)
     if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
         return None   # (a batch of 65 dimensions: the caller's path says why not)
-    shape, dtype = column[0].shape, column[0].dtype
+    shape = column[0].shape
+    dtype = column[0].dtype
     if dtype.hasobject or not dtype.isnative or dtype.names is not None:
         return None   # (np.stack packs structured dtypes)
     for a in column:

@@ -82,11 +82,20 @@ cdef class Route:
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
                  import_copy=None, shards=(), problem=None, **facts):
-        self.kind, self.action, self._needs, self.info, self.target = kind, action, needs, info, target
-        self.copy_bytes, self.jax_device, self._shards = copy_bytes, jax_device, shards
+        self.kind = kind
+        self.action = action
+        self._needs = needs
+        self.info = info
+        self.target = target
+        self.copy_bytes = copy_bytes
+        self.jax_device = jax_device
+        self._shards = shards
         self.import_device = import_device   # where jaxlib imports it
         self.import_type = import_type       # dl_device_type handed to jaxlib
-        self.import_copy, self.problem, self.facts, self.key_path = import_copy, problem, facts, ""
+        self.import_copy = import_copy
+        self.problem = problem
+        self.facts = facts
+        self.key_path = ""
 
     @property
     def needs(self):
@@ -166,7 +175,9 @@ def _restored_route(tuple args, dict kw, str key_path, reason, error):
     for name in ("jax_device", "import_device"):
         kw[name] = _found_device(kw[name])
     cdef Route route = Route(*args, **kw)
-    route.key_path, route._reason, route._error = key_path, reason, error
+    route.key_path = key_path
+    route._reason = reason
+    route._error = error
     route.problem = None if error is None else "raised"
     return route
 
@@ -375,12 +386,14 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
     opts = _leaf_options(opts)   # (a single-device sharding: its device)
-    sharding, device = opts.sharding, opts.device or tg.default_device
+    sharding = opts.sharding
+    device = opts.device or tg.default_device
     if sharding is not None:
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
             return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
-        facts["spread"], device = len(sharding.device_set), None
+        facts["spread"] = len(sharding.device_set)
+        device = None
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,

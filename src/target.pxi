@@ -92,10 +92,13 @@ cdef class JaxTarget:
         if ndim <= _INLINE_NDIM:
             slot = &self._recent[self._next_slot]
             self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
-            old_aval, old_descr = slot.aval, slot.descr
+            old_aval = slot.aval
+            old_descr = slot.descr
             Py_INCREF(got)
             Py_INCREF(descr)
-            slot.aval, slot.descr, slot.ndim = <PyObject*>got, <PyObject*>descr, ndim
+            slot.aval = <PyObject*>got
+            slot.descr = <PyObject*>descr
+            slot.ndim = ndim
             memcpy(slot.shape, shape, ndim * sizeof(int64_t))
             # The slot is whole before anything is let go of (another thread may read it).
             Py_XDECREF(old_aval)
