@@ -2,14 +2,23 @@
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
 cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
-    """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route
-    (``prepared``: a batch ran ``_prepare_leaf`` before anything was taken)."""
+    """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route,
+    ``_prepare``d first unless a batch did (``prepared``: it ran ``_prepare_leaf`` before
+    anything was taken); a new array is committed only where a device or a sharding was
+    named (put.pxi)."""
     if d.verdict == _V_PASS:
         return x
     if d.split is not None:
         return _split_again(d.cap, d.info, d.split, tg)
+    cdef Route route = d.route   # (None but for _V_ROUTE)
     if d.verdict == _V_ROUTE:
-        return _execute(d.route, d.cap, x, tg, opts, prepared)
+        if not prepared:
+            _prepare(route, tg)
+        action = route.action
+        out = EXECUTORS[action](route, d.cap, x, tg, opts)
+        if action in _NEW_ARRAY and not opts.committed:
+            return tg.uncommit(out)
+        return out
     cdef TensorInfo info = d.info
     cap = d.cap
     if d.verdict == _V_COPY:
@@ -33,18 +42,6 @@ def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
     if d.verdict == _V_ROUTE:
         return d.cap, d.info, d.needs
     return _run(d, x, tg, opts)
-
-
-cdef object _execute(Route route, cap, x, JaxTarget tg, Options opts, bint prepared=False):
-    """Carry out ``route``, ``_prepare``d first unless a batch did (``prepared``); a new
-    array is committed only where a device or a sharding was named (put.pxi)."""
-    if not prepared:
-        _prepare(route, tg)
-    action = route.action
-    out = EXECUTORS[action](route, cap, x, tg, opts)
-    if action in _NEW_ARRAY and not opts.committed:
-        return tg.uncommit(out)
-    return out
 
 
 # The actions that make a new array of a tensor's values (uncommitted where not placed).
