@@ -207,7 +207,8 @@ cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
 
 cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
-    fail in the others (``_prepare_leaf``) before any is taken; then those."""
+    fail in the others before any is taken (a route's ``_prepare``, a _V_COPY's memory); then
+    those."""
     cdef Py_ssize_t i, m, n = len(plan), taking = n
     cdef _Leaf leaf
     cdef _Part part
@@ -222,7 +223,15 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     for m in range(n):
         if m == taking:
             for leaf in plan[taking:]:
-                _prepare_leaf(leaf, parts, tg)
+                part = parts[leaf.part]
+                try:
+                    if leaf.route is not None:
+                        _prepare(leaf.route, tg)
+                    elif leaf.verdict == _V_COPY:
+                        leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
+                except Exception as exc:
+                    _words.name_leaf(exc, part.keystr(leaf.index))
+                    raise
         leaf = plan[m]
         part = parts[leaf.part]
         i = leaf.index
@@ -232,20 +241,6 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
             _words.name_leaf(exc, part.keystr(i))
             raise
         leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
-    return 0
-
-
-cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
-    """What can fail before anything is taken: a route's ``_prepare``, a _V_COPY's memory."""
-    cdef _Part part = parts[leaf.part]
-    try:
-        if leaf.route is not None:
-            _prepare(leaf.route, tg)
-        elif leaf.verdict == _V_COPY:
-            leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
-    except Exception as exc:
-        _words.name_leaf(exc, part.keystr(leaf.index))
-        raise
     return 0
 
 

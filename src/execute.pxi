@@ -3,7 +3,7 @@
 
 cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route,
-    ``_prepare``d first unless a batch did (``prepared``: it ran ``_prepare_leaf`` before
+    ``_prepare``d first unless a batch did (``prepared``: _run_batch prepared it before
     anything was taken); a new array is committed only where a device or a sharding was
     named (put.pxi)."""
     if d.verdict == _V_PASS:
