@@ -99,7 +99,6 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
     if report is not None:
         report._pending = []   # (what a failed batch noted: forgotten here)
     parts, where = _parts(x, tg, opts, False, owned)
-    cdef list plan
     try:
         plan = _decide_batch(parts, tg, report)
         _run_batch(plan, parts, tg)
@@ -120,7 +119,7 @@ cdef object _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and p
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
     """The plan: a ``_Leaf`` per tensor leaf (route None: the fast path's); nothing taken."""
     cdef list plan = []
-    cdef set seen = set()   # the bare capsules met: each may come once in the batch
+    seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
     cdef Py_ssize_t k, i, offset = 0
     for k in range(len(parts)):

@@ -324,7 +324,7 @@ cdef class TensorInfo:
         """
         cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
         cdef Py_ssize_t i, n, start, stop, step, count
-        cdef int64_t item = self.itemsize, move, delta = 0
+        cdef int64_t move, delta = 0
         cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data
         index = tuple(index)   # (a tuple: itself)
@@ -341,7 +341,7 @@ cdef class TensorInfo:
             count = PySlice_AdjustIndices(self._shape[i], &start, &stop, step)
             # Exact: the header's byte span fits int64 (validated), and a slice stays in it.
             if count and (dl_mul_overflow(start, self._strides[i], &move)
-                          or dl_mul_overflow(move, item, &move)
+                          or dl_mul_overflow(move, self.itemsize, &move)
                           or dl_add_overflow(delta, move, &delta)):
                 raise MalformedTensorError(f"slice {i} of {index} passes 2**63-1 bytes")
             shape_buf[i] = count
@@ -406,7 +406,6 @@ def _rebuild_info(state):
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
     cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
-    cdef int i
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
     for i in range(len(shape)):
@@ -494,7 +493,7 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
         if t.shape[i] < 0:
             raise _corrupt(f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0.")
         info._shape[i] = t.shape[i]
-        zero = zero or t.shape[i] == 0
+        zero |= t.shape[i] == 0
     if zero:
         return 0
     for i in range(ndim):

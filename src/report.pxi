@@ -144,7 +144,6 @@ cdef class LoaderReport:
         return 0
 
     cdef int _count(self, list rows) except -1:
-        cdef list entry
         for key, nbytes, reason in rows:
             entry = self._leaves.setdefault(key, [0, 0, {}])
             entry[0] += 1
