@@ -77,8 +77,7 @@ def repeated_capsule(list leaves, set seen not None):
     """The index of the first leaf that is a capsule met before (in ``leaves``, or by id in
     ``seen``, earlier sub-trees', updated), or -1: a capsule is consumed exactly once."""
     cdef Py_ssize_t i
-    for i in range(len(leaves)):
-        leaf = leaves[i]
+    for i, leaf in enumerate(leaves):
         if PyCapsule_CheckExact(leaf):
             if id(leaf) in seen:
                 return i
@@ -169,7 +168,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
     narrow = route.facts.get("narrow")
-    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]), tg.copy_align)
+    host = _native_copy(x, None if narrow is None else numpy_dtype(*narrow[2:4]), tg.copy_align)
     if "spread" in route.facts:
         return _run(_decide(host, tg, "jax", opts), host, tg, opts)
     return _finish(tg, host, route, opts)
@@ -250,19 +249,18 @@ cdef object _host_from_producer(x, TensorInfo info, str target, list tried):
     """export_host_copy's copy, a capsule or an ndarray, checked against the header
     (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
     got, host_info = export_host_copy(x)
-    if isinstance(host_info, TensorInfo):
+    if got is None:
+        raise UnsupportedDeviceError(
+            f"{_words.describe(info)} could not be brought to host memory. Tried: "
+            f"{'; '.join(tried + host_info)}. To fix: "
+            f"{_words.device_fix(info._dev_type, target, False)}.")
+    want = info.numpy_dtype
+    if isinstance(host_info, TensorInfo):   # (a capsule)
         if host_info.shape != info.shape or host_info.dtype != info.dtype:
             raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
-        return got
-    if got is not None:
-        want = info.numpy_dtype
-        if got.shape != info._host_shape() or (want is not None and got.dtype != want):
-            raise _copy_mismatch(x, info, got.shape, got.dtype.name)
-        return got
-    raise UnsupportedDeviceError(
-        f"{_words.describe(info)} could not be brought to host memory. Tried: "
-        f"{'; '.join(tried + host_info)}. To fix: "
-        f"{_words.device_fix(info._dev_type, target, False)}.")
+    elif got.shape != info._host_shape() or (want is not None and got.dtype != want):
+        raise _copy_mismatch(x, info, got.shape, got.dtype.name)
+    return got
 
 
 cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
