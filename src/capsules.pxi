@@ -161,21 +161,20 @@ cdef tuple _numpy_form(object arr):
         dldtype_from_numpy(dt)
     except ValueError:
         if dt.kind in "biufc" or str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes"):
-            return (NP_NO_CODE, f"DLPack has no type code for {dt.name}")
+            return NP_NO_CODE, f"DLPack has no type code for {dt.name}"
         return (NP_NOT_NUMERIC, f"DLPack has no type for dtype {dt.str} ({dt.name}): no "
                                 f"string, bytes, object, date/time or structured types")
     if not dt.isnative:
         order = "big" if dt.byteorder == ">" else "little"
         return (NP_COPY, f"its dtype {dt.str} is {order}-endian, not this machine's byte "
                          f"order, and DLPack data follows native byte order only")
-    item = dt.itemsize
     if arr.size > 1:
         for extent, stride in zip(arr.shape, arr.strides):
-            if extent > 1 and stride % item:
+            if extent > 1 and stride % dt.itemsize:
                 return (NP_COPY, f"its byte strides {arr.strides} include {stride}, which is "
-                                 f"not a multiple of its {item}-byte elements, and DLPack "
+                                 f"not a multiple of its {dt.itemsize}-byte elements, and DLPack "
                                  f"counts strides in whole elements")
-    return (NP_EXACT, None)
+    return NP_EXACT, None
 
 
 cdef str _type_name(object obj):
@@ -314,8 +313,7 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
         _raise_bad_capsule(cap)
-    cdef DLManagedTensorVersioned* dlm_ver = (
-        <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED))
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
         raise MemoryError()

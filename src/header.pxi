@@ -168,13 +168,13 @@ cdef class TensorInfo:
 
     @property
     def device(self):
-        return (self.device_type, self.device_id)
+        return self.device_type, self.device_id
 
     @property
     def capsule_device(self):
         if self._cap_dev_type == self._dev_type and self._cap_dev_id == self.device_id:
             return None
-        return (as_device_type(self._cap_dev_type), self._cap_dev_id)
+        return as_device_type(self._cap_dev_type), self._cap_dev_id
 
     @property
     def host_accessible(self):
@@ -194,9 +194,8 @@ cdef class TensorInfo:
 
     @property
     def byte_strides(self):
-        item = self.itemsize
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
-        return tuple([<object>self._strides[i] * item for i in range(self.ndim)])
+        return tuple([<object>self._strides[i] * self.itemsize for i in range(self.ndim)])
 
     @property
     def dtype(self):
@@ -233,7 +232,7 @@ cdef class TensorInfo:
 
     cdef object _flag(self, uint64_t bit):
         if self._source == SRC_VERSIONED or self._source == SRC_NDARRAY:
-            return (self.flags & bit) != 0
+            return self.flags & bit != 0   # (Python's precedence: & first)
         return None
 
     @property
@@ -390,7 +389,7 @@ cdef class TensorInfo:
                 self._ver_minor, self.flags, <int>self._source)
 
     def __reduce__(self):
-        return (_rebuild_info, (self._state(),))
+        return _rebuild_info, (self._state(),)
 
     def __eq__(self, other):
         if not isinstance(other, TensorInfo):

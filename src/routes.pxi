@@ -357,7 +357,7 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, Options
     if not needs & NEED_NARROW:
         return None
     cdef int key = tg.narrow[code | (bits << 8)][0]   # (code | bits << 8 of the narrow dtype)
-    return (code, bits, key & 0xFF, key >> 8, opts.narrow == "warn")
+    return code, bits, key & 0xFF, key >> 8, opts.narrow == "warn"
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Options opts):
