@@ -12,9 +12,10 @@ cimport cython
 from libc.stdint cimport (
     int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MIN, UINTPTR_MAX,
 )
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from libc.string cimport strcmp, memset, memcpy, memcmp
-from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+from cpython.exc cimport PyErr_Clear, PyErr_Fetch, PyErr_Restore
+from cpython.dict cimport PyDict_GetItemWithError
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
 from cpython.type cimport PyType_Check
@@ -35,9 +36,7 @@ from dlpack cimport *
 
 cdef extern from "Python.h":
     int Py_IsInitialized() nogil
-    PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
     object PyObject_VectorcallMethod(object name, PyObject** args, size_t nargsf, PyObject* kwnames)
-    void PyErr_Clear()
     Py_ssize_t PyTuple_GET_SIZE(object t)
     bint PyIndex_Check(object o)
     ctypedef struct PyFrameObject:

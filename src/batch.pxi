@@ -66,13 +66,14 @@ cdef _Part _part(x, tuple prefix, Options opts, bint planned, dict owned):
     return part
 
 
-cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, dict owned=None):
+cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, dict owned):
     """``(parts, where)``: the batch's parts and the tree of their indices (None: one part);
     ``owned``: the proof's answer (own.pxi), every part's."""
     sharding = opts.sharding
     if sharding is None or isinstance(sharding, tg.jax.sharding.Sharding):
-        return [_part(x, (), _leaf_options(opts, sharding), planned, owned)], None
-    Sharding, tree_util = tg.jax.sharding.Sharding, tg.jax.tree_util
+        return [_part(x, (), _leaf_options(opts), planned, owned)], None
+    Sharding = tg.jax.sharding.Sharding
+    tree_util = tg.jax.tree_util
     is_leaf = lambda s: s is None or isinstance(s, Sharding)  # noqa: E731
     try:
         tree_util.tree_map(lambda s, sub: None, sharding, x, is_leaf=is_leaf)
@@ -84,7 +85,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned=False, dict owned=
 
     def part_of(path, s, sub):
         leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts, s), planned, owned))
+        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts), planned, owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where
@@ -98,7 +99,6 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
     if report is not None:
         report._pending = []   # (what a failed batch noted: forgotten here)
     parts, where = _parts(x, tg, opts, False, owned)
-    cdef list plan
     try:
         plan = _decide_batch(parts, tg, report)
         _run_batch(plan, parts, tg)
@@ -119,7 +119,7 @@ cdef object _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and p
 cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
     """The plan: a ``_Leaf`` per tensor leaf (route None: the fast path's); nothing taken."""
     cdef list plan = []
-    cdef set seen = set()   # the bare capsules met: each may come once in the batch
+    seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
     cdef Py_ssize_t k, i, offset = 0
     for k in range(len(parts)):
@@ -165,7 +165,6 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     cdef Py_ssize_t i = -1
     cdef _Leaf d
     part.out = list(leaves)
-    got = None
     try:
         for i in range(len(leaves)):
             try:
@@ -196,7 +195,6 @@ cdef int _check_rebuild(flat, list converted, JaxTarget tg) except -1:
     if _placeholder is None or _placeholder[0] is not tg:
         _placeholder = (tg, tg.jax.device_put(_np.float32(0)))
     values = list(flat.leaves)
-    cdef Py_ssize_t i
     for i in converted:
         values[i] = _placeholder[1]
     flat.check_rebuild(values)
@@ -208,7 +206,8 @@ cdef object _placeholder = None   # (JaxTarget, a 0-d jax.Array of it)
 
 cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
-    fail in the others (``_prepare_leaf``) before any is taken; then those."""
+    fail in the others before any is taken (a route's ``_prepare``, a _V_COPY's memory); then
+    those."""
     cdef Py_ssize_t i, m, n = len(plan), taking = n
     cdef _Leaf leaf
     cdef _Part part
@@ -223,7 +222,15 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     for m in range(n):
         if m == taking:
             for leaf in plan[taking:]:
-                _prepare_leaf(leaf, parts, tg)
+                part = parts[leaf.part]
+                try:
+                    if leaf.route is not None:
+                        _prepare(leaf.route, tg)
+                    elif leaf.verdict == _V_COPY:
+                        leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
+                except Exception as exc:
+                    _words.name_leaf(exc, part.keystr(leaf.index))
+                    raise
         leaf = plan[m]
         part = parts[leaf.part]
         i = leaf.index
@@ -233,20 +240,6 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
             _words.name_leaf(exc, part.keystr(i))
             raise
         leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
-    return 0
-
-
-cdef int _prepare_leaf(_Leaf leaf, list parts, JaxTarget tg) except -1:
-    """What can fail before anything is taken: a route's ``_prepare``, a _V_COPY's memory."""
-    cdef _Part part = parts[leaf.part]
-    try:
-        if leaf.route is not None:
-            _prepare(leaf.route, tg)
-        elif leaf.verdict == _V_COPY:
-            leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
-    except Exception as exc:
-        _words.name_leaf(exc, part.keystr(leaf.index))
-        raise
     return 0
 
 

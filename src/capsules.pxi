@@ -67,11 +67,9 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
     """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
     block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
     cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
-    cdef size_t size = head + 2 * <size_t>n * sizeof(int64_t) + 1
-    cdef char* block = <char*>malloc(size)
+    cdef char* block = <char*>calloc(1, head + 2 * <size_t>n * sizeof(int64_t) + 1)
     if block == NULL:
         raise MemoryError()
-    memset(block, 0, size)
     cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>block
     cdef DLManagedTensor* dlm = <DLManagedTensor*>block
     cdef DLTensor* dl = &dlm_ver.dl_tensor if versioned else &dlm.dl_tensor
@@ -82,9 +80,12 @@ cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flag
                   else <int64_t*>memcpy(dims + n, t.strides, n * sizeof(int64_t)))
     if versioned:
         dlm_ver.version = DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
-        dlm_ver.manager_ctx, dlm_ver.deleter, dlm_ver.flags = <void*>keep, _own_deleter_ver, flags
+        dlm_ver.manager_ctx = <void*>keep
+        dlm_ver.deleter = _own_deleter_ver
+        dlm_ver.flags = flags
     else:
-        dlm.manager_ctx, dlm.deleter = <void*>keep, _own_deleter
+        dlm.manager_ctx = <void*>keep
+        dlm.deleter = _own_deleter
     if name == NULL:
         name = VERSIONED if versioned else LEGACY
     try:
@@ -105,7 +106,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
     cdef _Held held = _Held.__new__(_Held)
     cdef int32_t nd = len(shape) if ndim is None else ndim
-    ext, steps = shape or (), strides or ()
+    ext = shape or ()
+    steps = strides or ()
     # Extents (row 0) and strides (row 1), padded with 1 to back a forged ``ndim`` (up to
     # _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further.
     cdef Py_ssize_t n = max(min(nd, _FORGE_NDIM_BACKED), len(ext), len(steps))
@@ -119,7 +121,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
         address = <uintptr_t>held.view.buf
     cdef DLTensor t = DLTensor(<void*><uintptr_t>(address or 0), DLDevice(device_type, device_id),
                                nd, c_DLDataType(code, bits, lanes), p, p + n, byte_offset)
-    t.shape, t.strides = (NULL if shape is None else p), (NULL if strides is None else p + n)
+    t.shape = NULL if shape is None else p
+    t.strides = NULL if strides is None else p + n
     cdef bytes cname = None if name is None else _names.setdefault(name, name.encode())
     cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname)
     cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
@@ -143,7 +146,7 @@ cdef dict _names = {}
 
 # ---- NumPy memory: described only where DLPack says exactly what it is -------
 
-cdef enum NumpyForm:
+cdef enum:   # a NumPy array's form
     NP_EXACT = 0        # a DLPack header describes the memory exactly
     NP_COPY = 1         # numeric, but byte order or byte strides DLPack cannot express:
                         # only a copy (NumPy's own, which swaps and gathers) is right
@@ -152,27 +155,26 @@ cdef enum NumpyForm:
 
 
 cdef tuple _numpy_form(object arr):
-    """``(NumpyForm, why)`` of ndarray ``arr``; ``why`` says in words what DLPack lacks."""
+    """``(form, why)`` of ndarray ``arr`` (NP_*); ``why`` says in words what DLPack lacks."""
     dt = arr.dtype
     try:
         dldtype_from_numpy(dt)
     except ValueError:
         if dt.kind in "biufc" or str(getattr(dt.type, "__module__", "")).startswith("ml_dtypes"):
-            return (NP_NO_CODE, f"DLPack has no type code for {dt.name}")
+            return NP_NO_CODE, f"DLPack has no type code for {dt.name}"
         return (NP_NOT_NUMERIC, f"DLPack has no type for dtype {dt.str} ({dt.name}): no "
                                 f"string, bytes, object, date/time or structured types")
     if not dt.isnative:
         order = "big" if dt.byteorder == ">" else "little"
         return (NP_COPY, f"its dtype {dt.str} is {order}-endian, not this machine's byte "
                          f"order, and DLPack data follows native byte order only")
-    item = dt.itemsize
     if arr.size > 1:
         for extent, stride in zip(arr.shape, arr.strides):
-            if extent > 1 and stride % item:
+            if extent > 1 and stride % dt.itemsize:
                 return (NP_COPY, f"its byte strides {arr.strides} include {stride}, which is "
-                                 f"not a multiple of its {item}-byte elements, and DLPack "
+                                 f"not a multiple of its {dt.itemsize}-byte elements, and DLPack "
                                  f"counts strides in whole elements")
-    return (NP_EXACT, None)
+    return NP_EXACT, None
 
 
 cdef str _type_name(object obj):
@@ -243,8 +245,7 @@ cdef TensorInfo _ndarray_info(cnp.ndarray a):
     cdef DLTensor t
     if not _numpy_header(a, c_DLDataType(key & 0xFF, key >> 8, 1), &t, shape, strides):
         return None
-    cdef uint64_t flags = 0 if cnp.PyArray_ISWRITEABLE(a) else DLPACK_FLAG_BITMASK_READ_ONLY
-    return _new_info(&t, SRC_NDARRAY, flags)
+    return _new_info(&t, SRC_NDARRAY, 0 if cnp.PyArray_ISWRITEABLE(a) else DLPACK_FLAG_BITMASK_READ_ONLY)
 
 
 def numpy_capsule(arr, refusal=None):
@@ -264,7 +265,8 @@ def numpy_capsule(arr, refusal=None):
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
             f"native, C-ordered memory (copy=None); peek and copy=False cannot. To fix: "
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
-        exc.array, exc.why = arr, why
+        exc.array = arr
+        exc.why = why
     else:
         exc = UnsupportedDTypeError(
             f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
@@ -278,8 +280,8 @@ def view_capsule(owner, TensorInfo info):
     cdef DLTensor t = DLTensor(<void*>info._ptr(), DLDevice(info._cap_dev_type, info._cap_dev_id),
                                info.ndim, c_DLDataType(info._code, info._bits, info._lanes),
                                info._shape, info._strides, 0)
-    cdef uint64_t kept = DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-    return _capsule(owner, &t, info.ndim, info.flags & kept)
+    return _capsule(owner, &t, info.ndim,   # (the flags that say what the memory holds)
+                    info.flags & (DLPACK_FLAG_BITMASK_READ_ONLY | DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
 
 
 def header_capsule(owner, uintptr_t address, shape, strides, int code, int bits, int lanes,
@@ -310,13 +312,14 @@ cpdef object import_capsule(object import_fn, object cap, object device, object 
     if PyCapsule_IsValid(cap, LEGACY):
         return import_fn(cap, device, stream, copy, dl_device_type)
     if not PyCapsule_IsValid(cap, VERSIONED):   # another thread took it since it was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
-    cdef DLManagedTensorVersioned* dlm_ver = (
-        <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED))
+        _raise_bad_capsule(cap)
+    cdef DLManagedTensorVersioned* dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
     cdef DLManagedTensor* dlm = <DLManagedTensor*>malloc(sizeof(DLManagedTensor))
     if dlm == NULL:
         raise MemoryError()
-    dlm.dl_tensor, dlm.manager_ctx, dlm.deleter = dlm_ver.dl_tensor, dlm_ver, _adapter_deleter
+    dlm.dl_tensor = dlm_ver.dl_tensor
+    dlm.manager_ctx = dlm_ver
+    dlm.deleter = _adapter_deleter
     try:
         legacy = PyCapsule_New(dlm, LEGACY, _owned_capsule_destructor)
     except BaseException:
@@ -357,7 +360,7 @@ cpdef object take(object cap):
         owner.dlm = <DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)
         PyCapsule_SetName(cap, LEGACY_USED)
     else:   # another thread took it since its header was read
-        _raise_bad_capsule(cap, PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL)
+        _raise_bad_capsule(cap)
     return owner
 
 
@@ -367,7 +370,8 @@ cdef int _untake(object taken, object cap) except -1:
         return 0
     cdef HostOwner owner = taken
     PyCapsule_SetName(cap, VERSIONED if owner.dlm_ver != NULL else LEGACY)   # (take took one)
-    owner.dlm, owner.dlm_ver = NULL, NULL
+    owner.dlm = NULL
+    owner.dlm_ver = NULL
     return 0
 
 
@@ -396,8 +400,7 @@ def aligned_empty(shape, dtype=None, Py_ssize_t alignment=64, Py_ssize_t offset=
     dt = _np_dtype("float32" if dtype is None else dtype)
     shape = tuple(shape)
     raw = _np_empty(dt.itemsize * _math.prod(shape) + alignment + offset, "uint8")
-    start = (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset
-    return _np_ndarray(shape, dt, raw, start)
+    return _np_ndarray(shape, dt, raw, (-<Py_ssize_t>_buffer_address(raw)) % alignment + offset)
 
 
 cdef size_t _buffer_address(obj) except? 0:

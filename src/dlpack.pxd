@@ -14,9 +14,6 @@ cdef enum:
     DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED = 1 << 2
     # DLDeviceType and DLDataTypeCode values (dlinspect._tables has them all).
     kDLCPU = 1
-    kDLCUDAHost = 3
-    kDLROCMHost = 11
-    kDLCUDAManaged = 13
     kDLInt = 0
     kDLUInt = 1
     kDLFloat = 2

@@ -2,14 +2,23 @@
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
 cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
-    """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route
-    (``prepared``: a batch ran ``_prepare_leaf`` before anything was taken)."""
+    """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route,
+    ``_prepare``d first unless a batch did (``prepared``: _run_batch prepared it before
+    anything was taken); a new array is committed only where a device or a sharding was
+    named (put.pxi)."""
     if d.verdict == _V_PASS:
         return x
     if d.split is not None:
         return _split_again(d.cap, d.info, d.split, tg)
+    cdef Route route = d.route   # (None but for _V_ROUTE)
     if d.verdict == _V_ROUTE:
-        return _execute(d.route, d.cap, x, tg, opts, prepared)
+        if not prepared:
+            _prepare(route, tg)
+        action = route.action
+        out = EXECUTORS[action](route, d.cap, x, tg, opts)
+        if action in _NEW_ARRAY and not opts.committed:
+            return tg.uncommit(out)
+        return out
     cdef TensorInfo info = d.info
     cap = d.cap
     if d.verdict == _V_COPY:
@@ -22,29 +31,17 @@ cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     # The consumer's stream, as the export asked the producer (array API __dlpack__): none
     # for a bare capsule, whose producer was never asked.
     stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
-    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.devices[(info._dev_type, info.device_id)],
-                                      stream, None, info._dev_type))
+    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.device_of(info), stream, None,
+                                      info._dev_type))
 
 
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
     """(For tests) the array where the fast path takes ``x`` by its verdict; else
     ``(capsule, TensorInfo, needs)`` of the export, unconsumed."""
-    d = _decide(x, tg, "jax", opts)
-    if (<_Leaf>d).verdict == _V_ROUTE:
-        return (<_Leaf>d).cap, (<_Leaf>d).info, (<_Leaf>d).needs
+    cdef _Leaf d = _decide(x, tg, "jax", opts)
+    if d.verdict == _V_ROUTE:
+        return d.cap, d.info, d.needs
     return _run(d, x, tg, opts)
-
-
-cdef object _execute(Route route, cap, x, JaxTarget tg, Options opts, bint prepared=False):
-    """Carry out ``route``, ``_prepare``d first unless a batch did (``prepared``); a new
-    array is committed only where a device or a sharding was named (put.pxi)."""
-    if not prepared:
-        _prepare(route, tg)
-    action = route.action
-    out = EXECUTORS[action](route, cap, x, tg, opts)
-    if action in _NEW_ARRAY and not opts.committed:
-        return tg.uncommit(out)
-    return out
 
 
 # The actions that make a new array of a tensor's values (uncommitted where not placed).
@@ -55,7 +52,7 @@ cdef int _prepare(Route route, JaxTarget tg) except -1:
     """Before anything is taken, what can fail: the narrowing warning (a filter may raise it)
     and a copy's memory (AllocationError); a producer's host copy warns once it is in hand."""
     action = route.action
-    if action is PRODUCER_COPY or action is RAISE:
+    if action is PRODUCER_COPY:   # (an error route warns of nothing, and takes no memory)
         return 0
     text = route.warning
     if text is not None:
@@ -68,15 +65,19 @@ cdef int _prepare(Route route, JaxTarget tg) except -1:
 
 
 cdef int _raise_route(Route route) except -1:
-    raise route._take_error()
+    """Raise the route's error, let go of by the route (no cycle: error -> traceback -> the
+    caller's frame -> route -> error, which would keep the capsule alive)."""
+    error = route.error
+    route._error = None
+    route.problem = None
+    raise error
 
 
 def repeated_capsule(list leaves, set seen not None):
     """The index of the first leaf that is a capsule met before (in ``leaves``, or by id in
     ``seen``, earlier sub-trees', updated), or -1: a capsule is consumed exactly once."""
     cdef Py_ssize_t i
-    for i in range(len(leaves)):
-        leaf = leaves[i]
+    for i, leaf in enumerate(leaves):
         if PyCapsule_CheckExact(leaf):
             if id(leaf) in seen:
                 return i
@@ -118,10 +119,9 @@ cdef object _copy_memory(Route route, JaxTarget tg):
     """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
-    if info._lanes != 1 or info._bits % 8:
-        dtype = info.numpy_dtype if narrow is None else numpy_dtype(narrow[2], narrow[3])
-        return _allocate(info._host_shape(), dtype, tg.copy_align, info)
     code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
+    if info._lanes != 1 or info._bits % 8:
+        return _allocate(info._host_shape(), _numpy_dtype(code, bits), tg.copy_align, info)
     return _aligned_array(info, code, bits, tg.copy_align)
 
 
@@ -168,7 +168,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
     narrow = route.facts.get("narrow")
-    host = _native_copy(x, None if narrow is None else numpy_dtype(narrow[2], narrow[3]), tg.copy_align)
+    host = _native_copy(x, None if narrow is None else numpy_dtype(*narrow[2:4]), tg.copy_align)
     if "spread" in route.facts:
         return _run(_decide(host, tg, "jax", opts), host, tg, opts)
     return _finish(tg, host, route, opts)
@@ -176,16 +176,15 @@ def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
 
 def _ex_split(Route route, cap, x, JaxTarget tg, Options opts):
     """Host memory split over CPU devices: one owner, freed with the last shard; JAX assembles."""
-    cdef TensorInfo info = route.info
     f = route.facts
     if "parts" in f:   # decided for one pass (its shards' words, if asked for, change nothing)
-        return _split_import(cap, info, f["parts"], f["devices"], f["sharding"], tg)
+        return _split_import(cap, route.info, f["parts"], f["devices"], f["sharding"], tg)
     owner = take(cap)
     arrays = []
     for _, _, shard in route._shards:
         part = view_capsule(owner, shard.info)
         arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
-    return tg.assemble(info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
+    return tg.assemble(route.info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
 
 
 def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
@@ -250,19 +249,18 @@ cdef object _host_from_producer(x, TensorInfo info, str target, list tried):
     """export_host_copy's copy, a capsule or an ndarray, checked against the header
     (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
     got, host_info = export_host_copy(x)
-    if isinstance(host_info, TensorInfo):
+    if got is None:
+        raise UnsupportedDeviceError(
+            f"{_words.describe(info)} could not be brought to host memory. Tried: "
+            f"{'; '.join(tried + host_info)}. To fix: "
+            f"{_words.device_fix(info._dev_type, target, False)}.")
+    want = info.numpy_dtype
+    if isinstance(host_info, TensorInfo):   # (a capsule)
         if host_info.shape != info.shape or host_info.dtype != info.dtype:
             raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
-        return got
-    if got is not None:
-        want = info.numpy_dtype
-        if got.shape != info._host_shape() or (want is not None and got.dtype != want):
-            raise _copy_mismatch(x, info, got.shape, got.dtype.name)
-        return got
-    raise UnsupportedDeviceError(
-        f"{_words.describe(info)} could not be brought to host memory. Tried: "
-        f"{'; '.join(tried + host_info)}. To fix: "
-        f"{_words.device_fix(info._dev_type, target, False)}.")
+    elif got.shape != info._host_shape() or (want is not None and got.dtype != want):
+        raise _copy_mismatch(x, info, got.shape, got.dtype.name)
+    return got
 
 
 cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
@@ -282,7 +280,8 @@ cdef object _host_view(cap, TensorInfo info):
     for i in range(n):   # (strides in lanes)
         shape[i] = info._shape[i]
         strides[i] = info._strides[i] * info._lanes if info._shape[i] > 1 else 0
-    shape[n], strides[n] = info._lanes, 1
+    shape[n] = info._lanes
+    strides[n] = 1
     descr = _numpy_dtype(info._code, info._bits)
     if descr is None:   # (no NumPy dtype: unsigned integers of a lane's size)
         descr = _np_dtype(f"|u{lane}" if lane in (1, 2, 4, 8) else f"|V{lane}")
@@ -329,19 +328,19 @@ cdef object _unpack_subbyte(cap, TensorInfo info):
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
     cdef int bits = info._bits
     cdef int64_t span[2]   # (the bytes, one apart)
-    span[0], span[1] = info.nbytes, 1
+    span[0] = info.nbytes
+    span[1] = 1
     raw = _ndarray(take(cap), <void*>info._ptr(), 1, span, span + 1, 1, _numpy_dtype(kDLUInt, 8), False)
     shifts = _np.arange(8 // bits, dtype=_np.uint8) * bits
     # Element i sits at bits [i*bits, (i+1)*bits) of the little-endian bit stream.
-    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size]
-    shape = info.shape
+    vals = ((raw[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[: info.size].reshape(info.shape)
     if info._code == kDLInt:   # sign-extend, then convert by value
         half = 1 << (bits - 1)
-        return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype).reshape(shape)
+        return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype)
     if info._code == kDLUInt:  # convert by value
-        return vals.astype(info.numpy_dtype).reshape(shape)
+        return vals.astype(info.numpy_dtype)
     # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
-    return vals.view(info.numpy_dtype).reshape(shape).copy()
+    return vals.view(info.numpy_dtype).copy()
 
 
 def _host_producer_copy(Route route, cap, x):

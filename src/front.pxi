@@ -7,7 +7,7 @@ from dlinspect import _jaxcaps, _tree
 cdef str _S_HOST = "host", _S_COPY = "copy", _S_KEEP = "keep", _S_WARN = "warn"
 
 cdef object _TARGET = None, _CAPS = None
-cdef object _CAPS_LOCK = _threading.RLock()   # (re-entered: _jax_target, jax_caps)
+cdef object _CAPS_LOCK = _threading.RLock()   # (re-entered: jax_target, jax_caps)
 
 
 def _unlock_in_child():
@@ -36,8 +36,13 @@ def jax_caps():
 
 
 def jax_target():
-    """The process-wide JaxTarget every route reads (built on first use, as jax_caps)."""
-    return _TARGET if _TARGET is not None else _jax_target()
+    """The process-wide JaxTarget every route reads (built on first use, as jax_caps; to_jax
+    and convert_next read ``_TARGET`` first, inline)."""
+    global _TARGET
+    if _TARGET is None:
+        with _CAPS_LOCK:   # built once, however many threads ask first
+            _TARGET = _TARGET if _TARGET is not None else jax_caps().target
+    return _TARGET
 
 
 def set_target(tg):
@@ -57,13 +62,6 @@ def force_public_api(bint on=True):
 def current_target():
     """The JaxTarget built in this process, or None: builds nothing, imports no JAX
     (what ``dlinspect.stack`` asks, so that a loader's worker processes start no JAX)."""
-    return _TARGET
-
-
-cdef JaxTarget _jax_target():
-    global _TARGET
-    with _CAPS_LOCK:   # built once, however many threads ask first (callers check _TARGET)
-        _TARGET = _TARGET if _TARGET is not None else jax_caps().target
     return _TARGET
 
 
@@ -192,7 +190,7 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     >>> dlinspect.to_jax({"x": np.arange(4, dtype=np.float32)})["x"].sum().item()
     6.0
     """
-    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else jax_target()
     if (device is None and copy is None and sharding is None and fallback is _S_HOST
             and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
         return _convert(x, tg, DEFAULT)
@@ -291,7 +289,7 @@ cdef object _plan(x, target, Options opts):
         return _plan_one(x, tg, target, opts)
     owned = _owned(x, opts, -1)   # (first: nothing of dlinspect's holds a part of x yet)
     parts, where = _parts(x, tg, opts, True, owned)
-    cdef set seen = set()
+    seen = set()
     for part in parts:
         _plan_part(part, tg, seen)
     return _rebuild_parts(parts, where, tg)
@@ -337,7 +335,7 @@ def convert_next(it, opts, LoaderReport report, end):
     a batch, with its options one ``Options``; ``report`` counts it; ``end`` where ``it`` has
     no more. The item is held by this function alone while the proof counts its references
     (own.pxi): a bare tensor is a batch of one leaf here."""
-    cdef JaxTarget tg = _TARGET if _TARGET is not None else _jax_target()
+    cdef JaxTarget tg = _TARGET if _TARGET is not None else jax_target()
     x = next(it, end)
     if x is end:
         return end
@@ -349,7 +347,6 @@ cdef object _convert(x, JaxTarget tg, Options opts):
     tp = type(x)
     if tp is dict or tp is list or tp is tuple or opts.sharding is not None or not is_tensor(x):
         return _convert_batch(x, tg, opts)
-    d = None
     try:
         d = _decide(x, tg, "jax", opts)
         return _run(d, x, tg, opts)

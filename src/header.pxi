@@ -135,7 +135,6 @@ cdef class TensorInfo:
     def __dealloc__(self):
         if self._shape != self._inline:
             free(self._shape)     # NULL (never filled) or malloc'd by _alloc
-        self._shape = NULL
 
     def __init__(self, *args, **kwargs):
         raise TypeError("TensorInfo is made by dlinspect.peek(); it has no public constructor")
@@ -169,13 +168,13 @@ cdef class TensorInfo:
 
     @property
     def device(self):
-        return (as_device_type(self._dev_type), self.device_id)
+        return self.device_type, self.device_id
 
     @property
     def capsule_device(self):
         if self._cap_dev_type == self._dev_type and self._cap_dev_id == self.device_id:
             return None
-        return (as_device_type(self._cap_dev_type), self._cap_dev_id)
+        return as_device_type(self._cap_dev_type), self._cap_dev_id
 
     @property
     def host_accessible(self):
@@ -195,9 +194,8 @@ cdef class TensorInfo:
 
     @property
     def byte_strides(self):
-        item = self.itemsize
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
-        return tuple([<object>self._strides[i] * item for i in range(self.ndim)])
+        return tuple([<object>self._strides[i] * self.itemsize for i in range(self.ndim)])
 
     @property
     def dtype(self):
@@ -209,7 +207,7 @@ cdef class TensorInfo:
 
     @property
     def numpy_dtype(self):
-        return numpy_dtype(self._code, self._bits, 1)
+        return _numpy_dtype(self._code, self._bits)
 
     @property
     def data_ptr(self):
@@ -234,7 +232,7 @@ cdef class TensorInfo:
 
     cdef object _flag(self, uint64_t bit):
         if self._source == SRC_VERSIONED or self._source == SRC_NDARRAY:
-            return (self.flags & bit) != 0
+            return self.flags & bit != 0   # (Python's precedence: & first)
         return None
 
     @property
@@ -325,11 +323,10 @@ cdef class TensorInfo:
         """
         cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
         cdef Py_ssize_t i, n, start, stop, step, count
-        cdef int64_t item = self.itemsize, move, delta = 0
+        cdef int64_t move, delta = 0
         cdef uint64_t offset = self.byte_offset
         cdef uintptr_t data = self._data
-        if type(index) is not tuple:
-            index = tuple(index)
+        index = tuple(index)   # (a tuple: itself)
         n = PyTuple_GET_SIZE(index)
         if n > self.ndim:
             raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")
@@ -343,7 +340,7 @@ cdef class TensorInfo:
             count = PySlice_AdjustIndices(self._shape[i], &start, &stop, step)
             # Exact: the header's byte span fits int64 (validated), and a slice stays in it.
             if count and (dl_mul_overflow(start, self._strides[i], &move)
-                          or dl_mul_overflow(move, item, &move)
+                          or dl_mul_overflow(move, self.itemsize, &move)
                           or dl_add_overflow(delta, move, &delta)):
                 raise MalformedTensorError(f"slice {i} of {index} passes 2**63-1 bytes")
             shape_buf[i] = count
@@ -392,12 +389,12 @@ cdef class TensorInfo:
                 self._ver_minor, self.flags, <int>self._source)
 
     def __reduce__(self):
-        return (_rebuild_info, (self._state(),))
+        return _rebuild_info, (self._state(),)
 
     def __eq__(self, other):
         if not isinstance(other, TensorInfo):
             return NotImplemented
-        return self._state() == (<TensorInfo>other)._state()
+        return self._state() == other._state()
 
     def __hash__(self):
         return hash(self._state())
@@ -408,7 +405,6 @@ def _rebuild_info(state):
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
     cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
-    cdef int i
     if len(shape) > _MAX_NDIM or len(strides) != len(shape):
         raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
     for i in range(len(shape)):
@@ -429,8 +425,10 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
     cdef DLTensor t = DLTensor(<void*>data, DLDevice(cap_dev_type, cap_dev_id), ndim,
                                c_DLDataType(code, bits, lanes), shape, strides, byte_offset)
     cdef TensorInfo info = _new_info(&t, source, flags)
-    info._ver_major, info._ver_minor = ver_major, ver_minor
-    info._dev_type, info.device_id = dev_type, dev_id
+    info._ver_major = ver_major
+    info._ver_minor = ver_minor
+    info._dev_type = dev_type
+    info.device_id = dev_id
     return info
 
 
@@ -439,7 +437,7 @@ cdef object _corrupt(str fault):
 
 
 cdef str _ints_text(const int64_t* values, int32_t n):
-    return "(" + ", ".join([str(values[i]) for i in range(n)]) + ("," if n == 1 else "") + ")"
+    return str(tuple([values[i] for i in range(n)]))   # ("(3,)", "(2, 3)")
 
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
@@ -474,20 +472,15 @@ cdef TensorInfo _new_info(const DLTensor* t, Source source, uint64_t flags):
     info.size = _read_shape(info, t)
     _read_strides(info, t)
     _count_bytes(info, <int64_t>t.dtype.bits * t.dtype.lanes)
-    if info.size and _dev_is(info._dev_type, _DEV_HOST):
-        _check_address(info)
-    return info
-
-
-cdef int _check_address(TensorInfo info) except -1:
-    """Host memory's elements lie between address 0 and the end of user addresses."""
+    # Host memory's elements lie between address 0 and the end of user addresses.
     cdef uintptr_t p = info._ptr()
-    if p >= <uintptr_t>info._below and p < DL_USER_END and <uint64_t>info._above <= DL_USER_END - p:
-        return 0
-    raise _corrupt(f"DLTensor.data plus byte_offset puts the first element at {p:#x}, and its "
-                   f"elements reach from {info._below} bytes before it to {info._above} bytes "
-                   f"after it: outside this process's address space (user addresses end at "
-                   f"{DL_USER_END:#x}), so no byte of it is memory.")
+    if info.size and _dev_is(info._dev_type, _DEV_HOST) and (
+            p < <uintptr_t>info._below or p >= DL_USER_END or <uint64_t>info._above > DL_USER_END - p):
+        raise _corrupt(f"DLTensor.data plus byte_offset puts the first element at {p:#x}, and its "
+                       f"elements reach from {info._below} bytes before it to {info._above} bytes "
+                       f"after it: outside this process's address space (user addresses end at "
+                       f"{DL_USER_END:#x}), so no byte of it is memory.")
+    return info
 
 
 cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
@@ -499,7 +492,7 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
         if t.shape[i] < 0:
             raise _corrupt(f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0.")
         info._shape[i] = t.shape[i]
-        zero = zero or t.shape[i] == 0
+        zero |= t.shape[i] == 0
     if zero:
         return 0
     for i in range(ndim):
@@ -581,14 +574,17 @@ cdef TensorInfo _peek_capsule(object cap):
                 f"version 1 only, so no field past 'flags' was read. Ask the producer for "
                 f"__dlpack__(max_version=(1, {DLINSPECT_DLPACK_MINOR})).")
         info = _new_info(&dlm_ver.dl_tensor, SRC_VERSIONED, dlm_ver.flags)
-        info._ver_major, info._ver_minor = dlm_ver.version.major, dlm_ver.version.minor
+        info._ver_major = dlm_ver.version.major
+        info._ver_minor = dlm_ver.version.minor
         return info
     if name != NULL and strcmp(name, LEGACY) == 0:
         return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, name)).dl_tensor, SRC_LEGACY, 0)
-    _raise_bad_capsule(cap, name)
+    _raise_bad_capsule(cap)
 
 
-cdef int _raise_bad_capsule(object cap, const char* name) except -1:
+cdef int _raise_bad_capsule(object cap) except -1:
+    """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
+    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
     if name != NULL and (strcmp(name, LEGACY_USED) == 0 or strcmp(name, VERSIONED_USED) == 0):
         raise CapsuleConsumedError(
             f"the DLPack capsule is named {name.decode()!r}: a consumer already took "

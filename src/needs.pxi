@@ -26,8 +26,8 @@ cdef enum:
 cdef uint32_t _dtype_needs(JaxTarget tg, int code, int bits, int lanes,
                            uint64_t flags) except? 0xFFFFFFFF:
     cdef uint32_t n = 0
-    cdef bint padded = lanes == 1 and bits < 8 and (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-    if padded or not tg._dtype_ok(code, bits):
+    if (lanes == 1 and bits < 8 and flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED   # (padded)
+            or not tg._dtype_ok(code, bits)):
         # JAX's DLPack import takes no padded sub-byte data, and refuses some dtypes
         # JAX itself holds (int4 and float4 on CPU): jax.device_put copies those from NumPy.
         n |= NEED_NUMPY_PUT if lanes == 1 and tg._dtype_ok(code, bits, True) else NEED_DTYPE
@@ -99,7 +99,7 @@ cdef uint32_t _needs_host(TensorInfo info) except? 0xFFFFFFFF:
     cdef uint32_t n = _shape_needs(info)
     if not _dev_is(info._dev_type, _DEV_HOST):
         n |= NEED_DEVICE
-    if numpy_dtype(info._code, info._bits, 1) is None:
+    if _numpy_dtype(info._code, info._bits) is None:
         n |= NEED_DTYPE
     if info._lanes != 1:
         n |= NEED_LANES
@@ -153,7 +153,8 @@ def stack_column(list column, Py_ssize_t alignment):
     cdef Py_ssize_t k, n = len(column)
     if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
         return None   # (a batch of 65 dimensions: the caller's path says why not)
-    shape, dtype = column[0].shape, column[0].dtype
+    shape = column[0].shape
+    dtype = column[0].dtype
     if dtype.hasobject or not dtype.isnative or dtype.names is not None:
         return None   # (np.stack packs structured dtypes)
     for a in column:

@@ -37,7 +37,7 @@ cdef class Options:
 
     def replaced(self, **changes):
         """A copy with ``changes`` (committed follows device and sharding unless given)."""
-        return Options(**{**{name: getattr(self, name) for name in _FIELDS}, **changes})
+        return Options(**{name: getattr(self, name) for name in _FIELDS} | changes)
 
     def placed(self, device=None, sharding=None):
         """Onto ``device`` or ``sharding``, committed there (None and None: nowhere named)."""
@@ -62,7 +62,7 @@ cdef class Options:
         return f"Options({', '.join(self.given())})"
 
     def __reduce__(self):
-        return Options, tuple(getattr(self, name) for name in _FIELDS) + (self.committed,)
+        return Options, tuple(getattr(self, name) for name in _FIELDS + ("committed",))
 
 
 #: Every option at its default (to_jax's fast path compares by identity).

@@ -128,12 +128,8 @@ cdef class LoaderReport:
         """A leaf of the general route: copied where its route copies (``forced``: copy=True);
         without a route (the fast path's, a split viewed again): where ``needs`` asks for
         anything but a view."""
-        if route is None:
-            reason = _copy_reason(needs, False)
-        else:
-            info = route.info
-            reason = route_reason(route, forced)
-        # (info None: NumPy memory DLPack cannot describe)
+        # (``info`` is the route's; None: NumPy memory DLPack cannot describe, or a jax.Array)
+        reason = _copy_reason(needs, False) if route is None else route_reason(route, forced)
         self._pending.append((i, route.copy_bytes if info is None else info.nbytes, reason))
         return 0
 
@@ -148,7 +144,6 @@ cdef class LoaderReport:
         return 0
 
     cdef int _count(self, list rows) except -1:
-        cdef list entry
         for key, nbytes, reason in rows:
             entry = self._leaves.setdefault(key, [0, 0, {}])
             entry[0] += 1
@@ -199,8 +194,8 @@ cdef class LoaderReport:
         for key, (n, zero, copied) in sorted(self._leaves.items()):
             why = "; ".join(f"{b} ({r})" for r, (b, _) in copied.items()) or "0"
             rows.append((key or "(the batch)", str(n), str(zero), why))
-        widths = [max(len(r[c]) for r in rows) for c in range(3)]
-        return "\n".join("  ".join(r[c].ljust(widths[c]) for c in range(3)) + "  " + r[3] for r in rows)
+        widths = [max(len(r[c]) for r in rows) for c in range(3)] + [0]   # (the last as it is)
+        return "\n".join("  ".join(map(str.ljust, r, widths)) for r in rows)
 
     def __repr__(self):
         return f"<LoaderReport of {self.batches} batches, {len(self._leaves)} leaves>"

@@ -82,11 +82,20 @@ cdef class Route:
     def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
                  import_copy=None, shards=(), problem=None, **facts):
-        self.kind, self.action, self._needs, self.info, self.target = kind, action, needs, info, target
-        self.copy_bytes, self.jax_device, self._shards = copy_bytes, jax_device, shards
+        self.kind = kind
+        self.action = action
+        self._needs = needs
+        self.info = info
+        self.target = target
+        self.copy_bytes = copy_bytes
+        self.jax_device = jax_device
+        self._shards = shards
         self.import_device = import_device   # where jaxlib imports it
         self.import_type = import_type       # dl_device_type handed to jaxlib
-        self.import_copy, self.problem, self.facts, self.key_path = import_copy, problem, facts, ""
+        self.import_copy = import_copy
+        self.problem = problem
+        self.facts = facts
+        self.key_path = ""
 
     @property
     def needs(self):
@@ -99,9 +108,7 @@ cdef class Route:
     @property
     def shards(self):
         if self._shards is None:   # a split decided in one pass: each slice's route, worded
-            f = self.facts
-            self._shards = _shard_routes(f["devices"], f["indices"], f["parts"], f["tg"],
-                                         f["opts"], f["source"])
+            self._shards = _shard_routes(self.facts)
         return self._shards
 
     @property
@@ -122,13 +129,6 @@ cdef class Route:
         narrow = self.facts.get("narrow") if self.problem is None else None
         return _words.narrowing_warning(narrow) if narrow and narrow[4] else None
 
-    cdef object _take_error(self):
-        """The error to raise, let go of by the route (no cycle: error -> traceback ->
-        the caller's frame -> route -> error, which would keep the capsule alive)."""
-        error = self.error
-        self._error, self.problem = None, None
-        return error
-
     def __repr__(self):
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
@@ -143,11 +143,11 @@ cdef class Route:
 
 
 def _plain(value):
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, (int, float, str)):   # (bool is an int)
         return True
     if isinstance(value, (tuple, list, frozenset)):
         return all(_plain(v) for v in value)
-    return isinstance(value, dict) and all(_plain(k) and _plain(v) for k, v in value.items())
+    return isinstance(value, dict) and _plain(tuple(value.items()))   # (its keys and values)
 
 
 def _picklable_error(error):
@@ -172,9 +172,12 @@ def _found_device(ref):
 def _restored_route(tuple args, dict kw, str key_path, reason, error):
     """Unpickle a Route (see Route's Notes)."""
     kw["shards"] = tuple((_found_device(d), idx, r) for d, idx, r in kw["shards"])
-    cdef Route route = Route(*args, jax_device=_found_device(kw.pop("jax_device")),
-                             import_device=_found_device(kw.pop("import_device")), **kw)
-    route.key_path, route._reason, route._error = key_path, reason, error
+    for name in ("jax_device", "import_device"):
+        kw[name] = _found_device(kw[name])
+    cdef Route route = Route(*args, **kw)
+    route.key_path = key_path
+    route._reason = reason
+    route._error = error
     route.problem = None if error is None else "raised"
     return route
 
@@ -246,18 +249,17 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     if ruled_out is not None:
         return ruled_out
     if needs & NEED_DTYPE:
-        held = info._lanes == 1 and (info._bits < 8
-                                     or tg.dtype_problem(info._code, info._bits) is not None)
+        held = info._lanes == 1 and (info._bits < 8 or not tg._dtype_ok(info._code, info._bits))
         return fail("dtype", info, "jax", needs, why=tg.dtype_problem(info._code, info._bits, held),
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
-        dest = opts.device or tg.devices.get((info._dev_type, info.device_id)) or tg.cpu_device
-        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs, jax_device=dest, narrow=narrow)
+        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs,
+                     jax_device=opts.device or tg.device_of(info), narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE)
+        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device, tg.cpu_device, narrow)
+                                   facts, opts.device, tg.cpu_device)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -311,9 +313,9 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
         return fail("copy-forbidden", info, "jax", needs, **facts)
     # Layout, read-only and alignment need a copy of the bytes; narrowing and device moves
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
-    cdef bint bytes_copy = bool(copy) or bool(blocking if host else blocking & ~NEED_NARROW)
+    cdef bint bytes_copy = copy or (blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
-        return fail("packed-copy", info, "jax", needs, copy_true=bool(copy), **facts)
+        return fail("packed-copy", info, "jax", needs, copy_true=copy is True, **facts)
     cdef bint view = stays and not copy
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
@@ -322,7 +324,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
-                 copy_true=bool(copy), **facts)
+                 copy_true=copy is True, **facts)
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
@@ -330,7 +332,7 @@ cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device
     memory bound for a CPU device: that one, which views it as it is), the one the array ends
     on (``device``), the one dlinspect puts it on (host memory bound for an accelerator,
     ``moved``: that one, one transfer), and the device type handed to jaxlib."""
-    src = tg.cpu_device if needs & NEED_VIA_CPU else tg.devices.get((info._dev_type, info.device_id))
+    src = tg.device_of(info)   # (device memory of a device JAX lacks went through the host)
     dest = src if device is None else device
     if dest != src and host and src.platform == "cpu" and dest.platform == "cpu":
         src = dest
@@ -355,21 +357,19 @@ cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, Options
     if not needs & NEED_NARROW:
         return None
     cdef int key = tg.narrow[code | (bits << 8)][0]   # (code | bits << 8 of the narrow dtype)
-    return (code, bits, key & 0xFF, key >> 8, opts.narrow == "warn")
+    return code, bits, key & 0xFF, key >> 8, opts.narrow == "warn"
 
 
 cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Options opts):
     """A dtype JAX holds but does not import, in host memory: a NumPy view (unpacked) put by JAX."""
     if needs & NEED_PACKED and not _unpackable(info):
         return fail("unpack", info, "jax", needs)
-    padded = info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
-    refusal = None if padded else tg.dtype_problem(info._code, info._bits)
+    refusal = (None if info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+               else tg.dtype_problem(info._code, info._bits))
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
-    dest = opts.device or (tg.cpu_device if needs & NEED_VIA_CPU
-                           else tg.devices.get((info._dev_type, info.device_id)))
     return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
-                 jax_device=dest, refusal=refusal)
+                 jax_device=opts.device or tg.device_of(info), refusal=refusal)
 
 
 def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
@@ -385,13 +385,15 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
     if needs & (NEED_DTYPE | NEED_NUMPY_PUT):
         return fail("numpy-dtype", None, target, needs, dtype=(code, bits, lanes),
                     jax_why=tg.dtype_problem(code, bits), **facts)
-    opts = _leaf_options(opts, opts.sharding)   # (a single-device sharding: its device)
-    sharding, device = opts.sharding, opts.device or tg.default_device
+    opts = _leaf_options(opts)   # (a single-device sharding: its device)
+    sharding = opts.sharding
+    device = opts.device or tg.default_device
     if sharding is not None:
         lay = layout(sharding, arr.shape)
         if lay.uneven is not None:
             return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
-        facts["spread"], device = len(sharding.device_set), None
+        facts["spread"] = len(sharding.device_set)
+        device = None
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,
@@ -399,7 +401,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
 
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, device=None, cpu=None, narrow=None):
+                               bint refuse, dict facts, device=None, cpu=None):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
     host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
@@ -410,8 +412,6 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     # The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane).
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
-    if target == "jax":   # (a host route has no narrowing fact)
-        facts["narrow"] = narrow
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
                        copy_bytes=info.nbytes, jax_device=device or cpu,
                        methods=tuple(host_methods(source)), into=into, **facts))
@@ -480,24 +480,26 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
     narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
-    if one_pass:   # every slice viewed or copied in C: one pass, in C
-        return _fits(Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax",
-                           needs=needs, copy_bytes=copy_bytes, shards=None, parts=parts,
-                           devices=lay.devices, indices=lay.indices, narrow=narrow,
-                           sharding=opts.sharding, tg=tg, opts=opts, source=source))
-    shards = _shard_routes(lay.devices, lay.indices, parts, tg, opts, source)
-    for dev, index, route in shards:
-        if route.kind == ERROR:   # the caller's tensor first, then which shard and why
-            return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
-    copying = next(((d, r) for d, _, r in shards if not r.zero_copy), None)
-    return Route(ZERO_COPY if copying is None else COPY, SPLIT, info, "jax", needs=needs,
-                 copy_bytes=sum([r.copy_bytes for _, _, r in shards]), shards=shards,
-                 copying=copying, sharding=opts.sharding, narrow=narrow)
+    # One pass: every slice viewed or copied in C (its shards' routes worded only if asked).
+    facts = dict(parts=parts, devices=lay.devices, indices=lay.indices, tg=tg, opts=opts,
+                 source=source)
+    shards = None
+    if not one_pass:   # a route each
+        shards = _shard_routes(facts)
+        for dev, index, route in shards:
+            if route.kind == ERROR:   # the caller's tensor first, then which shard and why
+                return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
+        copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
+        facts = {}
+    split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs=needs,
+                  copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding, narrow=narrow, **facts)
+    return _fits(split) if one_pass else split   # (each shard's own route is fitted)
 
 
-cdef tuple _shard_routes(list devices, list indices, list parts, JaxTarget tg, Options opts, source):
-    return tuple([(dev, index, route_jax(part, n, tg, opts.placed(dev), source))
-                  for dev, index, (part, n) in zip(devices, indices, parts)])
+cdef tuple _shard_routes(dict f):
+    """Each slice's route, from a split's facts: its parts, devices, indices, target, options."""
+    return tuple([(dev, index, route_jax(part, n, f["tg"], f["opts"].placed(dev), f["source"]))
+                  for dev, index, (part, n) in zip(f["devices"], f["indices"], f["parts"])])
 
 
 # ---- jax.Array and leaves that are not tensors --------------------------------
@@ -574,11 +576,12 @@ def decide(TensorInfo info, tg, str target, Options opts, source=None, bint alia
     sharding = opts.sharding
     if sharding is not None and not _is_plain_device(sharding):
         return route_sharded(info, needs, tg, sharding, opts, source)
-    return route_jax(info, needs, tg, _leaf_options(opts, sharding), source)
+    return route_jax(info, needs, tg, _leaf_options(opts), source)
 
 
-cdef Options _leaf_options(Options opts, sharding):
-    """``opts`` placed on the one device of a single-device ``sharding`` (as ``device=``)."""
+cdef Options _leaf_options(Options opts):
+    """``opts`` placed on the one device of a single-device sharding (as ``device=``)."""
+    sharding = opts.sharding
     if sharding is not None and _is_plain_device(sharding):
         return opts.placed(next(iter(sharding.device_set)))
     return opts

@@ -41,10 +41,10 @@ def uneven(shape, sharding):
         n = len(sharding.device_set)
         counts = [n // extent for extent in sharding.shard_shape((n,) * len(shape))]
     except (ValueError, TypeError, IndexError) as exc:
-        return ("ndim", len(shape), first_line(exc, False))
+        return "ndim", len(shape), first_line(exc, False)
     for axis, (size, count) in enumerate(zip(shape, counts)):
         if size % count:
-            return ("axis", axis, size, count, n)
+            return "axis", axis, size, count, n
     return None
 
 

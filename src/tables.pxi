@@ -2,7 +2,7 @@
 
 from dlinspect._tables import (
     DEVICES, DTYPES, NUMPY_MAX_NDIM, OTHER_DEVICE, DLDataType, DLDataTypeCode, DLDeviceType,
-    Device, DType, Need, as_device_type, device_name, device_row, dldtype_from_numpy,
+    Device, DType, Need, as_device_type, device_name, dldtype_from_numpy,
     dtype_name, numpy_dtype,
 )
 
@@ -14,8 +14,7 @@ cdef enum:
 cdef uint8_t _DEVICE_BITS[64]   # (static C arrays: zeros where no row says otherwise)
 cdef int _DEFAULT_STREAM[64]
 for _value, _row in DEVICES.items():
-    _DEVICE_BITS[_value] = ((_DEV_HOST if _row.host else 0) | (_DEV_PINNED if _row.pinned else 0)
-                            | (_DEV_STREAM if _row.stream else 0))
+    _DEVICE_BITS[_value] = _DEV_HOST * _row.host | _DEV_PINNED * _row.pinned | _DEV_STREAM * _row.stream
     _DEFAULT_STREAM[_value] = _row.default_stream
 del _value, _row
 
@@ -45,6 +44,6 @@ cdef inline object _numpy_dtype(int code, int bits):
     cdef PyObject* got = _numpy_by_key[key]
     if got != NULL:
         return <object>got
-    found = numpy_dtype(code, bits, 1)
+    found = numpy_dtype(code, bits)
     _numpy_by_key[key] = <PyObject*>found
     return found

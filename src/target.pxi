@@ -28,6 +28,7 @@ cdef class JaxTarget:
     cdef set cpu_keys
     # Each dtype probe's answer by ``code | bits << 8 | held << 16`` (0 not asked, 1 taken,
     # 2 refused: reason in ``bad``); a table, not a set: the hot path asks it for every tensor.
+    # (All 0 to start: a new object's memory is zeroed.)
     cdef uint8_t _known[1 << 17]
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
@@ -66,7 +67,6 @@ cdef class JaxTarget:
         self.uncommit = uncommit or _same
         self.row_major = row_major or (lambda arr: True)
         self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
-        memset(self._known, 0, sizeof(self._known))
         self.bad = {}
         self._avals = {}
         self._singles = {}
@@ -92,10 +92,13 @@ cdef class JaxTarget:
         if ndim <= _INLINE_NDIM:
             slot = &self._recent[self._next_slot]
             self._next_slot = (self._next_slot + 1) % _RECENT_AVALS
-            old_aval, old_descr = slot.aval, slot.descr
+            old_aval = slot.aval
+            old_descr = slot.descr
             Py_INCREF(got)
             Py_INCREF(descr)
-            slot.aval, slot.descr, slot.ndim = <PyObject*>got, <PyObject*>descr, ndim
+            slot.aval = <PyObject*>got
+            slot.descr = <PyObject*>descr
+            slot.ndim = ndim
             memcpy(slot.shape, shape, ndim * sizeof(int64_t))
             # The slot is whole before anything is let go of (another thread may read it).
             Py_XDECREF(old_aval)
@@ -110,6 +113,11 @@ cdef class JaxTarget:
             got = self.make_aval(shape, descr, sharding)
             _remember(self._avals, key, got, 1024)
         return got
+
+    cdef object device_of(self, TensorInfo info):
+        """The JAX device of ``info``'s memory; the CPU device where JAX has none for it
+        (host memory: Need.VIA_CPU)."""
+        return self.devices.get((info._dev_type, info.device_id)) or self.cpu_device
 
     cdef object single(self, device):
         got = self._singles.get(device)

@@ -23,9 +23,11 @@ def warn(message, bint at_consumer=False):
     # The innermost Python frame (compiled functions have none) is stacklevel 1; ours, jax's pass.
     files = [getattr(_sys.modules.get(name), "__file__", None) for name in ("jax", "grain")[:1 + at_consumer]]
     ours = (_HERE,) + tuple(_os.path.dirname(file) + _os.sep for file in files if file)
-    level, frame_or_none = 1, <object><PyObject*>PyEval_GetFrame() if PyEval_GetFrame() is not NULL else None
+    level = 1
+    frame_or_none = <object><PyObject*>PyEval_GetFrame() if PyEval_GetFrame() is not NULL else None
     while frame_or_none is not None and frame_or_none.f_code.co_filename.startswith(ours):
-        level, frame_or_none = level + 1, frame_or_none.f_back
+        level += 1
+        frame_or_none = frame_or_none.f_back
     # (no frame outside: warned, never remembered, a key of None)
     key = None if frame_or_none is None else (frame_or_none.f_code, frame_or_none.f_lineno, message)
     filters = _warnings.filters

@@ -11,8 +11,7 @@
 
 #include <Python.h>
 
-#define DL_FAST_CELL 0x40   /* CO_FAST_CELL and CO_FAST_FREE (pycore_code.h, 3.11+) */
-#define DL_FAST_FREE 0x80
+#define DL_FAST_CELL_OR_FREE 0xC0   /* CO_FAST_CELL | CO_FAST_FREE (pycore_code.h, 3.11+) */
 
 #if PY_VERSION_HEX < 0x030E0000
 #ifndef Py_BUILD_CORE
@@ -30,7 +29,7 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
     Py_ssize_t n = 0;
     for (int i = 0; i < co->co_nlocalsplus; i++) {
         PyObject *v = f->localsplus[i];
-        if (v != NULL && (kinds[i] & (DL_FAST_CELL | DL_FAST_FREE)) && PyCell_Check(v)) {
+        if (v != NULL && (kinds[i] & DL_FAST_CELL_OR_FREE) && PyCell_Check(v)) {
             v = PyCell_GET(v);
         }
         n += v == obj;
