@@ -20,7 +20,7 @@ cdef class _Part:
     # batch's; None: every leaf is taken as it is (no proof asked: copy given, or a tensor alone).
     cdef dict owned
 
-    cdef bint aliased(self, object leaf) except -1:
+    cdef bint aliased(self, leaf) except -1:
         """``leaf`` is a tensor the batch is not proven to own the memory of (Need.ALIASED)."""
         return self.owned is not None and _key(leaf) not in self.owned
 
@@ -36,7 +36,7 @@ cdef class _Part:
             return local
         return _options_module.jax_module("jax.tree_util").keystr(self.prefix) + local
 
-    cdef object rebuild(self):
+    cdef rebuild(self):
         if self.flat is not None:
             return self.flat.unflatten(self.out)
         cdef Py_ssize_t i
@@ -91,7 +91,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, dict owned):
     return parts, where
 
 
-cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=None,
+cdef _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=None,
                            Py_ssize_t held=-1):
     """Every leaf decided before any is consumed, then the plan run; errors name the leaf.
     ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
@@ -110,7 +110,7 @@ cdef object _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=No
     return _rebuild_parts(parts, where, tg)
 
 
-cdef object _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and plan's)
+cdef _rebuild_parts(list parts, where, JaxTarget tg):   # (to_jax's and plan's)
     if where is None:
         return (<_Part>parts[0]).rebuild()
     return tg.jax.tree_util.tree_map([(<_Part>p).rebuild() for p in parts].__getitem__, where)
@@ -243,7 +243,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     return 0
 
 
-cdef object _leaf_key(list parts):
+cdef _leaf_key(list parts):
     """Leaf index in the batch -> its key path, for a loader's report."""
     def key(Py_ssize_t i):
         cdef _Part part

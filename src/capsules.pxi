@@ -3,7 +3,7 @@
 
 import math as _math
 
-cdef void _owned_capsule_destructor(object cap) noexcept:
+cdef void _owned_capsule_destructor(cap) noexcept:
     # Called with the GIL held. Frees the tensor only while nobody consumed it.
     if PyCapsule_IsValid(cap, LEGACY):
         _delete(<DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY), NULL)
@@ -62,7 +62,7 @@ cdef void _own_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
     _release(dlm_ver, dlm_ver.manager_ctx)
 
 
-cdef object _capsule(object keep, const DLTensor* t, Py_ssize_t n, uint64_t flags,
+cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags,
                      bint versioned=True, const char* name=NULL):
     """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
     block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
@@ -154,7 +154,7 @@ cdef enum:   # a NumPy array's form
     NP_NO_CODE = 3      # numeric, but DLPack has no code for it (e.g. longdouble)
 
 
-cdef tuple _numpy_form(object arr):
+cdef tuple _numpy_form(arr):
     """``(form, why)`` of ndarray ``arr`` (NP_*); ``why`` says in words what DLPack lacks."""
     dt = arr.dtype
     try:
@@ -177,7 +177,7 @@ cdef tuple _numpy_form(object arr):
     return NP_EXACT, None
 
 
-cdef str _type_name(object obj):
+cdef str _type_name(obj):
     tp = type(obj)
     return f"{tp.__module__}.{tp.__qualname__}"
 
@@ -303,7 +303,7 @@ cdef void _adapter_deleter(DLManagedTensor* dlm) noexcept nogil:
         dlm_ver.deleter(dlm_ver)
 
 
-cpdef object import_capsule(object import_fn, object cap, object device, object stream,
+cpdef import_capsule(import_fn, cap, device, stream,
                             object copy, int dl_device_type):
     """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
     zero-copy adapter that consumes it (its deleter calls the versioned one exactly once).
@@ -347,7 +347,7 @@ cdef class HostOwner:
         _delete(self.dlm, self.dlm_ver)
 
 
-cpdef object take(object cap):
+cpdef take(cap):
     """Consume a DLPack capsule into a :class:`HostOwner` (renames it ``used_*``); a torch
     tensor's storage read in MODE_VIEW is the owner itself."""
     if not PyCapsule_CheckExact(cap):
@@ -364,7 +364,7 @@ cpdef object take(object cap):
     return owner
 
 
-cdef int _untake(object taken, object cap) except -1:
+cdef int _untake(taken, cap) except -1:
     """Undo :func:`take` after a failed step: ``cap`` owns the tensor again, ``taken`` nothing."""
     if taken is cap:   # (a storage: nothing was taken)
         return 0

@@ -1,7 +1,7 @@
 # execute.pxi: one executor per action of a Route (EXECUTORS, HOST_EXECUTORS); none exports
 # the caller's tensor again or calls to_jax. A failed route leaves a capsule unconsumed.
 
-cdef object _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
+cdef _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     """Execute decision ``d`` of tensor ``x``: by its verdict, its split, or its Route,
     ``_prepare``d first unless a batch did (``prepared``: _run_batch prepared it before
     anything was taken); a new array is committed only where a device or a sharding was
@@ -115,7 +115,7 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, Options opts):
     return _finish(tg, _copy_taken(cap, info, out, tg, route.import_device, opts.committed), route)
 
 
-cdef object _copy_memory(Route route, JaxTarget tg):
+cdef _copy_memory(Route route, JaxTarget tg):
     """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
     narrow = route.facts.get("narrow")
@@ -203,7 +203,7 @@ def _ex_array_put(Route route, cap, x, JaxTarget tg, Options opts):
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
 
-cdef object _array_copy(x, JaxTarget tg):
+cdef _array_copy(x, JaxTarget tg):
     """A jax.Array's own copy, row-major (typed PRNG key arrays too, which jnp.array
     refuses); one in another layout on a JAX that computes nothing with it (jaxlib 0.4.30:
     not even a copy) goes through host memory."""
@@ -224,7 +224,7 @@ EXECUTORS = {
 }
 
 
-cdef object _finish(JaxTarget tg, arr, Route route, Options opts=None):
+cdef _finish(JaxTarget tg, arr, Route route, Options opts=None):
     """``arr`` (host memory dlinspect holds, put where the route imports it first where
     ``opts`` is given) moved to the device the route ends on."""
     if opts is not None:
@@ -245,7 +245,7 @@ cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
     return (None if tried else out), tried
 
 
-cdef object _host_from_producer(x, TensorInfo info, str target, list tried):
+cdef _host_from_producer(x, TensorInfo info, str target, list tried):
     """export_host_copy's copy, a capsule or an ndarray, checked against the header
     (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
     got, host_info = export_host_copy(x)
@@ -263,7 +263,7 @@ cdef object _host_from_producer(x, TensorInfo info, str target, list tried):
     return got
 
 
-cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
+cdef _copy_mismatch(x, TensorInfo info, shape, str dtype):
     return ProducerError(
         f"{_type_name(x)}'s host copy has shape {tuple(shape)} and dtype {dtype}, but the "
         f"header it exported says shape {info.shape} and dtype {info.dtype_name}: the "
@@ -271,7 +271,7 @@ cdef object _copy_mismatch(x, TensorInfo info, shape, str dtype):
         f"{_words.device_fix(info._dev_type, 'host', False)}.")
 
 
-cdef object _host_view(cap, TensorInfo info):
+cdef _host_view(cap, TensorInfo info):
     """Consume ``cap`` into a NumPy view (vector lanes a trailing axis) whose base owns the
     tensor; read-only where the header says so or cannot say (legacy), as NumPy does."""
     cdef int64_t shape[_MAX_NDIM + 1], strides[_MAX_NDIM + 1]
@@ -289,7 +289,7 @@ cdef object _host_view(cap, TensorInfo info):
                     lane, descr, info.read_only is False)
 
 
-cdef object _host_copy(cap, TensorInfo info, out=None):
+cdef _host_copy(cap, TensorInfo info, out=None):
     """NumPy's copy of host memory into ``out`` (else a new 64-byte aligned array, allocated
     before ``cap`` is consumed: an AllocationError leaves it as it was); frees the source."""
     if out is None:
@@ -300,7 +300,7 @@ cdef object _host_copy(cap, TensorInfo info, out=None):
     return out
 
 
-cdef object _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
+cdef _native_copy(arr, dtype=None, Py_ssize_t alignment=64):
     """NumPy's copy of ``arr``: native byte order, C order, aligned (``dtype``: cast, for x64)."""
     out = _allocate(arr.shape, arr.dtype.newbyteorder("=") if dtype is None else dtype, alignment, None)
     _copy_values(out, arr)
@@ -314,7 +314,7 @@ cdef int _copy_values(out, src) except -1:
     return 0
 
 
-cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
+cdef _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
     try:
         return aligned_empty(shape, dtype, alignment)
     except MemoryError:
@@ -324,7 +324,7 @@ cdef object _allocate(shape, dtype, Py_ssize_t alignment, TensorInfo info):
         raise _words.allocation_error(nbytes, what, physical_memory()) from None
 
 
-cdef object _unpack_subbyte(cap, TensorInfo info):
+cdef _unpack_subbyte(cap, TensorInfo info):
     """Copy a packed sub-byte tensor (int4, float4...) into one element per byte."""
     cdef int bits = info._bits
     cdef int64_t span[2]   # (the bytes, one apart)

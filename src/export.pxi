@@ -156,7 +156,7 @@ TYPES_MAX = 256
 cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
 
 
-cdef object _producer_row(object tp):   # (a row of defaults where the table has none)
+cdef _producer_row(tp):   # (a row of defaults where the table has none)
     jax = _sys.modules.get("jax")
     if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
         return PRODUCERS[("jax", "Array")]
@@ -168,7 +168,7 @@ cdef object _producer_row(object tp):   # (a row of defaults where the table has
     return Producer()
 
 
-cdef _TypeEntry _entry_for(object tp):
+cdef _TypeEntry _entry_for(tp):
     cdef PyObject* hit = PyDict_GetItemWithError(_types, tp)
     if hit != NULL:
         return <_TypeEntry>hit
@@ -213,7 +213,7 @@ def exchange_api_version(tp):
     return (entry.api.header.version.major, entry.api.header.version.minor)
 
 
-cdef object _producer_error(object obj, BaseException exc, str what):
+cdef _producer_error(obj, BaseException exc, str what):
     """A ProducerError of the producer's reason and what to do (its row's hints, then generic)."""
     # First line only: C++ producers append a stack trace (kept in __cause__).
     reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
@@ -237,7 +237,7 @@ ctypedef struct _Asked:
 
 # contract: fills ``out`` (id_known False for a None id; asked) or raises ProducerError
 # (the producer raised) or MalformedTensorError (not a device pair).
-cdef int _ask_device(object x, _Asked* out) except -1:
+cdef int _ask_device(x, _Asked* out) except -1:
     cdef PyObject* args[1]
     args[0] = <PyObject*>x
     try:
@@ -260,7 +260,7 @@ cdef int _ask_device(object x, _Asked* out) except -1:
         f"report it to its maintainers, or move the tensor to NumPy with its own library.")
 
 
-cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_copy):
+cdef _call_dlpack(x, _TypeEntry entry, stream, bint host_copy):
     """``x.__dlpack__(max_version=(1, 3)[, stream][, dl_device=(kDLCPU, 0), copy=True])``,
     again without the new keywords only where its TypeError is about them (an older
     producer: numpy < 2.1, torch < 2.4; no host copy asked), its type remembered for that."""
@@ -290,7 +290,7 @@ cdef object _call_dlpack(object x, _TypeEntry entry, object stream, bint host_co
         raise _producer_error(x, exc, "__dlpack__()") from exc
 
 
-cdef object _torch_take(object x, _TypeEntry entry):
+cdef _torch_take(x, _TypeEntry entry):
     """A host torch tensor taken through the exchange API where ``__dlpack__`` would export it
     as it is (the API makes none of its refusals: requires_grad, the conjugate bit); else None
     (CUDA memory takes a stream; the API calls pinned memory kDLCPU)."""
@@ -311,7 +311,7 @@ cdef object _torch_take(object x, _TypeEntry entry):
     return cap
 
 
-cdef TensorInfo _torch_view(object x, _TypeEntry entry, PyObject** cap_out):
+cdef TensorInfo _torch_view(x, _TypeEntry entry, PyObject** cap_out):
     """MODE_VIEW: the header of a host torch tensor _torch_take would take, read through the
     exchange API without making a managed tensor; *cap_out is the tensor's storage, which
     keeps the memory alive as the base of a view (a later ``x.set_()`` cannot free it). Else
@@ -327,7 +327,7 @@ cdef TensorInfo _torch_view(object x, _TypeEntry entry, PyObject** cap_out):
     return _handing(_new_info(&t, SRC_EXCHANGE, 0), x.untyped_storage(), cap_out)
 
 
-cdef bint _torch_on_host(object x, _TypeEntry entry, const DLTensor* t) except -1:
+cdef bint _torch_on_host(x, _TypeEntry entry, const DLTensor* t) except -1:
     """Torch tensor ``x`` of header ``t`` is in host memory that is not pinned, without the
     conjugate bit: what __dlpack__ would export as it is."""
     cdef _Asked dev
@@ -345,7 +345,7 @@ cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 
 # contract: returns 0 or raises NotDLPackError or the guard's error (see Guard); runs before
 # any export.
-cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
+cdef int _guard(x, _TypeEntry entry, Mode mode) except -1:
     cdef Guard g = entry.guard
     if not entry.has_dlpack:
         raise NotDLPackError(
@@ -382,7 +382,7 @@ cdef int _guard(object x, _TypeEntry entry, Mode mode) except -1:
     return 0
 
 
-cdef bint _pyarrow_numeric(object x) except -1:
+cdef bint _pyarrow_numeric(x) except -1:
     """Integers, floats, booleans and decimals (DLPack carries the first two)."""
     pa = _sys.modules.get("pyarrow")
     t = getattr(x, "type", None)
@@ -393,7 +393,7 @@ cdef bint _pyarrow_numeric(object x) except -1:
             or types.is_decimal(t))
 
 
-cdef int _refuse_dead_array(object x) except -1:
+cdef int _refuse_dead_array(x) except -1:
     if x.is_deleted():
         raise ProducerError(
             f"the {_type_name(x)} was deleted or donated (x.delete(), or passed to a jitted "
@@ -436,7 +436,7 @@ cdef int _tensor_guard(x) except -3:
     return entry.guard if numeric else _NOT_A_TENSOR
 
 
-cdef int _reconcile(TensorInfo info, object x, const _Asked* dev, _TypeEntry entry) except -1:
+cdef int _reconcile(TensorInfo info, x, const _Asked* dev, _TypeEntry entry) except -1:
     """Set ``info``'s device from ``__dlpack_device__``'s, checked against the header
     (TensorInfo, Notes); a jax.Array's own header's (jaxlib says id 0 for every CPU device)."""
     cdef int32_t hdr_type = info._cap_dev_type, hdr_id = info._cap_dev_id, dev_id = dev.dev_id
@@ -467,7 +467,7 @@ cdef enum Mode:
     MODE_VIEW = 3
 
 
-cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out):
+cdef inline TensorInfo _handing(TensorInfo info, cap, PyObject** cap_out):
     Py_INCREF(cap)
     cap_out[0] = <PyObject*>cap
     return info
@@ -477,8 +477,8 @@ cdef inline TensorInfo _handing(TensorInfo info, object cap, PyObject** cap_out)
 # (left NULL only in MODE_PEEK through the exchange API; an out-parameter: peek is on the
 # hot path); a bare capsule is read, never consumed; on a raise *cap_out is untouched.
 # ``refuse_device`` judges the reported device before the export (fallback="raise").
-cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_out,
-                        _TypeEntry entry=None, object refuse_device=None):
+cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
+                        _TypeEntry entry=None, refuse_device=None):
     if PyCapsule_CheckExact(x):
         info = _peek_capsule(x)
         info._bare = True
@@ -502,7 +502,7 @@ cdef TensorInfo _export(object x, Mode mode, object stream_for, PyObject** cap_o
     return _handing(info, cap, cap_out)
 
 
-cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, PyObject** cap_out):
+cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObject** cap_out):
     """The header through the DLPack C exchange API: a taken torch tensor's, or the TensorInfo
     in MODE_PEEK; else None (then ``__dlpack__``), with the device in ``dev`` where the API
     said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
@@ -530,7 +530,7 @@ cdef TensorInfo _api_header(object x, _TypeEntry entry, Mode mode, _Asked* dev, 
     return info
 
 
-cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream_for, _Asked* dev):
+cdef _dlpack_capsule(x, _TypeEntry entry, Mode mode, stream_for, _Asked* dev):
     """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
     if ((mode == MODE_TAKE or mode == MODE_VIEW) and dev.asked and stream_for is not None
@@ -550,7 +550,7 @@ cdef object _dlpack_capsule(object x, _TypeEntry entry, Mode mode, object stream
     return cap
 
 
-cdef inline object _take_ref(PyObject* p):   # (a new reference, handed over; NULL: None)
+cdef inline _take_ref(PyObject* p):   # (a new reference, handed over; NULL: None)
     if p == NULL:
         return None
     obj = <object>p

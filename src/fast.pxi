@@ -31,7 +31,7 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
         PyErr_Clear()
 
 
-cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
+cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
                     Py_ssize_t index=-1, bint reuse=False):
     """The one decision for tensor ``x`` into ``target`` (``tg`` None for "host"): its
     ``_Leaf``, its export taken from the producer but unconsumed. ``aliased``: a batch
@@ -72,7 +72,7 @@ cdef object _decide(x, JaxTarget tg, str target, Options opts, bint aliased=Fals
     return d
 
 
-cdef int _freed_since(_Leaf d, object cap) except -1:
+cdef int _freed_since(_Leaf d, cap) except -1:
     """Bare capsule ``cap``'s memory is unmapped: where a thread that consumed it since freed
     it, that error."""
     if d.route is not None and (<Route>d.route).problem == "unmapped":
@@ -132,7 +132,7 @@ cdef int _decide_header(_Leaf d, x, JaxTarget tg, str target, Options opts, bint
     return 0
 
 
-cdef object _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, Options opts):
+cdef _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, Options opts):
     """A _V_COPY's memory, allocated, after its narrowing warning (a filter may raise it)."""
     cdef int dst_key = info._key()
     if n & NEED_NARROW:
@@ -151,7 +151,7 @@ cdef Route _route_of(_Leaf d, x, JaxTarget tg, str target, Options opts, bint al
     return decide(d.info, tg, target, opts, x, aliased)
 
 
-cdef object _split_import(object cap, TensorInfo info, list parts, list devices, sharding,
+cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding,
                           JaxTarget tg):
     """Consume ``cap`` into one owner and put each slice of a one-pass split on its device:
     viewed where it needs nothing but VIA_CPU, else copied in C (narrowed, warned before),
@@ -262,7 +262,7 @@ cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliase
     return 0
 
 
-cdef object _split_again(object cap, TensorInfo info, _SplitViews s, JaxTarget tg):
+cdef _split_again(cap, TensorInfo info, _SplitViews s, JaxTarget tg):
     """Put ``s``'s slices, viewed at ``info``'s address, from ``cap`` (a failed put takes none)."""
     cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
     cdef bint writeable = info.read_only is not True

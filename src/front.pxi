@@ -278,7 +278,7 @@ def plan(x, target="jax", *, device=None, copy=None, sharding=None, fallback="ho
     return _plan(x, target, check_options(device, copy, sharding, fallback, readonly, leaves, narrow))
 
 
-cdef object _plan(x, target, Options opts):
+cdef _plan(x, target, Options opts):
     """:func:`plan` with its options checked (``explain``'s too: ``x`` is held as to_jax's)."""
     if target != "jax" and target != "host":
         raise ValueError(f"target must be 'jax' or 'host', not {target!r}")
@@ -295,7 +295,7 @@ cdef object _plan(x, target, Options opts):
     return _rebuild_parts(parts, where, tg)
 
 
-cdef object _plan_one(x, tg, str target, Options opts, bint aliased=False):
+cdef _plan_one(x, tg, str target, Options opts, bint aliased=False):
     """The route of one tensor (a producer, a capsule, a TensorInfo, a jax.Array): its
     decision (``_decide``, as :func:`to_jax` decides), dressed, its export released
     unconsumed; ``aliased``: a batch leaf not proven to own its memory."""
@@ -342,7 +342,7 @@ def convert_next(it, opts, LoaderReport report, end):
     return _convert_batch(x, tg, opts, report, 1)
 
 
-cdef object _convert(x, JaxTarget tg, Options opts):
+cdef _convert(x, JaxTarget tg, Options opts):
     """The one engine's entry: a lone tensor decided and run here, anything else as a batch."""
     tp = type(x)
     if tp is dict or tp is list or tp is tuple or opts.sharding is not None or not is_tensor(x):

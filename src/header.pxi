@@ -230,7 +230,7 @@ cdef class TensorInfo:
     def is_copied(self):
         return self._flag(DLPACK_FLAG_BITMASK_IS_COPIED)
 
-    cdef object _flag(self, uint64_t bit):
+    cdef _flag(self, uint64_t bit):
         if self._source == SRC_VERSIONED or self._source == SRC_NDARRAY:
             return self.flags & bit != 0   # (Python's precedence: & first)
         return None
@@ -432,7 +432,7 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
     return info
 
 
-cdef object _corrupt(str fault):
+cdef _corrupt(str fault):
     return MalformedTensorError(f"{fault} The producer wrote a corrupt header.")
 
 
@@ -561,7 +561,7 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
 
 
 # contract: returns a new TensorInfo or raises; never renames the capsule, never calls a deleter.
-cdef TensorInfo _peek_capsule(object cap):
+cdef TensorInfo _peek_capsule(cap):
     cdef TensorInfo info
     cdef const char* name = PyCapsule_GetName(cap)
     cdef DLManagedTensorVersioned* dlm_ver
@@ -582,7 +582,7 @@ cdef TensorInfo _peek_capsule(object cap):
     _raise_bad_capsule(cap)
 
 
-cdef int _raise_bad_capsule(object cap) except -1:
+cdef int _raise_bad_capsule(cap) except -1:
     """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
     if name != NULL and (strcmp(name, LEGACY_USED) == 0 or strcmp(name, VERSIONED_USED) == 0):

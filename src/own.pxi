@@ -61,7 +61,7 @@ cdef object _torch_use_count = None
 cdef tuple _torch_private = None
 
 
-cdef inline object _key(object v):
+cdef inline _key(v):
     """``id(v)``, without the builtin's audit event."""
     return <Py_ssize_t><void*>v
 
@@ -83,7 +83,7 @@ cdef class _Owners:
     cdef list lists      # the walk's own lists of a container's values (held until counted)
     cdef bint deep       # the batch nests past MAX_DEPTH (its walk raises ContainerError)
 
-    cdef list entry(self, object v):
+    cdef list entry(self, v):
         if self.counted is None:
             self.counted = {}
         key = _key(v)
@@ -93,7 +93,7 @@ cdef class _Owners:
             self.counted[key] = entry
         return entry
 
-    cdef int child(self, object v, Py_ssize_t listed, Py_ssize_t depth) except -1:
+    cdef int child(self, v, Py_ssize_t listed, Py_ssize_t depth) except -1:
         """``v`` in one slot of its parent, held by that slot, ``listed`` of the walk's lists
         and the caller's loop variable; counted where that is not all (an object met
         twice always is)."""
@@ -114,7 +114,7 @@ cdef class _Owners:
             (<list>entry[3]).extend(self.leaves[start:])
         return 0
 
-    cdef int node(self, object v, Py_ssize_t depth) except -1:
+    cdef int node(self, v, Py_ssize_t depth) except -1:
         cdef int guard = _tensor_guard(v)
         if guard != _NOT_A_TENSOR:
             holder = self.memory(v, guard)
@@ -146,7 +146,7 @@ cdef class _Owners:
             self.child(item, 1, depth + 1)
         return 0
 
-    cdef object memory(self, object x, int guard):
+    cdef memory(self, x, int guard):
         """Where tensor ``x``'s memory is proven its own (its base chain counted on the way),
         its storage for a torch tensor, else True; None where not proven. ``guard``: its
         _tensor_guard (a bare capsule proves nothing)."""
@@ -156,7 +156,7 @@ cdef class _Owners:
             return True
         return None
 
-    cdef bint chain(self, object leaf) except -1:
+    cdef bint chain(self, leaf) except -1:
         """Each array on ``leaf``'s base chain held only by it; the last owns its data."""
         arr, key = leaf, None
         cdef list entry
@@ -177,7 +177,7 @@ cdef class _Owners:
             arr = base
 
 
-cdef list _slots(object v):
+cdef list _slots(v):
     """The values of a container that is no plain dict, list or tuple, each as a slot of it
     holds it (a new list), or None: a container whose slots cannot be counted, or a leaf."""
     if isinstance(v, dict):
@@ -194,7 +194,7 @@ cdef list _slots(object v):
     return None
 
 
-cdef object _torch_owns(object t):
+cdef _torch_owns(t):
     """A torch tensor's storage where it is held by the tensor alone (or with the base it is a
     view of, which nothing else holds) and is torch's own or shared memory; else None."""
     global _torch_alone, _torch_use_count, _torch_private
@@ -222,7 +222,7 @@ cdef object _torch_owns(object t):
     return None
 
 
-cdef bint _private_base(object t) except -1:
+cdef bint _private_base(t) except -1:
     """``t`` is a view (reshape, a slice) of a tensor no one but ``t`` holds: the second
     holder of its storage (torch keeps a view's base alive; a view of a view has the first
     base as its own), held as the base of a new view is."""
@@ -230,7 +230,7 @@ cdef bint _private_base(object t) except -1:
     return holders is not None and holders == _torch_private
 
 
-cdef tuple _base_holders(object t):
+cdef tuple _base_holders(t):
     """The references to ``t``'s base and its use count, as held here (None: not a view, or
     a torch whose tensors do not say their use count, torch 2.3's: no view is proven)."""
     base = t._base
@@ -252,7 +252,7 @@ cdef Py_ssize_t _call_refs() except -1:
     return 1 + ((<bytes>code)[at + 1] & 1)
 
 
-cdef Py_ssize_t _unexplained(object obj, Py_ssize_t extra) except? -1:
+cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
     """``extra`` references to ``obj`` less those the calling code's own variables hold: the
     variables of each frame on the call stack, from the innermost, until none is left (at
     most _FRAMES_MAX frames); a namespace (a module's, a class body's) counted once. A
@@ -276,7 +276,7 @@ cdef Py_ssize_t _unexplained(object obj, Py_ssize_t extra) except? -1:
     return extra
 
 
-cdef Py_ssize_t _namespace_refs(object ns, object obj, list spaces) except -1:
+cdef Py_ssize_t _namespace_refs(ns, obj, list spaces) except -1:
     """The entries of namespace ``ns`` bound to ``obj`` (0 where ``spaces`` had it)."""
     for seen in spaces:
         if seen is ns:
@@ -289,7 +289,7 @@ cdef Py_ssize_t _namespace_refs(object ns, object obj, list spaces) except -1:
     return m
 
 
-cdef dict _prove(object x, Py_ssize_t held, bint own_frame):
+cdef dict _prove(x, Py_ssize_t held, bint own_frame):
     """The keys of batch ``x``'s tensor leaves proven to own their memory (_Owners.owned);
     ``held``:
     the references the core's caller holds to ``x`` (a Python caller's stack, or a loader's
@@ -335,7 +335,7 @@ cdef Py_ssize_t _core_held() except -1:
     return _CORE_HELD
 
 
-cdef dict _owned(object x, Options opts, Py_ssize_t held):
+cdef dict _owned(x, Options opts, Py_ssize_t held):
     """The proof's answer for batch ``x`` under ``opts`` (see _prove), or None where none is
     asked: ``copy`` given, or a tensor a Python caller gives alone (DLPack's consumer
     contract). ``held``: the references a loader holds to ``x``; -1: a Python caller's call,

@@ -24,7 +24,7 @@ cdef class _Block:
 
 
 # contract: a NumPy array of ``descr`` over ``data`` (strides in elements), kept by ``base``.
-cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape,
+cdef _ndarray(base, void* data, int32_t ndim, const int64_t* shape,
                      const int64_t* strides, int64_t itemsize, cnp.dtype descr,
                      bint writeable):
     cdef cnp.npy_intp dims[_MAX_NDIM], steps[_MAX_NDIM]
@@ -41,12 +41,12 @@ cdef object _ndarray(object base, void* data, int32_t ndim, const int64_t* shape
     return arr
 
 
-cdef object _view_of(object owner, TensorInfo info, bint writeable):   # (one lane an element)
+cdef _view_of(owner, TensorInfo info, bint writeable):   # (one lane an element)
     return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
-cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
+cdef _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
     """A new uninitialised row-major array, ``align``-aligned; AllocationError naming the bytes."""
     cdef int32_t d, ndim = info.ndim
     cdef int64_t strides[_MAX_NDIM]
@@ -65,7 +65,7 @@ cdef object _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_
                     _numpy_dtype(dst_code, dst_bits), True)
 
 
-cdef object _copy_taken(object cap, TensorInfo info, object out, JaxTarget tg, device, bint committed):
+cdef _copy_taken(cap, TensorInfo info, out, JaxTarget tg, device, bint committed):
     """Copy ``cap``'s memory into ``out`` and put that on ``device``: ``cap`` is taken before it
     is read (another thread would free it mid-copy), freed after, unconsumed after a failure."""
     owner = take(cap)
@@ -191,7 +191,7 @@ def _stop_worker():
 _atexit.register(_stop_worker)
 
 
-cdef int _fill(object out, TensorInfo info) except -1:
+cdef int _fill(out, TensorInfo info) except -1:
     """Copy ``info``'s host memory into ``out`` (row-major, its shape) in C without the GIL
     (include/dlinspect/copy.h): the bytes as they are, or narrowed as NumPy's unsafe cast and
     JAX's x64 mode do. From DL_COPY_PARALLEL_MIN bytes, with two threads (copy_threads), a
@@ -230,7 +230,7 @@ cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
             and info._contiguous(_C_ORDER) and (info._ptr() & (tg.put_align - 1)) == 0)
 
 
-cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
+cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
     """A host array dlinspect holds into JAX: viewed (``view``) by the batched put or else the
     DLPack import; otherwise as ``jax.device_put`` takes it (sub-byte dtypes, empty arrays)."""
     cdef cnp.ndarray a = arr
@@ -251,7 +251,7 @@ cdef object _put_host(JaxTarget tg, arr, device, bint committed, bint view=True)
     return out if committed else tg.uncommit(out)
 
 
-cdef object _put_view(JaxTarget tg, object cap, object x, TensorInfo info, device):
+cdef _put_view(JaxTarget tg, cap, x, TensorInfo info, device):
     """Host memory that needs nothing, viewed uncommitted: a NumPy array as it is (its export
     released now), other memory taken (its deleter runs when the last array over it dies)."""
     aval = tg.aval(info.ndim, info._shape, _numpy_dtype(info._code, info._bits))

@@ -161,7 +161,7 @@ cdef class LoaderReport:
                 warn(text)
         return 0
 
-    cdef object _advice(self):
+    cdef _advice(self):
         """The one warning: the first leaf copied in every batch, ADVISE_MIN_BYTES a batch or
         more, for reasons the user can all remove; each reason's fix named."""
         for key, (n, _, copied) in self._leaves.items():

@@ -352,7 +352,7 @@ cdef str _import_action(uint32_t needs, bint view, bint bytes_copy, bint host, b
     return HOST_COPY if (bytes_copy or needs & NEED_LANES) and host else IMPORT
 
 
-cdef object _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, Options opts):
+cdef _narrowing(int code, int bits, uint32_t needs, JaxTarget tg, Options opts):
     """``(code, bits, narrowed code, narrowed bits, warn)`` where JAX narrows; else None."""
     if not needs & NEED_NARROW:
         return None
@@ -587,7 +587,7 @@ cdef Options _leaf_options(Options opts):
     return opts
 
 
-cdef inline object _refuser(tg, Options opts):
+cdef inline _refuser(tg, Options opts):
     """What judges a producer's device before its export: JAX's, with fallback="raise"."""
     if tg is None or opts.fallback != "raise":
         return None

@@ -39,7 +39,7 @@ def stream_of(int device_type, jax_device):
 cdef PyObject* _numpy_by_key[1 << 16]
 
 
-cdef inline object _numpy_dtype(int code, int bits):
+cdef inline _numpy_dtype(int code, int bits):
     cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8)
     cdef PyObject* got = _numpy_by_key[key]
     if got != NULL:

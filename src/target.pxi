@@ -77,7 +77,7 @@ cdef class JaxTarget:
             Py_XDECREF(self._recent[i].aval)
             Py_XDECREF(self._recent[i].descr)
 
-    cdef object aval(self, int32_t ndim, const int64_t* shape, object descr):
+    cdef aval(self, int32_t ndim, const int64_t* shape, descr):
         """The abstract value of a host array (cached: the last few in C, the rest in a dict)."""
         cdef int i
         cdef _AvalSlot* slot
@@ -105,7 +105,7 @@ cdef class JaxTarget:
             Py_XDECREF(old_descr)
         return got
 
-    cdef object sharded_aval(self, tuple shape, object descr, sharding):
+    cdef sharded_aval(self, tuple shape, descr, sharding):
         """``jax.device_put``'s abstract value over ``sharding`` (None: one device), cached."""
         key = (shape, descr, sharding)
         got = self._avals.get(key)
@@ -114,12 +114,12 @@ cdef class JaxTarget:
             _remember(self._avals, key, got, 1024)
         return got
 
-    cdef object device_of(self, TensorInfo info):
+    cdef device_of(self, TensorInfo info):
         """The JAX device of ``info``'s memory; the CPU device where JAX has none for it
         (host memory: Need.VIA_CPU)."""
         return self.devices.get((info._dev_type, info.device_id)) or self.cpu_device
 
-    cdef object single(self, device):
+    cdef single(self, device):
         got = self._singles.get(device)
         if got is None:
             got = self._singles[device] = self.make_single(device)
