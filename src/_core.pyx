@@ -89,9 +89,9 @@ cdef const char* VERSIONED = b"dltensor_versioned"
 cdef const char* VERSIONED_USED = b"used_dltensor_versioned"
 cdef const char* EXCHANGE_API = b"dlpack_exchange_api"
 
-FLAG_READ_ONLY = <uint64_t>DLPACK_FLAG_BITMASK_READ_ONLY
-FLAG_IS_COPIED = <uint64_t>DLPACK_FLAG_BITMASK_IS_COPIED
-FLAG_IS_SUBBYTE_TYPE_PADDED = <uint64_t>DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
+FLAG_READ_ONLY = DLPACK_FLAG_BITMASK_READ_ONLY
+FLAG_IS_COPIED = DLPACK_FLAG_BITMASK_IS_COPIED
+FLAG_IS_SUBBYTE_TYPE_PADDED = DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED
 
 
 cdef int _remember(dict cache, key, value, Py_ssize_t most) except -1:
