@@ -56,13 +56,10 @@ static inline int dl_mapped(uintptr_t p) {
   MEMORY_BASIC_INFORMATION info;
   return VirtualQuery((LPCVOID)p, &info, sizeof info) != 0 && info.State == MEM_COMMIT;
 #else
-#if defined(__APPLE__)
-  char page_state;
-#else
+  /* (handed over as void*: macOS's mincore takes a char*, Linux's an unsigned char*) */
   unsigned char page_state;
-#endif
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  return mincore((void*)(p & ~(page - 1)), 1, &page_state) == 0;
+  return mincore((void*)(p & ~(page - 1)), 1, (void*)&page_state) == 0;
 #endif
 }
 

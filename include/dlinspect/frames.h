@@ -18,32 +18,24 @@
 #define Py_BUILD_CORE 1
 #endif
 #include "internal/pycore_frame.h"
+#endif
 
 /* contract: the number of the function frame `frame`'s variables (locals, cells, free
-   variables) bound to `obj`; never fails. */
+   variables) bound to `obj`, read in its own array (3.11 to 3.13) or through PyFrame_GetVar
+   once per variable (3.14); never fails. */
 static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
 {
-    _PyInterpreterFrame *f = ((PyFrameObject *)frame)->f_frame;
     PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
-    const char *kinds = PyBytes_AS_STRING(co->co_localspluskinds);
     Py_ssize_t n = 0;
     for (int i = 0; i < co->co_nlocalsplus; i++) {
-        PyObject *v = f->localsplus[i];
-        if (v != NULL && (kinds[i] & DL_FAST_CELL_OR_FREE) && PyCell_Check(v)) {
+#if PY_VERSION_HEX < 0x030E0000
+        PyObject *v = ((PyFrameObject *)frame)->f_frame->localsplus[i];
+        if (v != NULL && (PyBytes_AS_STRING(co->co_localspluskinds)[i] & DL_FAST_CELL_OR_FREE)
+            && PyCell_Check(v)) {
             v = PyCell_GET(v);
         }
         n += v == obj;
-    }
-    Py_DECREF(co);
-    return n;
-}
 #else
-/* contract: as above, through PyFrame_GetVar once per variable; never fails. */
-static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
-{
-    PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
-    Py_ssize_t n = 0;
-    for (int i = 0; i < co->co_nlocalsplus; i++) {
         PyObject *v = PyFrame_GetVar((PyFrameObject *)frame,
                                      PyTuple_GET_ITEM(co->co_localsplusnames, i));
         if (v == NULL) {   /* (unbound) */
@@ -52,10 +44,10 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
         }
         n += v == obj;
         Py_DECREF(v);
+#endif
     }
     Py_DECREF(co);
     return n;
 }
-#endif
 
 #endif
