@@ -121,14 +121,16 @@ cdef int _decide_header(_Leaf d, x, JaxTarget tg, str target, Options opts, bint
     d.verdict = _verdict(info, d.needs, tg, opts)
     if d.verdict != _V_ROUTE:
         return 0
-    if reuse:
-        d.split = _split_seen(info, opts, aliased, tg)
+    key = None
+    if reuse and tg.put is not None:   # (a split the put viewed whole before: _SplitViews)
+        key = _split_key(info, opts, aliased, tg)
+        d.split = _split_views.get(key)
         if d.split is not None:
             d.needs = 0   # (viewed again: every slice as it is)
             return 0
     d.route = decide(info, tg, target, opts, x, aliased)
-    if reuse:
-        _remember_split(d.route, info, opts, aliased, tg)
+    if key is not None:
+        _remember_split(d.route, info, key, tg)
     return 0
 
 
@@ -140,15 +142,6 @@ cdef _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, Options opts):
         if opts.narrow == "warn":
             tg.warn(text)
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
-
-
-cdef Route _route_of(_Leaf d, x, JaxTarget tg, str target, Options opts, bint aliased):
-    """Decision ``d``'s Route: its own, or its verdict's, dressed by route_jax."""
-    if d.route is not None:
-        return d.route
-    if d.verdict == _V_PASS:
-        return route_jax_array(x, opts, tg)
-    return decide(d.info, tg, target, opts, x, aliased)
 
 
 cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding,
@@ -230,16 +223,10 @@ cdef bytes _split_key(TensorInfo info, Options opts, bint aliased, JaxTarget tg)
     return PyBytes_FromStringAndSize(<char*>k, (_SPLIT_KEY + 2 * n) * sizeof(int64_t))
 
 
-cdef _SplitViews _split_seen(TensorInfo info, Options opts, bint aliased, JaxTarget tg):
-    if tg.put is None:
-        return None
-    return _split_views.get(_split_key(info, opts, aliased, tg))
-
-
-cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliased,
-                         JaxTarget tg) except -1:
-    """Keep ``route`` for the next tensor where it is a one-pass split the put views whole."""
-    if route.action is not SPLIT or route.copy_bytes or route.warning is not None or tg.put is None:
+cdef int _remember_split(Route route, TensorInfo info, bytes key, JaxTarget tg) except -1:
+    """Keep ``route`` for the next tensor of split key ``key`` where it is a one-pass split
+    the put views whole."""
+    if route.action is not SPLIT or route.copy_bytes or route.warning is not None:
         return 0
     cdef dict f = route.facts
     parts = f.get("parts")
@@ -254,11 +241,11 @@ cdef int _remember_split(Route route, TensorInfo info, Options opts, bint aliase
     s.whole = info
     s.devices = f["devices"]
     s.sharding = f["sharding"]
-    s.named = (opts.sharding, tg)
+    s.named = (s.sharding, tg)   # (the options' sharding: the split route's)
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
     s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
-    _remember(_split_views, _split_key(info, opts, aliased, tg), s, 256)
+    _remember(_split_views, key, s, 256)
     return 0
 
 

@@ -301,8 +301,14 @@ cdef _plan_one(x, tg, str target, Options opts, bint aliased=False):
     unconsumed; ``aliased``: a batch leaf not proven to own its memory."""
     if isinstance(x, TensorInfo):
         return decide(x, tg, target, opts, None, aliased)
+    cdef _Leaf d
     try:
-        return _route_of(_decide(x, tg, target, opts, aliased), x, tg, target, opts, aliased)
+        d = _decide(x, tg, target, opts, aliased)
+        if d.route is not None:
+            return d.route
+        if d.verdict == _V_PASS:
+            return route_jax_array(x, opts, tg)
+        return decide(d.info, tg, target, opts, x, aliased)   # (a verdict's: route_jax dresses it)
     except DLInspectError as exc:
         return failed(exc, target)
 
