@@ -140,14 +140,14 @@ dl_copy_init()   # (the last-level cache's size: from what size rows stream)
 
 
 cdef void _worker_loop(void* unused) noexcept nogil:
+    cdef _Half* job = &_worker.job
     while True:
         PyThread_acquire_lock(_worker.go, WAIT_LOCK)
         if _worker.stop:
             PyThread_release_lock(_worker.done)
             return
-        dl_gather_part(_worker.job.dst, _worker.job.src, _worker.job.ndim, _worker.job.shape,
-                       _worker.job.strides, _worker.job.size, _worker.job.cast,
-                       _worker.job.fresh, 0, 2)
+        dl_gather_part(job.dst, job.src, job.ndim, job.shape, job.strides, job.size, job.cast,
+                       job.fresh, 0, 2)
         PyThread_release_lock(_worker.done)
 
 
@@ -200,24 +200,25 @@ cdef int _fill(out, TensorInfo info) except -1:
     cdef char* dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>out)
     cdef size_t dst_size = cnp.PyArray_ITEMSIZE(<cnp.ndarray>out)
     cdef size_t dst_bytes = <size_t>info.size * dst_size
+    cdef size_t src_size = info._bits // 8
     cdef dl_copy_cast cast = DL_COPY_SAME
-    if dst_size != <size_t>(info._bits // 8):   # x64 narrowing: 64-bit parts to 32-bit ones
+    if dst_size != src_size:   # x64 narrowing: 64-bit parts to 32-bit ones
         cast = (DL_COPY_F64_F32 if info._code == kDLComplex or info._code == kDLFloat
                 else DL_COPY_U64_U32)
     cdef const char* src = <const char*>info._ptr()
     cdef bint halves = (dst_bytes >= DL_COPY_PARALLEL_MIN and _COPY_THREADS > 1
-                        and dl_worth_two(info.ndim, info._shape, info._strides, info._bits // 8, cast)
+                        and dl_worth_two(info.ndim, info._shape, info._strides, src_size, cast)
                         and _worker_started() and PyThread_acquire_lock(_worker.busy, NOWAIT_LOCK))
     cdef bint fresh
     with nogil:   # (not halves: small, or the worker copies another thread's half)
         fresh = dl_fresh(dst, dst_bytes)
         dl_advise_huge(dst, dst_bytes)
         if halves:
-            _worker.job = _Half(dst, src, info.ndim, info._shape, info._strides,
-                                info._bits // 8, cast, fresh)
+            _worker.job = _Half(dst, src, info.ndim, info._shape, info._strides, src_size, cast,
+                                fresh)
             PyThread_release_lock(_worker.go)
-        dl_gather_part(dst, src, info.ndim, info._shape, info._strides, info._bits // 8, cast,
-                       fresh, halves, 1 + halves)
+        dl_gather_part(dst, src, info.ndim, info._shape, info._strides, src_size, cast, fresh,
+                       halves, 1 + halves)
         if halves:
             PyThread_acquire_lock(_worker.done, WAIT_LOCK)   # (its half written)
             PyThread_release_lock(_worker.busy)
