@@ -208,7 +208,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
     fail in the others before any is taken (a route's ``_prepare``, a _V_COPY's memory); then
     those."""
-    cdef Py_ssize_t i, m, n = len(plan), taking = n
+    cdef Py_ssize_t m, n = len(plan), taking = n
     cdef _Leaf leaf
     cdef _Part part
     for m in range(1, n):
@@ -219,27 +219,22 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
         if (<_Leaf>plan[m]).rank != 0:
             taking = m
             break
-    for m in range(n):
-        if m == taking:
-            for leaf in plan[taking:]:
-                part = parts[leaf.part]
-                try:
+    try:
+        for m in range(n):
+            if m == taking:
+                for leaf in plan[taking:]:
+                    part = parts[leaf.part]
                     if leaf.route is not None:
                         _prepare(leaf.route, tg)
                     elif leaf.verdict == _V_COPY:
                         leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
-                except Exception as exc:
-                    _words.name_leaf(exc, part.keystr(leaf.index))
-                    raise
-        leaf = plan[m]
-        part = parts[leaf.part]
-        i = leaf.index
-        try:
-            part.out[i] = _run(leaf, part.leaves[i], tg, part.opts, m >= taking)
-        except Exception as exc:
-            _words.name_leaf(exc, part.keystr(i))
-            raise
-        leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
+            leaf = plan[m]
+            part = parts[leaf.part]
+            part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, m >= taking)
+            leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
+    except Exception as exc:   # (``leaf``, ``part``: the one being prepared or run)
+        _words.name_leaf(exc, part.keystr(leaf.index))
+        raise
     return 0
 
 
