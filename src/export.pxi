@@ -244,9 +244,8 @@ cdef int _ask_device(x, _Asked* out) except -1:
         dev = PyObject_VectorcallMethod(_S_DLPACK_DEVICE, args, 1, NULL)
     except Exception as exc:
         raise _producer_error(x, exc, "__dlpack_device__()") from exc
-    # Checked before indexing: this module is compiled without bounds checks.
     if type(dev) is tuple and PyTuple_GET_SIZE(dev) == 2:
-        kind, ordinal = (<tuple>dev)[0], (<tuple>dev)[1]
+        kind, ordinal = <tuple>dev
         if PyIndex_Check(kind) and (ordinal is None or PyIndex_Check(ordinal)):
             try:
                 out.dev_type, out.dev_id = kind, (out.dev_id if ordinal is None else ordinal)
@@ -291,12 +290,11 @@ cdef _call_dlpack(x, _TypeEntry entry, stream, bint host_copy):
 
 
 cdef _torch_take(x, _TypeEntry entry):
-    """A host torch tensor taken through the exchange API where ``__dlpack__`` would export it
-    as it is (the API makes none of its refusals: requires_grad, the conjugate bit); else None
-    (CUDA memory takes a stream; the API calls pinned memory kDLCPU)."""
+    """A host torch tensor that does not require grad (_api_header) taken through the exchange
+    API where ``__dlpack__`` would export it as it is (the API makes none of its refusals:
+    requires_grad, the conjugate bit); else None (CUDA memory takes a stream; the API calls
+    pinned memory kDLCPU)."""
     cdef DLManagedTensorVersioned* dlm_ver = NULL
-    if x.requires_grad:
-        return None
     if (entry.api.managed_tensor_from_py_object_no_sync(<void*>x, &dlm_ver) != 0
             or dlm_ver == NULL):
         PyErr_Clear()
@@ -317,8 +315,6 @@ cdef TensorInfo _torch_view(x, _TypeEntry entry, PyObject** cap_out):
     keeps the memory alive as the base of a view (a later ``x.set_()`` cannot free it). Else
     None."""
     cdef DLTensor t
-    if x.requires_grad:
-        return None
     if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
         PyErr_Clear()
         return None
@@ -510,7 +506,10 @@ cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObjec
         return None
     if mode != MODE_PEEK and entry.guard == GUARD_TORCH:
         # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
-        # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad).
+        # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad), but
+        # for requires_grad: __dlpack__ refuses it, in its own words.
+        if x.requires_grad:
+            return None
         if mode == MODE_VIEW:
             return _torch_view(x, entry, cap_out)
         cap = _torch_take(x, entry)

@@ -386,7 +386,7 @@ cdef class TensorInfo:
         return (self._dev_type, self.device_id, self._cap_dev_type, self._cap_dev_id,
                 self.shape, self.strides, self.strides_null, self._code, self._bits,
                 self._lanes, self.byte_offset, self._data, self._ver_major,
-                self._ver_minor, self.flags, <int>self._source)
+                self._ver_minor, self.flags, self._source)
 
     def __reduce__(self):
         return _rebuild_info, (self._state(),)
@@ -434,10 +434,6 @@ cdef TensorInfo _made_info(uintptr_t data, int32_t cap_dev_type, int32_t cap_dev
 
 cdef _corrupt(str fault):
     return MalformedTensorError(f"{fault} The producer wrote a corrupt header.")
-
-
-cdef str _ints_text(const int64_t* values, int32_t n):
-    return str(tuple([values[i] for i in range(n)]))   # ("(3,)", "(2, 3)")
 
 
 # contract: never returns None; raises MalformedTensorError naming the bad field.
@@ -497,10 +493,10 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
         return 0
     for i in range(ndim):
         if dl_mul_overflow(size, info._shape[i], &size):
-            raise _corrupt(f"DLTensor.shape {_ints_text(t.shape, ndim)} holds more than "
+            raise _corrupt(f"DLTensor.shape {info.shape} holds more than "
                            f"2**63-1 elements.")
     if t.data == NULL:
-        raise _corrupt(f"DLTensor.data is NULL but the shape {_ints_text(t.shape, ndim)} holds "
+        raise _corrupt(f"DLTensor.data is NULL but the shape {info.shape} holds "
                        f"{size} element(s); only zero-size tensors may have NULL data.")
     return size
 
@@ -539,7 +535,7 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
     cdef bint packed = bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
     info.itemsize = (bits_total + 7) // 8
     if _to_bytes(info.size, bits_total, packed, &info.nbytes):
-        raise _corrupt(f"DLTensor.shape {_ints_text(info._shape, info.ndim)} of "
+        raise _corrupt(f"DLTensor.shape {info.shape} of "
                        f"{bits_total}-bit elements holds more than 2**63-1 bytes.")
     if info.size == 0:
         return 0
@@ -548,14 +544,14 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
         if (stride == INT64_MIN
                 or dl_mul_overflow(info._shape[i] - 1, -stride if stride < 0 else stride, &reach)
                 or dl_add_overflow(span, reach, &span)):
-            raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} with shape "
-                           f"{_ints_text(info._shape, info.ndim)} reach past 2**63-1 elements.")
+            raise _corrupt(f"DLTensor.strides {info.strides} with shape "
+                           f"{info.shape} reach past 2**63-1 elements.")
         if stride < 0:
             below += reach
     # (from the first element on: up to the last one, and its own bytes)
     if (dl_add_overflow(span - below, 1, &span) or _to_bytes(span, bits_total, packed, &info._above)
             or _to_bytes(below, bits_total, packed, &info._below)):
-        raise _corrupt(f"DLTensor.strides {_ints_text(info._strides, info.ndim)} span more "
+        raise _corrupt(f"DLTensor.strides {info.strides} span more "
                        f"than 2**63-1 bytes.")
     return 0
 
@@ -563,10 +559,9 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
 # contract: returns a new TensorInfo or raises; never renames the capsule, never calls a deleter.
 cdef TensorInfo _peek_capsule(cap):
     cdef TensorInfo info
-    cdef const char* name = PyCapsule_GetName(cap)
     cdef DLManagedTensorVersioned* dlm_ver
-    if name != NULL and strcmp(name, VERSIONED) == 0:
-        dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, name)
+    if PyCapsule_IsValid(cap, VERSIONED):
+        dlm_ver = <DLManagedTensorVersioned*>PyCapsule_GetPointer(cap, VERSIONED)
         if dlm_ver.version.major != 1:
             raise UnsupportedVersionError(
                 f"the capsule holds a DLManagedTensorVersioned of DLPack version "
@@ -577,8 +572,8 @@ cdef TensorInfo _peek_capsule(cap):
         info._ver_major = dlm_ver.version.major
         info._ver_minor = dlm_ver.version.minor
         return info
-    if name != NULL and strcmp(name, LEGACY) == 0:
-        return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, name)).dl_tensor, SRC_LEGACY, 0)
+    if PyCapsule_IsValid(cap, LEGACY):
+        return _new_info(&(<DLManagedTensor*>PyCapsule_GetPointer(cap, LEGACY)).dl_tensor, SRC_LEGACY, 0)
     _raise_bad_capsule(cap)
 
 

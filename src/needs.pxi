@@ -91,7 +91,7 @@ cdef inline uint32_t _layout_needs(TensorInfo info, JaxTarget tg) except? 0xFFFF
 
 
 cdef inline bint _packed(TensorInfo info) noexcept:
-    return (<int>info._bits * info._lanes < 8 and info.size > 1
+    return (info._bits * info._lanes < 8 and info.size > 1
             and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED))
 
 

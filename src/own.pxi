@@ -84,6 +84,7 @@ cdef class _Owners:
     cdef bint deep       # the batch nests past MAX_DEPTH (its walk raises ContainerError)
 
     cdef list entry(self, v):
+        """``v``'s entry in ``counted``, held by one slot more."""
         if self.counted is None:
             self.counted = {}
         key = _key(v)
@@ -91,6 +92,7 @@ cdef class _Owners:
         if entry is None:
             entry = [v, 0, 0, [], False]
             self.counted[key] = entry
+        entry[1] += 1
         return entry
 
     cdef int child(self, v, Py_ssize_t listed, Py_ssize_t depth) except -1:
@@ -102,7 +104,6 @@ cdef class _Owners:
         cdef list entry = None
         if Py_REFCNT(v) != 2 + listed:
             entry = self.entry(v)
-            entry[1] += 1
             entry[2] += listed
             if entry[4]:   # met before: its leaves once more, walked once
                 self.leaves.extend(entry[3])
@@ -170,7 +171,6 @@ cdef class _Owners:
                 if key is None:
                     key = _key(leaf)
                 entry = self.entry(base)
-                entry[1] += 1
                 (<list>entry[3]).append(key)
             if not cnp.PyArray_Check(base):
                 return _entry_for(type(base)).guard == GUARD_TORCH and _torch_owns(base) is not None
@@ -282,11 +282,7 @@ cdef Py_ssize_t _namespace_refs(ns, obj, list spaces) except -1:
         if seen is ns:
             return 0
     spaces.append(ns)
-    cdef Py_ssize_t m = 0
-    for v in ns.values():
-        if v is obj:
-            m += 1
-    return m
+    return sum([v is obj for v in ns.values()])
 
 
 cdef dict _prove(x, Py_ssize_t held, bint own_frame):

@@ -44,7 +44,7 @@ cdef str _copy_reason(uint32_t needs, bint forced):
         needs &= NEED_DEVICE | NEED_NARROW | NEED_DTYPE
     if needs & (NEED_LAYOUT | NEED_PERMUTED):   # gathered: its start's alignment and its
         needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # flag are moot
-    words += [word for bits, word in _REASONS if needs & <uint32_t>bits]
+    words += [word for bits, word in _REASONS if needs & bits]
     return ", ".join(words) or None
 
 

@@ -591,4 +591,4 @@ cdef inline _refuser(tg, Options opts):
     """What judges a producer's device before its export: JAX's, with fallback="raise"."""
     if tg is None or opts.fallback != "raise":
         return None
-    return (<JaxTarget>tg).refuse_device
+    return tg.refuse_device
