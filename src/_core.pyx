@@ -13,7 +13,7 @@ from libc.stdint cimport (
     int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MIN, UINTPTR_MAX,
 )
 from libc.stdlib cimport calloc, malloc, free
-from libc.string cimport strcmp, memset, memcpy, memcmp
+from libc.string cimport memset, memcpy, memcmp
 from cpython.exc cimport PyErr_Clear, PyErr_Fetch, PyErr_Restore
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.bytes cimport PyBytes_FromStringAndSize

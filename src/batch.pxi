@@ -136,9 +136,8 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                 raise repeated_capsule_error()
             if part.opts.leaves == "raise":
                 for i, leaf in enumerate(part.leaves):
-                    route = None if is_tensor(leaf) else untouched(leaf, "jax", part.opts)
-                    if route is not None:
-                        _raise_route(route)
+                    if leaf is not None and not is_tensor(leaf):   # (None: no leaf)
+                        _raise_route(untouched(leaf, "jax", part.opts))
             i = -1   # (a leaf's own error says which: _dlinspect_leaf)
             start = len(plan)
             _decide_part(part, k, tg, plan, report)

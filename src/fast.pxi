@@ -193,7 +193,7 @@ cdef class _SplitViews:
     cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
     cdef cnp.dtype descr
-    cdef tuple named          # what its key names by address, held: (the options' sharding, the target)
+    cdef JaxTarget tg         # the target its key names by address, held (as is its sharding)
 
 
 _split_views = {}   # _split_key(...) -> _SplitViews; a module global (tests start it afresh)
@@ -241,7 +241,7 @@ cdef int _remember_split(Route route, TensorInfo info, bytes key, JaxTarget tg) 
     s.whole = info
     s.devices = f["devices"]
     s.sharding = f["sharding"]
-    s.named = (s.sharding, tg)   # (the options' sharding: the split route's)
+    s.tg = tg
     s.parts = [part for part, _ in parts]
     s.descr = _numpy_dtype(info._code, info._bits)
     s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)

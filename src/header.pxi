@@ -580,7 +580,7 @@ cdef TensorInfo _peek_capsule(cap):
 cdef int _raise_bad_capsule(cap) except -1:
     """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
     cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
-    if name != NULL and (strcmp(name, LEGACY_USED) == 0 or strcmp(name, VERSIONED_USED) == 0):
+    if PyCapsule_IsValid(cap, LEGACY_USED) or PyCapsule_IsValid(cap, VERSIONED_USED):
         raise CapsuleConsumedError(
             f"the DLPack capsule is named {name.decode()!r}: a consumer already took "
             f"the tensor (a capsule is consumed exactly once), so nothing in it was read. "

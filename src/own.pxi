@@ -246,10 +246,10 @@ cdef Py_ssize_t _call_refs() except -1:
     if f == NULL or PY_VERSION_HEX >= 0x030E0000:
         return _STACK_REFS
     cdef Py_ssize_t at = PyFrame_GetLasti(f)
-    code = PyFrame_GetCode(f).co_code
-    if at < 0 or at + 1 >= len(code) or (<bytes>code)[at] != _CALL_FUNCTION_EX:
+    cdef bytes code = PyFrame_GetCode(f).co_code
+    if at < 0 or at + 1 >= len(code) or code[at] != _CALL_FUNCTION_EX:
         return _STACK_REFS
-    return 1 + ((<bytes>code)[at + 1] & 1)
+    return 1 + (code[at + 1] & 1)
 
 
 cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
@@ -260,19 +260,20 @@ cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
     cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL:   # (a thread C started, running no Python)
         return extra
-    frame = <object><PyObject*>f
+    frame = <object><PyObject*>f   # (held here while ``f`` points at it)
     cdef list spaces = []
     cdef int k
     for k in range(_FRAMES_MAX):
-        if PyFrame_GetCode(<PyFrameObject*>frame).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
-            extra -= dl_frame_refs(<PyObject*>frame, <PyObject*>obj)
+        if PyFrame_GetCode(f).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
+            extra -= dl_frame_refs(<PyObject*>f, <PyObject*>obj)
         else:
-            extra -= _namespace_refs(PyFrame_GetLocals(<PyFrameObject*>frame), obj, spaces)
+            extra -= _namespace_refs(PyFrame_GetLocals(f), obj, spaces)
         if extra <= 0:
             return extra
-        frame = _take_ref(<PyObject*>PyFrame_GetBack(<PyFrameObject*>frame))
+        frame = _take_ref(<PyObject*>PyFrame_GetBack(f))
         if frame is None:
             break
+        f = <PyFrameObject*>frame
     return extra
 
 
