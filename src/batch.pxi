@@ -92,7 +92,7 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, dict owned):
 
 
 cdef _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=None,
-                           Py_ssize_t held=-1):
+                    Py_ssize_t held=-1):
     """Every leaf decided before any is consumed, then the plan run; errors name the leaf.
     ``held``: the references a loader holds to ``x`` (-1: a Python caller's call)."""
     owned = _owned(x, opts, held)   # (first: nothing of dlinspect's holds a part of x yet)

@@ -62,8 +62,8 @@ cdef void _own_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
     _release(dlm_ver, dlm_ver.manager_ctx)
 
 
-cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags,
-                     bint versioned=True, const char* name=NULL):
+cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags, bint versioned=True,
+              const char* name=NULL):
     """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
     block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
     cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
@@ -303,8 +303,7 @@ cdef void _adapter_deleter(DLManagedTensor* dlm) noexcept nogil:
         dlm_ver.deleter(dlm_ver)
 
 
-cpdef import_capsule(import_fn, cap, device, stream,
-                            object copy, int dl_device_type):
+cpdef import_capsule(import_fn, cap, device, stream, copy, int dl_device_type):
     """``import_fn`` on a "dltensor" capsule; a "dltensor_versioned" ``cap`` goes through a
     zero-copy adapter that consumes it (its deleter calls the versioned one exactly once).
     jaxlib renames a capsule only on success: on failure ``cap`` gets its name back and owns

@@ -506,8 +506,8 @@ cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObjec
         return None
     if mode != MODE_PEEK and entry.guard == GUARD_TORCH:
         # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
-        # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad), but
-        # for requires_grad: __dlpack__ refuses it, in its own words.
+        # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad); one
+        # that requires grad is left to __dlpack__, which refuses it in its own words.
         if x.requires_grad:
             return None
         if mode == MODE_VIEW:

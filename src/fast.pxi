@@ -32,7 +32,7 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 
 
 cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
-                    Py_ssize_t index=-1, bint reuse=False):
+             Py_ssize_t index=-1, bint reuse=False):
     """The one decision for tensor ``x`` into ``target`` (``tg`` None for "host"): its
     ``_Leaf``, its export taken from the producer but unconsumed. ``aliased``: a batch
     leaf not proven to own its memory (Need.ALIASED); ``index``: its index in a batch
@@ -144,8 +144,7 @@ cdef _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, Options opts):
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 
-cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding,
-                          JaxTarget tg):
+cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding, JaxTarget tg):
     """Consume ``cap`` into one owner and put each slice of a one-pass split on its device:
     viewed where it needs nothing but VIA_CPU, else copied in C (narrowed, warned before),
     by one batched put where it views them all, else imported and assembled. The deleter

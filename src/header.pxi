@@ -493,8 +493,7 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
         return 0
     for i in range(ndim):
         if dl_mul_overflow(size, info._shape[i], &size):
-            raise _corrupt(f"DLTensor.shape {info.shape} holds more than "
-                           f"2**63-1 elements.")
+            raise _corrupt(f"DLTensor.shape {info.shape} holds more than 2**63-1 elements.")
     if t.data == NULL:
         raise _corrupt(f"DLTensor.data is NULL but the shape {info.shape} holds "
                        f"{size} element(s); only zero-size tensors may have NULL data.")
@@ -535,8 +534,8 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
     cdef bint packed = bits_total < 8 and not (info.flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
     info.itemsize = (bits_total + 7) // 8
     if _to_bytes(info.size, bits_total, packed, &info.nbytes):
-        raise _corrupt(f"DLTensor.shape {info.shape} of "
-                       f"{bits_total}-bit elements holds more than 2**63-1 bytes.")
+        raise _corrupt(f"DLTensor.shape {info.shape} of {bits_total}-bit elements holds more "
+                       f"than 2**63-1 bytes.")
     if info.size == 0:
         return 0
     for i in range(info.ndim):
@@ -544,15 +543,14 @@ cdef int _count_bytes(TensorInfo info, int64_t bits_total) except -1:
         if (stride == INT64_MIN
                 or dl_mul_overflow(info._shape[i] - 1, -stride if stride < 0 else stride, &reach)
                 or dl_add_overflow(span, reach, &span)):
-            raise _corrupt(f"DLTensor.strides {info.strides} with shape "
-                           f"{info.shape} reach past 2**63-1 elements.")
+            raise _corrupt(f"DLTensor.strides {info.strides} with shape {info.shape} reach "
+                           f"past 2**63-1 elements.")
         if stride < 0:
             below += reach
     # (from the first element on: up to the last one, and its own bytes)
     if (dl_add_overflow(span - below, 1, &span) or _to_bytes(span, bits_total, packed, &info._above)
             or _to_bytes(below, bits_total, packed, &info._below)):
-        raise _corrupt(f"DLTensor.strides {info.strides} span more "
-                       f"than 2**63-1 bytes.")
+        raise _corrupt(f"DLTensor.strides {info.strides} span more than 2**63-1 bytes.")
     return 0
 
 

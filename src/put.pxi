@@ -25,8 +25,7 @@ cdef class _Block:
 
 # contract: a NumPy array of ``descr`` over ``data`` (strides in elements), kept by ``base``.
 cdef _ndarray(base, void* data, int32_t ndim, const int64_t* shape,
-                     const int64_t* strides, int64_t itemsize, cnp.dtype descr,
-                     bint writeable):
+              const int64_t* strides, int64_t itemsize, cnp.dtype descr, bint writeable):
     cdef cnp.npy_intp dims[_MAX_NDIM], steps[_MAX_NDIM]
     cdef int32_t i
     for i in range(ndim):
