@@ -23,7 +23,12 @@ if len(jax.devices()) != 4:
 
 MESH = Mesh(np.array(jax.devices()), ("data",))
 SHARDINGS = {"data": NamedSharding(MESH, P("data")), "replicated": NamedSharding(MESH, P())}
-EXAMPLES = int(100 * float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1")))
+#: Examples a case draws at full scale. Each example compiles some twenty XLA computations
+#: over 4 devices (about 1.3 s on a quiet 2-core machine): 100 a case took this suite past
+#: its 20 minutes on a loaded CI machine. The views themselves are drawn 150 times an entry
+#: point by the single-device oracle (tests/test_computations.py); here the subject is the
+#: split and the moves.
+EXAMPLES = int(40 * float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1")))
 
 
 def _prefetched(x, sharding):
@@ -56,7 +61,7 @@ def test_every_view_computes_right_sharded(name, how):
 def test_every_view_computes_right_moved(entry):
     convert = entry_points()[entry]
 
-    @settings(max_examples=EXAMPLES // 4, deadline=None, derandomize=True,
+    @settings(max_examples=max(2, EXAMPLES // 2), deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(h=views())
     def run(h):
