@@ -104,7 +104,7 @@ class Flat:
                 out.append(path)
                 continue
             for name, sub in zip(part[2], part[3]):
-                key = _jax_key((part[0], name))
+                key = _jax_key(part[0], name)
                 out.extend(path + (key,) + p for p in sub.key_paths())
         return out
 
@@ -257,7 +257,7 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [_jax_key((kind, n)) for n in names]
+        keys = [_jax_key(kind, n) for n in names]
         rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
@@ -295,7 +295,7 @@ def _check_walkable(x: Any) -> None:
 
 def _where(raw: tuple[Any, ...]) -> str:
     """:func:`_keystr` of ``(kind, name)`` pairs."""
-    return _keystr(tuple(map(_jax_key, raw)))
+    return _keystr(tuple(_jax_key(*pair) for pair in raw))
 
 
 def _keystr(path: tuple[Any, ...]) -> str:
@@ -308,8 +308,8 @@ def _keystr(path: tuple[Any, ...]) -> str:
     return f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, {len(path)} levels down"
 
 
-def _jax_key(raw: tuple[int, Any]) -> Any:
-    return getattr(_tree_util(), _JAX_KEYS[raw[0]])(raw[1])
+def _jax_key(kind: int, name: Any) -> Any:
+    return getattr(_tree_util(), _JAX_KEYS[kind])(name)
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:

@@ -107,49 +107,49 @@ def _strides_word(info: Any) -> str:
 
 
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
-_COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
-    (Need.LAYOUT, lambda r: (
+_COPY_NEEDS: dict[Need, Callable[[Any], tuple[str, str]]] = {
+    Need.LAYOUT: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} have {_strides_word(r.info)}"
         + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
-        "make it contiguous first (numpy.ascontiguousarray, t.contiguous())")),
-    (Need.PERMUTED, lambda r: (
+        "make it contiguous first (numpy.ascontiguousarray, t.contiguous())"),
+    Need.PERMUTED: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} are a permuted (transposed) order, "
         f"and JAX arrays are row-major (JAX keeps another layout only on an array committed to "
         f"its device, which jax.device_put then moves wrong)",
         "import the row-major tensor it is a view of and permute it in JAX "
-        "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))")),
-    (Need.READ_ONLY, lambda r: (
+        "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))"),
+    Need.READ_ONLY: lambda r: (
         "the producer marked it read-only " + (
             "(pass readonly='share' to import it without a copy)" if _only_read_only(r) else
-            "(readonly='share' lifts this reason, not the others)"), "readonly='share'")),
-    (Need.ALIGN, lambda r: (
+            "(readonly='share' lifts this reason, not the others)"), "readonly='share'"),
+    Need.ALIGN: lambda r: (
         f"its data pointer {r.info.data_ptr:#x} is {r.info.alignment}-byte aligned and "
         f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
         f"allocate {r.facts['align']}-byte aligned memory (dlinspect.testing.aligned_empty; "
-        f"torch tensors are)")),
-    (Need.NARROW, lambda r: (narrowing_warning(r.facts["narrow"], True),
-                             'jax.config.update("jax_enable_x64", True)')),
-    (Need.ALIASED, lambda r: (
+        f"torch tensors are)"),
+    Need.NARROW: lambda r: (narrowing_warning(r.facts["narrow"], True),
+                         'jax.config.update("jax_enable_x64", True)'),
+    Need.ALIASED: lambda r: (
         "the batch is not shown to own its memory: something outside the batch (the source's "
         "variable, attribute or list, another array or tensor over the same memory) can write "
         "it while a view lives, or its producer proves nothing (to view it, hand over new "
         "memory per batch, np.stack or torch's collate, and keep no reference to it)",
         "hand over new memory for every batch and keep no reference to it (np.stack, torch's "
-        "default collate, dlinspect.stack), or pass copy=False to share it")),
-)
+        "default collate, dlinspect.stack), or pass copy=False to share it"),
+}
 
 
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (sum(bool(route.needs & need) for need, _ in _COPY_NEEDS) == 1   # (READ_ONLY's own)
+    return (sum(bool(route.needs & need) for need in _COPY_NEEDS) == 1   # (READ_ONLY's own)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
     """Why a JAX route copies (or would), and the fix for each."""
     f = route.facts
-    found = [words(route) for need, words in _COPY_NEEDS if route.needs & need]
+    found = [words(route) for need, words in _COPY_NEEDS.items() if route.needs & need]
     reasons, fixes = [r for r, _ in found], [fix for _, fix in found]
     if f["dest"] != f["src"]:
         reasons.append(f"it moves from {f['src']} to {f['dest']}")

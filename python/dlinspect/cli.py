@@ -22,6 +22,7 @@ import dlinspect
 from ._core import PRODUCERS, exchange_api_version, header_capsule, is_tensor, jax_caps
 from ._tables import as_device_type
 from ._words import INSTALL_JAX, explain_one, first_line, type_name
+from .bench._common import optional, versions
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -47,8 +48,6 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
-    from dlinspect.bench._common import optional, versions
-
     report: dict[str, Any] = {"versions": versions(), "jax": None}
     jax = optional("jax")
     try:
@@ -224,7 +223,6 @@ def _load_subject(args: argparse.Namespace) -> Any:
         # Copy-on-write mapping: the file is never written, and the array is as
         # writable as np.load's would be (mode "r" would always read "read-only").
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
-    from dlinspect.bench._common import optional
     # (dlinspect.testing, which the package imports, in scope for --expr: FakeProducer...)
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
