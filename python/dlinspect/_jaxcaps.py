@@ -44,7 +44,7 @@ class Symbol(NamedTuple):
 # jaxlib's extension module, by its newer and its older name.
 _JAXLIB = ("jax._src.lib._jax.", "jax._src.lib.xla_client._xla.")
 
-SYMBOLS: dict[str, Symbol] = {
+SYMBOLS = {
     "import": Symbol(
         "DLPack import (the fast path)",
         tuple(m + "dlpack_managed_tensor_to_buffer" for m in _JAXLIB),

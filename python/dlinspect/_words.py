@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 from . import _tables as T
@@ -107,7 +106,7 @@ def _strides_word(info: Any) -> str:
 
 
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
-_COPY_NEEDS: dict[Need, Callable[[Any], tuple[str, str]]] = {
+_COPY_NEEDS = {
     Need.LAYOUT: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} have {_strides_word(r.info)}"
         + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
@@ -392,9 +391,9 @@ def _unmapped(route: Any) -> Parts:
             f"corrupt header.", "To fix: report the header to the producer's maintainers.")
 
 
-#: The words of every problem an error route carries ("raised": the producer's or the
-#: header's own error, worded where it was raised).
-PROBLEMS: dict[str, Callable[[Any], Parts]] = {
+#: The words of every problem an error route carries, as Parts ("raised": the producer's
+#: or the header's own error, worded where it was raised).
+PROBLEMS = {
     "lanes-share-bytes": _lanes_share_bytes, "dtype": _dtype, "host-dtype": _host_dtype,
     "numpy-dtype": _numpy_dtype, "layout-not-host": _layout_not_host, "no-device": _no_device,
     "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
@@ -492,7 +491,8 @@ def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a c
     return f"JAX views the producer's memory on {route.facts['dest']}."
 
 
-REASONS: dict[str, Callable[[Any], str]] = {
+#: The one sentence of a route that is not an error, by its action.
+REASONS = {
     T.KEEP: lambda route: f"Not a tensor ({type_name(route.facts['leaf_type'])}): left as it is.",
     T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
                            if "where" in route.facts else
