@@ -263,7 +263,7 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
         return None   # a leaf
     for key, value in zip(keys, values):
         found = _refusal(value, swap, is_leaf, path + (key,))
-        if found is not None:
+        if found:
             return found
     try:
         rebuild([swap(v) for v in values])

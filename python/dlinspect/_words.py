@@ -221,7 +221,7 @@ def _where(f: dict[str, Any]) -> str:
 
 
 def _subject(route: Any) -> str:
-    return describe(route.info) if route.info is not None else ""
+    return describe(route.info) if route.info else ""
 
 
 def _lanes_share_bytes(route: Any) -> Parts:
@@ -558,7 +558,7 @@ def explain_tree(flat: Any) -> str:
 
 
 def _head(route: Any, x: Any) -> str:
-    if route.info is not None:
+    if route.info:
         return repr(route.info)
     if "jax_array" in route.facts and route.error is None:
         return "<jax.Array>" if x is None else (
@@ -579,13 +579,13 @@ def explain_one(route: Any, x: Any) -> str:
              + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
     if route.error is None:  # (an error's message says it all, below)
         lines.append(f"  {route.reason}")
-    if route.jax_device is not None:
+    if route.jax_device:
         lines.append(f"  JAX device: {route.jax_device}")
     for dev, index, shard in route.shards:
         lines.append(f"  shard {_index_text(index)} -> {dev}: {shard.kind}"
                      + (f" ({shard.copy_bytes} B copied)" if shard.copy_bytes else ""))
     if route.warning:
         lines.append(f"  warning: {route.warning}")
-    if route.error is not None:
+    if route.error:
         lines.append(f"  error: {type(route.error).__name__}: {route.error}")
     return "\n".join(lines)

@@ -104,7 +104,7 @@ def producers_report(each: Any = None) -> dict[str, Any]:
                            else {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]})
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
             out[module] = {"error": f"{type(exc).__name__}: {exc}"}
-        if each is not None:
+        if each:
             each(module, out[module])
     return out
 
@@ -226,7 +226,7 @@ def _load_subject(args: argparse.Namespace) -> Any:
     # (dlinspect.testing, which the package imports, in scope for --expr: FakeProducer...)
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
-        if (mod := optional(module)) is not None:
+        if mod := optional(module):
             scope[name] = mod
     return eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
 
@@ -260,7 +260,7 @@ def _bench(args: argparse.Namespace) -> int:
     suites = list(args.suites or bench.DEFAULT_SUITES)
     if args.instructions and "instructions" not in suites:
         suites.append("instructions")
-    if (problem := _bench_problem(args, suites, bench.SUITES)) is not None:
+    if problem := _bench_problem(args, suites, bench.SUITES):
         return _fail(f"bench: {problem}")
     report = bench.run_suites(suites, quick=args.quick, repeat=args.repeat,
                               progress=not args.no_progress)
