@@ -25,6 +25,12 @@ from ._words import first_line, narrowing_text
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
                       if row.platform and row.jax_maps}
 
+#: ``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to with x64
+#: off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule).
+_NARROW = {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
+                              narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
+           for (code, bits), row in DTYPES.items() if row.x64_narrow}
+
 
 #: The least alignment, in bytes, of host memory dlinspect lets XLA:CPU view in place:
 #: XLA:CPU's compiled code assumes its buffers are at least 16-byte aligned
@@ -258,13 +264,6 @@ class JaxCaps:
             return f"this JAX has no {dtype.name} arrays ({first_line(exc, False)})"
         return None
 
-    def _narrow_table(self) -> dict[int, tuple[int, str]]:
-        """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
-        with x64 off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule)."""
-        return {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
-                                   narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
-                for (code, bits), row in DTYPES.items() if row.x64_narrow}
-
     @property
     def import_fn(self) -> Callable[..., Any]:
         return (self.direct and self._direct_fn) or self._public_import
@@ -282,8 +281,8 @@ class JaxCaps:
             cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
             x64_context=self.x64, devices=self.devices, platforms=self.platforms,
             cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
-            probe=self._probe_dtype, hold=self._probe_hold,
-            narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
+            probe=self._probe_dtype, hold=self._probe_hold, warn=self.core.warn,
+            stream_for=self.stream_for, narrow=_NARROW,
             # jax.Array's concrete type (a jax.Array is never exported through DLPack)
             array_type=type(self.jax.numpy.zeros(())),
             # a permuted order (2x3 stored column-major) kept committed, as the route leaves
@@ -306,7 +305,7 @@ class JaxCaps:
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
         """With its sharding where JAX has them (as ``jax.device_put``'s carries its mesh)."""
-        aval = self._shaped_array(shape, dtype, weak_type=False)
+        aval = self._shaped_array(shape, dtype)
         return aval if sharding is None or self._aval_of is None else self._aval_of(aval, sharding)
 
     def _probe(self, name: str, probe: Callable[[], Any]) -> Any:
