@@ -16,8 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
-from ._tables import dtype_name, numpy_dtype
+from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D, dtype_name, numpy_dtype
 from ._words import first_line, narrowing_text
 
 

@@ -29,7 +29,6 @@ _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
-_FIX = "register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a dict"
 
 
 def _tensor_type(tp: type) -> bool:
@@ -241,7 +240,8 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
                _NAMESPACE: f"{tp.__qualname__}(**values)"}.get(kind, "a copy with its fields set")
         raise ContainerError(
             f"a {type_name(tp)} in the batch cannot be rebuilt around its converted values with {how} "
-            f"({type(exc).__name__}: {exc}); nothing was converted. To fix: {_FIX}.") from exc
+            f"({type(exc).__name__}: {exc}); nothing was converted. To fix: register it as a JAX "
+            f"pytree (jax.tree_util.register_pytree_with_keys), or pass a dict.") from exc
 
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,

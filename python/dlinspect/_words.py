@@ -11,8 +11,7 @@ import itertools
 from typing import Any
 
 from . import _tables as T
-from ._tables import DLDataTypeCode as Code
-from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
+from ._tables import NUMPY_MAX_NDIM, DLDataTypeCode as Code, Need, device_name, device_row, dtype_name
 from .errors import (AllocationError, CopyRequiredError, DLInspectError, MalformedTensorError,
                      NotDLPackError, ShardingError, UnsupportedDeviceError, UnsupportedDTypeError,
                      UnsupportedShapeError)

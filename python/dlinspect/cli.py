@@ -147,7 +147,7 @@ def _print_doctor(r: dict[str, Any]) -> None:
     print(f"{doctor_verdict(r)}\n")
     print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
     j = r["jax"]
-    if j is None and r.get("jax_error"):
+    if r.get("jax_error"):   # (then no jax entry)
         print(f"jax: failed to start ({r['jax_error']}); check JAX_PLATFORMS and the jax plugins")
     elif j is None:
         print(f"jax: not installed; to_jax is unavailable ({INSTALL_JAX})")
