@@ -319,14 +319,14 @@ class JaxCaps:
         return got or None
 
     def _put(self) -> dict[str, Any]:
-        """JaxTarget's batched put, where a probe shows it views aligned host memory in place
-        and gives ``jax.device_put``'s array; else ``put=None``."""
+        """JaxTarget's batched put keywords, where a probe shows it views aligned host memory in
+        place and gives ``jax.device_put``'s array; else none (JaxTarget's ``put=None``)."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
             self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
                                         "copies")
         if not self.direct or put is None or self._shaped_array is None:
-            return {"put": None}
+            return {}
 
         def view(buf: np.ndarray, committed: bool = False) -> Any:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], committed)
@@ -340,7 +340,7 @@ class JaxCaps:
 
         align = self._probe("batched_put", probe)
         if align is None:
-            return {"put": None}
+            return {}
         self.symbols["batched_put"] = self.symbols["batched_put"]._replace(
             reason=f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}
