@@ -140,7 +140,7 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
 def text_leaf(v: Any) -> bool:
     """``v`` is a list or tuple of plain scalars only (a batch's string ids), kept whole."""
     tp = type(v)
-    return (tp is list or tp is tuple) and set(map(type, v)) <= _PLAIN_TYPES
+    return tp in (list, tuple) and set(map(type, v)) <= _PLAIN_TYPES
 
 
 def is_leaf(v: Any) -> bool:
@@ -158,7 +158,7 @@ def _one_level(x: Any, text_lists: bool) -> int:
         except TypeError:
             return 0
         values = x.values()
-    elif tp is list or tp is tuple:
+    elif tp in (list, tuple):
         values = x
     else:
         return 0
@@ -199,7 +199,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
 
 
 def _leaf_kind(tp: type, is_leaf: Any) -> int:
-    return _LEAF if is_leaf and (tp is list or tp is tuple) else _kind(tp)
+    return _LEAF if is_leaf and tp in (list, tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
