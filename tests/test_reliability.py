@@ -223,8 +223,8 @@ def test_threads_race_for_the_first_target():
 import threading, numpy as np, dlinspect
 from dlinspect import _core, _jaxcaps
 builds, seen = [], []
-narrow = _jaxcaps.JaxCaps._narrow_table   # called once per JaxTarget built
-_jaxcaps.JaxCaps._narrow_table = lambda self: builds.append(1) or narrow(self)
+default_device = _jaxcaps.JaxCaps._default_device   # called once per JaxTarget built
+_jaxcaps.JaxCaps._default_device = lambda self: builds.append(1) or default_device(self)
 barrier = threading.Barrier(8)
 def work(i):
     a = np.arange(16, dtype=np.float32) + i

@@ -16,14 +16,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D
-from ._tables import dtype_name, numpy_dtype
+from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D, dtype_name, numpy_dtype
 from ._words import first_line, narrowing_text
 
 
 # The map jax 0.4-0.12 uses (the device table's platforms), where jax exposes none.
 _DEFAULT_PLATFORMS = {t: row.platform for t, row in DEVICES.items()
                       if row.platform and row.jax_maps}
+
+#: ``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to with x64
+#: off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule).
+_NARROW = {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
+                              narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
+           for (code, bits), row in DTYPES.items() if row.x64_narrow}
 
 
 #: The least alignment, in bytes, of host memory dlinspect lets XLA:CPU view in place:
@@ -44,7 +49,7 @@ class Symbol(NamedTuple):
 # jaxlib's extension module, by its newer and its older name.
 _JAXLIB = ("jax._src.lib._jax.", "jax._src.lib.xla_client._xla.")
 
-SYMBOLS: dict[str, Symbol] = {
+SYMBOLS = {
     "import": Symbol(
         "DLPack import (the fast path)",
         tuple(m + "dlpack_managed_tensor_to_buffer" for m in _JAXLIB),
@@ -258,13 +263,6 @@ class JaxCaps:
             return f"this JAX has no {dtype.name} arrays ({first_line(exc, False)})"
         return None
 
-    def _narrow_table(self) -> dict[int, tuple[int, str]]:
-        """``code | bits << 8`` of each 64-bit dtype -> (that of the dtype JAX narrows it to
-        with x64 off, the warning), as the dtype table's ``x64_narrow`` says (jax.numpy's rule)."""
-        return {code | bits << 8: (row.x64_narrow[0] | row.x64_narrow[1] << 8,
-                                   narrowing_text(row.name, dtype_name(*row.x64_narrow))[0])
-                for (code, bits), row in DTYPES.items() if row.x64_narrow}
-
     @property
     def import_fn(self) -> Callable[..., Any]:
         return (self.direct and self._direct_fn) or self._public_import
@@ -282,8 +280,8 @@ class JaxCaps:
             cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
             x64_context=self.x64, devices=self.devices, platforms=self.platforms,
             cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
-            probe=self._probe_dtype, hold=self._probe_hold,
-            narrow=self._narrow_table(), warn=self.core.warn, stream_for=self.stream_for,
+            probe=self._probe_dtype, hold=self._probe_hold, warn=self.core.warn,
+            stream_for=self.stream_for, narrow=_NARROW,
             # jax.Array's concrete type (a jax.Array is never exported through DLPack)
             array_type=type(self.jax.numpy.zeros(())),
             # a permuted order (2x3 stored column-major) kept committed, as the route leaves
@@ -306,7 +304,7 @@ class JaxCaps:
 
     def _make_aval(self, shape: tuple[int, ...], dtype: Any, sharding: Any = None) -> Any:
         """With its sharding where JAX has them (as ``jax.device_put``'s carries its mesh)."""
-        aval = self._shaped_array(shape, dtype, weak_type=False)
+        aval = self._shaped_array(shape, dtype)
         return aval if sharding is None or self._aval_of is None else self._aval_of(aval, sharding)
 
     def _probe(self, name: str, probe: Callable[[], Any]) -> Any:
@@ -321,14 +319,14 @@ class JaxCaps:
         return got or None
 
     def _put(self) -> dict[str, Any]:
-        """JaxTarget's batched put, where a probe shows it views aligned host memory in place
-        and gives ``jax.device_put``'s array; else ``put=None``."""
+        """JaxTarget's batched put keywords, where a probe shows it views aligned host memory in
+        place and gives ``jax.device_put``'s array; else none (JaxTarget's ``put=None``)."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
             self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
                                         "copies")
         if not self.direct or put is None or self._shaped_array is None:
-            return {"put": None}
+            return {}
 
         def view(buf: np.ndarray, committed: bool = False) -> Any:
             return put(self._make_aval(buf.shape, buf.dtype), single(dev), [buf], [dev], committed)
@@ -342,7 +340,7 @@ class JaxCaps:
 
         align = self._probe("batched_put", probe)
         if align is None:
-            return {"put": None}
+            return {}
         self.symbols["batched_put"] = self.symbols["batched_put"]._replace(
             reason=f"views host memory aligned to {align} bytes")
         return {"put": put, "put_align": align, "make_aval": self._make_aval, "make_single": single}

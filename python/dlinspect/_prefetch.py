@@ -338,13 +338,13 @@ class _Worker(threading.Thread):
 
 
 def _end(worker: _Worker | None, it: Iterator[Any], bar: Any) -> None:
-    if worker is not None:
+    if worker:
         worker.stop.set()
         _drain(worker.ready)          # frees batches waiting ahead; unblocks a waiting put
         if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
             worker.join(_JOIN_S)
         _drain(worker.ready)
-    if worker is not None and worker.is_alive():
+    if worker and worker.is_alive():
         warn(f"prefetch_to_jax stopped, but its source has been inside next() for over "
              f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
              f"thread) and the source is not closed.", True)

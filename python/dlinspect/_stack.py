@@ -158,7 +158,7 @@ def _alignment(alignment: Any) -> int:
     if align:
         return align
     tg = current_target()
-    return tg.copy_align if tg is not None else 64
+    return tg.copy_align if tg else 64
 
 
 def _elements(elements: Any) -> list[Any]:
@@ -204,7 +204,7 @@ class _At(NamedTuple):
     j: int
 
     def path(self) -> str:
-        return self.first.keystr(self.j) if self.first is not None else ""
+        return self.first.keystr(self.j) if self.first else ""
 
     def where(self) -> str:
         path = self.path()

@@ -190,9 +190,9 @@ def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
 def dldtype_from_numpy(dtype: Any) -> tuple[int, int, int]:
     """ValueError where DLPack has no code for the dtype (object, string, datetime...)."""
     name = numpy.dtype(dtype).name
-    if (found := _DTYPE_BY_NAME.get(name)) is not None:
+    if found := _DTYPE_BY_NAME.get(name):
         return found
-    if (integer := re.fullmatch(r"(u?)int(\d+)", name)) is not None:   # ml_dtypes' other widths
+    if integer := re.fullmatch(r"(u?)int(\d+)", name):   # ml_dtypes' other widths
         return (_C.kDLUInt if integer[1] else _C.kDLInt, int(integer[2]), 1)
     raise ValueError(f"DLPack has no type code for dtype {name!r}")
 

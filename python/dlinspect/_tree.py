@@ -29,7 +29,6 @@ _kinds: dict[type, int] = {}
 _KINDS_MAX = 1024
 _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
-_FIX = "register it as a JAX pytree (jax.tree_util.register_pytree_with_keys), or pass a dict"
 
 
 def _tensor_type(tp: type) -> bool:
@@ -104,7 +103,7 @@ class Flat:
                 out.append(path)
                 continue
             for name, sub in zip(part[2], part[3]):
-                key = _jax_key((part[0], name))
+                key = _jax_key(part[0], name)
                 out.extend(path + (key,) + p for p in sub.key_paths())
         return out
 
@@ -141,7 +140,7 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
 def text_leaf(v: Any) -> bool:
     """``v`` is a list or tuple of plain scalars only (a batch's string ids), kept whole."""
     tp = type(v)
-    return (tp is list or tp is tuple) and set(map(type, v)) <= _PLAIN_TYPES
+    return tp in (list, tuple) and set(map(type, v)) <= _PLAIN_TYPES
 
 
 def is_leaf(v: Any) -> bool:
@@ -159,7 +158,7 @@ def _one_level(x: Any, text_lists: bool) -> int:
         except TypeError:
             return 0
         values = x.values()
-    elif tp is list or tp is tuple:
+    elif tp in (list, tuple):
         values = x
     else:
         return 0
@@ -200,7 +199,7 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
 
 
 def _leaf_kind(tp: type, is_leaf: Any) -> int:
-    return _LEAF if is_leaf and (tp is list or tp is tuple) else _kind(tp)
+    return _LEAF if is_leaf and tp in (list, tuple) else _kind(tp)
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
@@ -241,7 +240,8 @@ def _rebuild(kind: int, obj: Any, names: list[Any], values: list[Any]) -> Any:
                _NAMESPACE: f"{tp.__qualname__}(**values)"}.get(kind, "a copy with its fields set")
         raise ContainerError(
             f"a {type_name(tp)} in the batch cannot be rebuilt around its converted values with {how} "
-            f"({type(exc).__name__}: {exc}); nothing was converted. To fix: {_FIX}.") from exc
+            f"({type(exc).__name__}: {exc}); nothing was converted. To fix: register it as a JAX "
+            f"pytree (jax.tree_util.register_pytree_with_keys), or pass a dict.") from exc
 
 
 def _refusal(x: Any, swap: Any, is_leaf: Any,
@@ -257,13 +257,13 @@ def _refusal(x: Any, swap: Any, is_leaf: Any,
         rebuild = treedef.unflatten
     elif kind != _LEAF:   # a container walked here
         names, values = _named_values(kind, x)
-        keys = [_jax_key((kind, n)) for n in names]
+        keys = [_jax_key(kind, n) for n in names]
         rebuild = functools.partial(_rebuild, kind, x, names)
     else:
         return None   # a leaf
     for key, value in zip(keys, values):
         found = _refusal(value, swap, is_leaf, path + (key,))
-        if found is not None:
+        if found:
             return found
     try:
         rebuild([swap(v) for v in values])
@@ -295,7 +295,7 @@ def _check_walkable(x: Any) -> None:
 
 def _where(raw: tuple[Any, ...]) -> str:
     """:func:`_keystr` of ``(kind, name)`` pairs."""
-    return _keystr(tuple(map(_jax_key, raw)))
+    return _keystr(tuple(_jax_key(*pair) for pair in raw))
 
 
 def _keystr(path: tuple[Any, ...]) -> str:
@@ -308,8 +308,8 @@ def _keystr(path: tuple[Any, ...]) -> str:
     return f"{tree_util.keystr(path[:4])}...{tree_util.keystr(path[-2:])}, {len(path)} levels down"
 
 
-def _jax_key(raw: tuple[int, Any]) -> Any:
-    return getattr(_tree_util(), _JAX_KEYS[raw[0]])(raw[1])
+def _jax_key(kind: int, name: Any) -> Any:
+    return getattr(_tree_util(), _JAX_KEYS[kind])(name)
 
 
 def _children(node: Any, path: tuple[Any, ...]) -> Any:

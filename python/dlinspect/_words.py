@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 from . import _tables as T
-from ._tables import DLDataTypeCode as Code
-from ._tables import NUMPY_MAX_NDIM, Need, device_name, device_row, dtype_name
+from ._tables import NUMPY_MAX_NDIM, DLDataTypeCode as Code, Need, device_name, device_row, dtype_name
 from .errors import (AllocationError, CopyRequiredError, DLInspectError, MalformedTensorError,
                      NotDLPackError, ShardingError, UnsupportedDeviceError, UnsupportedDTypeError,
                      UnsupportedShapeError)
@@ -107,49 +105,49 @@ def _strides_word(info: Any) -> str:
 
 
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.
-_COPY_NEEDS: tuple[tuple[Need, Callable[[Any], tuple[str, str]]], ...] = (
-    (Need.LAYOUT, lambda r: (
+_COPY_NEEDS = {
+    Need.LAYOUT: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} have {_strides_word(r.info)}"
         + ("" if r.facts.get("permuted") else ", which JAX cannot view"),
-        "make it contiguous first (numpy.ascontiguousarray, t.contiguous())")),
-    (Need.PERMUTED, lambda r: (
+        "make it contiguous first (numpy.ascontiguousarray, t.contiguous())"),
+    Need.PERMUTED: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} are a permuted (transposed) order, "
         f"and JAX arrays are row-major (JAX keeps another layout only on an array committed to "
         f"its device, which jax.device_put then moves wrong)",
         "import the row-major tensor it is a view of and permute it in JAX "
-        "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))")),
-    (Need.READ_ONLY, lambda r: (
+        "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))"),
+    Need.READ_ONLY: lambda r: (
         "the producer marked it read-only " + (
             "(pass readonly='share' to import it without a copy)" if _only_read_only(r) else
-            "(readonly='share' lifts this reason, not the others)"), "readonly='share'")),
-    (Need.ALIGN, lambda r: (
+            "(readonly='share' lifts this reason, not the others)"), "readonly='share'"),
+    Need.ALIGN: lambda r: (
         f"its data pointer {r.info.data_ptr:#x} is {r.info.alignment}-byte aligned and "
         f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
         f"allocate {r.facts['align']}-byte aligned memory (dlinspect.testing.aligned_empty; "
-        f"torch tensors are)")),
-    (Need.NARROW, lambda r: (narrowing_warning(r.facts["narrow"], True),
-                             'jax.config.update("jax_enable_x64", True)')),
-    (Need.ALIASED, lambda r: (
+        f"torch tensors are)"),
+    Need.NARROW: lambda r: (narrowing_warning(r.facts["narrow"], True),
+                         'jax.config.update("jax_enable_x64", True)'),
+    Need.ALIASED: lambda r: (
         "the batch is not shown to own its memory: something outside the batch (the source's "
         "variable, attribute or list, another array or tensor over the same memory) can write "
         "it while a view lives, or its producer proves nothing (to view it, hand over new "
         "memory per batch, np.stack or torch's collate, and keep no reference to it)",
         "hand over new memory for every batch and keep no reference to it (np.stack, torch's "
-        "default collate, dlinspect.stack), or pass copy=False to share it")),
-)
+        "default collate, dlinspect.stack), or pass copy=False to share it"),
+}
 
 
 def _only_read_only(route: Any) -> bool:
     """Read-only memory is the one reason the route copies: sharing it copies nothing."""
     f = route.facts
-    return (sum(bool(route.needs & need) for need, _ in _COPY_NEEDS) == 1   # (READ_ONLY's own)
+    return (sum(bool(route.needs & need) for need in _COPY_NEEDS) == 1   # (READ_ONLY's own)
             and f["dest"] == f["src"] and not f.get("copy_true"))
 
 
 def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
     """Why a JAX route copies (or would), and the fix for each."""
     f = route.facts
-    found = [words(route) for need, words in _COPY_NEEDS if route.needs & need]
+    found = [words(route) for need, words in _COPY_NEEDS.items() if route.needs & need]
     reasons, fixes = [r for r, _ in found], [fix for _, fix in found]
     if f["dest"] != f["src"]:
         reasons.append(f"it moves from {f['src']} to {f['dest']}")
@@ -222,7 +220,7 @@ def _where(f: dict[str, Any]) -> str:
 
 
 def _subject(route: Any) -> str:
-    return describe(route.info) if route.info is not None else ""
+    return describe(route.info) if route.info else ""
 
 
 def _lanes_share_bytes(route: Any) -> Parts:
@@ -392,9 +390,9 @@ def _unmapped(route: Any) -> Parts:
             f"corrupt header.", "To fix: report the header to the producer's maintainers.")
 
 
-#: The words of every problem an error route carries ("raised": the producer's or the
-#: header's own error, worded where it was raised).
-PROBLEMS: dict[str, Callable[[Any], Parts]] = {
+#: The words of every problem an error route carries, as Parts ("raised": the producer's
+#: or the header's own error, worded where it was raised).
+PROBLEMS = {
     "lanes-share-bytes": _lanes_share_bytes, "dtype": _dtype, "host-dtype": _host_dtype,
     "numpy-dtype": _numpy_dtype, "layout-not-host": _layout_not_host, "no-device": _no_device,
     "copy-forbidden": _copy_forbidden, "packed-copy": _packed_copy, "unpack": _unpack,
@@ -492,7 +490,8 @@ def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a c
     return f"JAX views the producer's memory on {route.facts['dest']}."
 
 
-REASONS: dict[str, Callable[[Any], str]] = {
+#: The one sentence of a route that is not an error, by its action.
+REASONS = {
     T.KEEP: lambda route: f"Not a tensor ({type_name(route.facts['leaf_type'])}): left as it is.",
     T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
                            if "where" in route.facts else
@@ -558,7 +557,7 @@ def explain_tree(flat: Any) -> str:
 
 
 def _head(route: Any, x: Any) -> str:
-    if route.info is not None:
+    if route.info:
         return repr(route.info)
     if "jax_array" in route.facts and route.error is None:
         return "<jax.Array>" if x is None else (
@@ -579,13 +578,13 @@ def explain_one(route: Any, x: Any) -> str:
              + (f" ({route.copy_bytes} B copied)" if route.copy_bytes else "")]
     if route.error is None:  # (an error's message says it all, below)
         lines.append(f"  {route.reason}")
-    if route.jax_device is not None:
+    if route.jax_device:
         lines.append(f"  JAX device: {route.jax_device}")
     for dev, index, shard in route.shards:
         lines.append(f"  shard {_index_text(index)} -> {dev}: {shard.kind}"
                      + (f" ({shard.copy_bytes} B copied)" if shard.copy_bytes else ""))
     if route.warning:
         lines.append(f"  warning: {route.warning}")
-    if route.error is not None:
+    if route.error:
         lines.append(f"  error: {type(route.error).__name__}: {route.error}")
     return "\n".join(lines)

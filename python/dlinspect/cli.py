@@ -22,6 +22,7 @@ import dlinspect
 from ._core import PRODUCERS, exchange_api_version, header_capsule, is_tensor, jax_caps
 from ._tables import as_device_type
 from ._words import INSTALL_JAX, explain_one, first_line, type_name
+from .bench._common import optional, versions
 
 __all__ = ["main", "doctor_report", "producers_report"]
 
@@ -47,8 +48,6 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
-    from dlinspect.bench._common import optional, versions
-
     report: dict[str, Any] = {"versions": versions(), "jax": None}
     jax = optional("jax")
     try:
@@ -105,7 +104,7 @@ def producers_report(each: Any = None) -> dict[str, Any]:
                            else {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]})
         except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
             out[module] = {"error": f"{type(exc).__name__}: {exc}"}
-        if each is not None:
+        if each:
             each(module, out[module])
     return out
 
@@ -148,7 +147,7 @@ def _print_doctor(r: dict[str, Any]) -> None:
     print(f"{doctor_verdict(r)}\n")
     print("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in r["versions"].items()))
     j = r["jax"]
-    if j is None and r.get("jax_error"):
+    if r.get("jax_error"):   # (then no jax entry)
         print(f"jax: failed to start ({r['jax_error']}); check JAX_PLATFORMS and the jax plugins")
     elif j is None:
         print(f"jax: not installed; to_jax is unavailable ({INSTALL_JAX})")
@@ -224,11 +223,10 @@ def _load_subject(args: argparse.Namespace) -> Any:
         # Copy-on-write mapping: the file is never written, and the array is as
         # writable as np.load's would be (mode "r" would always read "read-only").
         return np.load(args.path, mmap_mode="c", allow_pickle=False)
-    from dlinspect.bench._common import optional
     # (dlinspect.testing, which the package imports, in scope for --expr: FakeProducer...)
     scope: dict[str, Any] = {"np": np, "numpy": np, "dlinspect": dlinspect}
     for name, module in (("torch", "torch"), ("jax", "jax"), ("jnp", "jax.numpy")):
-        if (mod := optional(module)) is not None:
+        if mod := optional(module):
             scope[name] = mod
     return eval(args.expr, scope)  # noqa: S307 - the user's own expression, on their machine
 
@@ -262,7 +260,7 @@ def _bench(args: argparse.Namespace) -> int:
     suites = list(args.suites or bench.DEFAULT_SUITES)
     if args.instructions and "instructions" not in suites:
         suites.append("instructions")
-    if (problem := _bench_problem(args, suites, bench.SUITES)) is not None:
+    if problem := _bench_problem(args, suites, bench.SUITES):
         return _fail(f"bench: {problem}")
     report = bench.run_suites(suites, quick=args.quick, repeat=args.repeat,
                               progress=not args.no_progress)

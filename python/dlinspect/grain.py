@@ -215,7 +215,7 @@ class _ToJax:
             item = converted(parent, self.options, self.report)
         if item is _END:
             raise StopIteration
-        if self.move_to is not None:
+        if self.move_to:
             item.out = _move(item.out, self.move_to)
         return item if self.threaded else item.emit()
 

@@ -18,9 +18,11 @@ from ._core import FLAG_IS_COPIED, FLAG_IS_SUBBYTE_TYPE_PADDED, FLAG_READ_ONLY  
 
 __all__ = ["make_capsule", "DeleterCounter", "FakeProducer", "aligned_empty", "aligned_array"]
 
+_HOST = (DLDeviceType.kDLCPU, 0)   # the host's device, as __dlpack_device__ and dl_device= say it
+
 
 def make_capsule(data: Any = None, *, shape: Sequence[int] | None = None, dtype: Any = None,
-                 device: tuple[int, int] = (DLDeviceType.kDLCPU, 0),
+                 device: tuple[int, int] = _HOST,
                  strides: Sequence[int] | None = None, byte_offset: int = 0,
                  versioned: bool = True, version: tuple[int, int] = (1, 3), flags: int = 0,
                  ndim: int | None = None, address: int | None = None,
@@ -171,7 +173,7 @@ class FakeProducer:
             cls = LegacyFakeProducer if legacy_only else CopyIntoFakeProducer
         return super().__new__(cls)
 
-    def __init__(self, array: np.ndarray, device: tuple[int, int] = (DLDeviceType.kDLCPU, 0), *,
+    def __init__(self, array: np.ndarray, device: tuple[int, int] = _HOST, *,
                  capsule_device: tuple[int, int] | None = None, dtype: Any = None,
                  legacy_only: bool = False, read_only: bool = False, host_copy: bool = True,
                  copy_into: bool = False, refuse: str | BaseException | None = None,
@@ -201,12 +203,11 @@ class FakeProducer:
         flags = FLAG_READ_ONLY if self.read_only else 0   # (a legacy capsule has no flags to hold them)
         arr, device = self.array, self.capsule_device
         if dl_device is not None and tuple(dl_device) != (self.device[0], self.device[1] or 0):
-            if tuple(dl_device) != (DLDeviceType.kDLCPU, 0) or not self.host_copy:
+            if tuple(dl_device) != _HOST or not self.host_copy:
                 raise BufferError(f"unsupported device requested: {tuple(dl_device)}")
             if copy is False:
                 raise BufferError("a copy to the host is needed but copy=False")
-            arr, device = (_copy_in_its_order(self.host_values, self.host_align),
-                           (DLDeviceType.kDLCPU, 0))
+            arr, device = _copy_in_its_order(self.host_values, self.host_align), _HOST
             flags = FLAG_IS_COPIED
             self.served.append(arr)
         elif copy:
