@@ -29,7 +29,7 @@ import dlinspect  # noqa: E402
 from dlinspect import DLInspectWarning  # noqa: E402
 from dlinspect.testing import FLAG_READ_ONLY, DeleterCounter, aligned_empty, make_capsule  # noqa: E402
 
-#: The property tests' depth (.ci/run's version stacks draw a quarter).
+#: The property tests' depth (.ci/run's version stacks draw a tenth).
 SCALE = float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1"))
 MESH_1D = Mesh(np.array(jax.devices()), ("data",))
 MESH_2D = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))

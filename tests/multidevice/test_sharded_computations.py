@@ -25,7 +25,7 @@ MESH = Mesh(np.array(jax.devices()), ("data",))
 SHARDINGS = {"data": NamedSharding(MESH, P("data")), "replicated": NamedSharding(MESH, P())}
 #: Examples a case draws at full scale. Each example compiles some twenty XLA computations
 #: over 4 devices (about 1.3 s on a quiet 2-core machine): 100 a case took this suite past
-#: its 20 minutes on a loaded CI machine. The views themselves are drawn 150 times an entry
+#: its 20 minutes on a loaded CI machine. The views themselves are drawn 100 times an entry
 #: point by the single-device oracle (tests/test_computations.py); here the subject is the
 #: split and the moves.
 EXAMPLES = int(40 * float(os.environ.get("DLINSPECT_AGREEMENT_SCALE", "1")))
