@@ -145,25 +145,34 @@ def physical_memory():
 cdef int64_t _PHYSICAL_BYTES = physical_memory() or 0x7FFFFFFFFFFFFFFF
 
 
+cdef bint _one_kind(list column) except -1:
+    """Every array of non-empty ``column`` is a NumPy array of the first one's shape and
+    dtype, a native, unstructured, non-object dtype, below NumPy's most dimensions."""
+    first = column[0]
+    if type(first) is not _np_ndarray or first.ndim >= _NUMPY_MAX_NDIM:
+        return False   # (a batch of 65 dimensions: the caller's path says why not)
+    dtype = first.dtype
+    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
+        return False   # (np.stack packs structured dtypes)
+    for a in column:
+        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != first.shape:
+            return False
+    return True
+
+
 def stack_column(list column, Py_ssize_t alignment):
     """``np.stack(column)`` in new ``alignment``-aligned memory, a ``memcpy`` per array, where
     all are C-contiguous NumPy arrays of one shape and a native, unstructured, non-object
     dtype, within physical memory; else None (the caller's path stacks it)."""
     cdef Py_buffer src
     cdef Py_ssize_t k, n = len(column)
-    if n == 0 or type(column[0]) is not _np_ndarray or column[0].ndim >= _NUMPY_MAX_NDIM:
-        return None   # (a batch of 65 dimensions: the caller's path says why not)
-    shape = column[0].shape
-    dtype = column[0].dtype
-    if dtype.hasobject or not dtype.isnative or dtype.names is not None:
-        return None   # (np.stack packs structured dtypes)
-    for a in column:
-        if type(a) is not _np_ndarray or a.dtype is not dtype or a.shape != shape:
-            return None
-    total = column[0].nbytes * n   # (a Python int: no wrap past 2**63)
+    if n == 0 or not _one_kind(column):
+        return None
+    first = column[0]
+    total = first.nbytes * n   # (a Python int: no wrap past 2**63)
     if total == 0 or total > _PHYSICAL_BYTES:
         return None   # (empty: its extents may pass what NumPy holds; the caller's path)
-    out = aligned_empty((n,) + shape, dtype, alignment)
+    out = aligned_empty((n,) + first.shape, first.dtype, alignment)
     cdef char* dst = <char*>_buffer_address(out)
     for k in range(n):
         try:

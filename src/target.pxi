@@ -16,7 +16,7 @@ cdef class JaxTarget:
     """The installed JAX, built once per process by ``dlinspect._jaxcaps.JaxCaps.target``,
     whose docstrings say what each keyword is (``dlinspect doctor``: how each was resolved).
     ``put``, jaxlib's batched put: None where it does not view aligned row-major memory."""
-    cdef readonly object jax, jnp, import_fn, cpu_device, x64, x64_context, warn, default_device
+    cdef readonly object jax, jnp, import_fn, cpu_device, x64, warn, default_device
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
     cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
@@ -32,7 +32,7 @@ cdef class JaxTarget:
     cdef uint8_t _known[1 << 17]
 
     def __init__(self, *, jax, jnp, import_fn, bint direct, cpu_device, uintptr_t cpu_align,
-                 x64, x64_context, dict devices, platforms, set cpu_keys, probe, hold,
+                 x64, dict devices, platforms, set cpu_keys, probe, hold,
                  dict narrow, warn, stream_for, array_type, bint permuted_ok, assemble,
                  put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
                  uncommit=None, bint unit_strides_ok=True, row_major=None, default_device=None):
@@ -47,7 +47,6 @@ cdef class JaxTarget:
         self.cpu_align = cpu_align
         self.default_device = default_device
         self.x64 = x64
-        self.x64_context = x64_context
         self.devices = devices
         self.cpu_keys = cpu_keys
         self.platforms = frozenset(platforms)

@@ -394,7 +394,7 @@ class TestDeviceFastPath:
 
         return dlinspect._core.JaxTarget(
             jax=tg.jax, jnp=tg.jnp, import_fn=record, direct=True, cpu_device=cpu,
-            cpu_align=tg.cpu_align, x64=tg.x64, x64_context=tg.x64_context,
+            cpu_align=tg.cpu_align, x64=tg.x64,
             devices={(D.kDLCPU, 0): cpu, (D.kDLCUDA, 0): cpu, (D.kDLCUDAHost, 0): cpu},
             platforms={"cpu", "cuda"}, cpu_keys={(D.kDLCPU, 0)},
             probe=lambda code, bits: None, hold=lambda code, bits: None, narrow={},

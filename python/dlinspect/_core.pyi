@@ -160,8 +160,7 @@ class JaxTarget:
     default_device: Any   # where memory with no device named goes, None: the CPU device
     cpu_align: int
     copy_align: int
-    x64: Any
-    x64_context: Callable[[bool], Any]
+    x64: Any   # .value: JAX's x64 mode; x64(on): a context that sets it
     platforms: frozenset[str]
     warn: Callable[[str], None]
     stream_for: Callable[[int, int], int | None]
@@ -175,7 +174,6 @@ class JaxTarget:
     row_major: Callable[[Any], bool]
     def __init__(self, *, jax: Any, jnp: Any, import_fn: Callable[..., Any], direct: bool,
                  cpu_device: Any, cpu_align: int, x64: Any,
-                 x64_context: Callable[[bool], Any],
                  devices: dict[tuple[int, int], Any], platforms: set[str] | frozenset[str],
                  cpu_keys: set[tuple[int, int]], probe: Callable[[int, int], str | None],
                  hold: Callable[[int, int], str | None], narrow: dict[int, tuple[int, str]],

@@ -278,7 +278,7 @@ class JaxCaps:
         return self.core.JaxTarget(
             jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
             cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
-            x64_context=self.x64, devices=self.devices, platforms=self.platforms,
+            devices=self.devices, platforms=self.platforms,
             cpu_keys={k for k, d in self.devices.items() if d.platform == "cpu"},
             probe=self._probe_dtype, hold=self._probe_hold, warn=self.core.warn,
             stream_for=self.stream_for, narrow=_NARROW,

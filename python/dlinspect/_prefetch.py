@@ -327,7 +327,7 @@ class _Worker(threading.Thread):
 
     def run(self) -> None:
         try:
-            with jax_target().x64_context(self.x64):
+            with jax_target().x64(self.x64):
                 for item in self.batches:
                     if not self._put(item):
                         return

@@ -207,7 +207,7 @@ class _ToJax:
             options = options.replaced(device=None)
         self.options, self.report = options, LoaderReport()
         self.x64 = bool(tg.x64.value)
-        self.context = tg.x64_context if threaded else contextlib.nullcontext
+        self.context = tg.x64 if threaded else contextlib.nullcontext
 
     def next_of(self, parent: Any) -> Any:
         """The next element of grain iterator ``parent``, converted; StopIteration at its end."""
