@@ -20,9 +20,16 @@ cdef class _Part:
     # batch's; None: every leaf is taken as it is (no proof asked: copy given, or a tensor alone).
     cdef dict owned
 
+    cdef proof(self, leaf):
+        """What proved tensor ``leaf``'s memory the batch's (a torch storage, or True); True
+        where no proof is asked; None: not proven (Need.ALIASED)."""
+        if self.owned is None:
+            return True
+        return self.owned.get(_key(leaf))
+
     cdef bint aliased(self, leaf) except -1:
         """``leaf`` is a tensor the batch is not proven to own the memory of (Need.ALIASED)."""
-        return self.owned is not None and _key(leaf) not in self.owned
+        return self.proof(leaf) is None
 
     cdef str keystr(self, Py_ssize_t i):
         """Leaf ``i``'s key path, as ``jax.tree_util.keystr`` writes it (the prefix first)."""
@@ -167,7 +174,8 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
     try:
         for i in range(len(leaves)):
             try:
-                got = _decide(leaves[i], tg, "jax", opts, part.aliased(leaves[i]), i, reuse)
+                proof = part.proof(leaves[i])
+                got = _decide(leaves[i], tg, "jax", opts, proof is None, i, reuse, proof)
             except NotNumericError:
                 continue   # not a numeric tensor: a leaf kept as it is
             if got is leaves[i] or (<_Leaf>got).verdict == _V_PASS:
@@ -182,7 +190,7 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                 report._note(part.offset + i, d.route, d.info, d.needs, opts.copy is True)
             plan.append(d)
     except BaseException as exc:
-        got = d = None   # the exports let go of with the error handled (see _convert)
+        got = d = proof = None   # the exports let go of with the error handled (see _convert)
         _mark_leaf(exc, i)
         raise
     return 0

@@ -309,18 +309,20 @@ cdef _torch_take(x, _TypeEntry entry):
     return cap
 
 
-cdef TensorInfo _torch_view(x, _TypeEntry entry, PyObject** cap_out):
+cdef TensorInfo _torch_view(x, _TypeEntry entry, PyObject** cap_out, storage):
     """MODE_VIEW: the header of a host torch tensor _torch_take would take, read through the
     exchange API without making a managed tensor; *cap_out is the tensor's storage, which
-    keeps the memory alive as the base of a view (a later ``x.set_()`` cannot free it). Else
-    None."""
+    keeps the memory alive as the base of a view (a later ``x.set_()`` cannot free it): the
+    ``storage`` the batch's proof found, else asked for. Else None."""
     cdef DLTensor t
     if entry.api.dltensor_from_py_object_no_sync(<void*>x, &t) != 0:
         PyErr_Clear()
         return None
     if not _torch_on_host(x, entry, &t):
         return None
-    return _handing(_new_info(&t, SRC_EXCHANGE, 0), x.untyped_storage(), cap_out)
+    if storage is None or storage is True:
+        storage = x.untyped_storage()
+    return _handing(_new_info(&t, SRC_EXCHANGE, 0), storage, cap_out)
 
 
 cdef bint _torch_on_host(x, _TypeEntry entry, const DLTensor* t) except -1:
@@ -472,9 +474,10 @@ cdef inline TensorInfo _handing(TensorInfo info, cap, PyObject** cap_out):
 # contract: returns the TensorInfo and sets *cap_out to a new reference to the capsule
 # (left NULL only in MODE_PEEK through the exchange API; an out-parameter: peek is on the
 # hot path); a bare capsule is read, never consumed; on a raise *cap_out is untouched.
-# ``refuse_device`` judges the reported device before the export (fallback="raise").
+# ``refuse_device`` judges the reported device before the export (fallback="raise");
+# ``proof``: what the batch's proof found for ``x`` (a torch storage: MODE_VIEW's owner).
 cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
-                        _TypeEntry entry=None, refuse_device=None):
+                        _TypeEntry entry=None, refuse_device=None, proof=None):
     if PyCapsule_CheckExact(x):
         info = _peek_capsule(x)
         info._bare = True
@@ -484,7 +487,7 @@ cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
     _guard(x, entry, mode)
     cdef _Asked dev = _Asked(0, 0, False, True)
     if entry.api != NULL:
-        info = _api_header(x, entry, mode, &dev, cap_out)
+        info = _api_header(x, entry, mode, &dev, cap_out, proof)
         if info is not None:
             return info
     if not dev.asked and entry.has_device and mode != MODE_HOST_COPY:
@@ -498,7 +501,8 @@ cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
     return _handing(info, cap, cap_out)
 
 
-cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObject** cap_out):
+cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObject** cap_out,
+                            proof):
     """The header through the DLPack C exchange API: a taken torch tensor's, or the TensorInfo
     in MODE_PEEK; else None (then ``__dlpack__``), with the device in ``dev`` where the API
     said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
@@ -511,7 +515,7 @@ cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObjec
         if x.requires_grad:
             return None
         if mode == MODE_VIEW:
-            return _torch_view(x, entry, cap_out)
+            return _torch_view(x, entry, cap_out, proof)
         cap = _torch_take(x, entry)
         return None if cap is None else _handing(_peek_capsule(cap), cap, cap_out)
     cdef DLTensor t

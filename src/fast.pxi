@@ -32,12 +32,14 @@ cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
 
 
 cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
-             Py_ssize_t index=-1, bint reuse=False):
+             Py_ssize_t index=-1, bint reuse=False, proof=None):
     """The one decision for tensor ``x`` into ``target`` (``tg`` None for "host"): its
     ``_Leaf``, its export taken from the producer but unconsumed. ``aliased``: a batch
     leaf not proven to own its memory (Need.ALIASED); ``index``: its index in a batch
     part, where a value that is not a tensor is returned as it is; ``reuse``: a split
-    decided before for this header and sharding is viewed again (_SplitViews)."""
+    decided before for this header and sharding is viewed again (_SplitViews); ``proof``:
+    what proved a batch leaf's memory its own (_Part.proof: a torch storage, handed on to
+    the export, which then does not ask for it again)."""
     cdef _Leaf d = _Leaf.__new__(_Leaf)
     cdef PyObject* p = NULL
     cdef _TypeEntry entry = None
@@ -56,7 +58,7 @@ cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
             return d
     try:
         d.info = _export(x, MODE_TAKE if tg is None else MODE_VIEW,
-                         None if tg is None else tg.stream_for, &p, entry, _refuser(tg, opts))
+                         None if tg is None else tg.stream_for, &p, entry, _refuser(tg, opts), proof)
     except NotDescribableError as exc:   # (nothing taken)
         d.route = route_numpy_copy(exc.with_traceback(None), tg, target, opts)
         return d
