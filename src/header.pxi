@@ -577,13 +577,13 @@ cdef TensorInfo _peek_capsule(cap):
 
 cdef int _raise_bad_capsule(cap) except -1:
     """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
-    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
+    name = capsule_name(cap) if PyCapsule_CheckExact(cap) else None
     if PyCapsule_IsValid(cap, LEGACY_USED) or PyCapsule_IsValid(cap, VERSIONED_USED):
         raise CapsuleConsumedError(
-            f"the DLPack capsule is named {name.decode()!r}: a consumer already took "
+            f"the DLPack capsule is named {name!r}: a consumer already took "
             f"the tensor (a capsule is consumed exactly once), so nothing in it was read. "
             f"Call the producer's __dlpack__() again for a fresh capsule.")
-    shown = "no name" if name == NULL else f"the name {name.decode(errors='replace')!r}"
+    shown = "no name" if name is None else f"the name {name!r}"
     raise NotDLPackError(
         f"a PyCapsule with {shown} is not a DLPack tensor; expected 'dltensor' or "
         f"'dltensor_versioned'. Pass the array itself or the capsule its __dlpack__() returns.")
