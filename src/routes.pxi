@@ -259,7 +259,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device, tg.cpu_device)
+                                   facts, opts.device or tg.cpu_device)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -401,9 +401,9 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
 
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, device=None, cpu=None):
+                               bint refuse, dict facts, jax_device=None):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
-    host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
+    host copy, onto ``jax_device``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
     if refuse or bare:
         return fail("no-device", info, target, needs, bare=bare, **facts)
@@ -413,7 +413,7 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
-                       copy_bytes=info.nbytes, jax_device=device or cpu,
+                       copy_bytes=info.nbytes, jax_device=jax_device,
                        methods=tuple(host_methods(source)), into=into, **facts))
 
 
