@@ -307,7 +307,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
         needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # memory is copied first: the put reads later)
     blocking = needs & _C_COPY_NEEDS   # (what blocks a view: what a copy of the bytes resolves)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
-                 permuted=info._contiguous(_ANY_ORDER))
+                 permuted=info._contiguous(_ANY_ORDER), copy_true=copy is True)
     cdef bint stays = not blocking and dest == src   # (viewed as it is, unless copy=True)
     if copy is False and not stays:
         return fail("copy-forbidden", info, "jax", needs, **facts)
@@ -315,16 +315,15 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
     cdef bint bytes_copy = copy or (blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
-        return fail("packed-copy", info, "jax", needs, copy_true=copy is True, **facts)
+        return fail("packed-copy", info, "jax", needs, **facts)
     cdef bint view = stays and not copy
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
-    facts["relayout"] = relayout
     return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
-                 copy_true=copy is True, **facts)
+                 relayout=relayout, **facts)
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
