@@ -531,14 +531,14 @@ def route_jax_array(x, Options opts, JaxTarget tg):
         if bad is not None:
             return fail("uneven", None, "jax", jax_array=x, sharding=want, uneven=bad)
     cdef bint relayout = not _row_major_array(x, tg)
+    facts = dict(jax_array=x, where=want, relayout=relayout)
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
-        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x, where=want)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, **facts)
     if opts.copy is False:
-        return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
-    return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,
-                 jax_array=x, where=want, relayout=relayout)
+        return fail("copy-forbidden", None, "jax", **facts)
+    return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device, **facts)
 
 
 cdef bint _already_there(x, want) except -1:
