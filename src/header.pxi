@@ -195,7 +195,7 @@ cdef class TensorInfo:
     @property
     def byte_strides(self):
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
-        return tuple([<object>self._strides[i] * self.itemsize for i in range(self.ndim)])
+        return tuple([stride * self.itemsize for stride in self.strides])
 
     @property
     def dtype(self):
@@ -203,7 +203,7 @@ cdef class TensorInfo:
 
     @property
     def dtype_name(self):
-        return dtype_name(self._code, self._bits, self._lanes)
+        return dtype_name(*self.dtype)
 
     @property
     def numpy_dtype(self):
@@ -237,7 +237,7 @@ cdef class TensorInfo:
 
     @property
     def capsule_name(self):
-        return _SOURCE_NAMES[self._source] if self._source < SRC_EXCHANGE else None
+        return self.source if self._source < SRC_EXCHANGE else None
 
     @property
     def source(self):
