@@ -146,10 +146,9 @@ def _ex_empty(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_producer_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """No JAX device for it: the producer's copy into memory JAX views, else its host copy."""
     del cap   # the device capsule is not needed: its producer frees it now
-    out, tried = _copy_into_host(route, x, tg.copy_align)
-    if out is not None:
-        return _put_host(tg, out, route.jax_device, opts.committed)
-    host = _host_from_producer(x, route.info, "jax", tried)
+    host, into = _producer_host(route, x, tg.copy_align)
+    if into:   # (dlinspect's own memory, row-major: put as it is)
+        return _put_host(tg, host, route.jax_device, opts.committed)
     # (the caller's narrowing warning, once the copy is in hand: see _prepare)
     if route.warning is not None:
         warn(route.warning)
@@ -234,33 +233,32 @@ cdef _finish(JaxTarget tg, arr, Route route, Options opts=None):
     return arr
 
 
-cdef tuple _copy_into_host(Route route, x, Py_ssize_t align):
-    """The producer's copy into memory dlinspect allocates: ``(array, [])``, ``(None, tried)``."""
+cdef tuple _producer_host(Route route, x, Py_ssize_t align):
+    """The producer's host copy of ``route``'s tensor: ``(array, True)`` where it copied into
+    memory dlinspect allocates (its row's ``into``); else ``(copy, False)``, export_host_copy's
+    (a capsule or an ndarray), checked against the header (ProducerError); else
+    UnsupportedDeviceError listing what was tried."""
+    cdef TensorInfo info = route.info
     into = route.facts.get("into")
-    if into is None:
-        return None, []
-    info = route.info
-    out = _allocate(info.shape, info.numpy_dtype, align, info)
-    tried = _producer_copy_into(x, into, out)
-    return (None if tried else out), tried
-
-
-cdef _host_from_producer(x, TensorInfo info, str target, list tried):
-    """export_host_copy's copy, a capsule or an ndarray, checked against the header
-    (ProducerError); else UnsupportedDeviceError listing ``tried`` and more."""
+    tried = []
+    if into is not None:
+        out = _allocate(info.shape, info.numpy_dtype, align, info)
+        tried = _producer_copy_into(x, into, out)
+        if not tried:
+            return out, True
     got, host_info = export_host_copy(x)
     if got is None:
         raise UnsupportedDeviceError(
             f"{_words.describe(info)} could not be brought to host memory. Tried: "
             f"{'; '.join(tried + host_info)}. To fix: "
-            f"{_words.device_fix(info._dev_type, target, False)}.")
+            f"{_words.device_fix(info._dev_type, route.target, False)}.")
     want = info.numpy_dtype
     if isinstance(host_info, TensorInfo):   # (a capsule)
         if host_info.shape != info.shape or host_info.dtype != info.dtype:
             raise _copy_mismatch(x, info, host_info.shape, host_info.dtype_name)
     elif got.shape != info._host_shape() or (want is not None and got.dtype != want):
         raise _copy_mismatch(x, info, got.shape, got.dtype.name)
-    return got
+    return got, False
 
 
 cdef _copy_mismatch(x, TensorInfo info, shape, str dtype):
@@ -345,9 +343,7 @@ cdef _unpack_subbyte(cap, TensorInfo info):
 
 def _host_producer_copy(Route route, cap, x):
     del cap
-    out, tried = _copy_into_host(route, x, 64)
-    if out is None:
-        out = _host_from_producer(x, route.info, "host", tried)
+    out = _producer_host(route, x, 64)[0]
     if not PyCapsule_CheckExact(out):
         return out
     cdef _Leaf d = _decide(out, None, "host", DEFAULT)

@@ -1,6 +1,5 @@
 # front.pxi: the front doors (to_jax, plan, explain, to_host) and the JaxTarget they read.
 
-import threading as _threading
 from dlinspect import _jaxcaps, _tree
 
 # to_jax's string defaults, compared by identity on the hot path (an equal string: checked).

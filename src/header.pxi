@@ -195,7 +195,7 @@ cdef class TensorInfo:
     @property
     def byte_strides(self):
         # Python ints: an extent-1 dimension may carry any stride, e.g. 2**62.
-        return tuple([<object>self._strides[i] * self.itemsize for i in range(self.ndim)])
+        return tuple([stride * self.itemsize for stride in self.strides])
 
     @property
     def dtype(self):
@@ -203,7 +203,7 @@ cdef class TensorInfo:
 
     @property
     def dtype_name(self):
-        return dtype_name(self._code, self._bits, self._lanes)
+        return dtype_name(*self.dtype)
 
     @property
     def numpy_dtype(self):
@@ -237,7 +237,7 @@ cdef class TensorInfo:
 
     @property
     def capsule_name(self):
-        return _SOURCE_NAMES[self._source] if self._source < SRC_EXCHANGE else None
+        return self.source if self._source < SRC_EXCHANGE else None
 
     @property
     def source(self):
@@ -577,13 +577,13 @@ cdef TensorInfo _peek_capsule(cap):
 
 cdef int _raise_bad_capsule(cap) except -1:
     """The error of ``cap``, which holds no tensor to read: consumed, or not DLPack's."""
-    cdef const char* name = PyCapsule_GetName(cap) if PyCapsule_CheckExact(cap) else NULL
+    name = capsule_name(cap) if PyCapsule_CheckExact(cap) else None
     if PyCapsule_IsValid(cap, LEGACY_USED) or PyCapsule_IsValid(cap, VERSIONED_USED):
         raise CapsuleConsumedError(
-            f"the DLPack capsule is named {name.decode()!r}: a consumer already took "
+            f"the DLPack capsule is named {name!r}: a consumer already took "
             f"the tensor (a capsule is consumed exactly once), so nothing in it was read. "
             f"Call the producer's __dlpack__() again for a fresh capsule.")
-    shown = "no name" if name == NULL else f"the name {name.decode(errors='replace')!r}"
+    shown = "no name" if name is None else f"the name {name!r}"
     raise NotDLPackError(
         f"a PyCapsule with {shown} is not a DLPack tensor; expected 'dltensor' or "
         f"'dltensor_versioned'. Pass the array itself or the capsule its __dlpack__() returns.")

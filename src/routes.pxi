@@ -259,7 +259,7 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
         facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device, tg.cpu_device)
+                                   facts, opts.device or tg.cpu_device)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -307,7 +307,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
         needs &= ~(NEED_ALIGN | NEED_READ_ONLY)   # memory is copied first: the put reads later)
     blocking = needs & _C_COPY_NEEDS   # (what blocks a view: what a copy of the bytes resolves)
     facts = dict(src=src, dest=dest, align=tg.cpu_align, narrow=narrow,
-                 permuted=info._contiguous(_ANY_ORDER))
+                 permuted=info._contiguous(_ANY_ORDER), copy_true=copy is True)
     cdef bint stays = not blocking and dest == src   # (viewed as it is, unless copy=True)
     if copy is False and not stays:
         return fail("copy-forbidden", info, "jax", needs, **facts)
@@ -315,16 +315,15 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     # happen after import, but host memory is narrowed by its copy (NumPy's cast: JAX's values).
     cdef bint bytes_copy = copy or (blocking if host else blocking & ~NEED_NARROW)
     if needs & NEED_PACKED and bytes_copy:
-        return fail("packed-copy", info, "jax", needs, copy_true=copy is True, **facts)
+        return fail("packed-copy", info, "jax", needs, **facts)
     cdef bint view = stays and not copy
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
-    facts["relayout"] = relayout
     return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
-                 copy_true=copy is True, **facts)
+                 relayout=relayout, **facts)
 
 
 cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device, bint host):
@@ -401,9 +400,9 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
 
 
 cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, device=None, cpu=None):
+                               bint refuse, dict facts, jax_device=None):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
-    host copy, onto ``device`` or else ``cpu``, or the error (``refuse``: fallback="raise")."""
+    host copy, onto ``jax_device``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
     if refuse or bare:
         return fail("no-device", info, target, needs, bare=bare, **facts)
@@ -413,7 +412,7 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
     return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
-                       copy_bytes=info.nbytes, jax_device=device or cpu,
+                       copy_bytes=info.nbytes, jax_device=jax_device,
                        methods=tuple(host_methods(source)), into=into, **facts))
 
 
@@ -532,14 +531,14 @@ def route_jax_array(x, Options opts, JaxTarget tg):
         if bad is not None:
             return fail("uneven", None, "jax", jax_array=x, sharding=want, uneven=bad)
     cdef bint relayout = not _row_major_array(x, tg)
+    facts = dict(jax_array=x, where=want, relayout=relayout)
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
-        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, jax_array=x, where=want)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, **facts)
     if opts.copy is False:
-        return fail("copy-forbidden", None, "jax", jax_array=x, where=want, relayout=relayout)
-    return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device,
-                 jax_array=x, where=want, relayout=relayout)
+        return fail("copy-forbidden", None, "jax", **facts)
+    return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device, **facts)
 
 
 cdef bint _already_there(x, want) except -1:
