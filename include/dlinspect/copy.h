@@ -530,9 +530,7 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
   int64_t step;
   int n = 0, d;
   for (d = 0; d < ndim; d++) {
-    if (shape[d] == 0) return 0;
-  }
-  for (d = 0; d < ndim; d++) {
+    if (shape[d] == 0) return 0; /* (what L holds then is never read) */
     if (shape[d] == 1) continue; /* its stride never moves the pointer */
     /* Merge with the axis before when together they are one run of the inner stride. */
     if (n > 0 && L->sstr[n - 1] == strides[d] * shape[d]) {
