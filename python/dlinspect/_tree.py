@@ -31,15 +31,12 @@ _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
 
 
-def _tensor_type(tp: type) -> bool:
-    """A tensor type (``__dlpack__`` or the C exchange API): a leaf, whatever else it is."""
-    return hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
-
-
 def _kind(tp: type) -> int:
     kind = _kinds.get(tp)
     if kind is None:
-        kind = (_LEAF if _tensor_type(tp) else _MAPPING if issubclass(tp, Mapping)
+        # A tensor type (__dlpack__ or the C exchange API) is a leaf, whatever else it is.
+        tensor = hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
+        kind = (_LEAF if tensor else _MAPPING if issubclass(tp, Mapping)
                 else _DATACLASS if dataclasses.is_dataclass(tp)
                 else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
                 else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
