@@ -172,9 +172,10 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
 
 
 @functools.cache   # (never emptied: the core borrows its values)
-def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
-    """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
-    if lanes != 1 or code == _C.kDLOpaqueHandle:
+def numpy_dtype(code: int, bits: int) -> Any:
+    """The dtype of one lane of ``(code, bits)``; None for opaque handles and ml_dtypes' types
+    without ml_dtypes."""
+    if code == _C.kDLOpaqueHandle:
         return None
     row = DTYPES.get((code, bits))
     if row and row.numpy:
