@@ -181,10 +181,12 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
     errors: dict[int, ContainerError] = {}
     for leaf in outer:
         kind = _leaf_kind(type(leaf), is_leaf)
-        part = None if kind == _LEAF else _container(kind, leaf, is_leaf)
-        if isinstance(part, ContainerError):
-            errors[len(leaves)] = part
-            part = None
+        part = None
+        if kind != _LEAF:
+            try:
+                part = _container(kind, leaf, is_leaf)
+            except ContainerError as exc:   # (it refuses its own values: kept whole, as a leaf)
+                errors[len(leaves)] = exc
         parts.append(part)
         if part is None:
             leaves.append(leaf)
@@ -200,12 +202,10 @@ def _leaf_kind(tp: type, is_leaf: Any) -> int:
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
-    """``(kind, obj, names, subs)``, or the ContainerError of its rebuild."""
+    """``(kind, obj, names, subs)``; ContainerError where it cannot be rebuilt around its own
+    values."""
     names, values = _named_values(kind, obj)
-    try:
-        _rebuild(kind, obj, names, values)
-    except ContainerError as exc:
-        return exc
+    _rebuild(kind, obj, names, values)
     return (kind, obj, names, [_flatten(v, is_leaf) for v in values])
 
 
