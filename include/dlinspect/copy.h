@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -567,12 +568,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
  * the innermost axis, which strides wider than two elements (the rows of a stride of one or
  * two elements have vector loops of their own). */
 static inline int dl_plane_axis(const dl_layout* L) {
-  const int64_t inner = L->sstr[L->n - 1];
-  int64_t best = inner < 0 ? -inner : inner;
+  int64_t best = llabs(L->sstr[L->n - 1]); /* the innermost axis's stride, either sign */
   int tj = -1, d;
   if (best <= 2 * (int64_t)L->size) return -1; /* a broadcast row, or a nearly dense one */
   for (d = 0; d < L->n - 1; d++) {
-    const int64_t s = L->sstr[d] < 0 ? -L->sstr[d] : L->sstr[d];
+    const int64_t s = llabs(L->sstr[d]);
     if (s != 0 && s < best) {
       best = s;
       tj = d;
