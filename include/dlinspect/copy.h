@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -530,9 +531,7 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
   int64_t step;
   int n = 0, d;
   for (d = 0; d < ndim; d++) {
-    if (shape[d] == 0) return 0;
-  }
-  for (d = 0; d < ndim; d++) {
+    if (shape[d] == 0) return 0; /* (what L holds then is never read) */
     if (shape[d] == 1) continue; /* its stride never moves the pointer */
     /* Merge with the axis before when together they are one run of the inner stride. */
     if (n > 0 && L->sstr[n - 1] == strides[d] * shape[d]) {
@@ -569,12 +568,11 @@ static inline int dl_layout_make(dl_layout* L, int ndim, const int64_t* shape,
  * the innermost axis, which strides wider than two elements (the rows of a stride of one or
  * two elements have vector loops of their own). */
 static inline int dl_plane_axis(const dl_layout* L) {
-  const int64_t inner = L->sstr[L->n - 1];
-  int64_t best = inner < 0 ? -inner : inner;
+  int64_t best = llabs(L->sstr[L->n - 1]); /* the innermost axis's stride, either sign */
   int tj = -1, d;
   if (best <= 2 * (int64_t)L->size) return -1; /* a broadcast row, or a nearly dense one */
   for (d = 0; d < L->n - 1; d++) {
-    const int64_t s = L->sstr[d] < 0 ? -L->sstr[d] : L->sstr[d];
+    const int64_t s = llabs(L->sstr[d]);
     if (s != 0 && s < best) {
       best = s;
       tj = d;

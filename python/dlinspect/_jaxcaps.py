@@ -325,7 +325,8 @@ class JaxCaps:
         if not self.direct:
             self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
                                         "copies")
-        if not self.direct or put is None or self._shaped_array is None:
+            return {}
+        if put is None or self._shaped_array is None:
             return {}
 
         def view(buf: np.ndarray, committed: bool = False) -> Any:
@@ -352,7 +353,8 @@ class JaxCaps:
         if not self.direct:
             self._unused("result_handler",
                          f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
-        if handler_fn is None or self._shaped_array is None or not self.direct:
+            return None
+        if handler_fn is None or self._shaped_array is None:
             return None
         # jaxlib <= 0.10 takes _skip_checks (its checks cost per call); 0.12 does not.
         skip = {"_skip_checks": True} if "_skip_checks" in (handler_fn.__doc__ or "") else {}

@@ -94,7 +94,7 @@ def as_device_type(value: int) -> Any:
 def device_name(device_type: int, device_id: int | None = None) -> str:
     """``"kDLVulkan:0"`` style name; unknown types print as ``"DLDeviceType(42)"``."""
     member = _DEVICE_BY_VALUE.get(device_type)
-    name = member.name if member is not None else f"DLDeviceType({int(device_type)})"
+    name = member.name if member else f"DLDeviceType({int(device_type)})"
     return name if device_id is None else f"{name}:{device_id}"
 
 
@@ -165,16 +165,17 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
     """The NumPy / ml_dtypes name (``"bfloat16"``); ``"float32x4"`` for 4 lanes,
     ``"DLDataType(code=42, bits=8)"`` for an unknown code."""
     row = DTYPES.get((code, bits))
-    name = (row.name if row is not None else f"{_CODE_PREFIX[code]}{bits}" if code in _CODE_PREFIX
+    name = (row.name if row else f"{_CODE_PREFIX[code]}{bits}" if code in _CODE_PREFIX
             else f"{DLDataTypeCode(code).name}[bits={bits}]" if code in _DATA_TYPE_CODES
             else f"DLDataType(code={code}, bits={bits})")
     return name if lanes == 1 else f"{name}x{lanes}"
 
 
 @functools.cache   # (never emptied: the core borrows its values)
-def numpy_dtype(code: int, bits: int, lanes: int = 1) -> Any:
-    """None for vector types, opaque handles and ml_dtypes' types without ml_dtypes."""
-    if lanes != 1 or code == _C.kDLOpaqueHandle:
+def numpy_dtype(code: int, bits: int) -> Any:
+    """The dtype of one lane of ``(code, bits)``; None for opaque handles and ml_dtypes' types
+    without ml_dtypes."""
+    if code == _C.kDLOpaqueHandle:
         return None
     row = DTYPES.get((code, bits))
     if row and row.numpy:

@@ -31,15 +31,12 @@ _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
 
 
-def _tensor_type(tp: type) -> bool:
-    """A tensor type (``__dlpack__`` or the C exchange API): a leaf, whatever else it is."""
-    return hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
-
-
 def _kind(tp: type) -> int:
     kind = _kinds.get(tp)
     if kind is None:
-        kind = (_LEAF if _tensor_type(tp) else _MAPPING if issubclass(tp, Mapping)
+        # A tensor type (__dlpack__ or the C exchange API) is a leaf, whatever else it is.
+        tensor = hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
+        kind = (_LEAF if tensor else _MAPPING if issubclass(tp, Mapping)
                 else _DATACLASS if dataclasses.is_dataclass(tp)
                 else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
                 else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
@@ -184,10 +181,12 @@ def _flatten(x: Any, is_leaf: Any, level: int = 0) -> Flat:
     errors: dict[int, ContainerError] = {}
     for leaf in outer:
         kind = _leaf_kind(type(leaf), is_leaf)
-        part = None if kind == _LEAF else _container(kind, leaf, is_leaf)
-        if isinstance(part, ContainerError):
-            errors[len(leaves)] = part
-            part = None
+        part = None
+        if kind != _LEAF:
+            try:
+                part = _container(kind, leaf, is_leaf)
+            except ContainerError as exc:   # (it refuses its own values: kept whole, as a leaf)
+                errors[len(leaves)] = exc
         parts.append(part)
         if part is None:
             leaves.append(leaf)
@@ -203,12 +202,10 @@ def _leaf_kind(tp: type, is_leaf: Any) -> int:
 
 
 def _container(kind: int, obj: Any, is_leaf: Any) -> Any:
-    """``(kind, obj, names, subs)``, or the ContainerError of its rebuild."""
+    """``(kind, obj, names, subs)``; ContainerError where it cannot be rebuilt around its own
+    values."""
     names, values = _named_values(kind, obj)
-    try:
-        _rebuild(kind, obj, names, values)
-    except ContainerError as exc:
-        return exc
+    _rebuild(kind, obj, names, values)
     return (kind, obj, names, [_flatten(v, is_leaf) for v in values])
 
 

@@ -224,10 +224,10 @@ def _subject(route: Any) -> str:
 
 
 def _lanes_share_bytes(route: Any) -> Parts:
-    _, bits, lanes = route.info.dtype
+    dtype = route.info.dtype
     return (UnsupportedDTypeError, _subject(route),
-            f"has {_dtype_text(route.info)}: {lanes} lanes of {bits} bits share each byte, so they "
-            f"cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
+            f"has {_dtype_text(route.info)}: {dtype.lanes} lanes of {dtype.bits} bits share each byte, "
+            f"so they cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
             "To fix: unpack it with its own library first (e.g. torch: view the bytes as uint8).")
 
 
@@ -353,8 +353,9 @@ def _copy_forbidden(route: Any) -> Parts:
         subject, found = "", f"{_no_device_head(route)} Going through host memory {refused}"
         fixes = ["move the tensor to host memory yourself"]
     elif route.target == "host":   # packed sub-byte data unpacked into NumPy
-        bits = route.info.dtype.bits * route.info.dtype.lanes
-        found = f"packs {bits}-bit elements, while NumPy stores one per byte: unpacking {refused}"
+        dtype = route.info.dtype
+        found = (f"packs {dtype.bits * dtype.lanes}-bit elements, while NumPy stores one per byte: "
+                 f"unpacking {refused}")
     elif f.get("put"):
         found = f"{refused}: {_numpy_put_words(route)}"
     elif f.get("spread"):

@@ -175,7 +175,7 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
     api = row["exchange_api"]
     words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"] + [
         f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}" for key in _KEYWORDS]
-    print(f"  {row['type']}: " + ", ".join(words), flush=True)
+    print(f"  {row['type']}: {', '.join(words)}", flush=True)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -237,7 +237,7 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in (p for p in (args.json, args.plot, args.markdown) if p):
+    for path in filter(None, (args.json, args.plot, args.markdown)):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             return f"cannot write {path}: the folder {folder} does not exist"
@@ -273,7 +273,7 @@ def _bench(args: argparse.Namespace) -> int:
         bench.plot_sweep(report, args.plot)
         print(f"wrote {args.plot}")
     if args.markdown:
-        bench.write_markdown(report, args.markdown, "dlinspect bench " + " ".join(sys.argv[2:]),
+        bench.write_markdown(report, args.markdown, f"dlinspect bench {' '.join(sys.argv[2:])}",
                              os.path.relpath(args.plot, os.path.dirname(args.markdown) or ".")
                              if args.plot else None)
         print(f"wrote {args.markdown}")
