@@ -42,7 +42,7 @@ show("NumPy, broadcast", np.broadcast_to(np.float32(7), (2, 3)))
 
 if torch is not None:
     print("peek:", dlinspect.peek(torch.ones(2, 3).t()), "\n")
-    show("torch, transposed (zero-copy)", torch.arange(6.0).reshape(2, 3).t())
+    show("torch, transposed (one copy into row-major order)", torch.arange(6.0).reshape(2, 3).t())
     show("torch, expand() (stride 0)", torch.tensor([1.0, 2.0]).expand(3, 2))
     show("torch, requires_grad", torch.ones(2, requires_grad=True))
 else:

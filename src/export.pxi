@@ -37,6 +37,7 @@ _TORCH_HINTS = (
      "nothing to move or view; make a tensor that has data first, e.g. "
      "torch.zeros_like(t, device=\"cpu\")"),
     ("device", "move it to host memory first: t.cpu()"),
+    ("quint|qint|quantiz", "call .dequantize() first (DLPack has no quantized types)"),
     ("conj", "call .resolve_conj() first (the conjugate bit is set lazily)"),   # conjugate too
     ("negative bit", "call .resolve_neg() first"),
     ("sparse|have storage", "call .to_dense() first (DLPack describes strided tensors only)"),

@@ -183,6 +183,17 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     route that fails leaves a caller's capsule unconsumed. ``plan(x)`` with the
     same options says what this does.
 
+    Zero-copy shares the producer's memory, so who else can write it decides. A
+    leaf of a batch (any container) is imported zero-copy only where reference
+    counts prove, before anything is taken, that nothing but the batch and the
+    calling code's own variables holds its memory (a NumPy array owning its data,
+    a torch tensor alone on storage torch allocated); otherwise it is copied, so
+    that a source refilling memory it hands over again cannot change a batch
+    kept. A tensor given alone, ``to_jax(x)``, follows DLPack's consumer contract
+    as ``jax.dlpack.from_dlpack(x)`` does: the result shares ``x``'s memory, and a
+    later write to ``x`` shows in it (``copy=True`` copies it). ``copy=False``
+    imports every leaf it can zero-copy, proven or not.
+
     Examples
     --------
     >>> import numpy as np, dlinspect
@@ -285,7 +296,10 @@ cdef _plan(x, target, Options opts):
     cdef JaxTarget tg = jax_target() if target == "jax" else None
     if tg is None or isinstance(x, TensorInfo) or is_tensor(x) and (
             opts.sharding is None or isinstance(opts.sharding, tg.jax.sharding.Sharding)):
-        return _plan_one(x, tg, target, opts)
+        route = _plan_one(x, tg, target, opts)
+        if tg is not None and not isinstance(x, TensorInfo):   # (its reason says it is shared)
+            route.facts["alone"] = True
+        return route
     owned = _owned(x, opts, -1)   # (first: nothing of dlinspect's holds a part of x yet)
     parts, where = _parts(x, tg, opts, True, owned)
     seen = set()
@@ -363,7 +377,8 @@ cdef _convert(x, JaxTarget tg, Options opts):
 
 
 @cython.binding(True)
-def explain(x, target="jax", **options):
+def explain(x, target="jax", *, device=None, copy=None, sharding=None, fallback="host",
+            readonly="copy", leaves="keep", narrow="warn"):
     """The header and the route, in a few readable lines (one block per pytree leaf).
 
     Parameters
@@ -372,9 +387,8 @@ def explain(x, target="jax", **options):
         What :func:`plan` takes; a capsule is read, never consumed.
     target : {"jax", "host"}
         Where it should go, as for :func:`plan`.
-    **options
-        :func:`plan`'s keyword options (``device``, ``copy``, ``sharding``,
-        ``fallback``, ``readonly``, ``leaves``, ``narrow``).
+    device, copy, sharding, fallback, readonly, leaves, narrow
+        :func:`plan`'s options.
 
     Returns
     -------
@@ -399,7 +413,8 @@ def explain(x, target="jax", **options):
     route to host: zero-copy
       NumPy views the kDLCPU memory directly.
     """
-    routes = _plan(x, target, check_options(**options))
+    routes = _plan(x, target, check_options(device, copy, sharding, fallback, readonly, leaves,
+                                            narrow))
     if isinstance(routes, Route):
         return _words.explain_one(routes, x)
     return _words.explain_tree(_tree.flatten(routes))

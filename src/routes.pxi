@@ -561,9 +561,11 @@ def untouched(leaf, str target, Options opts):
     no leaf, at any depth)."""
     if leaf is None:
         return None
+    # (an array whose dtype DLPack has no type for: that dtype, said)
+    dtype = getattr(leaf, "dtype", None) if hasattr(type(leaf), "__dlpack__") else None
     if opts.leaves == "raise":
-        return fail("not-a-tensor", None, target, leaf_type=type(leaf))
-    return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf))
+        return fail("not-a-tensor", None, target, leaf_type=type(leaf), leaf_dtype=dtype)
+    return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf), leaf_dtype=dtype)
 
 
 def decide(TensorInfo info, tg, str target, Options opts, source=None, bint aliased=False):

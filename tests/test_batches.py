@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -142,6 +143,20 @@ class TestMixedLeaves:
             with pytest.raises(NotDLPackError):
                 to_jax({"nested": x}, leaves="raise")
         assert to_jax(None) is None and plan(None) is None
+
+    @pytest.mark.parametrize("array, dtype", [(np.array(["a", "b"]), "<U1"),
+                                              (np.array(["2020-01-01"], "datetime64[D]"),
+                                               "datetime64[D]"),
+                                              (np.array([None, 1], object), "object")])
+    def test_a_non_numeric_array_is_named_with_its_dtype(self, array, dtype):
+        # Why an array is no tensor is its dtype: said where it is kept and where refused.
+        kept = plan({"a": array})["a"]
+        assert kept.kind == "untouched"
+        assert f"numpy.ndarray of dtype {dtype}, which DLPack has no type for" in kept.reason
+        with pytest.raises(NotDLPackError, match=rf"\['a'\]: a leaf of type numpy\.ndarray of "
+                                                 rf"dtype {re.escape(dtype)}, which DLPack"):
+            to_jax({"a": array}, leaves="raise")
+        assert "of dtype" not in plan({"s": "text"})["s"].reason   # (no dtype: its type alone)
 
     @pytest.mark.parametrize("wrap", [lambda b: b, lambda b: {"outer": b}, lambda b: [b]])
     @pytest.mark.parametrize("make", [lambda t: {"a": t, "b": None}, lambda t: [t, None],

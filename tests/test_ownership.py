@@ -418,6 +418,19 @@ def test_a_tensor_given_alone_shares_its_memory():
     assert plan(x).kind == "zero-copy" and shares(to_jax(x), x)
 
 
+def test_plan_of_a_tensor_alone_says_it_is_shared_and_a_batch_leaf_does_not():
+    """The one behaviour for a tensor given alone, said where a user reads the route: the
+    result shares its memory, later writes show, copy=True copies it."""
+    x = aligned_empty(SHAPE, np.float32, 64)
+    alone = plan(x)
+    assert alone.kind == "zero-copy"
+    assert "A tensor given alone shares its memory" in alone.reason
+    assert "copy=True copies it" in alone.reason
+    assert "shares its memory" in dlinspect.explain(x)
+    assert "given alone" not in plan({"x": x})["x"].reason      # a batch's leaf: the rule
+    assert "given alone" not in plan(x, copy=True).reason       # a copy shares nothing
+
+
 def test_a_failed_proof_consumes_nothing():
     from dlinspect.testing import DeleterCounter, make_capsule
     counter = DeleterCounter()

@@ -89,6 +89,15 @@ class TestProducerErrors:
             to_jax(other)
         assert "arr.cast" not in str(info.value)
 
+    def test_a_quantized_torch_tensor_is_told_to_dequantize(self, torch):
+        # torch refuses quantized dtypes in its own words; the fix is torch's dequantize().
+        with warnings.catch_warnings():   # (torch deprecates making quantized tensors)
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8)
+        with pytest.raises(ProducerError, match=r"To fix: call \.dequantize\(\) first"):
+            to_jax(q)
+        assert q.is_quantized   # (refused, untouched)
+
     @pytest.mark.parametrize("module, name, method", [
         ("paddle.base.core", "Tensor", "x.astype(paddle.complex64)"),
         ("mlx.core", "array", "a.astype(mlx.core.complex64)"),
@@ -248,6 +257,15 @@ class TestProducerErrors:
         for bad in ("cpu", 1, 0):
             with pytest.raises(TypeError, match="jax.Device"):
                 to_jax(aligned([1.0]), device=bad)
+        # torch's way of naming a device: told that JAX names them by object, and which it has
+        platforms = sorted({d.platform for d in jax.devices()})
+        with pytest.raises(TypeError, match=rf"not the string 'cuda'.*this JAX's devices are "
+                                            rf"{', '.join(platforms)} ones"):
+            to_jax(aligned([1.0]), device="cuda")
+        # explain takes plan's options by name, and a misspelt one is named as explain's
+        with pytest.raises(TypeError, match=r"explain\(\) got an unexpected keyword argument 'narow'"):
+            explain(np.ones(3), narow="ok")
+        assert "float64" in explain(np.ones(3), narrow="ok")
 
     def test_explain(self):
         text = explain(np.arange(6, dtype=np.float32).reshape(2, 3)[:, :2])

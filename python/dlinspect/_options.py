@@ -28,6 +28,12 @@ def single_device(device: Any) -> Any:
     """The one ``jax.Device`` of ``device`` (a Device or a single-device Sharding)."""
     if device is None or is_device(device):
         return device
+    if isinstance(device, str):   # ("cuda", "cpu:0": torch's way, not JAX's)
+        platforms = sorted({d.platform for d in jax_module("jax").devices()})
+        raise TypeError(f"device must be a jax.Device or a single-device sharding, not the "
+                        f"string {device!r}: JAX names a device by its object, and this JAX's "
+                        f"devices are {', '.join(platforms)} ones (jax.devices()); e.g. "
+                        f"device=jax.devices()[0].")
     if not hasattr(device, "device_set"):
         raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
                         f"{device!r}; e.g. device=jax.devices('cpu')[0].")

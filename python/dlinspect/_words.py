@@ -123,8 +123,8 @@ _COPY_NEEDS = {
     Need.ALIGN: lambda r: (
         f"its data pointer {r.info.data_ptr:#x} is {r.info.alignment}-byte aligned and "
         f"XLA:CPU views only {r.facts['align']}-byte aligned memory",
-        f"allocate {r.facts['align']}-byte aligned memory (dlinspect.testing.aligned_empty; "
-        f"torch tensors are)"),
+        f"make batches with dlinspect.stack, or allocate {r.facts['align']}-byte aligned memory "
+        f"(dlinspect.testing.aligned_empty; torch tensors are)"),
     Need.NARROW: lambda r: (narrowing_warning(r.facts["narrow"], True),
                          'jax.config.update("jax_enable_x64", True)'),
     Need.ALIASED: lambda r: (
@@ -328,9 +328,18 @@ def _shard(route: Any) -> Parts:
             f"{shard.info.shape}) {first}", rest)
 
 
+def _leaf_kind(facts: dict[str, Any]) -> str:
+    """A leaf that is not a tensor: its type, and the dtype of an array DLPack has no type for."""
+    dtype = facts.get("leaf_dtype")
+    text = type_name(facts["leaf_type"])
+    if dtype is None:
+        return text
+    return f"{text} of dtype {dtype}, which DLPack has no type for"
+
+
 def _not_a_tensor(route: Any) -> Parts:
     return (NotDLPackError, "",
-            f"a leaf of type {type_name(route.facts['leaf_type'])} is not a tensor, and "
+            f"a leaf of type {_leaf_kind(route.facts)} is not a tensor, and "
             f"leaves='raise' was asked for.", "To fix: pass leaves='keep' to leave "
             "non-tensor leaves as they are, or take it out of the batch.")
 
@@ -475,11 +484,22 @@ def _host_lanes(info: Any) -> str:
     return f"; its {info.dtype.lanes} lanes are a trailing axis" if info.dtype.lanes != 1 else ""
 
 
+#: What a zero-copy route of a tensor given alone adds (plan(x) of one tensor).
+_SHARED_ALONE = (" A tensor given alone shares its memory with the result, as "
+                 "jax.dlpack.from_dlpack does (DLPack's consumer contract): a later write to it "
+                 "shows there; copy=True copies it (a leaf of a batch is shared only where the "
+                 "batch alone holds its memory).")
+
+
 def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a copy)
     if not route.zero_copy:
         reasons = _copy_reasons(route)[0] + ([_lanes_text(route.info)]
                                              if route.needs & Need.LANES else [])
         return f"A copy is needed: {'; '.join(reasons)}."
+    return _view_words(route) + (_SHARED_ALONE if route.facts.get("alone") else "")
+
+
+def _view_words(route: Any) -> str:
     info = route.info
     if route.needs & Need.LANES:
         text = _lanes_text(info)
@@ -493,7 +513,7 @@ def _jax_words(route: Any) -> str:   # (host memory put onto an accelerator: a c
 
 #: The one sentence of a route that is not an error, by its action.
 REASONS = {
-    T.KEEP: lambda route: f"Not a tensor ({type_name(route.facts['leaf_type'])}): left as it is.",
+    T.KEEP: lambda route: f"Not a tensor ({_leaf_kind(route.facts)}): left as it is.",
     T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
                            if "where" in route.facts else
                            "It already is a jax.Array: returned as it is (no DLPack round trip)."),
