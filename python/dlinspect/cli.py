@@ -237,7 +237,7 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in filter(None, (args.json, args.plot, args.markdown)):
+    for path in (p for p in (args.json, args.plot, args.markdown) if p):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             return f"cannot write {path}: the folder {folder} does not exist"
