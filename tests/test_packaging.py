@@ -115,6 +115,18 @@ def test_readme_figures_are_the_published_run():
     assert results["versions"]["jax"] in speed and results["machine"] in speed
 
 
+def test_bench_estimates_are_the_published_runs_seconds():
+    """What `dlinspect bench` says a full run of each suite takes is the time that suite
+    took in the published run (rounded up, within 20%), not a guess: an estimate of 30 min
+    for a suite that took an hour is a wrong promise."""
+    from dlinspect.bench import TYPICAL_SECONDS
+    results = json.loads((ROOT / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    assert not results["quick"]
+    for name, suite in results["suites"].items():
+        took = suite["seconds"]
+        assert took <= TYPICAL_SECONDS[name][1] <= 1.2 * took + 10, (name, took)
+
+
 def test_generated_blocks_are_their_sources():
     """Every generated block of README.md and docs/ is what scripts/figures.py renders from
     its source file (benchmarks/results.json, .ci/stacks.json, pyproject.toml,
