@@ -186,8 +186,10 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     Zero-copy shares the producer's memory, so who else can write it decides. A
     leaf of a batch (any container) is imported zero-copy only where reference
     counts prove, before anything is taken, that nothing but the batch and the
-    calling code's own variables holds its memory (a NumPy array owning its data,
-    a torch tensor alone on storage torch allocated); otherwise it is copied, so
+    variables of the function calling it holds its memory (a NumPy array owning
+    its data, a torch tensor alone on storage torch allocated; not a variable of a
+    function further up the stack, nor of a call's ``*args`` tuple: a source may
+    hold those); otherwise it is copied, so
     that a source refilling memory it hands over again cannot change a batch
     kept. A tensor given alone, ``to_jax(x)``, follows DLPack's consumer contract
     as ``jax.dlpack.from_dlpack(x)`` does: the result shares ``x``'s memory, and a

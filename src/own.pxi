@@ -15,8 +15,9 @@
 #   and the chain ends in an array that owns its data; any other object on it (bytes, mmap,
 #   memoryview, a capsule) proves nothing, but a torch tensor proven itself (t.numpy()) does;
 # - torch: its storage is held by this tensor alone and is torch's own allocation
-#   (resizable) or host memory torch shares between processes (a DataLoader worker's
-#   batch); borrowed memory (from_numpy, from_dlpack, frombuffer) is neither;
+#   (resizable, not shared) or shared host memory torch received from another process (a
+#   DataLoader worker's batch); borrowed memory (from_numpy, from_dlpack, frombuffer), a
+#   file's (from_file) and memory this process shares (share_memory_()) are none of these;
 # - any other producer, or a bare capsule: nothing is proven.
 # A jax.Array is immutable and needs no proof.
 
@@ -25,7 +26,6 @@ from cpython.ref cimport Py_REFCNT
 cdef extern from "Python.h":
     object PyFrame_GetLocals(PyFrameObject* frame)   # (a module's or class body's: its namespace)
     object PyFrame_GetCode(PyFrameObject* frame)
-    PyFrameObject* PyFrame_GetBack(PyFrameObject* frame)   # (a new reference; NULL: the outermost)
     int PyFrame_GetLasti(PyFrameObject* frame)
     int PY_VERSION_HEX
 
@@ -44,11 +44,9 @@ cdef bint _EXACT_COUNTS = not _sysconfig.get_config_var("Py_GIL_DISABLED")
 # 3.13; 3.14 may lend the caller's own (borrowed), so none is assumed there (a strong one
 # then counts as another holder: a copy, never a view of memory someone else holds).
 cdef Py_ssize_t _STACK_REFS = 1 if PY_VERSION_HEX < 0x030E0000 else 0
-# f(*args, **kwargs): the argument is held by the args tuple and, where there are keyword
-# arguments, by the array CPython unpacks them into (_PyStack_UnpackDict) for the call.
+# f(*args, **kwargs): the argument is held by a tuple, maybe the source's (_call_refs).
 cdef int _CALL_FUNCTION_EX = _dis.opmap["CALL_FUNCTION_EX"]
 cdef int _CO_OPTIMIZED = 0x1
-cdef int _FRAMES_MAX = 64   # calling frames whose variables are looked at, from the innermost
 
 # The references this module's own def functions hold to an argument while they run (Cython
 # >= 3.1 holds one as it parses arguments, 3.0 none): measured once (_core_held).
@@ -196,7 +194,8 @@ cdef list _slots(v):
 
 cdef _torch_owns(t):
     """A torch tensor's storage where it is held by the tensor alone (or with the base it is a
-    view of, which nothing else holds) and is torch's own or shared memory; else None."""
+    view of, which nothing else holds) and is torch's own, or shared memory another process
+    handed over (_received); else None."""
     global _torch_alone, _torch_use_count, _torch_private
     try:
         if _torch_alone < 0:
@@ -215,11 +214,25 @@ cdef _torch_owns(t):
         uses = _torch_use_count(storage._cdata)
         if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
             return None
-        if storage.resizable() or (storage.device.type == "cpu" and storage.is_shared()):
+        if storage.is_shared() and storage.device.type == "cpu":   # (CUDA's always says so)
+            return storage if _received(storage) else None
+        if storage.resizable():
             return storage
     except Exception:   # (a tensor without storage: its export says why)
         pass
     return None
+
+
+cdef bint _received(storage) except -1:
+    """Host memory ``storage`` shares with other processes is memory torch.multiprocessing
+    received from another process, which let go of it (a DataLoader worker's batch): in
+    torch's cache of received storages. Memory this process shares (``share_memory_()``, and
+    a fork's children write it) or maps from a file (``from_file``) is not."""
+    reductions = _sys.modules.get("torch.multiprocessing.reductions")
+    if reductions is None:
+        return False
+    cdata = storage._cdata
+    return any([ref.cdata == cdata for ref in list(reductions.shared_cache.values())])
 
 
 cdef bint _private_base(t) except -1:
@@ -241,49 +254,32 @@ cdef tuple _base_holders(t):
 
 cdef Py_ssize_t _call_refs() except -1:
     """The references the innermost Python frame's call into the core holds to the batch
-    it passes: its stack's, or the tuple's and the unpacked array's of ``f(*a, **kw)``."""
+    it passes: its stack's. None for ``f(*a, **kw)``: its tuple may be a fresh one or a
+    source's (``f(*source.args)``), and an empty ``**kw`` unpacks no array: uncounted, so
+    the leaves are copied, never shared by mistake."""
     cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL or PY_VERSION_HEX >= 0x030E0000:
         return _STACK_REFS
     cdef Py_ssize_t at = PyFrame_GetLasti(f)
     cdef bytes code = PyFrame_GetCode(f).co_code
-    if at < 0 or at + 1 >= len(code) or code[at] != _CALL_FUNCTION_EX:
-        return _STACK_REFS
-    return 1 + (code[at + 1] & 1)
+    if 0 <= at < len(code) and code[at] == _CALL_FUNCTION_EX:
+        return 0
+    return _STACK_REFS
 
 
 cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
     """``extra`` references to ``obj`` less those the calling code's own variables hold: the
-    variables of each frame on the call stack, from the innermost, until none is left (at
-    most _FRAMES_MAX frames); a namespace (a module's, a class body's) counted once. A
-    source's variables are none of these: a generator it runs is suspended, off the stack."""
+    variables of the innermost Python frame, the one calling the core (its locals and
+    cells, not an enclosing function's free variables; a module's or class body's
+    namespace). A frame further up is not the caller's: a source that calls back with
+    its buffer (``source(callback)``) holds it there, as a helper's caller holds its
+    batch; a generator a source runs is suspended, off the stack."""
     cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL:   # (a thread C started, running no Python)
         return extra
-    frame = <object><PyObject*>f   # (held here while ``f`` points at it)
-    cdef list spaces = []
-    cdef int k
-    for k in range(_FRAMES_MAX):
-        if PyFrame_GetCode(f).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
-            extra -= dl_frame_refs(<PyObject*>f, <PyObject*>obj)
-        else:
-            extra -= _namespace_refs(PyFrame_GetLocals(f), obj, spaces)
-        if extra <= 0:
-            return extra
-        frame = _take_ref(<PyObject*>PyFrame_GetBack(f))
-        if frame is None:
-            break
-        f = <PyFrameObject*>frame
-    return extra
-
-
-cdef Py_ssize_t _namespace_refs(ns, obj, list spaces) except -1:
-    """The entries of namespace ``ns`` bound to ``obj`` (0 where ``spaces`` had it)."""
-    for seen in spaces:
-        if seen is ns:
-            return 0
-    spaces.append(ns)
-    return sum([v is obj for v in ns.values()])
+    if PyFrame_GetCode(f).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
+        return extra - dl_frame_refs(<PyObject*>f, <PyObject*>obj)
+    return extra - sum([v is obj for v in PyFrame_GetLocals(f).values()])
 
 
 cdef dict _prove(x, Py_ssize_t held, bint own_frame):

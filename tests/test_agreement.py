@@ -347,12 +347,6 @@ def owned_batches(draw):
     return out
 
 
-def _convert_both(batch, copy):
-    """plan(batch) and to_jax(batch), batch in this frame's variable (the caller's own)."""
-    routes = dlinspect.plan(batch, copy=copy, narrow="ok")
-    return routes, dlinspect.to_jax(batch, copy=copy, narrow="ok")
-
-
 @settings(max_examples=max(20, EXAMPLES // 10), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=owned_batches(), copy=st.sampled_from([None, None, False, True]))
@@ -372,7 +366,9 @@ def test_batches_zero_copy_exactly_where_they_own_their_memory(recipe, copy):
     # the converting code's own variables (not a list: the list would be a holder)
     v0, v1, v2, v3 = (variables + [None] * 4)[:4]
     del variables
-    routes, out = _convert_both(batch, copy)
+    # (here, in the frame holding the variables: the converting code's own)
+    routes = dlinspect.plan(batch, copy=copy, narrow="ok")
+    out = dlinspect.to_jax(batch, copy=copy, narrow="ok")
     for i, (holder, _, deep) in enumerate(recipe):
         key = f"k{i}"
         where = ("deep", 0, key) if deep else ("flat", key)

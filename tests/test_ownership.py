@@ -250,11 +250,53 @@ def test_the_callers_own_variables_are_its_own():
     batch = {"x": fresh(2)}
     assert plan(batch)["x"].kind == "zero-copy"
 
-    def helper(b):           # a function the batch is passed on to: still the caller's
+    def helper(b):           # the function that calls to_jax: its variables are its own
         return plan(b)["x"].kind, to_jax(b)
 
-    kind, out = helper(batch)
-    assert kind == "zero-copy" and shares(out["x"], batch["x"])
+    kind, out = helper({"x": fresh(3)})
+    assert kind == "zero-copy" and float(out["x"][0, 0]) == values(3)[0, 0]
+
+
+def test_a_frame_further_up_is_not_the_callers():
+    """Only the function calling to_jax owns its variables: one further up the stack may be a
+    source that calls back with its one buffer, refilling it after each call, which looks
+    like a helper's caller holding its batch. Both copy, so kept batches keep their values."""
+    kept = []
+
+    def source(callback):
+        buf = fresh(0)
+        for i in range(3):
+            buf[...] = values(i)
+            callback({"x": buf})
+
+    source(lambda batch: kept.append(to_jax(batch)))
+    assert [float(b["x"][0, 0]) for b in kept] == [values(i)[0, 0] for i in range(3)]
+    batch = {"x": fresh(2)}
+
+    def helper(b):
+        return plan(b)["x"]
+
+    route = helper(batch)
+    assert route.kind == "copy" and route.needs & Need.ALIASED
+
+
+def test_an_enclosing_functions_variable_is_not_the_closures():
+    """A closure that calls to_jax reads the buffer through a free variable its enclosing
+    function shares, and that function (a source) refills it: copied, and a cell is never
+    counted once per frame that sees it."""
+    ring = []
+
+    def source():
+        buf = fresh(0)
+        ring.append(buf)
+
+        def emit():
+            return plan({"x": buf})["x"].kind, to_jax({"x": buf})
+        return emit()
+
+    kind, out = source()
+    ring[0][...] = values(7)
+    assert kind == "copy" and float(jnp.sum(out["x"] + 0)) == float(values(0).sum())
 
 
 def test_a_loop_that_unpacks_each_batch(torch):
@@ -285,15 +327,47 @@ def test_a_loop_at_a_modules_top_level(torch):
 def test_options_passed_as_keywords_and_unpacked():
     batch = {"x": fresh(1)}
     options = {"narrow": "ok"}
-    assert plan(batch, **options)["x"].kind == "zero-copy"
-    assert plan(*[batch])["x"].kind == "zero-copy"
-    assert (lambda b: plan(b, narrow="ok"))(batch)["x"].kind == "zero-copy"
+    assert plan(batch, narrow="ok")["x"].kind == "zero-copy"
+    assert (lambda b: plan(b, narrow="ok"))({"x": fresh(1)})["x"].kind == "zero-copy"
+    # f(*a, **kw) holds the batch in a tuple that may be the source's own (*source.args),
+    # and an empty **kw adds no reference: uncounted, so a copy
+    assert plan(batch, **options)["x"].kind == "copy"
+    assert plan(*[batch])["x"].kind == "copy"
     # functools.partial with keywords holds the batch once more, in an array of its own:
-    # uncounted, so a copy (a lambda or a def passes it as a variable, which is counted).
-    assert functools.partial(plan, narrow="ok")(batch)["x"].kind == "copy"
-    # (last: JAX lets go of the memory it views lazily, and until then a batch over it is
-    # aliased: another array views it)
-    assert shares(to_jax(batch, **options)["x"], batch["x"])
+    # uncounted, so a copy (a lambda or a def holds it in a variable, which is counted).
+    assert functools.partial(plan, narrow="ok")({"x": fresh(1)})["x"].kind == "copy"
+
+
+def test_a_sources_argument_tuple_unpacked_into_the_call_is_copied():
+    """``to_jax(*source.args)`` passes the source's own tuple, not a fresh one, and an empty
+    ``**kw`` makes no array: neither is taken for the call's own reference."""
+    class Source:
+        def __init__(self):
+            self.args = ({"x": fresh(0)},)
+
+    source, no_options = Source(), {}
+    out = to_jax(*source.args)
+    ring = [{"x": fresh(0)}]
+    out2 = to_jax(*ring[-1:], **no_options)
+    source.args[0]["x"][...] = values(5)
+    ring[0]["x"][...] = values(5)
+    assert float(out["x"][0, 0]) == float(out2["x"][0, 0]) == values(0)[0, 0]
+
+
+def test_shared_memory_this_process_shares_or_maps_is_copied(torch, tmp_path):
+    """Shared memory is proven only where torch received it from another process (a
+    DataLoader worker's batch, which the worker let go of). Memory this process shares
+    (``share_memory_()``, which a fork's children write) or maps from a file (``from_file``,
+    which another mapping of the file writes) is copied."""
+    path = tmp_path / "values.bin"
+    path.write_bytes(bytes(4 * 64))
+    mapped = torch.from_file(str(path), shared=True, size=64)
+    other = torch.from_file(str(path), shared=True, size=64)
+    out = to_jax({"x": mapped})
+    other.fill_(5.0)
+    assert float(jnp.sum(out["x"] + 0)) == 0.0
+    route = plan({"x": torch.zeros(64).share_memory_()})["x"]
+    assert route.kind == "copy" and route.needs & Need.ALIASED
 
 
 def test_torch_default_collate_with_workers_and_pinned_memory(torch):

@@ -11,7 +11,8 @@
 
 #include <Python.h>
 
-#define DL_FAST_CELL_OR_FREE 0xC0   /* CO_FAST_CELL | CO_FAST_FREE (pycore_code.h, 3.11+) */
+#define DL_FAST_CELL 0x40   /* CO_FAST_CELL (pycore_code.h, 3.11+): a variable inner functions share */
+#define DL_FAST_FREE 0x80   /* CO_FAST_FREE: an enclosing function's variable, not this frame's */
 
 #if PY_VERSION_HEX < 0x030E0000
 #ifndef Py_BUILD_CORE
@@ -20,18 +21,21 @@
 #include "internal/pycore_frame.h"
 #endif
 
-/* contract: the number of the function frame `frame`'s variables (locals, cells, free
-   variables) bound to `obj`, read in its own array (3.11 to 3.13) or through PyFrame_GetVar
-   once per variable (3.14); never fails. */
+/* contract: the number of the function frame `frame`'s own variables (locals and cells, not
+   the free variables an enclosing function shares with it) bound to `obj`, read in its own
+   array (3.11 to 3.13) or through PyFrame_GetVar once per variable (3.14); never fails. */
 static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
 {
     PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
     Py_ssize_t n = 0;
     for (int i = 0; i < co->co_nlocalsplus; i++) {
+        const unsigned char kind = (unsigned char)PyBytes_AS_STRING(co->co_localspluskinds)[i];
+        if (kind & DL_FAST_FREE) {
+            continue;
+        }
 #if PY_VERSION_HEX < 0x030E0000
         PyObject *v = ((PyFrameObject *)frame)->f_frame->localsplus[i];
-        if (v != NULL && (PyBytes_AS_STRING(co->co_localspluskinds)[i] & DL_FAST_CELL_OR_FREE)
-            && PyCell_Check(v)) {
+        if (v != NULL && (kind & DL_FAST_CELL) && PyCell_Check(v)) {
             v = PyCell_GET(v);
         }
         n += v == obj;
