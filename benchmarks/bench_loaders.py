@@ -435,14 +435,18 @@ def per_batch(source: str, rows: dict[str, dict[str, Any]], batches: int) -> dic
                        for key, r in rows.items()}}
 
 
-def dlinspect_reasons(batch: Any, options: dict[str, Any]) -> dict[str, str | None]:
-    """Per leaf, the reasons dlinspect copies it with ``options`` (the words of its
-    LoaderReport), None where it imports it zero-copy (``plan`` of the batch as the
-    caller holds it)."""
-    routes = leaves(dlinspect.plan(batch, **{"narrow": "ok", **options}))
-    forced = options.get("copy") is True
-    return {key: route_reason(route, forced) for key, route in routes.items()
-            if route.kind != "untouched"}
+def by_name(options: dict[str, Any]) -> tuple[Any, Any, str]:
+    """``options``' copy, sharding and readonly, to be passed by name: a call with
+    ``**options`` holds the batch in a tuple dlinspect cannot tell from a source's, and
+    copies what it could view."""
+    return options.get("copy"), options.get("sharding"), options.get("readonly", "copy")
+
+
+def to_jax_by_name(options: dict[str, Any]) -> Callable[[Any], Any]:
+    """``to_jax(b, narrow="ok")`` with ``options`` passed by name (by_name)."""
+    copy, sharding, readonly = by_name(options)
+    return lambda b: dlinspect.to_jax(b, copy=copy, sharding=sharding, readonly=readonly,
+                                      narrow="ok")
 
 
 def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
@@ -450,32 +454,46 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
     """Bytes per batch the conversion imported zero-copy, seen on its output: each
     shard of an output leaf whose buffer is at the input leaf's own address (plus the
     shard's offset) counts as zero-copy, the rest of the leaf's bytes as copied, for
-    the reasons dlinspect copies that leaf with ``options``, or "viewable" where
-    dlinspect imports it zero-copy. The batches are handed over one by one (the list is
-    emptied), as a loader hands them."""
+    the reasons dlinspect copies that leaf with ``options`` (the words of its
+    LoaderReport, from ``plan``), or "viewable" where dlinspect imports it zero-copy.
+    The batches are handed over one by one (the list is emptied), as a loader hands
+    them: ``convert`` gets each batch as its only holder, this function keeping only
+    the leaves' addresses."""
     per_leaf: dict[str, dict[str, Any]] = {}
     count = len(batches)
-    for batch in handed_over(batches):
-        why = dlinspect_reasons(batch, options)
-        out = leaves(convert(batch))
+    copy, sharding, readonly = by_name(options)
+    it = handed_over(batches)
+    for _ in range(count):
+        batch = next(it)
+        routes = leaves(dlinspect.plan(batch, copy=copy, sharding=sharding, readonly=readonly,
+                                       narrow="ok"))
+        why = {key: route_reason(route, copy is True) for key, route in routes.items()
+               if route.kind != "untouched"}
+        where = {key: _address(dlinspect.peek(leaf)) for key, leaf in leaves(batch).items()
+                 if key in why}
+        box = [batch]
+        del batch, routes
+        out = leaves(convert(box.pop()))
         jax.block_until_ready([v for v in out.values() if hasattr(v, "addressable_shards")])
-        for key, leaf in leaves(batch).items():
+        for key, (base, strides, itemsize, nbytes) in where.items():
             result = out.get(key)
             if result is None or not hasattr(result, "addressable_shards"):
                 continue
-            info = dlinspect.peek(leaf)
-            base = info.data_ptr + info.byte_offset
             zero = 0
             for shard in result.addressable_shards:
-                offset = sum((s.start or 0) * stride
-                             for s, stride in zip(shard.index, info.byte_strides))
+                offset = sum((s.start or 0) * stride for s, stride in zip(shard.index, strides))
                 if shard.data.unsafe_buffer_pointer() == base + offset:
-                    zero += shard.data.size * info.itemsize   # the source's bytes
+                    zero += shard.data.size * itemsize   # the source's bytes
             row = per_leaf.setdefault(key, {"zero_copy": 0, "copied": Counter()})
             row["zero_copy"] += zero
-            if info.nbytes > zero:
-                row["copied"][why.get(key) or "viewable"] += info.nbytes - zero
+            if nbytes > zero:
+                row["copied"][why.get(key) or "viewable"] += nbytes - zero
     return per_batch("measured", per_leaf, count)
+
+
+def _address(info: Any) -> tuple[int, tuple[int, ...], int, int]:
+    """A leaf's first byte, byte strides, item size and bytes, from its TensorInfo."""
+    return info.data_ptr + info.byte_offset, info.byte_strides, info.itemsize, info.nbytes
 
 
 def census(batches: list[Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -483,9 +501,12 @@ def census(batches: list[Any], options: dict[str, Any]) -> dict[str, Any]:
     read-only count, alignments and plan()'s routes with ``options`` (and
     readonly="share"), with the first copy's reason."""
     out: dict[str, Any] = {}
+    copy, sharding, readonly = by_name(options)
     for batch in handed_over(batches):
-        routes = leaves(dlinspect.plan(batch, narrow="ok", **options))
-        shared = leaves(dlinspect.plan(batch, readonly="share", narrow="ok", **options))
+        routes = leaves(dlinspect.plan(batch, copy=copy, sharding=sharding, readonly=readonly,
+                                       narrow="ok"))
+        shared = leaves(dlinspect.plan(batch, copy=copy, sharding=sharding, readonly="share",
+                                       narrow="ok"))
         for key, leaf in leaves(batch).items():
             row = out.setdefault(key, {"batches": 0, "types": Counter(), "read_only": 0,
                                        "alignment": Counter(), "plan": Counter(),
@@ -598,8 +619,9 @@ def _conversion(p: Pipeline, name: str, make: Callable[[], list[Any]],
             batches = make()
             count = len(batches)
             start = time.perf_counter()
-            for batch in handed_over(batches):
-                jax.block_until_ready(m.convert(batch))
+            handing = handed_over(batches)
+            for _ in range(count):   # (each batch held by the conversion alone)
+                jax.block_until_ready(m.convert(next(handing)))
             if rnd:
                 us[m.name].append((time.perf_counter() - start) / count * 1e6)
     base = p.methods[0].name
@@ -648,7 +670,7 @@ def grain_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
                                   " as grain's device_put calls it", options=options),
                 Method("dlinspect device_put",
                        lambda: dlinspect.grain.device_put(make(), **ours_kwargs),
-                       convert=lambda b: dlinspect.to_jax(b, **options), raw=raw,
+                       convert=to_jax_by_name(options), raw=raw,
                        options=options)]
 
     for batching in ("np.stack", "dlinspect.stack"):
@@ -724,7 +746,7 @@ def torch_pipelines(which: list[str], sharding: Any = None) -> Iterable[Pipeline
         methods = [Method(base, lambda f=from_dlpack, dl=loader: (f(b) for b in dl),
                           convert=from_dlpack, options=options),
                    Method("prefetch_to_jax(loader)", _to_jax_epoch(loader, **options),
-                          convert=lambda b: dlinspect.to_jax(b, **options), options=options)]
+                          convert=to_jax_by_name(options), options=options)]
         if sharding is None:
             methods.insert(1, Method("jnp.asarray per leaf",
                                      lambda f=asarray, dl=loader: (f(b) for b in dl),
@@ -821,10 +843,10 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                              np_ds.iter(batch_size=BATCH, drop_last_batch=True)),
                     convert=asarray_columns, raw="numpy"),
              Method('prefetch_to_jax(Batches(ds), readonly="share")',
-                    _to_jax_epoch(recipe, **share), convert=lambda b: dlinspect.to_jax(b, **share),
+                    _to_jax_epoch(recipe, **share), convert=to_jax_by_name(share),
                     raw="arrow", options={"readonly": "share"}),
              Method("prefetch_to_jax(NumpyBatches(ds))", _to_jax_epoch(numpy_recipe, **ok),
-                    convert=lambda b: dlinspect.to_jax(b, **ok), raw="numpy")],
+                    convert=to_jax_by_name(ok), raw="numpy")],
             {"numpy": lambda: list(numpy_recipe), "arrow": lambda: list(recipe)}, ROWS // BATCH)
     if "hf tokenized" not in which:
         return
@@ -852,7 +874,7 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                                            drop_last=True)
 
     np_loader, pt_loader = loader("np"), loader("pt")
-    to_jax = lambda b: dlinspect.to_jax(b, **ok)  # noqa: E731
+    to_jax = to_jax_by_name(ok)
     yield Pipeline(
         "hf tokenized", "2048 tokenized sentences padded to 32 tokens, batches of 64",
         text_step(),
@@ -862,7 +884,7 @@ def hf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                 convert_as="jnp.array per column, as datasets' JAX formatter calls it"),
          Method('padded prefetch_to_jax(Batches(ds), readonly="share")',
                 _to_jax_epoch(padded_recipe, **share),
-                convert=lambda b: dlinspect.to_jax(b, **share), raw="padded",
+                convert=to_jax_by_name(share), raw="padded",
                 options={"readonly": "share"}),
          Method('collator("np") + jnp.asarray',
                 lambda: ({k: jnp.asarray(v) for k, v in b.items()} for b in np_loader),
@@ -910,10 +932,10 @@ def ray_pipelines(which: list[str]) -> Iterable[Pipeline]:
          Method("iter_batches + jnp.asarray",
                 lambda: (asarray_columns(b) for b in numpy_batches()), convert=asarray_columns),
          Method("prefetch_to_jax(iter_batches)", _to_jax_epoch(numpy_batches(), **ok),
-                convert=lambda b: dlinspect.to_jax(b, **ok)),
+                convert=to_jax_by_name(ok)),
          Method('prefetch_to_jax(iter_batches, readonly="share")',
                 _to_jax_epoch(numpy_batches(), **share),
-                convert=lambda b: dlinspect.to_jax(b, **share), options={"readonly": "share"})],
+                convert=to_jax_by_name(share), options={"readonly": "share"})],
         {"batches": lambda: list(numpy_batches())}, ROWS // BATCH, close=ray.shutdown)
 
 
@@ -931,13 +953,13 @@ def tf_pipelines(which: list[str]) -> Iterable[Pipeline]:
                 convert=tree_asarray, raw="as_numpy_iterator"),
          Method("prefetch_to_jax(as_numpy_iterator())",
                 lambda: dlinspect.prefetch_to_jax(ds.as_numpy_iterator(), **ok),
-                convert=lambda b: dlinspect.to_jax(b, **ok), raw="as_numpy_iterator"),
+                convert=to_jax_by_name(ok), raw="as_numpy_iterator"),
          Method('prefetch_to_jax(as_numpy_iterator(), readonly="share")',
                 lambda: dlinspect.prefetch_to_jax(ds.as_numpy_iterator(), **share),
-                convert=lambda b: dlinspect.to_jax(b, **share), raw="as_numpy_iterator",
+                convert=to_jax_by_name(share), raw="as_numpy_iterator",
                 options={"readonly": "share"}),
          Method("prefetch_to_jax(ds) (EagerTensors)", _to_jax_epoch(ds, **ok),
-                convert=lambda b: dlinspect.to_jax(b, **ok), raw="EagerTensor")],
+                convert=to_jax_by_name(ok), raw="EagerTensor")],
         {"as_numpy_iterator": lambda: list(ds.as_numpy_iterator()),
          "EagerTensor": lambda: list(ds)}, ROWS // BATCH)
 

@@ -88,16 +88,20 @@ def asarray_views(array):
 def test_measured_bytes_name_copies_dlinspect_would_not_make(bench):
     """Where jnp.asarray copies memory JAX could view, the bytes count as copied,
     "viewable"; the misaligned leaf keeps the reason dlinspect gives it."""
-    data = batches(1)
-    view, shifted = data[0]["view"], data[0]["shifted"]
-    seen = bench.measured_bytes(data, lambda b: {k: jnp.asarray(v) for k, v in b.items()}, {})
+    # (asked of another batch of the same layout: a variable of this test holding a leaf
+    # of the measured one would make dlinspect copy it)
+    probe = batches(1)[0]
+    views = {key: asarray_views(probe[key]) for key in ("view", "shifted")}
+    del probe
+    seen = bench.measured_bytes(batches(1), lambda b: {k: jnp.asarray(v) for k, v in b.items()},
+                                {})
     leaf = 64 * 32 * 4
     assert seen["leaves"]["['view']"] == ({"zero_copy": leaf, "copied": {}}
-                                          if asarray_views(view) else
+                                          if views["view"] else
                                           {"zero_copy": 0, "copied": {"viewable": leaf}})
     reason = "alignment" if shifted_copied() else "viewable"
     assert seen["leaves"]["['shifted']"] == ({"zero_copy": leaf, "copied": {}}
-                                             if asarray_views(shifted) else
+                                             if views["shifted"] else
                                              {"zero_copy": 0, "copied": {reason: leaf}})
     put = bench.measured_bytes(batches(1), lambda b: jax.device_put(b, jax.devices()[0]), {})
     assert put["leaves"]["['view']"] == {"zero_copy": leaf, "copied": {}}
