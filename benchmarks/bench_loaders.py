@@ -479,16 +479,23 @@ def measured_bytes(batches: list[Any], convert: Callable[[Any], Any],
             result = out.get(key)
             if result is None or not hasattr(result, "addressable_shards"):
                 continue
-            zero = 0
-            for shard in result.addressable_shards:
-                offset = sum((s.start or 0) * stride for s, stride in zip(shard.index, strides))
-                if shard.data.unsafe_buffer_pointer() == base + offset:
-                    zero += shard.data.size * itemsize   # the source's bytes
+            zero = _viewed_bytes(result, base, strides, itemsize)
             row = per_leaf.setdefault(key, {"zero_copy": 0, "copied": Counter()})
             row["zero_copy"] += zero
             if nbytes > zero:
                 row["copied"][why.get(key) or "viewable"] += nbytes - zero
     return per_batch("measured", per_leaf, count)
+
+
+def _viewed_bytes(result: Any, base: int, strides: tuple[int, ...], itemsize: int) -> int:
+    """The bytes of output leaf ``result`` whose shards' buffers lie where the input's
+    (first byte ``base``, byte ``strides``) have those elements: the source's bytes."""
+    zero = 0
+    for shard in result.addressable_shards:
+        offset = sum((s.start or 0) * stride for s, stride in zip(shard.index, strides))
+        if shard.data.unsafe_buffer_pointer() == base + offset:
+            zero += shard.data.size * itemsize
+    return zero
 
 
 def _address(info: Any) -> tuple[int, tuple[int, ...], int, int]:
