@@ -351,7 +351,7 @@ cdef int _guard(x, _TypeEntry entry, Mode mode) except -1:
             f"an object of type {_type_name(x)} is neither a DLPack capsule nor has "
             f"__dlpack__; pass a tensor from a DLPack producer (NumPy, PyTorch, JAX, "
             f"CuPy...) or the capsule its __dlpack__() returns.")
-    if g == GUARD_TORCH and mode != MODE_PEEK and x.is_neg():
+    if g == GUARD_TORCH and mode != MODE_PEEK and _torch_methods()[3](x):
         raise ProducerError(
             f"{_type_name(x)} has the lazy negative bit set (e.g. t.conj().imag), which its "
             f"__dlpack__ exports without applying: the values would arrive negated. To fix: "

@@ -57,6 +57,19 @@ cdef Py_ssize_t _CORE_HELD = -1
 cdef Py_ssize_t _torch_alone = -1
 cdef object _torch_use_count = None
 cdef tuple _torch_private = None
+# torch's methods a proof calls on each leaf, taken from its classes once (a call then
+# skips the lookup through torch.Tensor's and UntypedStorage's classes): (untyped_storage,
+# is_shared, resizable, is_neg).
+cdef tuple _torch_calls = None
+
+
+cdef tuple _torch_methods():
+    global _torch_calls
+    if _torch_calls is None:
+        torch = _sys.modules["torch"]
+        _torch_calls = (torch.Tensor.untyped_storage, torch.UntypedStorage.is_shared,
+                        torch.UntypedStorage.resizable, torch.Tensor.is_neg)
+    return _torch_calls
 
 
 cdef inline _key(v):
@@ -210,13 +223,14 @@ cdef _torch_owns(t):
             _torch_private = _base_holders(torch.empty(2)[:1])
         if _torch_use_count is None:
             return None
-        storage = t.untyped_storage()
+        calls = _torch_methods()
+        storage = calls[0](t)
         uses = _torch_use_count(storage._cdata)
         if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
             return None
-        if storage.is_shared() and storage.device.type == "cpu":   # (CUDA's always says so)
+        if calls[1](storage) and storage.device.type == "cpu":   # (CUDA's always says so)
             return storage if _received(storage) else None
-        if storage.resizable():
+        if calls[2](storage):
             return storage
     except Exception:   # (a tensor without storage: its export says why)
         pass
