@@ -338,6 +338,21 @@ cdef bint _torch_on_host(x, _TypeEntry entry, const DLTensor* t) except -1:
     return True
 
 
+# torch's methods the guard and a batch's proof (own.pxi) call on each leaf, taken from
+# its classes once (a call then skips the lookup through torch.Tensor's and
+# UntypedStorage's classes): (untyped_storage, is_shared, resizable, is_neg).
+cdef tuple _torch_calls = None
+
+
+cdef tuple _torch_methods():
+    global _torch_calls
+    if _torch_calls is None:
+        torch = _sys.modules["torch"]
+        _torch_calls = (torch.Tensor.untyped_storage, torch.UntypedStorage.is_shared,
+                        torch.UntypedStorage.resizable, torch.Tensor.is_neg)
+    return _torch_calls
+
+
 # tf.DType names TensorFlow's __dlpack__ aborts the process on (GUARD_TF).
 cdef frozenset _TF_NOT_NUMERIC = frozenset(["string", "variant", "resource"])
 

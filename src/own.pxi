@@ -57,19 +57,6 @@ cdef Py_ssize_t _CORE_HELD = -1
 cdef Py_ssize_t _torch_alone = -1
 cdef object _torch_use_count = None
 cdef tuple _torch_private = None
-# torch's methods a proof calls on each leaf, taken from its classes once (a call then
-# skips the lookup through torch.Tensor's and UntypedStorage's classes): (untyped_storage,
-# is_shared, resizable, is_neg).
-cdef tuple _torch_calls = None
-
-
-cdef tuple _torch_methods():
-    global _torch_calls
-    if _torch_calls is None:
-        torch = _sys.modules["torch"]
-        _torch_calls = (torch.Tensor.untyped_storage, torch.UntypedStorage.is_shared,
-                        torch.UntypedStorage.resizable, torch.Tensor.is_neg)
-    return _torch_calls
 
 
 cdef inline _key(v):
