@@ -31,6 +31,7 @@ cdef extern from "Python.h":
 
 cdef extern from "dlinspect/frames.h":
     Py_ssize_t dl_frame_refs(PyObject* frame, PyObject* obj) noexcept
+    bint dl_weakly_held(PyObject* obj) noexcept
 
 import dataclasses as _dataclasses
 import dis as _dis
@@ -156,11 +157,14 @@ cdef class _Owners:
         return None
 
     cdef bint chain(self, leaf) except -1:
-        """Each array on ``leaf``'s base chain held only by it; the last owns its data."""
+        """Each array on ``leaf``'s base chain held only by it (no weak reference either:
+        the view JAX keeps holds the array alive for it); the last owns its data."""
         arr, key = leaf, None
         cdef list entry
         cdef PyObject* p
         while True:
+            if dl_weakly_held(<PyObject*>arr):   # (a source's weakref.ref reaches it again)
+                return False
             p = cnp.PyArray_BASE(<cnp.ndarray>arr)
             if p == NULL:
                 return cnp.PyArray_CHKFLAGS(<cnp.ndarray>arr, cnp.NPY_ARRAY_OWNDATA)
@@ -200,6 +204,10 @@ cdef _torch_owns(t):
     try:
         if _torch_alone < 0:
             torch = _sys.modules["torch"]
+            # (measured where no torch function or dispatch mode sees, and may keep, its
+            # tensors; a torch that cannot say raises: nothing proven)
+            if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+                return None
             _torch_use_count = getattr(torch._C, "_storage_Use_Count", None)
             if _torch_use_count is None:   # (a torch that does not say proves nothing)
                 _torch_alone = 0
@@ -216,7 +224,7 @@ cdef _torch_owns(t):
         if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
             return None
         if calls[1](storage) and storage.device.type == "cpu":   # (CUDA's always says so)
-            return storage if _received(storage) else None
+            return None if calls[2](storage) or not _received(storage) else storage
         if calls[2](storage):
             return storage
     except Exception:   # (a tensor without storage: its export says why)
@@ -225,10 +233,11 @@ cdef _torch_owns(t):
 
 
 cdef bint _received(storage) except -1:
-    """Host memory ``storage`` shares with other processes is memory torch.multiprocessing
-    received from another process, which let go of it (a DataLoader worker's batch): in
-    torch's cache of received storages. Memory this process shares (``share_memory_()``, and
-    a fork's children write it) or maps from a file (``from_file``) is not."""
+    """Host memory ``storage`` shares with other processes, not resizable, is memory
+    torch.multiprocessing received from another process, which let go of it (a DataLoader
+    worker's batch): in torch's cache of the storages it sent and received. Memory this
+    process shares (``share_memory_()``: resizable, sent or not; a fork's children write
+    it) or maps from a file (``from_file``: not in the cache) is not."""
     reductions = _sys.modules.get("torch.multiprocessing.reductions")
     if reductions is None:
         return False

@@ -370,6 +370,61 @@ def test_shared_memory_this_process_shares_or_maps_is_copied(torch, tmp_path):
     assert route.kind == "copy" and route.needs & Need.ALIASED
 
 
+def test_shared_memory_this_process_made_stays_copied_once_sent(torch):
+    """Sending a tensor on a torch.multiprocessing queue records its storage in the cache
+    that received storages are kept in; memory this process shared (``share_memory_()``)
+    is still copied after it was sent: the process it went to writes it."""
+    from torch.multiprocessing.reductions import reduce_storage
+    t = torch.zeros(64).share_memory_()
+    reduce_storage(t.untyped_storage())   # what a queue's put does with it
+    route = plan({"x": t})["x"]
+    assert route.kind == "copy" and route.needs & Need.ALIASED
+
+
+def test_a_weak_reference_a_source_keeps_is_a_holder():
+    """A pool that keeps a ``weakref.ref`` to each array it hands out reaches it again while
+    a JAX array views it: a weak reference counts as a holder (copied)."""
+    import weakref
+    refs = []
+
+    def handed_out():
+        a = fresh(0)
+        refs.append(weakref.ref(a))
+        return a
+
+    x = handed_out()
+    route = plan({"x": x})["x"]
+    out = to_jax({"x": x})
+    del x
+    kept = refs[0]()
+    if kept is not None:   # (alive only where JAX views it)
+        kept[...] = values(7)
+    assert route.kind == "copy" and float(jnp.sum(out["x"] + 0)) == float(values(0).sum())
+
+
+@pytest.mark.slow
+def test_a_torch_mode_active_at_the_first_proof_changes_no_count(torch):
+    """torch's counts are measured once per process, at the first proof of a torch leaf;
+    a TorchFunctionMode active then, one that keeps the tensors it sees, must not skew them
+    (a view whose base a source keeps would then pass as the view's alone)."""
+    code = (
+        "import torch, dlinspect\n"
+        "from torch.overrides import TorchFunctionMode\n"
+        "class Keeping(TorchFunctionMode):\n"
+        "    seen = []\n"
+        "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+        "        self.seen.append(args)\n"
+        "        return func(*args, **(kwargs or {}))\n"
+        "with Keeping():\n"
+        "    dlinspect.plan({'x': torch.ones(4)})\n"
+        "kept = torch.ones(4)\n"
+        "print(dlinspect.plan({'x': kept[:2]})['x'].kind, dlinspect.plan({'x': torch.ones(4)})['x'].kind)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["copy", "zero-copy"]
+
+
 def test_torch_default_collate_with_workers_and_pinned_memory(torch):
     from torch.utils.data import DataLoader, TensorDataset
     data = TensorDataset(torch.randn(32, 3, 4, 4), torch.arange(32, dtype=torch.int32))

@@ -1,5 +1,6 @@
 /* The calling code's own variables, read where they live: how many of a frame's variables
- * hold an object.
+ * hold an object; and whether a weak reference reaches an object (references that no
+ * count shows).
  *
  * CPython 3.11 to 3.13 keep a function's variables in the frame's own array, which is read
  * as Cython reads it for its tracebacks (the internal header pycore_frame.h): asking
@@ -52,6 +53,14 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
     }
     Py_DECREF(co);
     return n;
+}
+
+/* contract: whether a weak reference to `obj` lives (its type's weak reference list not
+   empty): whoever holds one reaches `obj` again while anything keeps it alive. */
+static inline int dl_weakly_held(PyObject *obj)
+{
+    const Py_ssize_t at = Py_TYPE(obj)->tp_weaklistoffset;
+    return at > 0 && *(PyObject **)((char *)obj + at) != NULL;
 }
 
 #endif
