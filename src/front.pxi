@@ -187,11 +187,11 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     leaf of a batch (any container) is imported zero-copy only where reference
     counts prove, before anything is taken, that nothing but the batch and the
     variables of the function calling it holds its memory (a NumPy array owning
-    its data, a torch tensor alone on storage torch allocated; not a variable of a
-    function further up the stack, nor of a call's ``*args`` tuple: a source may
-    hold those); otherwise it is copied, so
-    that a source refilling memory it hands over again cannot change a batch
-    kept. A tensor given alone, ``to_jax(x)``, follows DLPack's consumer contract
+    its data, a torch tensor alone on storage torch allocated). A variable of a
+    function further up the stack, and the tuple of a call made with ``*args`` or
+    ``**options``, may be a source's: their leaves are copied (convert where the
+    loop is; pass options by name). A leaf not proven is copied, so that a source
+    refilling memory it hands over again cannot change a batch kept. A tensor given alone, ``to_jax(x)``, follows DLPack's consumer contract
     as ``jax.dlpack.from_dlpack(x)`` does: the result shares ``x``'s memory, and a
     later write to ``x`` shows in it (``copy=True`` copies it). ``copy=False``
     imports every leaf it can zero-copy, proven or not.
