@@ -238,11 +238,9 @@ cdef bint _received(storage) except -1:
     worker's batch): in torch's cache of the storages it sent and received. Memory this
     process shares (``share_memory_()``: resizable, sent or not; a fork's children write
     it) or maps from a file (``from_file``: not in the cache) is not."""
-    reductions = _sys.modules.get("torch.multiprocessing.reductions")
-    if reductions is None:
-        return False
+    cache = _sys.modules["torch.multiprocessing.reductions"].shared_cache   # (import torch's)
     cdata = storage._cdata
-    return any([ref.cdata == cdata for ref in list(reductions.shared_cache.values())])
+    return any([ref.cdata == cdata for ref in list(cache.values())])
 
 
 cdef bint _private_base(t) except -1:
