@@ -191,8 +191,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     function further up the stack, and the tuple of a call made with ``*args`` or
     ``**options``, may be a source's: their leaves are copied (convert where the
     loop is; pass options by name). A leaf not proven is copied, so that a source
-    refilling memory it hands over again cannot change a batch kept. A tensor given alone, ``to_jax(x)``, follows DLPack's consumer contract
-    as ``jax.dlpack.from_dlpack(x)`` does: the result shares ``x``'s memory, and a
+    refilling memory it hands over again cannot change a batch kept. A tensor
+    given alone, ``to_jax(x)``, follows DLPack's consumer contract as
+    ``jax.dlpack.from_dlpack(x)`` does: the result shares ``x``'s memory, and a
     later write to ``x`` shows in it (``copy=True`` copies it). ``copy=False``
     imports every leaf it can zero-copy, proven or not.
 
