@@ -255,7 +255,9 @@ def convert_and_check(batch: Any, reference: Callable[[Any], np.ndarray] = np.as
     """``to_jax(batch, **options)`` against ``plan(batch, **options)`` on every leaf of a
     Mapping batch (a loader's): values (``reference(leaf)``: the leaf's NumPy values),
     zero-copy exactly where planned (by pointer), non-tensors kept, the Mapping rebuilt
-    as its own type (a plain dict as JAX rebuilds it, keys sorted). Returns (out, routes)."""
+    as its own type (a plain dict as JAX rebuilds it, keys sorted). The batch is its
+    caller's as well, so a leaf is copied here wherever sharing needs that proof: a test
+    of the zero-copy route converts where its batch is made. Returns (out, routes)."""
     import jax
     import dlinspect
     routes = dlinspect.plan(batch, **options)

@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 
 from dlinspect.testing import aligned_array
-from interop_helpers import convert_and_check, need
+from interop_helpers import convert_and_check, need, pointer_of
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -487,9 +487,13 @@ def test_batch_feature_stays_batch_feature():
     # What image and audio processors return: a BatchFeature (a UserDict too).
     feature = transformers.BatchFeature({"pixel_values": torch.rand(2, 3, 4, 4),
                                          "labels": np.arange(2, dtype=np.int32)})
-    out, routes = convert_and_check(feature, numpy_of)
+    out, _ = convert_and_check(feature, numpy_of)
     assert type(out) is transformers.BatchFeature and list(out) == ["pixel_values", "labels"]
-    assert routes["pixel_values"].kind == "zero-copy"   # torch's CPU allocator aligns to 64
+    # Converted where it is made, nothing outside the batch holds the tensor, and torch's
+    # CPU allocator aligns to 64: shared (through convert_and_check, its caller's too: copied).
+    assert dlinspect.plan(feature)["pixel_values"].kind == "zero-copy"
+    shared = dlinspect.to_jax(feature)
+    assert pointer_of(shared["pixel_values"]) == dlinspect.peek(feature["pixel_values"]).data_ptr
 
 
 def test_batch_encoding_keeps_no_fast_tokenizer_encodings(tokenizer):
