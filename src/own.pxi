@@ -19,6 +19,8 @@
 #   DataLoader worker's batch); borrowed memory (from_numpy, from_dlpack, frombuffer), a
 #   file's (from_file) and memory this process shares (share_memory_()) are none of these;
 # - any other producer, or a bare capsule: nothing is proven.
+# An object a weak reference reaches (weakref.ref, a WeakValueDictionary) proves nothing:
+# whoever holds the reference gets the object back while the batch keeps it alive.
 # A jax.Array is immutable and needs no proof.
 
 from cpython.ref cimport Py_REFCNT
@@ -96,12 +98,12 @@ cdef class _Owners:
 
     cdef int child(self, v, Py_ssize_t listed, Py_ssize_t depth) except -1:
         """``v`` in one slot of its parent, held by that slot, ``listed`` of the walk's lists
-        and the caller's loop variable; counted where that is not all (an object met
-        twice always is)."""
+        and the caller's loop variable; counted where that is not all, or where a weak
+        reference reaches it (an object met twice always is)."""
         if _plain_scalar(v):
             return 0
         cdef list entry = None
-        if Py_REFCNT(v) != 2 + listed:
+        if Py_REFCNT(v) != 2 + listed or dl_weakly_held(<PyObject*>v):
             entry = self.entry(v)
             entry[2] += listed
             if entry[4]:   # met before: its leaves once more, walked once
@@ -165,6 +167,8 @@ cdef class _Owners:
         while True:
             if dl_weakly_held(<PyObject*>arr):   # (a source's weakref.ref reaches it again)
                 return False
+            if not cnp.PyArray_Check(arr):
+                return _entry_for(type(arr)).guard == GUARD_TORCH and _torch_owns(arr) is not None
             p = cnp.PyArray_BASE(<cnp.ndarray>arr)
             if p == NULL:
                 return cnp.PyArray_CHKFLAGS(<cnp.ndarray>arr, cnp.NPY_ARRAY_OWNDATA)
@@ -174,8 +178,6 @@ cdef class _Owners:
                     key = _key(leaf)
                 entry = self.entry(base)
                 (<list>entry[3]).append(key)
-            if not cnp.PyArray_Check(base):
-                return _entry_for(type(base)).guard == GUARD_TORCH and _torch_owns(base) is not None
             arr = base
 
 
@@ -252,10 +254,11 @@ cdef bint _private_base(t) except -1:
 
 
 cdef tuple _base_holders(t):
-    """The references to ``t``'s base and its use count, as held here (None: not a view, or
-    a torch whose tensors do not say their use count, torch 2.3's: no view is proven)."""
+    """The references to ``t``'s base and its use count, as held here (None: not a view, a
+    base a weak reference reaches, or a torch whose tensors do not say their use count,
+    torch 2.3's: no view is proven)."""
     base = t._base
-    if base is None or not hasattr(base, "_use_count"):
+    if base is None or dl_weakly_held(<PyObject*>base) or not hasattr(base, "_use_count"):
         return None
     return (Py_REFCNT(base), base._use_count())
 
@@ -298,9 +301,9 @@ cdef dict _prove(x, Py_ssize_t held, bint own_frame):
     cdef dict owned = {}
     if not _EXACT_COUNTS:
         return owned
-    if Py_REFCNT(x) != held and (
-            not own_frame or _unexplained(x, Py_REFCNT(x) - held) != 0):
-        return owned   # the batch itself is held elsewhere
+    if dl_weakly_held(<PyObject*>x) or (Py_REFCNT(x) != held and (
+            not own_frame or _unexplained(x, Py_REFCNT(x) - held) != 0)):
+        return owned   # the batch itself is held elsewhere, or reached by a weak reference
     cdef _Owners w = _Owners.__new__(_Owners)
     w.leaves, w.owned = [], owned
     w.node(x, 0)
@@ -316,7 +319,7 @@ cdef dict _prove(x, Py_ssize_t held, bint own_frame):
         extra = Py_REFCNT(obj) - 2 - entry[1] - entry[2]
         if extra > 0 and own_frame:
             extra = _unexplained(obj, extra)
-        if extra != 0:
+        if extra != 0 or dl_weakly_held(<PyObject*>obj):
             for key in <list>entry[3]:
                 owned.pop(key, None)
     return owned

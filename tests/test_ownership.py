@@ -402,6 +402,63 @@ def test_a_weak_reference_a_source_keeps_is_a_holder():
     assert route.kind == "copy" and float(jnp.sum(out["x"] + 0)) == float(values(0).sum())
 
 
+class _Batch(dict):
+    """A batch type of a loader's own: unlike a plain dict, weak references reach it."""
+
+
+def _fill_torch(t, i):
+    t.view(-1)[:12].copy_(_torch().from_numpy(values(i).ravel()))
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+# what a pool keeps a weak reference to -> (make it, the batch handed over, refill it)
+WEAKLY_HELD = {
+    "a torch tensor": (lambda: _torch().empty(SHAPE), lambda t: {"x": t}, _fill_torch),
+    "the base of a torch view": (lambda: _torch().empty(24), lambda t: {"x": t[:12].view(SHAPE)},
+                                 _fill_torch),
+    "a batch of torch tensors": (lambda: _Batch(x=_torch().empty(SHAPE)), lambda b: b,
+                                 lambda b, i: _fill_torch(b["x"], i)),
+    "a batch of NumPy arrays": (lambda: _Batch(x=fresh(0)), lambda b: b,
+                                lambda b, i: b["x"].__setitem__(Ellipsis, values(i))),
+}
+
+
+def weakly_held_pool(make, wrap, fill, keep_weakly):
+    """A pool that hands each batch over as its only holder; ``keep_weakly``: it keeps a
+    weak reference to what it made and, while the caller still holds the last batch (its
+    loop variable), gets it back and refills it for the next."""
+    import weakref
+    ref = None
+    for i in range(N):
+        held = ref() if ref is not None else None
+        if held is None:
+            held = make()
+        fill(held, i)
+        if keep_weakly:
+            ref = weakref.ref(held)
+        batch = [wrap(held)]
+        del held
+        yield batch.pop()   # (the generator holds nothing but the weak reference)
+
+
+@pytest.mark.parametrize("what", list(WEAKLY_HELD))
+@pytest.mark.parametrize("keep_weakly", [False, True], ids=["not kept", "kept weakly"])
+def test_a_weak_reference_to_a_tensor_its_base_or_its_batch_is_a_holder(what, keep_weakly):
+    """A weak reference to a torch tensor, to the tensor a torch view is of, or to the batch
+    itself (a dict subclass) reaches the memory again while JAX views it, as one to a NumPy
+    array does: copied, and every kept batch keeps its values. Without it, each is viewed."""
+    kinds, kept = [], []
+    for b in weakly_held_pool(*WEAKLY_HELD[what], keep_weakly):
+        kinds.append(plan(b)["x"].kind)
+        kept.append(to_jax(b))
+    assert kinds == ["copy" if keep_weakly else "zero-copy"] * N
+    for i, out in enumerate(kept):
+        assert_computes_like(out["x"], values(i), f"batch {i}")
+
+
 @pytest.mark.slow
 def test_a_torch_mode_active_at_the_first_proof_changes_no_count(torch):
     """torch's counts are measured once per process, at the first proof of a torch leaf;
