@@ -489,11 +489,13 @@ def test_batch_feature_stays_batch_feature():
                                          "labels": np.arange(2, dtype=np.int32)})
     out, _ = convert_and_check(feature, numpy_of)
     assert type(out) is transformers.BatchFeature and list(out) == ["pixel_values", "labels"]
-    # Converted where it is made, nothing outside the batch holds the tensor, and torch's
-    # CPU allocator aligns to 64: shared (through convert_and_check, its caller's too: copied).
-    assert dlinspect.plan(feature)["pixel_values"].kind == "zero-copy"
-    shared = dlinspect.to_jax(feature)
-    assert pointer_of(shared["pixel_values"]) == dlinspect.peek(feature["pixel_values"]).data_ptr
+    # A new one converted where it is made: nothing outside the batch holds the tensor, and
+    # torch's CPU allocator aligns to 64, so it is shared (through convert_and_check, the
+    # batch is its caller's too: copied).
+    made = transformers.BatchFeature({"pixel_values": torch.rand(2, 3, 4, 4)})
+    assert dlinspect.plan(made)["pixel_values"].kind == "zero-copy"
+    shared = dlinspect.to_jax(made)
+    assert pointer_of(shared["pixel_values"]) == dlinspect.peek(made["pixel_values"]).data_ptr
 
 
 def test_batch_encoding_keeps_no_fast_tokenizer_encodings(tokenizer):
