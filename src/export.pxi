@@ -145,10 +145,11 @@ cdef class _TypeEntry:
     # to do instead; into: how the producer copies into given host memory, or None.
     cdef object api_owner, fix, into
     # has_device: ask __dlpack_device__ (not exactly numpy.ndarray's: the same source as its
-    # header); numpy_export: its __dlpack__ is NumPy's own (not a subclass's);
+    # header); own_export: its export is of the memory its fields say, where the ownership
+    # proof looks (_exports_own); numpy_export: NumPy's own;
     # ask_device_on_cpu: exchange API: a kDLCPU header may be pinned host memory;
     # bare_only: its __dlpack__ refused max_version once: an older producer.
-    cdef bint has_dlpack, has_device, numpy_export, ask_device_on_cpu, bare_only
+    cdef bint has_dlpack, has_device, own_export, numpy_export, ask_device_on_cpu, bare_only
 
 cdef dict _types = {}
 _TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
@@ -167,6 +168,19 @@ cdef _producer_row(tp):   # (a row of defaults where the table has none)
         if row is not None:
             return row
     return Producer()
+
+
+cdef bint _exports_own(tp, Guard guard) except -1:
+    """Whether ``tp`` is NumPy's or torch's array type, or a subclass that overrides none of
+    what the ownership proof reads: a subclass's ``__dlpack__`` may hand over another
+    tensor's memory, its ``_base`` another base."""
+    if guard == GUARD_NUMPY:
+        return getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__
+    if guard != GUARD_TORCH:
+        return False
+    tensor = _sys.modules["torch"].Tensor
+    return (getattr(tp, "__dlpack__", None) is tensor.__dlpack__
+            and getattr(tp, "_base", None) is tensor._base)
 
 
 cdef _TypeEntry _entry_for(tp):
@@ -190,8 +204,8 @@ cdef _TypeEntry _entry_for(tp):
     # is one with the exchange API only.
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX or entry.api != NULL)
-    entry.numpy_export = (entry.guard == GUARD_NUMPY
-                          and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
+    entry.own_export = _exports_own(tp, entry.guard)
+    entry.numpy_export = entry.guard == GUARD_NUMPY and entry.own_export
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
     _remember(_types, tp, entry, _TYPES_MAX)

@@ -18,7 +18,8 @@
 #   (resizable, not shared) or shared host memory torch received from another process (a
 #   DataLoader worker's batch); borrowed memory (from_numpy, from_dlpack, frombuffer), a
 #   file's (from_file) and memory this process shares (share_memory_()) are none of these;
-# - any other producer, or a bare capsule: nothing is proven.
+# - a subclass of either that overrides __dlpack__ (or torch's _base): nothing is proven,
+#   its export may be another tensor's memory; any other producer, or a bare capsule: nothing.
 # An object a weak reference reaches (weakref.ref, a WeakValueDictionary) proves nothing:
 # whoever holds the reference gets the object back while the batch keeps it alive.
 # A jax.Array is immutable and needs no proof.
@@ -152,9 +153,13 @@ cdef class _Owners:
         """Where tensor ``x``'s memory is proven its own (its base chain counted on the way),
         its storage for a torch tensor, else True; None where not proven. ``guard``: its
         _tensor_guard (a bare capsule proves nothing)."""
+        if guard == GUARD_JAX:
+            return True
+        if type(x) is not _np_ndarray and not _entry_for(type(x)).own_export:
+            return None   # (a subclass's export may not be the memory proven)
         if guard == GUARD_TORCH:
             return _torch_owns(x)
-        if guard == GUARD_JAX or (guard == GUARD_NUMPY and self.chain(x)):
+        if guard == GUARD_NUMPY and self.chain(x):
             return True
         return None
 

@@ -660,3 +660,55 @@ def test_read_only_memory_a_source_keeps_is_shared_where_the_caller_says_nothing
     assert buffer_pointer(out) == source.frozen.ctypes.data
     assert_computes_like(out, source.frozen)
     assert not source.frozen.flags.writeable
+
+
+def _exporting(base, staging):
+    """A subclass of ``base`` whose ``__dlpack__`` hands over ``staging``'s memory, not its own
+    (a wrapper tensor that exports what it wraps)."""
+    return type("Exporting", (base,), {
+        "__dlpack__": lambda self, *args, **kwargs: staging.__dlpack__(*args, **kwargs)})
+
+
+def _subclass_cases(kind):
+    """(make the i-th leaf, the source's staging memory) for a NumPy or torch subclass."""
+    if kind == "numpy":
+        staging = fresh(0)
+        cls = _exporting(np.ndarray, staging)
+        return (lambda i: (staging.__setitem__(Ellipsis, values(i)), fresh(0).view(cls))[1],
+                staging)
+    torch = _torch()
+    staging = torch.empty(SHAPE)
+    cls = _exporting(torch.Tensor, staging)
+
+    def make(i):
+        _fill_torch(staging, i)
+        return torch.Tensor._make_subclass(cls, torch.empty(SHAPE))
+    return make, staging
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_subclass_that_exports_other_memory_proves_nothing(kind):
+    """A subclass whose ``__dlpack__`` hands over a source's staging memory, not its own: the
+    proof reads the leaf's own memory (new here), the export is another's, refilled for each
+    batch. Copied, and every kept batch keeps its values."""
+    make, staging = _subclass_cases(kind)
+    kinds, kept = [], []
+    for i in range(N):
+        b = {"x": make(i)}
+        kinds.append(plan(b)["x"].kind)
+        kept.append(to_jax(b))
+    assert kinds == ["copy"] * N
+    for i, out in enumerate(kept):
+        assert_computes_like(out["x"], values(i), f"batch {i}")
+
+
+def test_a_subclass_that_overrides_nothing_is_still_viewed(torch):
+    """A plain subclass (``nn.Parameter``, a subclass that adds methods) exports its own memory:
+    proven as its base class is."""
+    plain = type("Plain", (torch.Tensor,), {"describe": lambda self: "plain"})
+    makers = [lambda: torch.nn.Parameter(torch.ones(SHAPE), requires_grad=False),
+              lambda: torch.Tensor._make_subclass(plain, torch.ones(SHAPE)),
+              lambda: fresh(1).view(type("PlainArray", (np.ndarray,), {}))]
+    for make in makers:
+        b = {"x": make()}
+        assert plan(b)["x"].kind == "zero-copy", type(b["x"])
