@@ -42,7 +42,7 @@ def _stop_all() -> None:
 def loader_options(sizes: dict[str, Any], least: int, *to_jax: Any) -> Options:
     """Checked (ValueError): each of ``sizes`` an int >= ``least``, and to_jax's options."""
     for name, size in sizes.items():
-        if not isinstance(size, int) or isinstance(size, bool) or size < least:
+        if type(size) is not int or size < least:
             raise ValueError(f"{name} must be an int >= {least} (held ahead), not {size!r}")
     return check_options(*to_jax)
 

@@ -115,7 +115,7 @@ def stack(elements: Any, *, alignment: int = 0, pinned: bool = False) -> Any:
     first = _flatten(0, items[0])
     columns = _plain_columns(first, items)
     if columns is None:
-        flats = [first] + [_flatten(k, items[k]) for k in range(1, len(items))]
+        flats = [_flatten(k, e) if k else first for k, e in enumerate(items)]
         for k, flat in enumerate(flats):
             if flat.structure() != first.structure():
                 raise StackError(

@@ -362,9 +362,8 @@ def _copy_forbidden(route: Any) -> Parts:
         subject, found = "", f"{_no_device_head(route)} Going through host memory {refused}"
         fixes = ["move the tensor to host memory yourself"]
     elif route.target == "host":   # packed sub-byte data unpacked into NumPy
-        dtype = route.info.dtype
-        found = (f"packs {dtype.bits * dtype.lanes}-bit elements, while NumPy stores one per byte: "
-                 f"unpacking {refused}")
+        found = (f"packs {route.info.dtype.bits * route.info.dtype.lanes}-bit elements, while NumPy "
+                 f"stores one per byte: unpacking {refused}")
     elif f.get("put"):
         found = f"{refused}: {_numpy_put_words(route)}"
     elif f.get("spread"):
@@ -378,10 +377,10 @@ def _copy_forbidden(route: Any) -> Parts:
 def _uneven(route: Any) -> Parts:
     f = route.facts
     subject = _subject(route) or _array_head(f)
-    sharding, u = f["sharding"], f["uneven"]
+    u = f["uneven"]
     if u[0] == "ndim":
         _, ndim, why = u
-        return (ShardingError, subject, f"cannot be sharded: {sharding} does not fit a tensor "
+        return (ShardingError, subject, f"cannot be sharded: {f['sharding']} does not fit a tensor "
                 f"of {ndim} dimensions ({why}). To fix: give this leaf a PartitionSpec with at "
                 f"most {ndim} entries, e.g. PartitionSpec() to replicate it.", "")
     _, axis, size, count, ndevices = u
@@ -420,7 +419,7 @@ def error(route: Any) -> Exception | None:
         exc = route.facts["cause"]
     else:
         cls, subject, first, rest = PROBLEMS[route.problem](route)
-        exc = cls(" ".join(s for s in (subject, first, rest) if s))
+        exc = cls(" ".join(filter(None, (subject, first, rest))))
         if route.problem == "shard":
             exc.__cause__ = route.facts["shard"][2].error
     return name_leaf(exc, route.key_path)
