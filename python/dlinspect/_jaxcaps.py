@@ -224,10 +224,11 @@ class JaxCaps:
         buf[...] = values
         return buf
 
-    def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...], want: Any) -> bool:
-        """Whether JAX's import of float32 0, 1, 2... with this header computes as ``want``."""
+    def _computes(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+        """Whether JAX's import of float32 0, 1, 2... with this header (strides in elements)
+        computes as NumPy's view of the same memory under it."""
         buf = self._filled(np.arange(6))
-        want = np.asarray(want, np.float32)
+        want = np.lib.stride_tricks.as_strided(buf, shape, [buf.itemsize * s for s in strides])
         try:
             arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
             # (annotated: older mypy joins the lambdas and jit's wrapper to "object")
@@ -286,10 +287,10 @@ class JaxCaps:
             array_type=type(self.jax.numpy.zeros(())),
             # a permuted order (2x3 stored column-major) kept committed, as the route leaves
             # it (Need.PERMUTED): jaxlib < 0.8 reads every layout as row-major
-            permuted_ok=self._computes((2, 3), (1, 2), np.arange(6).reshape(3, 2).T),
+            permuted_ok=self._computes((2, 3), (1, 2)),
             # 2x1 row-major, its extent-1 axis of stride 2: jaxlib 0.4.30 infers a layout
             # from it that its own jit refuses
-            unit_strides_ok=self._computes((2, 1), (1, 2), np.arange(2).reshape(2, 1)),
+            unit_strides_ok=self._computes((2, 1), (1, 2)),
             assemble=self._assembler(), uncommit=self._uncommitter(),
             row_major=_row_major, default_device=self._default_device(), **self._put())
 
@@ -340,7 +341,7 @@ class JaxCaps:
                 and np.array_equal(a, x) for a in ours) and self._first_viewed(view)
 
         align = self._probe("batched_put", probe)
-        if align is None:
+        if not align:
             return {}
         self.symbols["batched_put"] = self.symbols["batched_put"]._replace(
             reason=f"views host memory aligned to {align} bytes")

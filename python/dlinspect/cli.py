@@ -179,8 +179,6 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    if (args.path is None) == (args.expr is None):
-        return _fail("inspect: give a .npy path or --expr EXPRESSION (one of them)")
     try:
         x = _load_subject(args)
     except Exception as exc:  # the user's file or expression: report it, no traceback
@@ -312,8 +310,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Print dlinspect.explain() for one tensor. Exit code 0 when the route "
                     "works (zero-copy, copy, host-fallback), 2 when it is an error, 1 when the "
                     "input cannot be read or is not a tensor.")
-    p.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write; never written)")
-    p.add_argument("--expr", help="a Python expression giving a tensor, with np, torch, jax, jnp "
+    one = p.add_mutually_exclusive_group(required=True)   # (argparse says when neither or both)
+    one.add_argument("path", nargs="?", help="a .npy file (memory-mapped copy-on-write; never written)")
+    one.add_argument("--expr", help="a Python expression giving a tensor, with np, torch, jax, jnp "
                                   "and dlinspect in scope, e.g. 'np.ones((3, 4))[:, ::2]'")
     for flag, choices, text in (   # (the first choice is the default)
             ("--target", ("jax", "host"), "route into JAX (to_jax) or NumPy (to_host); default jax"),
@@ -331,16 +330,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("suites", nargs="*", metavar="SUITE",
                    help="suites to run (default: peek, to_jax, sweep, loader); also "
                         "instructions, copies, stack")
-    p.add_argument("--instructions", action="store_true",
-                   help="also count instructions per call under valgrind's callgrind "
-                        "(a minute or two; stable on a noisy machine)")
-    p.add_argument("--quick", action="store_true", help="fewer, shorter runs (noisier figures)")
+    for flag, text in (   # (switches, off by default)
+            ("--instructions", "also count instructions per call under valgrind's callgrind "
+                               "(a minute or two; stable on a noisy machine)"),
+            ("--quick", "fewer, shorter runs (noisier figures)"),
+            ("--check", "exit 1 when a target fails"),
+            ("--no-progress", "no progress bar")):
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--repeat", type=int, help="runs per measurement (default 15; 3 with --quick)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot per-call cost against size (matplotlib)")
     p.add_argument("--markdown", metavar="FILE.md", help="write the report as Markdown")
-    p.add_argument("--check", action="store_true", help="exit 1 when a target fails")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
