@@ -332,8 +332,7 @@ cdef class TensorInfo:
             raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")
         memcpy(shape_buf, self._shape, self.ndim * sizeof(int64_t))
         memcpy(strides_buf, self._strides, self.ndim * sizeof(int64_t))
-        for i in range(n):
-            sl = index[i]
+        for i, sl in enumerate(index):
             if not PySlice_Check(sl):
                 raise TypeError(f"TensorInfo.sliced takes slices, not {type(sl).__name__}")
             PySlice_Unpack(sl, &start, &stop, &step)
