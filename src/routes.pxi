@@ -133,13 +133,13 @@ cdef class Route:
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
     def __reduce__(self):   # (see Notes: a plan a loader's worker logs travels)
-        kw = dict(needs=self._needs, copy_bytes=self.copy_bytes, import_type=self.import_type,
+        kw = dict(copy_bytes=self.copy_bytes, import_type=self.import_type,
                   jax_device=_device_ref(self.jax_device),
                   import_device=_device_ref(self.import_device),
                   shards=tuple((_device_ref(d), idx, r) for d, idx, r in self.shards),
                   **{k: v for k, v in self.facts.items() if _plain(v)})
-        return (_restored_route, ((self.kind, self.action, self.info, self.target), kw,
-                                  self.key_path, self.reason, _picklable_error(self.error)))
+        return (_restored_route, ((self.kind, self.action, self.info, self.target, self._needs),
+                                  kw, self.key_path, self.reason, _picklable_error(self.error)))
 
 
 def _plain(value):
@@ -257,9 +257,9 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
         return Route(ZERO_COPY, EMPTY, info, "jax", needs,
                      jax_device=opts.device or tg.device_of(info), narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device or tg.cpu_device)
+                                   opts.device or tg.cpu_device, platforms=tg.platforms,
+                                   lanes_only=not needs & NEED_DEVICE, narrow=narrow)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -399,8 +399,8 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
                        narrow=_narrowing(code, bits, needs, tg, opts), **facts))
 
 
-cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, jax_device=None):
+def _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source, bint refuse,
+                        jax_device=None, **facts):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
     host copy, onto ``jax_device``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
@@ -428,7 +428,7 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     if needs & NEED_EMPTY:
         return Route(ZERO_COPY, EMPTY, info, "host", needs)
     if needs & NEED_DEVICE:
-        return _route_through_host(info, needs, "host", copy, source, False, {})
+        return _route_through_host(info, needs, "host", copy, source, False)
     if needs & NEED_PACKED and copy is False:
         return fail("copy-forbidden", info, "host", needs)
     if needs & NEED_PACKED or copy:
