@@ -154,7 +154,6 @@ cdef dict _types = {}
 _TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
 #: Most types remembered at once; past it the table starts again (types made in a loop).
 TYPES_MAX = 256
-cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
 
 
 cdef _producer_row(tp):   # (a row of defaults where the table has none)
@@ -194,7 +193,7 @@ cdef _TypeEntry _entry_for(tp):
                           and getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__)
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
-    _remember(_types, tp, entry, _TYPES_MAX)
+    _remember(_types, tp, entry, TYPES_MAX)
     return entry
 
 
