@@ -155,7 +155,6 @@ cdef dict _types = {}
 _TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
 #: Most types remembered at once; past it the table starts again (types made in a loop).
 TYPES_MAX = 256
-cdef Py_ssize_t _TYPES_MAX = TYPES_MAX
 
 
 cdef _producer_row(tp):   # (a row of defaults where the table has none)
@@ -164,7 +163,7 @@ cdef _producer_row(tp):   # (a row of defaults where the table has none)
         return PRODUCERS[("jax", "Array")]
     for cls in getattr(tp, "__mro__", ()):
         row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
-                             getattr(cls, "__name__", None)))
+                             cls.__name__))
         if row is not None:
             return row
     return Producer()
@@ -208,7 +207,7 @@ cdef _TypeEntry _entry_for(tp):
     entry.numpy_export = entry.guard == GUARD_NUMPY and entry.own_export
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
-    _remember(_types, tp, entry, _TYPES_MAX)
+    _remember(_types, tp, entry, TYPES_MAX)
     return entry
 
 
@@ -231,7 +230,7 @@ def exchange_api_version(tp):
 cdef _producer_error(obj, BaseException exc, str what):
     """A ProducerError of the producer's reason and what to do (its row's hints, then generic)."""
     # First line only: C++ producers append a stack trace (kept in __cause__).
-    reason = (str(exc) or type(exc).__name__).split("\n")[0].rstrip()
+    reason = first_line(exc, False).rstrip() or type(exc).__name__
     if not reason.endswith((".", "!", "?")):
         reason += "."
     low = reason.lower()
@@ -504,6 +503,7 @@ cdef inline TensorInfo _handing(TensorInfo info, cap, PyObject** cap_out):
 # contract: returns the TensorInfo and sets *cap_out to a new reference to the capsule
 # (left NULL only in MODE_PEEK through the exchange API; an out-parameter: peek is on the
 # hot path); a bare capsule is read, never consumed; on a raise *cap_out is untouched.
+# ``stream_for``: a consumer's, which takes the capsule (None for a peek and a host copy);
 # ``refuse_device`` judges the reported device before the export (fallback="raise");
 # ``proof``: what the batch's proof found for ``x`` (a torch storage: MODE_VIEW's owner).
 cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
@@ -526,7 +526,7 @@ cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
         refuse_device(x, dev.dev_type, dev.dev_id)
     cap = _dlpack_capsule(x, entry, mode, stream_for, &dev)
     info = _peek_capsule(cap)
-    if dev.asked and mode != MODE_HOST_COPY:
+    if dev.asked:   # (never for a host copy: its header is the copy's)
         _reconcile(info, x, &dev, entry)
     return _handing(info, cap, cap_out)
 
@@ -566,8 +566,7 @@ cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObjec
 cdef _dlpack_capsule(x, _TypeEntry entry, Mode mode, stream_for, _Asked* dev):
     """``__dlpack__``'s capsule (the consumer's stream where needed), or numpy_capsule's."""
     stream = None
-    if ((mode == MODE_TAKE or mode == MODE_VIEW) and dev.asked and stream_for is not None
-            and _dev_is(dev.dev_type, _DEV_STREAM)):
+    if stream_for is not None and dev.asked and _dev_is(dev.dev_type, _DEV_STREAM):
         stream = stream_for(dev.dev_type, dev.dev_id)
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)

@@ -332,8 +332,7 @@ cdef class TensorInfo:
             raise ValueError(f"an index of {n} slices for a tensor of {self.ndim} dimensions")
         memcpy(shape_buf, self._shape, self.ndim * sizeof(int64_t))
         memcpy(strides_buf, self._strides, self.ndim * sizeof(int64_t))
-        for i in range(n):
-            sl = index[i]
+        for i, sl in enumerate(index):
             if not PySlice_Check(sl):
                 raise TypeError(f"TensorInfo.sliced takes slices, not {type(sl).__name__}")
             PySlice_Unpack(sl, &start, &stop, &step)
@@ -405,12 +404,13 @@ def _rebuild_info(state):
     (dev_type, dev_id, cap_dev_type, cap_dev_id, shape, strides, strides_null, code, bits,
      lanes, byte_offset, data, ver_major, ver_minor, flags, source) = state
     cdef int64_t shape_buf[_MAX_NDIM], strides_buf[_MAX_NDIM]
-    if len(shape) > _MAX_NDIM or len(strides) != len(shape):
-        raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={len(shape)}")
-    for i in range(len(shape)):
+    cdef Py_ssize_t i, ndim = len(shape)
+    if ndim > _MAX_NDIM or len(strides) != ndim:
+        raise MalformedTensorError(f"cannot unpickle a TensorInfo with ndim={ndim}")
+    for i in range(ndim):
         shape_buf[i] = shape[i]
         strides_buf[i] = strides[i]
-    return _made_info(data, cap_dev_type, cap_dev_id, len(shape), code, bits, lanes, shape_buf,
+    return _made_info(data, cap_dev_type, cap_dev_id, ndim, code, bits, lanes, shape_buf,
                       NULL if strides_null else strides_buf, byte_offset, <Source>source, flags,
                       ver_major, ver_minor, dev_type, dev_id)
 

@@ -79,7 +79,7 @@ cdef class Route:
     cdef object _shards, _error, _reason
     cdef object _out   # a copy's memory, allocated before anything is taken (_prepare)
 
-    def __init__(self, str kind, str action, info, str target, *, needs=0, copy_bytes=0,
+    def __init__(self, str kind, str action, info, str target, needs=0, *, copy_bytes=0,
                  jax_device=None, import_device=None, int import_type=kDLCPU,
                  import_copy=None, shards=(), problem=None, **facts):
         self.kind = kind
@@ -133,13 +133,13 @@ cdef class Route:
         return f"<Route {self.kind} to {self.target}: {self.reason}>"
 
     def __reduce__(self):   # (see Notes: a plan a loader's worker logs travels)
-        kw = dict(needs=self._needs, copy_bytes=self.copy_bytes, import_type=self.import_type,
+        kw = dict(copy_bytes=self.copy_bytes, import_type=self.import_type,
                   jax_device=_device_ref(self.jax_device),
                   import_device=_device_ref(self.import_device),
                   shards=tuple((_device_ref(d), idx, r) for d, idx, r in self.shards),
                   **{k: v for k, v in self.facts.items() if _plain(v)})
-        return (_restored_route, ((self.kind, self.action, self.info, self.target), kw,
-                                  self.key_path, self.reason, _picklable_error(self.error)))
+        return (_restored_route, ((self.kind, self.action, self.info, self.target, self._needs),
+                                  kw, self.key_path, self.reason, _picklable_error(self.error)))
 
 
 def _plain(value):
@@ -184,7 +184,7 @@ def _restored_route(tuple args, dict kw, str key_path, reason, error):
 
 def fail(str problem, info, str target, needs=0, **facts):
     """A route of kind "error": ``problem`` and the facts its error is worded from."""
-    return Route(ERROR, RAISE, info, target, needs=needs, problem=problem, **facts)
+    return Route(ERROR, RAISE, info, target, needs, problem=problem, **facts)
 
 
 def failed(BaseException exc, str target):
@@ -254,12 +254,12 @@ cpdef Route route_jax(TensorInfo info, uint32_t needs, JaxTarget tg, Options opt
                     host_ok=not _needs_host(info) & NEED_DTYPE,
                     astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
-        return Route(ZERO_COPY, EMPTY, info, "jax", needs=needs,
+        return Route(ZERO_COPY, EMPTY, info, "jax", needs,
                      jax_device=opts.device or tg.device_of(info), narrow=narrow)
     if needs & NEED_DEVICE or (needs & NEED_LANES and not host):
-        facts = dict(platforms=tg.platforms, lanes_only=not needs & NEED_DEVICE, narrow=narrow)
         return _route_through_host(info, needs, "jax", opts.copy, source, opts.fallback == "raise",
-                                   facts, opts.device or tg.cpu_device)
+                                   opts.device or tg.cpu_device, platforms=tg.platforms,
+                                   lanes_only=not needs & NEED_DEVICE, narrow=narrow)
     if needs & NEED_LAYOUT and not host:
         return fail("layout-not-host", info, "jax", needs,
                     contiguous=_producer_row(type(source)).contiguous)
@@ -320,7 +320,7 @@ cdef Route _route_import(TensorInfo info, uint32_t needs, JaxTarget tg, Options 
     action = _import_action(needs, view, bytes_copy, host, moved)
     # JAX's import keeps a permuted order as the layout: a device copy makes it row-major.
     cdef bint relayout = action is IMPORT and needs & NEED_PERMUTED
-    return Route(ZERO_COPY if view else COPY, action, info, "jax", needs=needs,
+    return Route(ZERO_COPY if view else COPY, action, info, "jax", needs,
                  copy_bytes=0 if view else info.nbytes, jax_device=dest, import_device=into,
                  import_type=import_type, import_copy=True if bytes_copy and not relayout else None,
                  relayout=relayout, **facts)
@@ -367,7 +367,7 @@ cdef Route _route_numpy_put(TensorInfo info, uint32_t needs, JaxTarget tg, Optio
                else tg.dtype_problem(info._code, info._bits))
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, put=True, refusal=refusal)
-    return Route(COPY, NUMPY_PUT, info, "jax", needs=needs, copy_bytes=info.nbytes,
+    return Route(COPY, NUMPY_PUT, info, "jax", needs, copy_bytes=info.nbytes,
                  jax_device=opts.device or tg.device_of(info), refusal=refusal)
 
 
@@ -388,19 +388,19 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
     sharding = opts.sharding
     device = opts.device or tg.default_device
     if sharding is not None:
-        lay = layout(sharding, arr.shape)
-        if lay.uneven is not None:
-            return fail("uneven", None, target, needs, sharding=sharding, uneven=lay.uneven, **facts)
+        uneven = layout(sharding, arr.shape).uneven
+        if uneven is not None:
+            return fail("uneven", None, target, needs, sharding=sharding, uneven=uneven, **facts)
         facts["spread"] = len(sharding.device_set)
         device = None
     src = device if device is not None and device.platform == "cpu" else tg.cpu_device
-    return _fits(Route(COPY, NUMPY_COPY, None, target, needs=needs, copy_bytes=arr.nbytes,
+    return _fits(Route(COPY, NUMPY_COPY, None, target, needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,
                        narrow=_narrowing(code, bits, needs, tg, opts), **facts))
 
 
-cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source,
-                               bint refuse, dict facts, jax_device=None):
+def _route_through_host(TensorInfo info, uint32_t needs, str target, copy, source, bint refuse,
+                        jax_device=None, **facts):
     """Memory ``target`` has no device for (JAX: or lanes in device memory): the producer's
     host copy, onto ``jax_device``, or the error (``refuse``: fallback="raise")."""
     bare = PyCapsule_CheckExact(source)
@@ -411,7 +411,7 @@ cdef Route _route_through_host(TensorInfo info, uint32_t needs, str target, copy
     # The producer's ``into`` where its copy is the whole conversion (no narrowing, one lane).
     into = (None if needs & (NEED_NARROW | NEED_LANES) or info.numpy_dtype is None
             else _entry_for(type(source)).into)
-    return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs=needs,
+    return _fits(Route(HOST_FALLBACK, PRODUCER_COPY, info, target, needs,
                        copy_bytes=info.nbytes, jax_device=jax_device,
                        methods=tuple(host_methods(source)), into=into, **facts))
 
@@ -426,15 +426,15 @@ cpdef Route route_host(TensorInfo info, uint32_t needs, copy, source):
     if needs & NEED_DTYPE:
         return fail("host-dtype", info, "host", needs, astype=_producer_row(type(source)).astype)
     if needs & NEED_EMPTY:
-        return Route(ZERO_COPY, EMPTY, info, "host", needs=needs)
+        return Route(ZERO_COPY, EMPTY, info, "host", needs)
     if needs & NEED_DEVICE:
-        return _route_through_host(info, needs, "host", copy, source, False, {})
+        return _route_through_host(info, needs, "host", copy, source, False)
     if needs & NEED_PACKED and copy is False:
         return fail("copy-forbidden", info, "host", needs)
     if needs & NEED_PACKED or copy:
         return _fits(Route(COPY, UNPACK if needs & NEED_PACKED else HOST_COPY, info, "host",
-                           needs=needs, copy_bytes=info.nbytes))
-    return Route(ZERO_COPY, HOST_VIEW, info, "host", needs=needs)
+                           needs, copy_bytes=info.nbytes))
+    return Route(ZERO_COPY, HOST_VIEW, info, "host", needs)
 
 
 # ---- sharded: one decision per leaf ----------------------------------------
@@ -457,7 +457,7 @@ def route_sharded(TensorInfo info, uint32_t needs, JaxTarget tg, sharding, Optio
     nd = len(sharding.device_set)
     if opts.copy is False:
         return fail("copy-forbidden", info, "jax", needs, spread=True, local=lay.local, ndevices=nd)
-    return Route(COPY, DEVICE_PUT if lay.local else PROCESS_LOCAL, info, "jax", needs=needs,
+    return Route(COPY, DEVICE_PUT if lay.local else PROCESS_LOCAL, info, "jax", needs,
                  copy_bytes=whole.copy_bytes + info.nbytes, whole=whole, local=lay.local,
                  ndevices=nd, narrow=whole.facts.get("narrow"))
 
@@ -478,7 +478,6 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
             copy_bytes += part.nbytes
             one_pass = one_pass and opts.copy is None and _c_copy(part, n & ~NEED_VIA_CPU)
         parts.append((part, n))
-    narrow = _narrowing(info._code, info._bits, needs, tg, opts)   # (every slice's dtype)
     # One pass: every slice viewed or copied in C (its shards' routes worded only if asked).
     facts = dict(parts=parts, devices=lay.devices, indices=lay.indices, tg=tg, opts=opts,
                  source=source)
@@ -490,8 +489,9 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
                 return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
         copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
         facts = {}
-    split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs=needs,
-                  copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding, narrow=narrow, **facts)
+    split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs,
+                  copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding,
+                  narrow=_narrowing(info._code, info._bits, needs, tg, opts), **facts)
     return _fits(split) if one_pass else split   # (each shard's own route is fitted)
 
 
@@ -561,11 +561,12 @@ def untouched(leaf, str target, Options opts):
     no leaf, at any depth)."""
     if leaf is None:
         return None
+    tp = type(leaf)
     # (an array whose dtype DLPack has no type for: that dtype, said)
-    dtype = getattr(leaf, "dtype", None) if hasattr(type(leaf), "__dlpack__") else None
+    dtype = getattr(leaf, "dtype", None) if hasattr(tp, "__dlpack__") else None
     if opts.leaves == "raise":
-        return fail("not-a-tensor", None, target, leaf_type=type(leaf), leaf_dtype=dtype)
-    return Route(UNTOUCHED, KEEP, None, target, leaf_type=type(leaf), leaf_dtype=dtype)
+        return fail("not-a-tensor", None, target, leaf_type=tp, leaf_dtype=dtype)
+    return Route(UNTOUCHED, KEEP, None, target, leaf_type=tp, leaf_dtype=dtype)
 
 
 def decide(TensorInfo info, tg, str target, Options opts, source=None, bint aliased=False):
