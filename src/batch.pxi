@@ -214,21 +214,19 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
     fail in the others before any is taken (a route's ``_prepare``, a _V_COPY's memory); then
     those."""
-    cdef Py_ssize_t m, n = len(plan), taking = n
+    cdef Py_ssize_t m, n = len(plan)
+    cdef bint prepared = False   # (from the first leaf that takes the caller's memory on)
     cdef _Leaf leaf
     cdef _Part part
     for m in range(1, n):
         if (<_Leaf>plan[m]).rank < (<_Leaf>plan[m - 1]).rank:   # out of order: sorted (stable)
             plan.sort(key=lambda leaf: (<_Leaf>leaf).rank)
             break
-    for m in range(n):
-        if (<_Leaf>plan[m]).rank != 0:
-            taking = m
-            break
     try:
         for m in range(n):
-            if m == taking:
-                for leaf in plan[taking:]:
+            if not prepared and (<_Leaf>plan[m]).rank != 0:
+                prepared = True
+                for leaf in plan[m:]:
                     part = parts[leaf.part]
                     if leaf.route is not None:
                         _prepare(leaf.route, tg)
@@ -236,7 +234,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
                         leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
             leaf = plan[m]
             part = parts[leaf.part]
-            part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, m >= taking)
+            part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, prepared)
             leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
     except Exception as exc:   # (``leaf``, ``part``: the one being prepared or run)
         _words.name_leaf(exc, part.keystr(leaf.index))
