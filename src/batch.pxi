@@ -145,17 +145,15 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
                 for i, leaf in enumerate(part.leaves):
                     if leaf is not None and not is_tensor(leaf):   # (None: no leaf)
                         _raise_route(untouched(leaf, "jax", part.opts))
-            i = -1   # (a leaf's own error says which: _dlinspect_leaf)
+            i = -1   # (a leaf's own error is named by _decide_part)
             start = len(plan)
             _decide_part(part, k, tg, plan, report)
             if part.flat is not None:   # its containers tried with JAX arrays, before any take
                 _check_rebuild(part.flat, [(<_Leaf>leaf).index for leaf in plan[start:]], tg)
         except BaseException as exc:
             plan = None   # the exports let go of, with the error handled (see _convert)
-            if isinstance(exc, Exception):
-                i = getattr(exc, "_dlinspect_leaf", i)
-                if i >= 0:
-                    _words.name_leaf(exc, part.keystr(i))
+            if i >= 0 and isinstance(exc, Exception):
+                _words.name_leaf(exc, part.keystr(i))
             raise
     return plan
 
@@ -164,7 +162,7 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                       LoaderReport report) except -1:
     """Every tensor leaf of ``part`` decided into the plan (``_decide``), nothing taken; a leaf
     that is not a tensor, or a jax.Array returned as it is, kept in ``part.out``. An error
-    is marked with the index of the leaf it is about (``_dlinspect_leaf``)."""
+    is named by the key path of the leaf it is about."""
     cdef Options opts = part.opts
     cdef bint reuse = opts.sharding is not None
     cdef list leaves = part.leaves
@@ -191,7 +189,8 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
             plan.append(d)
     except BaseException as exc:
         got = d = proof = None   # the exports let go of with the error handled (see _convert)
-        _mark_leaf(exc, i)
+        if isinstance(exc, Exception):
+            _words.name_leaf(exc, part.keystr(i))
         raise
     return 0
 
@@ -215,21 +214,19 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     """Run the plan: routes that take nothing of the caller's first; then everything that can
     fail in the others before any is taken (a route's ``_prepare``, a _V_COPY's memory); then
     those."""
-    cdef Py_ssize_t m, n = len(plan), taking = n
+    cdef Py_ssize_t m, n = len(plan)
+    cdef bint prepared = False   # (from the first leaf that takes the caller's memory on)
     cdef _Leaf leaf
     cdef _Part part
     for m in range(1, n):
         if (<_Leaf>plan[m]).rank < (<_Leaf>plan[m - 1]).rank:   # out of order: sorted (stable)
             plan.sort(key=lambda leaf: (<_Leaf>leaf).rank)
             break
-    for m in range(n):
-        if (<_Leaf>plan[m]).rank != 0:
-            taking = m
-            break
     try:
         for m in range(n):
-            if m == taking:
-                for leaf in plan[taking:]:
+            if not prepared and (<_Leaf>plan[m]).rank != 0:
+                prepared = True
+                for leaf in plan[m:]:
                     part = parts[leaf.part]
                     if leaf.route is not None:
                         _prepare(leaf.route, tg)
@@ -237,7 +234,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
                         leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
             leaf = plan[m]
             part = parts[leaf.part]
-            part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, m >= taking)
+            part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, prepared)
             leaf.cap = leaf.prepared = None   # (the capsule and the copy's memory are the array's)
     except Exception as exc:   # (``leaf``, ``part``: the one being prepared or run)
         _words.name_leaf(exc, part.keystr(leaf.index))

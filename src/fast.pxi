@@ -24,13 +24,6 @@ cdef inline bint _plain_scalar(v):
             or tp is complex)
 
 
-cdef void _mark_leaf(BaseException exc, Py_ssize_t i) noexcept:
-    try:
-        exc._dlinspect_leaf = i
-    except BaseException:
-        PyErr_Clear()
-
-
 cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
              Py_ssize_t index=-1, bint reuse=False, proof=None):
     """The one decision for tensor ``x`` into ``target`` (``tg`` None for "host"): its
@@ -166,7 +159,7 @@ cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding, Jax
     try:
         for (part, n), device in zip(parts, devices):
             if n & ~NEED_VIA_CPU == 0:
-                arrays.append(_view_of(owner, part, writeable) if by_put else
+                arrays.append(_view_of(owner, part, writeable, 0) if by_put else
                               import_capsule(tg.import_fn, view_capsule(owner, part), device,
                                              None, None, kDLCPU))
             else:
@@ -190,10 +183,9 @@ cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding, Jax
 cdef class _SplitViews:
     """A zero-copy split kept for the next tensor of this header and sharding (a loader's every
     step: deciding again costs more than the put), at its address; it holds no tensor."""
-    cdef TensorInfo whole     # the first tensor's header
+    cdef uintptr_t address    # the first tensor's
     cdef list parts, devices  # (parts: each slice's header, at the first tensor's address)
     cdef object sharding, aval   # (aval: the put's abstract value, made once)
-    cdef cnp.dtype descr
     cdef JaxTarget tg         # the target its key names by address, held (as is its sharding)
 
 
@@ -239,27 +231,24 @@ cdef int _remember_split(Route route, TensorInfo info, bytes key, JaxTarget tg) 
         if n & ~NEED_VIA_CPU or not _viewable_by_put(part, tg):
             return 0
     cdef _SplitViews s = _SplitViews.__new__(_SplitViews)
-    s.whole = info
+    s.address = info._ptr()
     s.devices = f["devices"]
     s.sharding = f["sharding"]
     s.tg = tg
     s.parts = [part for part, _ in parts]
-    s.descr = _numpy_dtype(info._code, info._bits)
-    s.aval = tg.sharded_aval(info.shape, s.descr, s.sharding)
+    s.aval = tg.sharded_aval(info.shape, _numpy_dtype(info._code, info._bits), s.sharding)
     _remember(_split_views, key, s, 256)
     return 0
 
 
 cdef _split_again(cap, TensorInfo info, _SplitViews s, JaxTarget tg):
     """Put ``s``'s slices, viewed at ``info``'s address, from ``cap`` (a failed put takes none)."""
-    cdef uintptr_t delta = info._ptr() - s.whole._ptr()   # (mod 2**64: either way)
+    cdef uintptr_t delta = info._ptr() - s.address   # (mod 2**64: either way)
     cdef bint writeable = info.read_only is not True
     cdef TensorInfo part
     owner = take(cap)
     try:
-        arrays = [_ndarray(owner, <void*>(part._ptr() + delta), part.ndim, part._shape,
-                           part._strides, part._bits // 8, s.descr, writeable)
-                  for part in s.parts]
+        arrays = [_view_of(owner, part, writeable, delta) for part in s.parts]
         return tg.put(s.aval, s.sharding, arrays, s.devices, True)
     except BaseException:
         arrays = None

@@ -40,8 +40,9 @@ cdef _ndarray(base, void* data, int32_t ndim, const int64_t* shape,
     return arr
 
 
-cdef _view_of(owner, TensorInfo info, bint writeable):   # (one lane an element)
-    return _ndarray(owner, <void*>info._ptr(), info.ndim, info._shape, info._strides,
+# A view of ``info``'s memory ``delta`` bytes on (a split viewed again), one lane an element.
+cdef _view_of(owner, TensorInfo info, bint writeable, uintptr_t delta):
+    return _ndarray(owner, <void*>(info._ptr() + delta), info.ndim, info._shape, info._strides,
                     info._bits // 8, _numpy_dtype(info._code, info._bits), writeable)
 
 
@@ -259,8 +260,8 @@ cdef _put_view(JaxTarget tg, cap, x, TensorInfo info, device):
         return tg.put(aval, tg.single(device), [x], [device], False)
     owner = take(cap)
     try:
-        return tg.put(aval, tg.single(device), [_view_of(owner, info, info.read_only is not True)],
-                      [device], False)
+        return tg.put(aval, tg.single(device),
+                      [_view_of(owner, info, info.read_only is not True, 0)], [device], False)
     except BaseException:
         _untake(owner, cap)   # a failed put consumes nothing
         raise
