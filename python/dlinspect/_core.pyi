@@ -224,8 +224,8 @@ class Route:
     facts: dict[str, Any]
     copy_bytes: int
     key_path: str
-    def __init__(self, kind: str, action: str, info: TensorInfo | None, target: str, *,
-                 needs: int = ..., copy_bytes: int = ..., jax_device: Any = ...,
+    def __init__(self, kind: str, action: str, info: TensorInfo | None, target: str,
+                 needs: int = ..., *, copy_bytes: int = ..., jax_device: Any = ...,
                  import_device: Any = ..., import_type: int = ..., import_copy: bool | None = ...,
                  shards: tuple[Any, ...] | None = ..., problem: str | None = ...,
                  **facts: Any) -> None: ...
