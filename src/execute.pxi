@@ -180,10 +180,16 @@ def _ex_split(Route route, cap, x, JaxTarget tg, Options opts):
         return _split_import(cap, route.info, f["parts"], f["devices"], f["sharding"], tg)
     owner = take(cap)
     arrays = []
-    for _, _, shard in route._shards:
-        part = view_capsule(owner, shard.info)
-        arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
-    return tg.assemble(route.info.shape, f["sharding"], [d for d, _, _ in route._shards], arrays)
+    try:
+        for _, _, shard in route._shards:
+            part = view_capsule(owner, shard.info)
+            arrays.append(EXECUTORS[shard.action](shard, part, part, tg, opts))
+        return tg.assemble(route.info.shape, f["sharding"], [d for d, _, _ in route._shards],
+                           arrays)
+    except BaseException:
+        arrays = part = None
+        _untake(owner, cap)   # a failed split consumes nothing
+        raise
 
 
 def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):

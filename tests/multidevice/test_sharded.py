@@ -166,6 +166,31 @@ def test_failed_split_leaves_capsule_unconsumed():
     assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
 
 
+def test_a_shard_that_fails_in_a_route_each_leaves_capsule_unconsumed(monkeypatch):
+    # copy=True gives every slice a route of its own; the third shard's copy fails (a
+    # MemoryError, say): the caller's capsule still owns its tensor, whole and readable.
+    from dlinspect import _core
+    done = []
+
+    def third_fails(route, cap, x, tg, opts):
+        done.append(route)
+        if len(done) == 3:
+            raise MemoryError("no memory for the third shard")
+        return copy(route, cap, x, tg, opts)
+    copy = _core.EXECUTORS[_core.HOST_COPY]
+    monkeypatch.setitem(_core.EXECUTORS, _core.HOST_COPY, third_fails)
+    counter = DeleterCounter()
+    src = aligned(np.arange(8))
+    cap = make_capsule(src, counter=counter)
+    with pytest.raises(MemoryError, match="third shard"):
+        to_jax(cap, sharding=DATA, copy=True)
+    gc.collect()
+    assert len(done) == 3
+    assert dlinspect._core.capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.asarray(to_jax(cap, sharding=DATA) + 0), src)
+
+
 def test_small_slices_copied_in_c_in_the_one_pass(monkeypatch):
     # A misaligned leaf and int64 labels (x64 off): every slice copied in C, in the one
     # sharded pass, not by the general route's executors; plan's copy bytes, the
