@@ -271,7 +271,7 @@ def _bench(args: argparse.Namespace) -> int:
         bench.plot_sweep(report, args.plot)
         print(f"wrote {args.plot}")
     if args.markdown:
-        bench.write_markdown(report, args.markdown, f"dlinspect bench {' '.join(sys.argv[2:])}",
+        bench.write_markdown(report, args.markdown, f"dlinspect {' '.join(args.words)}",
                              os.path.relpath(args.plot, os.path.dirname(args.markdown) or ".")
                              if args.plot else None)
         print(f"wrote {args.markdown}")
@@ -359,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         error, an ``inspect`` input that cannot be read or is not a tensor, a missing
         plot library, or ``bench --check`` with a failed target.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.words = argv   # (what bench's Markdown names as the command that made it)
     try:
         if args.command == "doctor":
             if args.json:
