@@ -13,8 +13,10 @@
 # Mapping) is not met, so not proven. For the memory:
 # - NumPy: every array on the leaf's base chain is held only by the chain (or the caller),
 #   and the chain ends in an array that owns its data; any other object on it (bytes, mmap,
-#   memoryview, a capsule) proves nothing, but a torch tensor proven itself (t.numpy()) does;
-# - torch: its storage is held by this tensor alone and is torch's own allocation
+#   memoryview, a capsule) proves nothing, but a torch tensor proven itself does (t.numpy()
+#   where torch keeps the storage resizable; 2.13 marks it NumPy's: copied);
+# - torch: its storage (and the one Python object torch keeps for it) is held by this tensor
+#   alone and is torch's own allocation
 #   (resizable, not shared) or shared host memory torch received from another process (a
 #   DataLoader worker's batch); borrowed memory (from_numpy, from_dlpack, frombuffer), a
 #   file's (from_file) and memory this process shares (share_memory_()) are none of these;
@@ -59,6 +61,9 @@ cdef Py_ssize_t _CORE_HELD = -1
 # torch's storage use count of a tensor alone, measured once (builds differ), and its counter;
 # what a view's base held by that view alone shows: its references and its use count.
 cdef Py_ssize_t _torch_alone = -1
+# the references to a storage's Python object held by torch and one variable, measured once:
+# torch keeps one such object per storage, shared by whoever asks for it.
+cdef Py_ssize_t _torch_storage_refs = -1
 cdef object _torch_use_count = None
 cdef tuple _torch_private = None
 
@@ -204,10 +209,10 @@ cdef list _slots(v):
 
 
 cdef _torch_owns(t):
-    """A torch tensor's storage where it is held by the tensor alone (or with the base it is a
-    view of, which nothing else holds) and is torch's own, or shared memory another process
-    handed over (_received); else None."""
-    global _torch_alone, _torch_use_count, _torch_private
+    """A torch tensor's storage where it, and the Python object torch keeps for it, are held
+    by the tensor alone (or with the base it is a view of, which nothing else holds) and is
+    torch's own, or shared memory another process handed over (_received); else None."""
+    global _torch_alone, _torch_use_count, _torch_private, _torch_storage_refs
     try:
         if _torch_alone < 0:
             torch = _sys.modules["torch"]
@@ -220,13 +225,18 @@ cdef _torch_owns(t):
                 _torch_alone = 0
                 return None
             alone = torch.empty(1)   # (held here as a leaf is, its storage too)
-            storage = alone.untyped_storage()
+            storage = _torch_methods()[0](alone)
+            _torch_storage_refs = Py_REFCNT(storage)
             _torch_alone = _torch_use_count(storage._cdata)
             _torch_private = _base_holders(torch.empty(2)[:1])
         if _torch_use_count is None:
             return None
         calls = _torch_methods()
         storage = calls[0](t)
+        # (its storage object kept, strongly or weakly: a pool's, t.storage(), a tensor made
+        # over it with set_(), a view JAX holds)
+        if Py_REFCNT(storage) != _torch_storage_refs or dl_weakly_held(<PyObject*>storage):
+            return None
         uses = _torch_use_count(storage._cdata)
         if uses != _torch_alone and not (uses == _torch_alone + 1 and _private_base(t)):
             return None

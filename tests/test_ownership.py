@@ -712,3 +712,55 @@ def test_a_subclass_that_overrides_nothing_is_still_viewed(torch):
     for make in makers:
         b = {"x": make()}
         assert plan(b)["x"].kind == "zero-copy", type(b["x"])
+
+
+def _storage_ring(keep):
+    """A pool of two torch storages, kept as ``keep`` says ("storage": the objects,
+    "weakly": weak references to them), each batch a new tensor made over the next one
+    (``set_``) and refilled: what an arena or slab allocator hands out."""
+    import weakref
+    torch = _torch()
+    made = [torch.UntypedStorage(4 * 12) for _ in range(2)]
+    ring = made if keep == "storage" else [weakref.ref(s) for s in made]
+    for i in range(N):
+        slot = ring[i % 2] if keep == "storage" else ring[i % 2]()
+        x = torch.empty(0).set_(slot, 0, SHAPE)
+        _fill_torch(x, i)
+        batch = [{"x": x}]
+        del slot, x
+        yield batch.pop()   # (the generator holds nothing but the pool)
+
+
+def _storage_kept(keep):
+    """Each batch new torch memory; the pool keeps its storage object (``t.untyped_storage()``,
+    strongly or weakly) and writes every storage it kept again before the next batch."""
+    import weakref
+    torch = _torch()
+    kept = []
+    for i in range(N):
+        for old in [k if keep == "storage" else k() for k in kept]:
+            if old is not None:
+                torch.empty(0).set_(old).fill_(-1.0)
+        old = None
+        x = torch.empty(SHAPE)
+        _fill_torch(x, i)
+        storage = x.untyped_storage()
+        kept.append(storage if keep == "storage" else weakref.ref(storage))
+        batch = [{"x": x}]
+        del storage, x
+        yield batch.pop()   # (the generator holds nothing but the pool)
+
+
+@pytest.mark.parametrize("source", [_storage_ring, _storage_kept], ids=["ring", "kept"])
+@pytest.mark.parametrize("keep", ["storage", "weakly"])
+def test_a_torch_storage_object_a_source_keeps_is_a_holder(source, keep):
+    """torch keeps one Python object per storage, and whoever holds it (strongly or weakly)
+    reaches the memory again, with no count of the storage showing it: copied, and every kept
+    batch keeps its values."""
+    kinds, kept = [], []
+    for b in source(keep):
+        kinds.append(plan(b)["x"].kind)
+        kept.append(to_jax(b))
+    assert kinds == ["copy"] * N
+    for i, out in enumerate(kept):
+        assert_computes_like(out["x"], values(i), f"batch {i}")
