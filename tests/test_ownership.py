@@ -454,7 +454,9 @@ def test_a_weak_reference_to_a_tensor_its_base_or_its_batch_is_a_holder(what, ke
     for b in weakly_held_pool(*WEAKLY_HELD[what], keep_weakly):
         kinds.append(plan(b)["x"].kind)
         kept.append(to_jax(b))
-    assert kinds == ["copy" if keep_weakly else "zero-copy"] * N
+    # (torch 2.3's tensors do not say their use count: no view is proven there)
+    provable = what != "the base of a torch view" or hasattr(_torch().Tensor, "_use_count")
+    assert kinds == ["zero-copy" if provable and not keep_weakly else "copy"] * N
     for i, out in enumerate(kept):
         assert_computes_like(out["x"], values(i), f"batch {i}")
 

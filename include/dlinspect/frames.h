@@ -55,12 +55,14 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
     return n;
 }
 
-/* contract: whether a weak reference to `obj` lives (its type's weak reference list not
-   empty): whoever holds one reaches `obj` again while anything keeps it alive. */
+/* contract: whether a weak reference to `obj` lives (its weak reference list not empty):
+   whoever holds one reaches `obj` again while anything keeps it alive. The list lies
+   tp_weaklistoffset bytes from the object, before it (a negative offset) where 3.12+
+   manages it for a class defined in Python (torch.Tensor, a dict subclass); 0: none. */
 static inline int dl_weakly_held(PyObject *obj)
 {
     const Py_ssize_t at = Py_TYPE(obj)->tp_weaklistoffset;
-    return at > 0 && *(PyObject **)((char *)obj + at) != NULL;
+    return at != 0 && *(PyObject **)((char *)obj + at) != NULL;
 }
 
 #endif
