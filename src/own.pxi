@@ -164,7 +164,7 @@ cdef class _Owners:
             return None   # (a subclass's export may not be the memory proven)
         if guard == GUARD_TORCH:
             return _torch_owns(x)
-        if guard == GUARD_NUMPY and self.chain(x):
+        if self.chain(x):   # (NumPy's: no other type passes own_export)
             return True
         return None
 
@@ -212,24 +212,8 @@ cdef _torch_owns(t):
     """A torch tensor's storage where it, and the Python object torch keeps for it, are held
     by the tensor alone (or with the base it is a view of, which nothing else holds) and is
     torch's own, or shared memory another process handed over (_received); else None."""
-    global _torch_alone, _torch_use_count, _torch_private, _torch_storage_refs
     try:
-        if _torch_alone < 0:
-            torch = _sys.modules["torch"]
-            # (measured where no torch function or dispatch mode sees, and may keep, its
-            # tensors; a torch that cannot say raises: nothing proven)
-            if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
-                return None
-            _torch_use_count = getattr(torch._C, "_storage_Use_Count", None)
-            if _torch_use_count is None:   # (a torch that does not say proves nothing)
-                _torch_alone = 0
-                return None
-            alone = torch.empty(1)   # (held here as a leaf is, its storage too)
-            storage = _torch_methods()[0](alone)
-            _torch_storage_refs = Py_REFCNT(storage)
-            _torch_alone = _torch_use_count(storage._cdata)
-            _torch_private = _base_holders(torch.empty(2)[:1])
-        if _torch_use_count is None:
+        if not _torch_measured():
             return None
         calls = _torch_methods()
         storage = calls[0](t)
@@ -247,6 +231,25 @@ cdef _torch_owns(t):
     except Exception:   # (a tensor without storage: its export says why)
         pass
     return None
+
+
+cdef bint _torch_measured() except -1:
+    """Whether torch's counts for a tensor alone are known: measured once per process (builds
+    differ), where no torch function or dispatch mode sees, and may keep, its tensors. A
+    torch that does not say its storages' use count raises: nothing is proven."""
+    global _torch_alone, _torch_use_count, _torch_private, _torch_storage_refs
+    if _torch_alone >= 0:
+        return True
+    torch = _sys.modules["torch"]
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        return False
+    _torch_use_count = torch._C._storage_Use_Count
+    alone = torch.empty(1)   # (held here as a leaf is, its storage too)
+    storage = _torch_methods()[0](alone)
+    _torch_storage_refs = Py_REFCNT(storage)
+    _torch_alone = _torch_use_count(storage._cdata)
+    _torch_private = _base_holders(torch.empty(2)[:1])
+    return True
 
 
 cdef bint _received(storage) except -1:
