@@ -160,9 +160,9 @@ def pipelines(names: list[str], chosen: list[str] | None, variants: bool, n: int
                            [bl.Method(m, e, convert=c) for m, (e, c) in table.items() if keep(m)],
                            {"batches": warm}, n, close=lambda: bl.close(endless))
 
+    made = {"workers": workers, "DataLoader": data_loader}
     for name in names:
-        yield (workers() if name == "workers" else data_loader() if name == "DataLoader"
-               else batched(name))
+        yield made[name]() if name in made else batched(name)
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -1075,8 +1075,11 @@ def text_report(name: str, result: dict[str, Any]) -> str:
         e2e, ratio, conv = row["end_to_end"], row["ratio"], row["conversion"]
         rtext = "baseline" if ratio is None else \
             f"x{ratio['median']:.2f} ({ratio['q1']:.2f}-{ratio['q3']:.2f})"
-        ctext = "" if conv is None else f"  conv {conv['us_per_batch']:.0f} us" + \
-            ("" if conv["ratio"] is None else f" (x{conv['ratio']['median']:.2f})")
+        ctext = ""
+        if conv is not None:
+            ctext = f"  conv {conv['us_per_batch']:.0f} us"
+        if conv is not None and conv["ratio"] is not None:
+            ctext += f" (x{conv['ratio']['median']:.2f})"
         lines.append(f"  {m:<{width}}  {e2e['median']:7.1f} batches/s ({e2e['q1']:.0f}-"
                      f"{e2e['q3']:.0f})  {rtext}{ctext}")
         lines.append(f"  {'':<{width}}  {bytes_text(row['bytes'])}")

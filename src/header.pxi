@@ -357,12 +357,20 @@ cdef class TensorInfo:
                           self.flags, self._ver_major, self._ver_minor, self._dev_type,
                           self.device_id)
 
-    def __repr__(self):
-        cap = self.capsule_device
+    cdef str _layout_word(self):
+        if self.is_c_contiguous:
+            return "C-contiguous"
+        if self.is_f_contiguous:
+            return "F-contiguous"
+        if self.is_compact:
+            return "compact"
         odd = [word for word, on in (("broadcast", self.has_broadcast),
                                      ("negative-strides", self.has_negative_strides)) if on]
-        layout = ("C-contiguous" if self.is_c_contiguous else "F-contiguous" if self.is_f_contiguous
-                  else "compact" if self.is_compact else "+".join(odd) or "strided")
+        return "+".join(odd) or "strided"
+
+    def __repr__(self):
+        cap = self.capsule_device
+        layout = self._layout_word()
         return (f"<TensorInfo {device_name(self._dev_type, self.device_id)} "
                 f"{self.dtype_name}[{', '.join(map(str, self.shape))}] "
                 f"strides={self.strides} {layout} {self.nbytes} B align={self.alignment}"

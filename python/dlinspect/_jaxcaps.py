@@ -173,8 +173,11 @@ class JaxCaps:
     def _set_direct(self, force_public: bool, why: str) -> None:
         status = self.symbols["import"]
         self.direct = self._direct_fn is not None and not force_public
-        self.direct_reason = (f"{status.found}: {status.reason}" if self.direct
-                              else why if force_public else status.reason)
+        self.direct_reason = status.reason
+        if self.direct:
+            self.direct_reason = f"{status.found}: {status.reason}"
+        elif force_public:
+            self.direct_reason = why
         vars(self).pop("target", None)   # (built again on next use)
 
     def _unused(self, name: str, reason: str) -> None:

@@ -164,11 +164,16 @@ _DATA_TYPE_CODES = set(DLDataTypeCode)   # (an int finds its member: they hash a
 def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
     """The NumPy / ml_dtypes name (``"bfloat16"``); ``"float32x4"`` for 4 lanes,
     ``"DLDataType(code=42, bits=8)"`` for an unknown code."""
+    if lanes != 1:
+        return f"{dtype_name(code, bits)}x{lanes}"
     row = DTYPES.get((code, bits))
-    name = (row.name if row else f"{_CODE_PREFIX[code]}{bits}" if code in _CODE_PREFIX
-            else f"{DLDataTypeCode(code).name}[bits={bits}]" if code in _DATA_TYPE_CODES
-            else f"DLDataType(code={code}, bits={bits})")
-    return name if lanes == 1 else f"{name}x{lanes}"
+    if row:
+        return row.name
+    if code in _CODE_PREFIX:
+        return f"{_CODE_PREFIX[code]}{bits}"
+    if code in _DATA_TYPE_CODES:
+        return f"{DLDataTypeCode(code).name}[bits={bits}]"
+    return f"DLDataType(code={code}, bits={bits})"
 
 
 @functools.cache   # (never emptied: the core borrows its values)

@@ -31,15 +31,25 @@ _PLAIN_TYPES = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _WITH_TEXT = 2   # _one_level: leaves, lists of plain scalars among them
 
 
+def _kind_of(tp: type) -> int:
+    # A tensor type (__dlpack__ or the C exchange API) is a leaf, whatever else it is.
+    if hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__"):
+        return _LEAF
+    if issubclass(tp, Mapping):
+        return _MAPPING
+    if dataclasses.is_dataclass(tp):
+        return _DATACLASS
+    if issubclass(tp, (tuple, list)):   # jax walks exact ones and namedtuples
+        return _SEQUENCE
+    if issubclass(tp, types.SimpleNamespace):
+        return _NAMESPACE
+    return _LEAF
+
+
 def _kind(tp: type) -> int:
     kind = _kinds.get(tp)
     if kind is None:
-        # A tensor type (__dlpack__ or the C exchange API) is a leaf, whatever else it is.
-        tensor = hasattr(tp, "__dlpack__") or hasattr(tp, "__dlpack_c_exchange_api__")
-        kind = (_LEAF if tensor else _MAPPING if issubclass(tp, Mapping)
-                else _DATACLASS if dataclasses.is_dataclass(tp)
-                else _SEQUENCE if issubclass(tp, (tuple, list))   # jax walks exact ones and namedtuples
-                else _NAMESPACE if issubclass(tp, types.SimpleNamespace) else _LEAF)
+        kind = _kind_of(tp)
         if len(_kinds) >= _KINDS_MAX:
             _kinds.clear()
         _kinds[tp] = kind

@@ -100,8 +100,11 @@ def _strides_word(info: Any) -> str:
                 "this jaxlib (0.4) infers a layout its own jit refuses")
     if info.is_compact:   # a jaxlib < 0.8, which reads every layout as row-major
         return "a permuted (transposed) order, which this jaxlib (older than 0.8) reads as row-major"
-    return ("broadcast (stride 0)" if info.has_broadcast else
-            "negative strides" if info.has_negative_strides else "gaps between elements")
+    if info.has_broadcast:
+        return "broadcast (stride 0)"
+    if info.has_negative_strides:
+        return "negative strides"
+    return "gaps between elements"
 
 
 #: Why a JAX route copies, per need: (the reason, the fix), from the route.

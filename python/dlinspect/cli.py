@@ -29,6 +29,7 @@ __all__ = ["main", "doctor_report", "producers_report"]
 EXIT_USAGE = 1
 EXIT_ERROR_ROUTE = 2
 _KEYWORDS = ("max_version", "dl_device", "copy")   # of __dlpack__, as doctor reports them
+_ANSWERS = {None: "?", True: "yes", False: "no"}   # (a keyword: not known, taken, not taken)
 
 
 def _fail(message: str) -> int:
@@ -173,8 +174,8 @@ def _print_producer(name: str, row: dict[str, Any]) -> None:
         print(f"  {name}: cannot be imported here ({row['error']})", flush=True)
         return
     api = row["exchange_api"]
-    words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"] + [
-        f"{key}: {'?' if row[key] is None else 'yes' if row[key] else 'no'}" for key in _KEYWORDS]
+    words = [f"exchange API {api[0]}.{api[1]}" if api else "no exchange API"]
+    words += [f"{key}: {_ANSWERS[row[key]]}" for key in _KEYWORDS]
     print(f"  {row['type']}: {', '.join(words)}", flush=True)
 
 

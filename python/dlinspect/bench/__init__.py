@@ -180,7 +180,11 @@ def verdict(report: dict[str, Any]) -> str:
     """
     statuses = [t["status"] for s in report["suites"].values() for t in s["targets"]]
     counts = {k: statuses.count(k) for k in ("PASS", "FAIL", "NOISY", "SKIP")}
-    word = "MISSED" if counts["FAIL"] else "NOISY" if counts["NOISY"] else "MET"
+    word = "MET"
+    if counts["FAIL"]:
+        word = "MISSED"
+    elif counts["NOISY"]:
+        word = "NOISY"
     return (f"targets: {counts['PASS']} met, {counts['FAIL']} missed, {counts['NOISY']} "
             f"noisy (spread too wide to judge), {counts['SKIP']} skipped: {word}")
 
@@ -286,8 +290,11 @@ def write_markdown(report: dict[str, Any], path: str, command: str,
 
 def _suite_markdown(name: str, result: dict[str, Any]) -> list[str]:
     """One suite's section of :func:`write_markdown`: its table(s), notes and targets."""
-    table = (_sweep_table if name == "sweep" else
-             _loader_tables if name == "loader" and "tables" in result else _rows_table)
+    table = _rows_table
+    if name == "sweep":
+        table = _sweep_table
+    elif name == "loader" and "tables" in result:
+        table = _loader_tables
     return ([f"## {name}", "", f"Median {result['unit']}"
              + (f", {result['repeat']} runs" if "repeat" in result else "") + ".", ""]
             + table(result) + [""]
