@@ -6,6 +6,7 @@ jnp.asarray's, with no device asked for; committed to the device asked for; on e
 from __future__ import annotations
 
 import gc
+import os
 import warnings
 
 import numpy as np
@@ -138,3 +139,36 @@ class TestArraysLikeJaxOwn:
         assert_computes_like(out["t"], batch["t"].numpy())
         dev = jax.devices("cpu")[0]
         assert all(a._committed is True for a in to_jax(batch, device=dev).values())
+
+
+_UNDER_A_TRANSFER_GUARD = """
+import sys, jax, numpy as np, dlinspect
+from dlinspect.testing import aligned_empty, make_capsule
+x = aligned_empty((2, 3), np.float32, 64)
+x[...] = np.arange(6).reshape(2, 3)
+with jax.transfer_guard(sys.argv[1]):
+    out = [dlinspect.to_jax(x), dlinspect.to_jax(x.T), dlinspect.to_jax(make_capsule(x)),
+           dlinspect.to_jax({"a": x, "b": x[0]}), dlinspect.to_jax(x, copy=True),
+           next(iter(dlinspect.prefetch_to_jax(iter([{"a": x}]))))["a"]]
+print(*[int(a.sum()) for a in jax.tree.leaves(out)], dlinspect._core.jax_target().permuted_ok)
+"""
+
+
+@pytest.mark.parametrize("guard, refused", [("disallow", False), ("disallow_explicit", True)])
+def test_to_jax_is_an_explicit_transfer_under_a_transfer_guard(guard, refused):
+    """jax.transfer_guard("disallow") refuses implicit transfers only: to_jax, an explicit
+    conversion as jax.device_put is, converts under it (a lone array, a transpose, a capsule,
+    a batch, a copy, a loader's batch), from the first call of a process on, whose probes
+    still find what this JAX can do (a permuted order kept). A guard that refuses explicit
+    transfers too refuses to_jax, as it refuses jax.device_put."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", _UNDER_A_TRANSFER_GUARD, guard],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    if refused:
+        assert proc.returncode != 0 and "Disallowed host-to-device transfer" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["15", "15", "15", "15", "3", "15", "15",
+                                   str(target().permuted_ok)]

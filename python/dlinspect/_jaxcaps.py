@@ -244,6 +244,10 @@ class JaxCaps:
 
     def _probe_dtype(self, code: int, bits: int) -> str | None:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
+        with self.jax.transfer_guard("allow"):   # (a caller's guard: no reason of JAX's)
+            return self._import_reason(code, bits)
+
+    def _import_reason(self, code: int, bits: int) -> str | None:
         if bits == 0:
             return "a 0-bit type holds no data"
         buf = self._filled(np.zeros(64), np.uint8)
@@ -262,7 +266,8 @@ class JaxCaps:
             return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides "
                     f"bfloat16, float8, int4 and others: pip install -U ml_dtypes)")
         try:
-            self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
+            with self.jax.transfer_guard("allow"):
+                self.jax.device_put(np.zeros(2, dtype), self._cpu).block_until_ready()
         except Exception as exc:   # e.g. "Invalid XLA PrimitiveType: 36 (F6E2M3FN)"
             return f"this JAX has no {dtype.name} arrays ({first_line(exc, False)})"
         return None
@@ -279,6 +284,12 @@ class JaxCaps:
 
     @functools.cached_property
     def target(self) -> Any:
+        # The probes move their own few bytes whatever jax.transfer_guard the first caller
+        # runs under: refused, they would say this JAX cannot do what it can, for good.
+        with self.jax.transfer_guard("allow"):
+            return self._target()
+
+    def _target(self) -> Any:
         return self.core.JaxTarget(
             jax=self.jax, jnp=self.jax.numpy, import_fn=self.import_fn, direct=self.direct,
             cpu_device=self._cpu, cpu_align=self.cpu_alignment, x64=self.x64,
