@@ -159,7 +159,8 @@ TYPES_MAX = 256
 
 cdef _producer_row(tp):   # (a row of defaults where the table has none)
     jax = _sys.modules.get("jax")
-    if jax is not None and isinstance(tp, type) and issubclass(tp, jax.Array):
+    # (a tracer, a value inside jax.jit, vmap or grad, is JAX's own too)
+    if jax is not None and isinstance(tp, type) and issubclass(tp, (jax.Array, jax.core.Tracer)):
         return PRODUCERS[("jax", "Array")]
     for cls in getattr(tp, "__mro__", ()):
         row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
@@ -421,13 +422,22 @@ cdef bint _pyarrow_numeric(x) except -1:
 
 
 cdef int _refuse_dead_array(x) except -1:
-    if x.is_deleted():
+    if _deleted(x):
         raise ProducerError(
             f"the {_type_name(x)} was deleted or donated (x.delete(), or passed to a jitted "
             f"function with donate_argnums), so its memory is gone and it cannot be read, "
             f"moved or converted. To fix: pass an array that is still alive (keep x.copy() "
             f"before donating x).")
     return 0
+
+
+cdef bint _deleted(x) except -1:
+    """A jax.Array deleted or donated; never a tracer (inside jax.jit, vmap or grad), whose
+    is_deleted() raises: it has no buffer to lose."""
+    try:
+        return x.is_deleted()
+    except Exception:
+        return False
 
 
 cpdef inline bint is_tensor(x) except -1:

@@ -506,7 +506,7 @@ cdef tuple _shard_routes(dict f):
 cdef bint _array_passes(x, Options opts, JaxTarget tg) except -1:
     """The verdict of a ``jax.Array`` the fast path returns as it is: alive, row-major, with no
     device or sharding named and copy not True."""
-    return (not opts.committed and opts.copy is not True and not x.is_deleted()
+    return (not opts.committed and opts.copy is not True and not _deleted(x)
             and _row_major_array(x, tg))
 
 
@@ -535,10 +535,21 @@ def route_jax_array(x, Options opts, JaxTarget tg):
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
-        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, **facts)
+        device = opts.device if opts.device is not None else _own_device(x)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=device, **facts)
     if opts.copy is False:
         return fail("copy-forbidden", None, "jax", **facts)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device, **facts)
+
+
+cdef _own_device(x):
+    """The one device a jax.Array is on; None for one over several, or a tracer (inside
+    jax.jit, vmap or grad: on none yet)."""
+    try:
+        devices = x.devices()
+    except Exception:
+        return None
+    return next(iter(devices)) if len(devices) == 1 else None
 
 
 cdef bint _already_there(x, want) except -1:
@@ -546,8 +557,9 @@ cdef bint _already_there(x, want) except -1:
     if want is None:
         return True
     if hasattr(want, "device_set"):
-        return x.sharding.is_equivalent_to(want, x.ndim)
-    return x.devices() == {want} and getattr(x.sharding, "memory_kind", None) in (
+        sharding = getattr(x, "sharding", None)   # (a tracer's: none)
+        return sharding is not None and sharding.is_equivalent_to(want, x.ndim)
+    return _own_device(x) == want and getattr(x.sharding, "memory_kind", None) in (
         None, want.default_memory().kind)
 
 

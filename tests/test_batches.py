@@ -451,6 +451,27 @@ class TestTypedKeysAndDeadArrays:
         with pytest.raises(ProducerError, match=r"^\['a'\]: .*deleted"):
             to_jax({"a": x})
 
+    def test_traced_values_inside_jit_vmap_and_grad(self):
+        """A function that converts its batch with to_jax runs under jax.jit, vmap and grad:
+        there its values are tracers, JAX's own, returned as they are (or put where a device
+        or sharding asks, or copied for copy=True), as jnp.asarray returns them."""
+        dev = jax.devices("cpu")[-1]
+        mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+        s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        for options in ({}, {"copy": True}, {"device": dev}, {"sharding": s}):
+            step = jax.jit(lambda b: to_jax(b, **options)["x"].sum() * 2)
+            assert step({"x": jax.numpy.arange(4.0)}).item() == 12.0, options
+        twice = jax.vmap(lambda x: to_jax(x) * 2)(jax.numpy.ones((2, 3)))
+        assert twice.tolist() == [[2.0] * 3] * 2
+        grad = jax.grad(lambda x: (to_jax(x) ** 2).sum())(jax.numpy.arange(3.0))
+        assert grad.tolist() == [0.0, 2.0, 4.0]
+        traced = []
+        jax.jit(lambda x: traced.append(plan(x)) or x)(jax.numpy.ones(3))
+        assert traced[0].kind == "zero-copy" and traced[0].jax_device is None
+        x = jax.numpy.ones(3)
+        assert plan(x).jax_device == x.devices().pop()
+        assert "on None" not in plan(x).reason
+
 
 class TestAllocation:
     """A copy that cannot be had is an AllocationError before anything is consumed."""

@@ -517,7 +517,7 @@ def _view_words(route: Any) -> str:
 REASONS = {
     T.KEEP: lambda route: f"Not a tensor ({_leaf_kind(route.facts)}): left as it is.",
     T.PASS: lambda route: (f"It already is a jax.Array on {_where(route.facts)}: returned as it is."
-                           if "where" in route.facts else
+                           if route.facts.get("where") is not None else
                            "It already is a jax.Array: returned as it is (no DLPack round trip)."),
     T.ARRAY_PUT: _array_put,
     T.ARRAY_COPY: lambda route: "copy=True was asked for: JAX copies the jax.Array.",
