@@ -27,7 +27,8 @@ cdef enum Guard:
 
 # Refusal hints (pattern, what to do), tried in order on the producer's words: the row's, then these.
 _GENERIC_HINTS = (
-    ("requires_grad|gradient", "call .detach() first (the tensor takes part in autograd)"),
+    ("requires_grad|gradient", "call .detach() first (the tensor takes part in autograd; for a "
+     "dict of them, as a model's parameters: {k: v.detach() for k, v in d.items()})"),
     ("readonly|read-only", "copy it first (e.g. x.copy()): the producer cannot export read-only memory"),
     ("dtype", "convert it to a numeric dtype first (DLPack has no string or object types)"),
     ("device", "move it to host memory with its own library first"),
@@ -237,8 +238,9 @@ cdef _producer_error(obj, BaseException exc, str what):
     low = reason.lower()
     row = _producer_row(type(obj))
     todo = next((hint for key, hint in row.hints + _GENERIC_HINTS if _re.search(key, low)), row.other)
-    method = _re.search(r"\.\w+\(\)", todo)   # ".detach()" in a hint
-    fix = "" if method and method.group(0) in reason else f" To fix: {todo}."
+    # (a hint whose every call the producer's reason names already adds nothing)
+    methods = _re.findall(r"\.\w+\(\)", todo)   # ".detach()" in a hint
+    fix = "" if methods and all([m in reason for m in methods]) else f" To fix: {todo}."
     return ProducerError(f"{_type_name(obj)}.{what} raised {type(exc).__name__}: {reason}{fix}")
 
 

@@ -39,6 +39,7 @@ from dlinspect import (  # noqa: E402
     to_jax,
 )
 from dlinspect._core import capsule_name  # noqa: E402
+from _computations import assert_computes_like  # noqa: E402
 from dlinspect.testing import DeleterCounter, FakeProducer, aligned_array, make_capsule  # noqa: E402
 
 
@@ -200,6 +201,15 @@ class TestKeyPaths:
         assert route.kind == "error" and str(route.error).startswith("['inputs']['pixels']: ")
         with pytest.raises(error, match=r"^\['inputs'\]\['pixels'\]: "):
             list(prefetch_to_jax([batch], **kw))
+
+    def test_a_model_s_parameters_say_how_to_detach_them_all(self, torch):
+        """torch's refusal of a tensor that requires grad names t.detach() only; the fix
+        dlinspect adds says how for a whole dict of them, as a model's parameters are."""
+        params = dict(torch.nn.Linear(2, 2).named_parameters())
+        with pytest.raises(ProducerError, match=r"To fix: .*v\.detach\(\) for k, v in d\.items"):
+            to_jax(params)
+        fixed = to_jax({k: v.detach() for k, v in params.items()})
+        assert_computes_like(fixed["weight"], params["weight"].detach().numpy())
 
     def test_list_and_tuple_paths(self, torch):
         with pytest.raises(ProducerError, match=r"^\[1\]\[0\]: "):
