@@ -25,10 +25,13 @@ cdef dict _REMEDIES = {
     "strides": ("its strides are not ones JAX can view",
                 "make each batch contiguous where it is made (np.ascontiguousarray, "
                 "t.contiguous()): the copy is then made once there, or not at all"),
-    "aliased": ("the source still holds its memory (a buffer it refills, a ring of them, "
-                "another array or tensor over it), so a view would change with the source",
-                "make the source put every batch in new memory (np.stack, torch's default "
-                "collate, dlinspect.stack) and keep no reference to it; or, where the source "
+    "aliased": ("something besides the batch holds its memory (a buffer the source refills, "
+                "a ring of them, another array or tensor over it) or the batch itself (a "
+                "wrapping generator such as tqdm's, a tuple enumerate or zip keeps), so a view "
+                "might change after the handover",
+                "hand the loader to prefetch_to_jax itself (progress=True for a progress bar), "
+                "from a source that puts every batch in new memory (np.stack, torch's default "
+                "collate, dlinspect.stack) and keeps no reference to it; or, where the source "
                 "never writes a batch it has handed over, pass copy=False"),
     "permuted order": ("its memory is in a permuted (transposed) order and JAX arrays are "
                        "row-major",

@@ -134,12 +134,16 @@ _COPY_NEEDS = {
     Need.NARROW: lambda r: (narrowing_warning(r.facts["narrow"], True),
                          'jax.config.update("jax_enable_x64", True)'),
     Need.ALIASED: lambda r: (
-        "the batch is not shown to own its memory: something outside the batch (the source's "
-        "variable, attribute or list, another array or tensor over the same memory) can write "
-        "it while a view lives, or its producer proves nothing (to view it, hand over new "
-        "memory per batch, np.stack or torch's collate, and keep no reference to it)",
-        "hand over new memory for every batch and keep no reference to it (np.stack, torch's "
-        "default collate, dlinspect.stack), or pass copy=False to share it"),
+        "the batch is not shown to own its memory: something outside the batch holds it and "
+        "could write it while a view lives (the source's variable, attribute or list, another "
+        "array or tensor over the same memory), or holds the batch (the tuple enumerate or zip "
+        "keeps, a wrapping generator such as tqdm's, a helper's caller), or its producer "
+        "proves nothing (to view it: new memory per batch, np.stack or torch's collate, "
+        "converted where the loop unpacks it)",
+        "convert where the loop takes the batch, unpacked there (for x, y in loader: "
+        "to_jax((x, y)); for step, (x, y) in enumerate(loader) keeps a tuple), from a source "
+        "that hands over new memory for every batch (np.stack, torch's default collate, "
+        "dlinspect.stack); or pass copy=False where nothing writes a batch once handed over"),
 }
 
 
