@@ -108,9 +108,9 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
                   DeleterCounter counter, str name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
     cdef _Held held = _Held.__new__(_Held)
-    cdef int32_t nd = len(shape) if ndim is None else ndim
     ext = shape or ()
     steps = strides or ()
+    cdef int32_t nd = len(ext) if ndim is None else ndim
     # Extents (row 0) and strides (row 1), padded with 1 to back a forged ``ndim`` (up to
     # _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further.
     cdef Py_ssize_t n = max(min(nd, _FORGE_NDIM_BACKED), len(ext), len(steps))
@@ -251,9 +251,9 @@ def numpy_capsule(arr, refusal=None):
         return capsule_of(arr, not arr.flags.writeable)
     what = f"a {_type_name(arr)} of dtype {arr.dtype.str} ({arr.dtype.name}) and shape {arr.shape}"
     if form == NP_NOT_NUMERIC:
-        exc = NotNumericError(f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
-                              f"leaf kept as it is (leaves='keep').")
-    elif form == NP_COPY:
+        raise NotNumericError(f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
+                              f"leaf kept as it is (leaves='keep').") from None
+    if form == NP_COPY:
         exc = NotDescribableError(
             f"{what} cannot be described by DLPack: {why}, so NumPy refused "
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
@@ -261,12 +261,11 @@ def numpy_capsule(arr, refusal=None):
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
         exc.array = arr
         exc.why = why
-    else:
-        exc = UnsupportedDTypeError(
-            f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
-            f"to export it and dlinspect has no header to give. To fix: convert it first, "
-            f"e.g. x.astype(numpy.float32).")
-    raise exc from (refusal if form == NP_NO_CODE else None)
+        raise exc from None
+    raise UnsupportedDTypeError(   # (NP_NO_CODE: chained to NumPy's refusal)
+        f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+        f"to export it and dlinspect has no header to give. To fix: convert it first, "
+        f"e.g. x.astype(numpy.float32).") from refusal
 
 
 def view_capsule(owner, TensorInfo info):
