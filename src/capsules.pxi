@@ -38,13 +38,14 @@ cdef class DeleterCounter:
 
 cdef class _Held:
     """What a ``_make_capsule`` capsule keeps until its deleter runs: data, view, counter."""
-    cdef object data, counter
+    cdef object data
+    cdef DeleterCounter counter
     cdef Py_buffer view
 
     def __dealloc__(self):
         PyBuffer_Release(&self.view)   # (nothing where no buffer was viewed)
         if self.counter is not None:
-            (<DeleterCounter>self.counter).calls += 1
+            self.counter.calls += 1
 
 
 cdef void _release(void* block, void* keep) noexcept nogil:
@@ -63,9 +64,13 @@ cdef void _own_deleter_ver(DLManagedTensorVersioned* dlm_ver) noexcept nogil:
 
 
 cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags, bint versioned=True,
-              const char* name=NULL):
+              const char* name=NULL, uint32_t major=DLINSPECT_DLPACK_MAJOR,
+              uint32_t minor=DLINSPECT_DLPACK_MINOR, bint null_deleter=False):
     """The one way dlinspect builds a capsule (``t`` and its ``n`` extents and strides in one
-    block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing."""
+    block), whose deleter drops the reference to ``keep`` taken here; MemoryError leaks nothing.
+    The test factory's forgeries: another ``name`` or version (``major``, ``minor``), and
+    ``null_deleter``: no deleter, so the block is never freed nor ``keep`` dropped (a deliberate,
+    small leak: the header must keep pointing at live memory for as long as anyone reads it)."""
     cdef size_t head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
     cdef char* block = <char*>calloc(1, head + 2 * <size_t>n * sizeof(int64_t) + 1)
     if block == NULL:
@@ -79,13 +84,13 @@ cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags, bint versio
     dl.strides = (NULL if t.strides == NULL
                   else <int64_t*>memcpy(dims + n, t.strides, n * sizeof(int64_t)))
     if versioned:
-        dlm_ver.version = DLPackVersion(DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
+        dlm_ver.version = DLPackVersion(major, minor)
         dlm_ver.manager_ctx = <void*>keep
-        dlm_ver.deleter = _own_deleter_ver
+        dlm_ver.deleter = NULL if null_deleter else &_own_deleter_ver
         dlm_ver.flags = flags
     else:
         dlm.manager_ctx = <void*>keep
-        dlm.deleter = _own_deleter
+        dlm.deleter = NULL if null_deleter else &_own_deleter
     if name == NULL:
         name = VERSIONED if versioned else LEGACY
     try:
@@ -99,15 +104,13 @@ cdef _capsule(keep, const DLTensor* t, Py_ssize_t n, uint64_t flags, bint versio
 
 def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int lanes,
                   int device_type, int device_id, uint64_t byte_offset, bint versioned,
-                  uint32_t version_major, uint32_t version_minor, uint64_t flags, counter,
-                  str name, bint null_deleter):
+                  uint32_t version_major, uint32_t version_minor, uint64_t flags,
+                  DeleterCounter counter, str name, bint null_deleter):
     """Build a capsule with any header; see dlinspect.testing.make_capsule."""
-    if not isinstance(counter, (DeleterCounter, type(None))):
-        raise TypeError("counter must be a dlinspect.testing.DeleterCounter")
     cdef _Held held = _Held.__new__(_Held)
-    cdef int32_t nd = len(shape) if ndim is None else ndim
     ext = shape or ()
     steps = strides or ()
+    cdef int32_t nd = len(ext) if ndim is None else ndim
     # Extents (row 0) and strides (row 1), padded with 1 to back a forged ``ndim`` (up to
     # _FORGE_NDIM_BACKED entries): a reader that trusts it reads no further.
     cdef Py_ssize_t n = max(min(nd, _FORGE_NDIM_BACKED), len(ext), len(steps))
@@ -124,16 +127,8 @@ def _make_capsule(data, address, shape, ndim, strides, int code, int bits, int l
     t.shape = NULL if shape is None else p
     t.strides = NULL if strides is None else p + n
     cdef bytes cname = None if name is None else _names.setdefault(name, name.encode())
-    cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname)
-    cdef void* managed = PyCapsule_GetPointer(cap, PyCapsule_GetName(cap))
-    # null_deleter: never freed (a deliberate, small leak): the header must keep pointing at
-    # live memory for as long as anyone reads it
-    if versioned:
-        (<DLManagedTensorVersioned*>managed).version = DLPackVersion(version_major, version_minor)
-        if null_deleter:
-            (<DLManagedTensorVersioned*>managed).deleter = NULL
-    elif null_deleter:
-        (<DLManagedTensor*>managed).deleter = NULL
+    cap = _capsule(held, &t, n, flags, versioned, NULL if name is None else <const char*>cname,
+                   version_major, version_minor, null_deleter)
     held.counter = counter   # (last: a capsule that failed to be made counts no call)
     return cap
 
@@ -254,12 +249,11 @@ def numpy_capsule(arr, refusal=None):
     form, why = _numpy_form(arr)
     if form == NP_EXACT:
         return capsule_of(arr, not arr.flags.writeable)
-    dt = arr.dtype
-    what = f"a {_type_name(arr)} of dtype {dt.str} ({dt.name}) and shape {arr.shape}"
+    what = f"a {_type_name(arr)} of dtype {arr.dtype.str} ({arr.dtype.name}) and shape {arr.shape}"
     if form == NP_NOT_NUMERIC:
-        exc = NotNumericError(f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
-                              f"leaf kept as it is (leaves='keep').")
-    elif form == NP_COPY:
+        raise NotNumericError(f"{what} is not a numeric tensor: {why}. Inside a batch it is a "
+                              f"leaf kept as it is (leaves='keep').") from None
+    if form == NP_COPY:
         exc = NotDescribableError(
             f"{what} cannot be described by DLPack: {why}, so NumPy refused "
             f"to export it and dlinspect gives it no header. to_host and to_jax copy it into "
@@ -267,12 +261,11 @@ def numpy_capsule(arr, refusal=None):
             f"x = numpy.ascontiguousarray(x, dtype=x.dtype.newbyteorder('=')).")
         exc.array = arr
         exc.why = why
-    else:
-        exc = UnsupportedDTypeError(
-            f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
-            f"to export it and dlinspect has no header to give. To fix: convert it first, "
-            f"e.g. x.astype(numpy.float32).")
-    raise exc from (refusal if form == NP_NO_CODE else None)
+        raise exc from None
+    raise UnsupportedDTypeError(   # (NP_NO_CODE: chained to NumPy's refusal)
+        f"{what} cannot be exported: {why} (DLDataTypeCode), so NumPy refused "
+        f"to export it and dlinspect has no header to give. To fix: convert it first, "
+        f"e.g. x.astype(numpy.float32).") from refusal
 
 
 def view_capsule(owner, TensorInfo info):

@@ -231,7 +231,7 @@ cdef class TensorInfo:
         return self._flag(DLPACK_FLAG_BITMASK_IS_COPIED)
 
     cdef _flag(self, uint64_t bit):
-        if self._source == SRC_VERSIONED or self._source == SRC_NDARRAY:
+        if self._source in (SRC_VERSIONED, SRC_NDARRAY):
             return self.flags & bit != 0   # (Python's precedence: & first)
         return None
 
@@ -370,10 +370,9 @@ cdef class TensorInfo:
 
     def __repr__(self):
         cap = self.capsule_device
-        layout = self._layout_word()
         return (f"<TensorInfo {device_name(self._dev_type, self.device_id)} "
                 f"{self.dtype_name}[{', '.join(map(str, self.shape))}] "
-                f"strides={self.strides} {layout} {self.nbytes} B align={self.alignment}"
+                f"strides={self.strides} {self._layout_word()} {self.nbytes} B align={self.alignment}"
                 f"{'' if cap is None else f' capsule_device={device_name(cap[0], cap[1])}'}"
                 f"{' read-only' if self.read_only else ''}>")
 

@@ -99,11 +99,10 @@ def _resolve(symbol: Symbol) -> tuple[Any, SymbolStatus]:
         # by their dotted path: import the package, then walk the attributes.
         parts = path.split(".")
         try:
-            value = functools.reduce(getattr, parts[3:], importlib.import_module(".".join(parts[:3])))
+            return (functools.reduce(getattr, parts[3:], importlib.import_module(".".join(parts[:3]))),
+                    SymbolStatus(symbol.purpose, path, "found"))
         except (ImportError, AttributeError) as exc:
             missing.append(f"{path}: {first_line(exc)}")
-            continue
-        return value, SymbolStatus(symbol.purpose, path, "found")
     return None, SymbolStatus(symbol.purpose, None,
                               f"not found ({'; '.join(missing)}); using {symbol.fallback}")
 

@@ -137,8 +137,8 @@ class PrefetchLoader:
         bar = _progress_bar(self.source) if self._progress else None
         self.report = self.report._next_epoch()
         # The caller's x64 mode (thread-local under jax.enable_x64), for a worker.
-        x64 = bool(jax_target().x64.value)
-        return _epoch(it, self.options, self.report, bar, self.size, self.thread, x64)
+        return _epoch(it, self.options, self.report, bar, self.size, self.thread,
+                      bool(jax_target().x64.value))
 
     def __repr__(self) -> str:
         return (f"<PrefetchLoader of {type(self.source).__name__}, size={self.size}, "

@@ -261,9 +261,9 @@ def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
     """StackError for a shape NumPy has no array of; AllocationError."""
     nbytes = dtype.itemsize * math.prod(shape)
     total = physical_memory()
-    extents = dtype.itemsize * math.prod(filter(None, shape))
     deep = len(shape) > NUMPY_MAX_NDIM
-    if deep or (nbytes == 0 and extents > 2**63 - 1):
+    # (an empty batch: its nonzero extents, in bytes, past what NumPy can hold)
+    if deep or (nbytes == 0 and dtype.itemsize * math.prod(filter(None, shape)) > 2**63 - 1):
         raise StackError(
             f"{at.where()}the batched leaf, {dtype} of shape {shape}, has "
             + (f"{len(shape)} dimensions (the batch's and the leaf's), and NumPy arrays have "

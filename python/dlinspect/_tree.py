@@ -146,8 +146,7 @@ def flatten(x: Any, text_lists: bool = False) -> Flat:
 
 def text_leaf(v: Any) -> bool:
     """``v`` is a list or tuple of plain scalars only (a batch's string ids), kept whole."""
-    tp = type(v)
-    return tp in (list, tuple) and set(map(type, v)) <= _PLAIN_TYPES
+    return type(v) in (list, tuple) and set(map(type, v)) <= _PLAIN_TYPES
 
 
 def is_leaf(v: Any) -> bool:

@@ -167,9 +167,8 @@ def _copy_reasons(route: Any) -> tuple[list[str], list[str]]:
 
 
 def _lanes_text(info: Any) -> str:
-    lanes = info.dtype.lanes
-    return (f"its {lanes} lanes become a trailing axis of {info.numpy_dtype} "
-            f"(shape {info.shape + (lanes,)})")
+    return (f"its {info.dtype.lanes} lanes become a trailing axis of {info.numpy_dtype} "
+            f"(shape {info.shape + (info.dtype.lanes,)})")
 
 
 def _numpy_put_words(route: Any) -> str:
@@ -234,9 +233,9 @@ def _subject(route: Any) -> str:
 
 
 def _lanes_share_bytes(route: Any) -> Parts:
-    dtype = route.info.dtype
+    info = route.info
     return (UnsupportedDTypeError, _subject(route),
-            f"has {_dtype_text(route.info)}: {dtype.lanes} lanes of {dtype.bits} bits share each byte, "
+            f"has {_dtype_text(info)}: {info.dtype.lanes} lanes of {info.dtype.bits} bits share each byte, "
             f"so they cannot become an axis of {'JAX' if route.target == 'jax' else 'NumPy'} elements.",
             "To fix: unpack it with its own library first (e.g. torch: view the bytes as uint8).")
 

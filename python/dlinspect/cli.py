@@ -19,7 +19,7 @@ import numpy as np
 
 import dlinspect
 
-from ._core import PRODUCERS, exchange_api_version, header_capsule, is_tensor, jax_caps
+from ._core import PRODUCERS, aligned_empty, exchange_api_version, header_capsule, is_tensor, jax_caps
 from ._tables import as_device_type
 from ._words import INSTALL_JAX, explain_one, first_line, type_name
 from .bench._common import optional, versions
@@ -66,7 +66,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
             "private_symbols": [s._asdict() for s in c.symbols.values()],   # purpose, found, reason
         }
     report["device_types"] = rows = []
-    x = dlinspect.testing.aligned_array(np.ones((4, 4)))
+    x = aligned_empty((4, 4), np.float32)   # (its header is planned: no value is read)
     for dt in dlinspect.DLDeviceType:
         row = {"name": str(dt), "value": int(dt), "route": "error",
                "reason": report.get("jax_error") or f"jax is not installed ({INSTALL_JAX})"}
@@ -236,7 +236,7 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in (p for p in (args.json, args.plot, args.markdown) if p):
+    for path in filter(None, (args.json, args.plot, args.markdown)):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             return f"cannot write {path}: the folder {folder} does not exist"

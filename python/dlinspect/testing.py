@@ -199,7 +199,6 @@ class FakeProducer:
         if self.refuse is not None:
             raise self.refuse if isinstance(self.refuse, BaseException) else BufferError(self.refuse)
         max_version, dl_device, copy = map(kwargs.get, ("max_version", "dl_device", "copy"))
-        versioned = max_version is not None and max_version[0] >= 1
         flags = FLAG_READ_ONLY if self.read_only else 0   # (a legacy capsule has no flags to hold them)
         arr, device = self.array, self.capsule_device
         if dl_device is not None and tuple(dl_device) != (self.device[0], self.device[1] or 0):
@@ -213,7 +212,8 @@ class FakeProducer:
         elif copy:
             arr = np.array(self.array, copy=True)
             flags |= FLAG_IS_COPIED
-        return make_capsule(arr, dtype=self.dtype, device=device, versioned=versioned,
+        return make_capsule(arr, dtype=self.dtype, device=device,
+                            versioned=max_version is not None and max_version[0] >= 1,
                             flags=flags, counter=self.counter,
                             strides=_element_strides(arr))
 
