@@ -153,9 +153,9 @@ class TestMixedLeaves:
         # Why an array is no tensor is its dtype: said where it is kept and where refused.
         kept = plan({"a": array})["a"]
         assert kept.kind == "untouched"
-        assert f"numpy.ndarray of dtype {dtype}, which DLPack has no type for" in kept.reason
+        assert f"numpy.ndarray of dtype {dtype} that DLPack has no type for" in kept.reason
         with pytest.raises(NotDLPackError, match=rf"\['a'\]: a leaf of type numpy\.ndarray of "
-                                                 rf"dtype {re.escape(dtype)}, which DLPack"):
+                                                 rf"dtype {re.escape(dtype)} that DLPack"):
             to_jax({"a": array}, leaves="raise")
         assert "of dtype" not in plan({"s": "text"})["s"].reason   # (no dtype: its type alone)
 

@@ -40,7 +40,8 @@ def test_doctor_json():
     proc = cli("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"versions", "jax", "device_types", "producers"}
+    assert set(report) == {"verdict", "versions", "jax", "device_types", "producers"}
+    assert report["verdict"] == cli("doctor").stdout.splitlines()[0]
     assert [row["value"] for row in report["device_types"]] == [int(d) for d in dlinspect.DLDeviceType]
     assert {row["route"] for row in report["device_types"]} <= {"zero-copy", "copy", "host-fallback", "error"}
     cpu = next(row for row in report["device_types"] if row["name"] == "kDLCPU")
@@ -90,6 +91,8 @@ def test_inspect_npy_and_expressions(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("inspect", "no/such/file.npy"), "cannot read no/such/file.npy: FileNotFoundError"),
     (("inspect", __file__), "is not a .npy file"),
+    (("inspect", "torch.ones(3)"), "cannot read torch.ones(3) (for an expression, pass --expr "
+                                   "'torch.ones(3)')"),
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
     (("inspect", "--expr", "np.ones("), "SyntaxError"),
     (("inspect", "--expr", "[np.ones(3)]"), "expected a tensor"),

@@ -343,7 +343,7 @@ def _leaf_kind(facts: dict[str, Any]) -> str:
     text = type_name(facts["leaf_type"])
     if dtype is None:
         return text
-    return f"{text} of dtype {dtype}, which DLPack has no type for"
+    return f"{text} of dtype {dtype} that DLPack has no type for"
 
 
 def _not_a_tensor(route: Any) -> Parts:

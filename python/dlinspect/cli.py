@@ -41,7 +41,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     """Everything ``dlinspect doctor`` prints, as a JSON-able dict (``producers=False``:
     without the producers' probes, which take a few seconds).
 
-    Keys: ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
+    Keys: ``verdict`` (the line the command opens with); ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
     ``direct_reason``, ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``:
     one row per private JAX/jaxlib symbol, with what was found or the fallback
     used and why); ``device_types`` (one row per DLDeviceType: ``name``,
@@ -77,6 +77,7 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
         rows.append(row)
     if producers:
         report["producers"] = producers_report()
+    report["verdict"] = doctor_verdict(report)
     return report
 
 
@@ -186,7 +187,11 @@ def _inspect(args: argparse.Namespace) -> int:
         if args.path is not None and not _is_npy(args.path):
             return _fail(f"inspect: {args.path} is not a .npy file (it does not start with NumPy's "
                          f"magic string \\x93NUMPY); give a file np.save wrote, or --expr EXPRESSION")
-        what = f"cannot read {args.path}" if args.path is not None else f"--expr {args.expr!r} failed"
+        what = f"--expr {args.expr!r} failed"
+        if args.path is not None:
+            what = f"cannot read {args.path}"
+        if args.path is not None and not args.path.endswith(".npy"):   # (an expression, maybe)
+            what += f" (for an expression, pass --expr {args.path!r})"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not is_tensor(x):
         if isinstance(x, np.ndarray):  # a dtype DLPack has no type for: the core words it
