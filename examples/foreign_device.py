@@ -1,4 +1,4 @@
-"""The seed failure, made real: a tensor on a device JAX has no backend for.
+"""A tensor on a device JAX has no backend for, converted through host memory.
 
 A dpnp array lives on a SYCL device (here Intel's OpenCL CPU runtime, installed from
 PyPI), and its DLPack export says kDLOneAPI (14). jax.dlpack.from_dlpack refuses it

@@ -1,7 +1,14 @@
-"""dlinspect: read a DLPack tensor's header without consuming it, and route it.
+"""dlinspect: read a DLPack tensor's header without consuming it, and route it into JAX.
 
-``peek(x)`` reads device, shape, dtype, strides and flags of any DLPack capsule
-or ``__dlpack__`` producer in C, without taking the tensor.
+- ``peek(x)`` reads the device, shape, dtype, strides and flags of any DLPack capsule or
+  ``__dlpack__`` producer in C, without taking the tensor.
+- ``to_jax(x)`` moves a tensor, or a batch of them (a pytree), into JAX: zero-copy where
+  JAX can view the memory (and, in a batch, where the batch owns it), one copy where it
+  must, through host memory for a device JAX has no backend for, or an error that says
+  what to do. ``plan(x)`` says which, and why, without moving anything; ``explain(x)``
+  prints it. ``to_host(x)`` gives a NumPy view or copy.
+- ``prefetch_to_jax(loader)`` converts a data loader's batches ahead of the training
+  step; ``stack(examples)`` collates examples into memory JAX views as it is.
 """
 
 from __future__ import annotations
