@@ -135,7 +135,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
         is; with ``device`` or ``sharding``, committed there as ``jax.device_put``
         commits it (moved where it is elsewhere). One in another layout (what
         ``jax.dlpack.from_dlpack`` makes of a transpose, which ``jax.device_put``
-        moves wrong) is first copied into row-major order on its device.
+        moves wrong) is first copied into row-major order on its device. Inside
+        ``jax.jit``, ``vmap`` or ``grad`` a traced value is JAX's own too, and is
+        returned as it is (or put, or copied, as asked), as ``jnp.asarray`` does.
 
     Raises
     ------
@@ -181,7 +183,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     which jaxlib does at its next call (or Python's next garbage collection)
     after the last array over it dies, as for ``jax.device_put``'s arrays. A
     route that fails leaves a caller's capsule unconsumed. ``plan(x)`` with the
-    same options says what this does.
+    same options says what this does. Under ``jax.transfer_guard("disallow")``
+    it is an explicit transfer, as ``jax.device_put`` is ("disallow_explicit"
+    refuses it).
 
     Zero-copy shares the producer's memory, so who else can write it decides. A
     leaf of a batch (any container) is imported zero-copy only where reference
