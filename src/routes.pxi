@@ -54,7 +54,8 @@ cdef class Route:
         gives it) and that slice's own route. Empty otherwise.
     problem : str or None
         For kind ``"error"``: what blocked the route, as a fact ("dtype",
-        "copy-forbidden", "no-device"...); :mod:`dlinspect._words` words it.
+        "copy-forbidden", "no-device"...), a key for programs; ``error`` and
+        ``reason`` say it in words.
     facts : dict
         What the words of this route rest on (the option that blocked it, the
         reasons for a copy, JAX's own reason for a dtype...).

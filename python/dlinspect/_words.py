@@ -118,8 +118,8 @@ _COPY_NEEDS = {
         "make it contiguous first (numpy.ascontiguousarray, t.contiguous())"),
     Need.PERMUTED: lambda r: (
         f"strides {r.info.strides} for shape {r.info.shape} are a permuted (transposed) order, "
-        f"and JAX arrays are row-major (JAX keeps another layout only on an array committed to "
-        f"its device, which jax.device_put then moves wrong)",
+        f"and the arrays JAX hands out are row-major (a view in this order would be an array "
+        f"pinned to its device, which jax.device_put then moves with its values scrambled)",
         "import the row-major tensor it is a view of and permute it in JAX "
         "(to_jax(a).T for a.T, jnp.transpose(to_jax(t), axes) for t.permute(axes))"),
     Need.READ_ONLY: lambda r: (
