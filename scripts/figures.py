@@ -443,8 +443,8 @@ def setup(old: str = "", path: Path = SETUP) -> str:
         lanes = len({s.get("lane", 1) for s in ci["steps"]})
         text += (f" `bash .ci/run` took {ci['minutes']} min"
                  f"{f' ({lanes} lanes at once)' if lanes > 1 else ''} in its run of {ci['date']}, "
-                 f"every step passing; the clone grew to {largest[:-1]} {largest[-1]}B (virtual environments, "
-                 f"build folders, the CUDA builds of torch that older stacks pull), and the "
+                 f"every step passing; the clone grew to {largest[:-1]} {largest[-1]}B (virtual "
+                 f"environments, build folders, the CUDA builds of torch that older stacks pull), and the "
                  f"longest step was {slowest['step']} ({slowest['seconds'] / 60:.0f} min).")
     return text + "\n"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import gc
 import os
 import re
@@ -469,7 +470,8 @@ class TestTypedKeysAndDeadArrays:
         mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
         s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         for options in ({}, {"copy": True}, {"device": dev}, {"sharding": s}):
-            step = jax.jit(lambda b: to_jax(b, **options)["x"].sum() * 2)
+            step = jax.jit(functools.partial(lambda b, kw: to_jax(b, **kw)["x"].sum() * 2,
+                                             kw=options))
             assert step({"x": jax.numpy.arange(4.0)}).item() == 12.0, options
         twice = jax.vmap(lambda x: to_jax(x) * 2)(jax.numpy.ones((2, 3)))
         assert twice.tolist() == [[2.0] * 3] * 2

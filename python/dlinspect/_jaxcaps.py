@@ -239,12 +239,19 @@ class JaxCaps:
         want = np.lib.stride_tricks.as_strided(buf, shape, [buf.itemsize * s for s in strides])
         try:
             arr = self._import(self.core.header_capsule(buf, buf.ctypes.data, shape, strides, 2, 32, 1))
-            # One program of every check, compiled once (each compiled alone: a third of a
-            # second more on the first call), and the array read back as it is.
-            got = [arr, *self.jax.jit(_checks)(arr)]
+            got = self._computed(arr)
             return all(np.array_equal(g, w) for g, w in zip(got, [want, *_checks(want)]))
         except Exception:
             return False
+
+    def _computed(self, arr: Any) -> Iterator[Any]:
+        """``arr`` read back as it is, then every check of it run as one program, compiled
+        once (each alone: a third of a second more on the first call), where the first is
+        right. A generator: jax 0.4 keeps the error its jit raises in a cycle with the
+        frames it passed, and a finished generator's frame holds none of its callers (the
+        first call's frames, the caller's tensors with them, until a garbage collection)."""
+        yield arr
+        yield from self.jax.jit(_checks)(arr)
 
     def _probe_dtype(self, code: int, bits: int) -> str | None:
         """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""

@@ -41,11 +41,12 @@ def doctor_report(producers: bool = True) -> dict[str, Any]:
     """Everything ``dlinspect doctor`` prints, as a JSON-able dict (``producers=False``:
     without the producers' probes, which take a few seconds).
 
-    Keys: ``verdict`` (the line the command opens with); ``versions``; ``jax`` (``platforms``, ``devices``, ``direct_import``,
-    ``direct_reason``, ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``:
-    one row per private JAX/jaxlib symbol, with what was found or the fallback
-    used and why); ``device_types`` (one row per DLDeviceType: ``name``,
-    ``value``, ``route``, ``reason``); ``producers`` (see :func:`producers_report`).
+    Keys: ``verdict`` (the line the command opens with); ``versions``; ``jax``
+    (``platforms``, ``devices``, ``direct_import``, ``direct_reason``,
+    ``cpu_alignment``, ``dlpack_platforms``, ``private_symbols``: one row per
+    private JAX/jaxlib symbol, with what was found or the fallback used and why);
+    ``device_types`` (one row per DLDeviceType: ``name``, ``value``, ``route``,
+    ``reason``); ``producers`` (see :func:`producers_report`).
     JAX starts on whatever platforms it finds (a GPU is reported as a GPU);
     ``JAX_PLATFORMS`` is honoured, never set.
     """
@@ -241,7 +242,7 @@ def _bench_problem(args: argparse.Namespace, suites: list[str], known: Sequence[
         return f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(known)}"
     if args.repeat is not None and args.repeat < 1:
         return f"--repeat must be at least 1, not {args.repeat}"
-    for path in filter(None, (args.json, args.plot, args.markdown)):
+    for path in (p for p in (args.json, args.plot, args.markdown) if p):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             return f"cannot write {path}: the folder {folder} does not exist"
