@@ -203,7 +203,7 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_array_put(Route route, cap, x, JaxTarget tg, Options opts):
     """A jax.Array made row-major (a copy on its device), then put where asked (committed)."""
     f = route.facts
-    if f.get("relayout"):
+    if f["relayout"]:
         x = _array_copy(x, tg)
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
@@ -341,9 +341,8 @@ cdef _unpack_subbyte(cap, TensorInfo info):
     if info._code == kDLInt:   # sign-extend, then convert by value
         half = 1 << (bits - 1)
         return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype)
-    if info._code == kDLUInt:  # convert by value
-        return vals.astype(info.numpy_dtype)
-    # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
+    # Unsigned and floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of
+    # a byte (an unsigned one's value, as a cast by value gives it).
     return vals.view(info.numpy_dtype).copy()
 
 
