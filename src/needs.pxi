@@ -132,7 +132,7 @@ cdef uint32_t _shape_needs(TensorInfo info) noexcept:
     return 0
 
 
-@_functools.lru_cache(maxsize=1)
+@_functools.cache
 def physical_memory():
     """This machine's physical memory in bytes (None where the OS does not say)."""
     try:

@@ -84,7 +84,7 @@ def check_options(device=None, copy=None, sharding=None, fallback="host", readon
         made = key = None
     if made is not None:
         return made
-    if copy is not None and copy is not True and copy is not False:
+    if copy is not None and type(copy) is not bool:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
     for name, value in zip(_CHOICES, (fallback, readonly, leaves, narrow)):
         if value not in _CHOICES[name]:
