@@ -27,12 +27,13 @@ cdef _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     if info._dev_type == kDLCPU and info.device_id == 0:
         if _viewable_by_put(info, tg):
             return _put_view(tg, cap, x, info, tg.cpu_device)
-        return tg.uncommit(import_capsule(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU))
-    # The consumer's stream, as the export asked the producer (array API __dlpack__): none
-    # for a bare capsule, whose producer was never asked.
-    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
-    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.device_of(info), stream, None,
-                                      info._dev_type))
+        device, stream = tg.cpu_device, None
+    else:
+        device = tg.device_of(info)
+        # The consumer's stream, as the export asked the producer (array API __dlpack__):
+        # none for a bare capsule, whose producer was never asked.
+        stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
+    return tg.uncommit(import_capsule(tg.import_fn, cap, device, stream, None, info._dev_type))
 
 
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
