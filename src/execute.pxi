@@ -119,7 +119,7 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, Options opts):
 cdef _copy_memory(Route route, JaxTarget tg):
     """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
-    narrow = route.facts.get("narrow")
+    narrow = route.facts["narrow"]
     code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
     if info._lanes != 1 or info._bits % 8:
         return _allocate(info._host_shape(), _numpy_dtype(code, bits), tg.copy_align, info)
@@ -167,7 +167,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, Options opts):
 
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
-    narrow = route.facts.get("narrow")
+    narrow = route.facts["narrow"]
     host = _native_copy(x, None if narrow is None else numpy_dtype(*narrow[2:4]), tg.copy_align)
     if "spread" in route.facts:
         return _run(_decide(host, tg, "jax", opts), host, tg, opts)
@@ -246,7 +246,7 @@ cdef tuple _producer_host(Route route, x, Py_ssize_t align):
     (a capsule or an ndarray), checked against the header (ProducerError); else
     UnsupportedDeviceError listing what was tried."""
     cdef TensorInfo info = route.info
-    into = route.facts.get("into")
+    into = route.facts["into"]
     tried = []
     if into is not None:
         out = _allocate(info.shape, info.numpy_dtype, align, info)
