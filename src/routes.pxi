@@ -487,7 +487,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
         for dev, index, route in shards:
             if route.kind == ERROR:   # the caller's tensor first, then which shard and why
                 return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
-        copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
+        copy_bytes = sum(r.copy_bytes for _, _, r in shards)   # (0: every shard a view)
         facts = {}
     split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs,
                   copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding,
