@@ -226,7 +226,7 @@ cdef int _fill(out, TensorInfo info) except -1:
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
     """Whether jaxlib's batched put views this host memory in place (else the DLPack import)."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
-            and info._contiguous(_C_ORDER) and (info._ptr() & (tg.put_align - 1)) == 0)
+            and info._contiguous(_C_ORDER) and not info._ptr() & (tg.put_align - 1))
 
 
 cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
@@ -238,7 +238,7 @@ cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
     view = view and getattr(device, "platform", "cpu") == "cpu"   # (an accelerator: a copy)
     if tg.put is not None and (not view or (
             cnp.PyArray_IS_C_CONTIGUOUS(a)
-            and (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
+            and not <uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1))):
         for i in range(a.ndim):
             dims[i] = a.shape[i]
         return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device], committed)
