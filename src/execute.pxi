@@ -27,12 +27,13 @@ cdef _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     if info._dev_type == kDLCPU and info.device_id == 0:
         if _viewable_by_put(info, tg):
             return _put_view(tg, cap, x, info, tg.cpu_device)
-        return tg.uncommit(import_capsule(tg.import_fn, cap, tg.cpu_device, None, None, kDLCPU))
-    # The consumer's stream, as the export asked the producer (array API __dlpack__): none
-    # for a bare capsule, whose producer was never asked.
-    stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
-    return tg.uncommit(import_capsule(tg.import_fn, cap, tg.device_of(info), stream, None,
-                                      info._dev_type))
+        device, stream = tg.cpu_device, None
+    else:
+        device = tg.device_of(info)
+        # The consumer's stream, as the export asked the producer (array API __dlpack__):
+        # none for a bare capsule, whose producer was never asked.
+        stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
+    return tg.uncommit(import_capsule(tg.import_fn, cap, device, stream, None, info._dev_type))
 
 
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
@@ -118,7 +119,7 @@ def _ex_host_copy(Route route, cap, x, JaxTarget tg, Options opts):
 cdef _copy_memory(Route route, JaxTarget tg):
     """A HOST_COPY's aligned row-major memory (narrowed; lanes a last axis), or AllocationError."""
     cdef TensorInfo info = route.info
-    narrow = route.facts.get("narrow")
+    narrow = route.facts["narrow"]
     code, bits = (info._code, info._bits) if narrow is None else narrow[2:4]
     if info._lanes != 1 or info._bits % 8:
         return _allocate(info._host_shape(), _numpy_dtype(code, bits), tg.copy_align, info)
@@ -166,7 +167,7 @@ def _ex_numpy_put(Route route, cap, x, JaxTarget tg, Options opts):
 
 def _ex_numpy_copy(Route route, cap, x, JaxTarget tg, Options opts):
     """NumPy memory DLPack cannot describe: NumPy's copy, viewed by JAX or split if sharded."""
-    narrow = route.facts.get("narrow")
+    narrow = route.facts["narrow"]
     host = _native_copy(x, None if narrow is None else numpy_dtype(*narrow[2:4]), tg.copy_align)
     if "spread" in route.facts:
         return _run(_decide(host, tg, "jax", opts), host, tg, opts)
@@ -203,7 +204,7 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_array_put(Route route, cap, x, JaxTarget tg, Options opts):
     """A jax.Array made row-major (a copy on its device), then put where asked (committed)."""
     f = route.facts
-    if f.get("relayout"):
+    if f["relayout"]:
         x = _array_copy(x, tg)
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 
@@ -245,7 +246,7 @@ cdef tuple _producer_host(Route route, x, Py_ssize_t align):
     (a capsule or an ndarray), checked against the header (ProducerError); else
     UnsupportedDeviceError listing what was tried."""
     cdef TensorInfo info = route.info
-    into = route.facts.get("into")
+    into = route.facts["into"]
     tried = []
     if into is not None:
         out = _allocate(info.shape, info.numpy_dtype, align, info)
@@ -341,9 +342,8 @@ cdef _unpack_subbyte(cap, TensorInfo info):
     if info._code == kDLInt:   # sign-extend, then convert by value
         half = 1 << (bits - 1)
         return ((vals.astype(_np.int8) ^ half) - half).astype(info.numpy_dtype)
-    if info._code == kDLUInt:  # convert by value
-        return vals.astype(info.numpy_dtype)
-    # Floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of a byte.
+    # Unsigned and floating sub-byte types: ml_dtypes keeps the bit pattern in the low bits of
+    # a byte (an unsigned one's value, as a cast by value gives it).
     return vals.view(info.numpy_dtype).copy()
 
 

@@ -54,7 +54,7 @@ cdef uint32_t _needs_jax(TensorInfo info, JaxTarget tg, bint share_readonly,
         n |= NEED_READ_ONLY
     if aliased and not (read_only and share_readonly):   # (the caller says nothing writes it)
         n |= NEED_ALIASED
-    if on_cpu and (info._ptr() & (tg.cpu_align - 1)) != 0:
+    if on_cpu and info._ptr() & (tg.cpu_align - 1):
         n |= NEED_ALIGN
     if _packed(info):
         n |= NEED_PACKED
@@ -132,7 +132,7 @@ cdef uint32_t _shape_needs(TensorInfo info) noexcept:
     return 0
 
 
-@_functools.lru_cache(maxsize=1)
+@_functools.cache
 def physical_memory():
     """This machine's physical memory in bytes (None where the OS does not say)."""
     try:

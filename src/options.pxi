@@ -48,10 +48,10 @@ cdef class Options:
         return self.replaced(device=device, committed=False)
 
     def quiet(self, device):
-        """What a producer's host copy is routed with: onto ``device``, with no host
-        fallback of its own, no non-tensor leaves and no second narrowing warning."""
+        """What a producer's host copy (one tensor: ``leaves`` is not asked) is routed with:
+        onto ``device``, with no host fallback of its own and no second narrowing warning."""
         return self.replaced(device=device, sharding=None, copy=None, fallback="raise",
-                             leaves="keep", narrow="ok")
+                             narrow="ok")
 
     def given(self):
         """``name=value`` of each option not at its default, in the order of to_jax's."""
@@ -84,7 +84,7 @@ def check_options(device=None, copy=None, sharding=None, fallback="host", readon
         made = key = None
     if made is not None:
         return made
-    if copy is not None and copy is not True and copy is not False:
+    if copy is not None and type(copy) is not bool:
         raise ValueError(f"copy must be None, True or False, not {copy!r}")
     for name, value in zip(_CHOICES, (fallback, readonly, leaves, narrow)):
         if value not in _CHOICES[name]:

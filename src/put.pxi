@@ -108,13 +108,12 @@ _worker.pid = _worker.failed_pid = -1
 def cgroup_cpus(str root="/sys/fs/cgroup"):
     """The CPUs the CPU quota of this process's cgroup allows (cgroup v2's ``cpu.max``, else
     v1's ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), rounded up; None where none is set."""
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+    for names in (("cpu.max",), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        words = []   # (v2: quota and period in one file; v1: one file each)
         try:
-            with open(f"{root}/{quota_file}") as f:
-                words = f.read().split()
-            if period_file is not None:
-                with open(f"{root}/{period_file}") as f:
-                    words.append(f.read().strip())
+            for name in names:
+                with open(f"{root}/{name}") as f:
+                    words += f.read().split()
         except (OSError, ValueError):
             continue
         if len(words) == 2 and words[0] not in ("max", "-1"):
@@ -131,8 +130,7 @@ def copy_threads():
     if asked in ("1", "2"):
         return int(asked)
     cpus = len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else _os.cpu_count() or 1
-    quota = cgroup_cpus()
-    return 2 if min(cpus, quota or cpus) >= 2 else 1
+    return 2 if min(cpus, cgroup_cpus() or cpus) >= 2 else 1
 
 
 cdef int _COPY_THREADS = copy_threads()
@@ -228,7 +226,7 @@ cdef int _fill(out, TensorInfo info) except -1:
 cdef inline bint _viewable_by_put(TensorInfo info, JaxTarget tg) noexcept:
     """Whether jaxlib's batched put views this host memory in place (else the DLPack import)."""
     return (tg.put is not None and info._lanes == 1 and info._bits % 8 == 0
-            and info._contiguous(_C_ORDER) and (info._ptr() & (tg.put_align - 1)) == 0)
+            and info._contiguous(_C_ORDER) and not info._ptr() & (tg.put_align - 1))
 
 
 cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
@@ -240,7 +238,7 @@ cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
     view = view and getattr(device, "platform", "cpu") == "cpu"   # (an accelerator: a copy)
     if tg.put is not None and (not view or (
             cnp.PyArray_IS_C_CONTIGUOUS(a)
-            and (<uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1)) == 0)):
+            and not <uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1))):
         for i in range(a.ndim):
             dims[i] = a.shape[i]
         return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device], committed)

@@ -333,7 +333,7 @@ cdef tuple _import_devices(TensorInfo info, uint32_t needs, JaxTarget tg, device
     on (``device``), the one dlinspect puts it on (host memory bound for an accelerator,
     ``moved``: that one, one transfer), and the device type handed to jaxlib."""
     src = tg.device_of(info)   # (device memory of a device JAX lacks went through the host)
-    dest = src if device is None else device
+    dest = device or src
     if dest != src and host and src.platform == "cpu" and dest.platform == "cpu":
         src = dest
     moved = host and dest != src and dest.platform != "cpu"   # (pinned memory's own: imported)
@@ -488,7 +488,7 @@ cdef Route _route_split(TensorInfo info, uint32_t needs, JaxTarget tg, lay, Opti
         for dev, index, route in shards:
             if route.kind == ERROR:   # the caller's tensor first, then which shard and why
                 return fail("shard", info, "jax", needs, shards=shards, shard=(dev, index, route))
-        copy_bytes = sum([r.copy_bytes for _, _, r in shards])   # (0: every shard a view)
+        copy_bytes = sum(r.copy_bytes for _, _, r in shards)   # (0: every shard a view)
         facts = {}
     split = Route(ZERO_COPY if copy_bytes == 0 else COPY, SPLIT, info, "jax", needs,
                   copy_bytes=copy_bytes, shards=shards, sharding=opts.sharding,
@@ -536,8 +536,8 @@ def route_jax_array(x, Options opts, JaxTarget tg):
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
-        device = opts.device if opts.device is not None else _own_device(x)
-        return Route(ZERO_COPY, action, None, "jax", jax_device=device, **facts)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device or _own_device(x),
+                     **facts)
     if opts.copy is False:
         return fail("copy-forbidden", None, "jax", **facts)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device, **facts)

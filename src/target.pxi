@@ -82,8 +82,8 @@ cdef class JaxTarget:
         cdef _AvalSlot* slot
         if ndim <= _INLINE_NDIM:
             for i in range(_RECENT_AVALS):
-                slot = &self._recent[i]
-                if (slot.aval != NULL and slot.ndim == ndim and slot.descr == <PyObject*>descr
+                slot = &self._recent[i]   # (an empty one's descr: NULL, never an object's)
+                if (slot.ndim == ndim and slot.descr == <PyObject*>descr
                         and memcmp(slot.shape, shape, ndim * sizeof(int64_t)) == 0):
                     return <object>slot.aval
         got = self.sharded_aval(tuple([shape[i] for i in range(ndim)]), descr, None)

@@ -228,9 +228,7 @@ static inline __m128i dl_narrow4(const char* src, dl_copy_cast cast) {
     return _mm_castps_si128(_mm_movelh_ps(_mm_cvtpd_ps(_mm_loadu_pd((const double*)src)),
                                           _mm_cvtpd_ps(_mm_loadu_pd((const double*)(src + 16)))));
   }
-  return _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps((const float*)src),
-                                         _mm_loadu_ps((const float*)(src + 16)),
-                                         _MM_SHUFFLE(2, 0, 2, 0)));
+  return dl_evens32(src, 4); /* the low 4 bytes of each 8: the even 4-byte units */
 }
 
 /* contract: the element at `src` (1, 2, 4, 8 or 16 bytes) repeated over 16 bytes. */

@@ -180,8 +180,6 @@ def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
 def numpy_dtype(code: int, bits: int) -> Any:
     """The dtype of one lane of ``(code, bits)``; None for opaque handles and ml_dtypes' types
     without ml_dtypes."""
-    if code == _C.kDLOpaqueHandle:
-        return None
     row = DTYPES.get((code, bits))
     if row and row.numpy:
         return numpy.dtype(row.name)

@@ -262,8 +262,8 @@ def _iter_dataset(ds: Any) -> tuple[Any, Any]:
 def _placement(device: Any, sharding: Any) -> tuple[Any, Any]:
     if device is None or sharding is not None or is_device(device):
         return device, sharding          # (both given: check_options says so)
-    if hasattr(device, "device_set"):    # a Sharding
-        return (device, None) if len(device.device_set) == 1 else (None, device)
+    if hasattr(device, "device_set") and len(device.device_set) == 1:   # a one-device Sharding
+        return device, None
     import jax
     from jax.sharding import Sharding, SingleDeviceSharding
     leaves = jax.tree_util.tree_leaves(device)
