@@ -1,8 +1,7 @@
 # tables.pxi: C-speed forms of dlinspect._tables' rows: device bits, NumPy dtypes cached.
 
 from dlinspect._tables import (
-    DEVICES, DTYPES, NUMPY_MAX_NDIM, OTHER_DEVICE, DLDataType, DLDataTypeCode, DLDeviceType,
-    Device, DType, Need, as_device_type, device_name, dldtype_from_numpy,
+    DEVICES, NUMPY_MAX_NDIM, DLDataType, Need, as_device_type, device_name, dldtype_from_numpy,
     dtype_name, numpy_dtype,
 )
 

@@ -7,10 +7,10 @@ import jax
 import numpy as np
 
 from ._options import Fallback, Leaves, Narrow, ReadOnly, SupportsDLPack, Target
+from ._tables import DLDeviceType  # (for the annotations: no longer in the core)
 from ._tables import (  # the core imports them: its tables' rows, the route actions
-    DEVICES as DEVICES, DTYPES as DTYPES, NUMPY_MAX_NDIM as NUMPY_MAX_NDIM, OTHER_DEVICE as
-    OTHER_DEVICE, DLDataType as DLDataType, DLDataTypeCode as DLDataTypeCode, DLDeviceType
-    as DLDeviceType, Device as Device, DType as DType, Need as Need, ARRAY_COPY as
+    DEVICES as DEVICES, NUMPY_MAX_NDIM as NUMPY_MAX_NDIM, DLDataType as DLDataType,
+    Need as Need, ARRAY_COPY as
     ARRAY_COPY, ARRAY_PUT as ARRAY_PUT, DEVICE_PUT as DEVICE_PUT, EMPTY as EMPTY, HOST_COPY
     as HOST_COPY, HOST_VIEW as HOST_VIEW, IMPORT as IMPORT, KEEP as KEEP, NUMPY_COPY as
     NUMPY_COPY, NUMPY_PUT as NUMPY_PUT, PASS as PASS, PROCESS_LOCAL as PROCESS_LOCAL,
