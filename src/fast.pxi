@@ -41,7 +41,7 @@ cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
         return d
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        if index >= 0 and not entry.has_dlpack and entry.api == NULL:
+        if index >= 0 and not entry.has_dlpack:   # (an exchange API counts as DLPack)
             return x   # not a tensor
         if entry.guard == GUARD_JAX and tg is not None:
             if _array_passes(x, opts, tg):
