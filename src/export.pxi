@@ -700,7 +700,7 @@ def export_host_copy(x):
     try:
         info = _export(x, MODE_HOST_COPY, None, &p)
         cap = _take_ref(p)
-        if _dev_is(info._dev_type, _DEV_HOST):
+        if info.host_accessible:
             return (cap, info)
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")

@@ -236,7 +236,7 @@ cdef int _remember_split(Route route, TensorInfo info, bytes key, JaxTarget tg) 
     s.sharding = f["sharding"]
     s.tg = tg
     s.parts = [part for part, _ in parts]
-    s.aval = tg.sharded_aval(info.shape, _numpy_dtype(info._code, info._bits), s.sharding)
+    s.aval = tg.sharded_aval(info.shape, info.numpy_dtype, s.sharding)
     _remember(_split_views, key, s, 256)
     return 0
 
