@@ -5,8 +5,6 @@
 import re as _re
 
 cdef tuple _MAX_VERSION = (DLINSPECT_DLPACK_MAJOR, DLINSPECT_DLPACK_MINOR)
-cdef str _S_DLPACK = "__dlpack__"
-cdef str _S_DLPACK_DEVICE = "__dlpack_device__"
 cdef tuple _KW_MV = ("max_version",)
 cdef tuple _KW_MV_S = ("max_version", "stream")
 cdef tuple _KW_MV_DEV_COPY = ("max_version", "dl_device", "copy")
@@ -147,10 +145,10 @@ cdef class _TypeEntry:
     cdef object api_owner, fix, into
     # has_device: ask __dlpack_device__ (not exactly numpy.ndarray's: the same source as its
     # header); own_export: its export is of the memory its fields say, where the ownership
-    # proof looks (_exports_own); numpy_export: NumPy's own;
+    # proof looks (_exports_own);
     # ask_device_on_cpu: exchange API: a kDLCPU header may be pinned host memory;
     # bare_only: its __dlpack__ refused max_version once: an older producer.
-    cdef bint has_dlpack, has_device, own_export, numpy_export, ask_device_on_cpu, bare_only
+    cdef bint has_dlpack, has_device, own_export, ask_device_on_cpu, bare_only
 
 cdef dict _types = {}
 _TYPES = _types   # the same table, for tests (its size; emptied where a type changes)
@@ -206,7 +204,6 @@ cdef _TypeEntry _entry_for(tp):
     entry.has_dlpack = (hasattr(tp, "__dlpack__") or entry.fix is not None
                         or entry.guard == GUARD_JAX or entry.api != NULL)
     entry.own_export = _exports_own(tp, entry.guard)
-    entry.numpy_export = entry.guard == GUARD_NUMPY and entry.own_export
     entry.has_device = hasattr(tp, "__dlpack_device__") and tp is not _np_ndarray
     entry.ask_device_on_cpu = entry.api != NULL and _pinned_possible(entry)
     _remember(_types, tp, entry, TYPES_MAX)
@@ -258,7 +255,7 @@ cdef int _ask_device(x, _Asked* out) except -1:
     cdef PyObject* args[1]
     args[0] = <PyObject*>x
     try:
-        dev = PyObject_VectorcallMethod(_S_DLPACK_DEVICE, args, 1, NULL)
+        dev = PyObject_VectorcallMethod("__dlpack_device__", args, 1, NULL)
     except Exception as exc:
         raise _producer_error(x, exc, "__dlpack_device__()") from exc
     if type(dev) is tuple and PyTuple_GET_SIZE(dev) == 2:
@@ -293,7 +290,7 @@ cdef _call_dlpack(x, _TypeEntry entry, stream, bint host_copy):
             args[2] = <PyObject*>stream
             names = _KW_MV_S
         try:
-            return PyObject_VectorcallMethod(_S_DLPACK, args, 1, <PyObject*>names)
+            return PyObject_VectorcallMethod("__dlpack__", args, 1, <PyObject*>names)
         except Exception as exc:
             # (not a TypeError about the tensor itself: pyarrow's nulls)
             if (host_copy or not isinstance(exc, TypeError)
@@ -463,11 +460,9 @@ cdef int _tensor_guard(x) except -3:
     cdef _TypeEntry entry = _entry_for(type(x))
     if not entry.has_dlpack:
         return _NOT_A_TENSOR
-    cdef cnp.dtype dt
     cdef bint numeric = True
     if entry.guard == GUARD_NUMPY:
-        dt = <cnp.dtype><PyObject*>cnp.PyArray_DESCR(<cnp.ndarray>x)
-        numeric = dt.kind in b"biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
+        numeric = (<cnp.ndarray>x).descr.kind in b"biufc" or _numpy_form(x)[0] != NP_NOT_NUMERIC
     elif entry.guard == GUARD_TF:
         numeric = x.dtype.name not in _TF_NOT_NUMERIC
     elif entry.guard == GUARD_PYARROW:
@@ -528,7 +523,7 @@ cdef TensorInfo _export(x, Mode mode, stream_for, PyObject** cap_out,
         entry = _entry_for(type(x))
     _guard(x, entry, mode)
     cdef _Asked dev = _Asked(0, 0, False, True)
-    if entry.api != NULL:
+    if entry.api != NULL and mode != MODE_HOST_COPY:   # (a host copy: __dlpack__'s keywords)
         info = _api_header(x, entry, mode, &dev, cap_out, proof)
         if info is not None:
             return info
@@ -547,9 +542,8 @@ cdef TensorInfo _api_header(x, _TypeEntry entry, Mode mode, _Asked* dev, PyObjec
                             proof):
     """The header through the DLPack C exchange API: a taken torch tensor's, or the TensorInfo
     in MODE_PEEK; else None (then ``__dlpack__``), with the device in ``dev`` where the API
-    said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why)."""
-    if mode == MODE_HOST_COPY:
-        return None
+    said it (``dev`` untouched where the API refuses: ``__dlpack__`` says why). Never for a
+    host copy."""
     if mode != MODE_PEEK and entry.guard == GUARD_TORCH:
         # The API skips every refusal of __dlpack__: taken only for torch, whose refusals
         # dlinspect checks itself (paddle's __dlpack__ refuses tensors that require grad); one
@@ -583,7 +577,8 @@ cdef _dlpack_capsule(x, _TypeEntry entry, Mode mode, stream_for, _Asked* dev):
     try:
         cap = _call_dlpack(x, entry, stream, mode == MODE_HOST_COPY)
     except ProducerError as exc:
-        if not entry.numpy_export or mode == MODE_HOST_COPY:
+        # (numpy_capsule stands in for NumPy's own export only)
+        if entry.guard != GUARD_NUMPY or not entry.own_export or mode == MODE_HOST_COPY:
             raise
         cap = numpy_capsule(x, exc)
     if not PyCapsule_CheckExact(cap):
@@ -705,7 +700,7 @@ def export_host_copy(x):
     try:
         info = _export(x, MODE_HOST_COPY, None, &p)
         cap = _take_ref(p)
-        if _dev_is(info._dev_type, _DEV_HOST):
+        if info.host_accessible:
             return (cap, info)
         tried.append(f"__dlpack__(dl_device=(kDLCPU, 0), copy=True) returned memory on "
                      f"{device_name(info._dev_type)}")

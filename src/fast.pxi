@@ -41,7 +41,7 @@ cdef _decide(x, JaxTarget tg, str target, Options opts, bint aliased=False,
         return d
     if not PyCapsule_CheckExact(x):
         entry = _entry_for(type(x))
-        if index >= 0 and not entry.has_dlpack and entry.api == NULL:
+        if index >= 0 and not entry.has_dlpack:   # (an exchange API counts as DLPack)
             return x   # not a tensor
         if entry.guard == GUARD_JAX and tg is not None:
             if _array_passes(x, opts, tg):
@@ -236,7 +236,7 @@ cdef int _remember_split(Route route, TensorInfo info, bytes key, JaxTarget tg) 
     s.sharding = f["sharding"]
     s.tg = tg
     s.parts = [part for part, _ in parts]
-    s.aval = tg.sharded_aval(info.shape, _numpy_dtype(info._code, info._bits), s.sharding)
+    s.aval = tg.sharded_aval(info.shape, info.numpy_dtype, s.sharding)
     _remember(_split_views, key, s, 256)
     return 0
 

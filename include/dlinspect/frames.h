@@ -27,7 +27,8 @@
    array (3.11 to 3.13) or through PyFrame_GetVar once per variable (3.14); never fails. */
 static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
 {
-    PyCodeObject *co = PyFrame_GetCode((PyFrameObject *)frame);
+    PyFrameObject *f = (PyFrameObject *)frame;
+    PyCodeObject *co = PyFrame_GetCode(f);
     Py_ssize_t n = 0;
     for (int i = 0; i < co->co_nlocalsplus; i++) {
         const unsigned char kind = (unsigned char)PyBytes_AS_STRING(co->co_localspluskinds)[i];
@@ -35,21 +36,19 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
             continue;
         }
 #if PY_VERSION_HEX < 0x030E0000
-        PyObject *v = ((PyFrameObject *)frame)->f_frame->localsplus[i];
+        PyObject *v = f->f_frame->localsplus[i];
         if (v != NULL && (kind & DL_FAST_CELL) && PyCell_Check(v)) {
             v = PyCell_GET(v);
         }
-        n += v == obj;
 #else
-        PyObject *v = PyFrame_GetVar((PyFrameObject *)frame,
-                                     PyTuple_GET_ITEM(co->co_localsplusnames, i));
+        PyObject *v = PyFrame_GetVar(f, PyTuple_GET_ITEM(co->co_localsplusnames, i));
         if (v == NULL) {   /* (unbound) */
             PyErr_Clear();
             continue;
         }
-        n += v == obj;
-        Py_DECREF(v);
+        Py_DECREF(v);   /* (the frame keeps its own reference: only the address is compared) */
 #endif
+        n += v == obj;
     }
     Py_DECREF(co);
     return n;

@@ -305,7 +305,7 @@ def _on_cpu(options: Options) -> bool:
     # (no place named: where to_jax puts host memory, JAX's default device or else the CPU's)
     where = options.sharding or options.device or jax_target().default_device
     return where is None or all(d.platform == "cpu" for s in jax.tree_util.tree_leaves(where)
-                                for d in (s.device_set if hasattr(s, "device_set") else [s]))
+                                for d in getattr(s, "device_set", [s]))
 
 
 class _Worker(threading.Thread):

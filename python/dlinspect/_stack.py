@@ -284,8 +284,6 @@ def _allocated(at: _At, shape: tuple[int, ...], dtype: np.dtype[Any],
 
 def _as_array(at: _At, k: int, leaf: Any) -> np.ndarray:
     """A tensor as :func:`to_host` reads it, anything else as ``numpy.asarray`` takes it."""
-    if isinstance(leaf, _SCALARS):
-        return np.asarray(leaf)
     if k and not _tree.is_leaf(leaf):   # where element 0 has a leaf (see _plain_columns)
         raise StackError(f"{at.where()}element {k} has a {type_name(type(leaf))} "
                          f"{at.there()}, where element 0 has a leaf; {_SAME_STRUCTURE}.")
