@@ -172,14 +172,20 @@ cdef _producer_row(tp):   # (a row of defaults where the table has none)
 cdef bint _exports_own(tp, Guard guard) except -1:
     """Whether ``tp`` is NumPy's or torch's array type, or a subclass that overrides none of
     what the ownership proof reads: a subclass's ``__dlpack__`` may hand over another
-    tensor's memory, its ``_base`` another base."""
+    tensor's memory, its ``_base`` another base, and its ``__torch_function__`` or
+    ``__torch_dispatch__`` answer torch's own ``__dlpack__`` (nn.Parameter's disables it)."""
     if guard == GUARD_NUMPY:
         return getattr(tp, "__dlpack__", None) is _np_ndarray.__dlpack__
     if guard != GUARD_TORCH:
         return False
-    tensor = _sys.modules["torch"].Tensor
+    torch = _sys.modules["torch"]
+    tensor = torch.Tensor
+    function = getattr(tp.__torch_function__, "__func__", tp.__torch_function__)
     return (getattr(tp, "__dlpack__", None) is tensor.__dlpack__
-            and getattr(tp, "_base", None) is tensor._base)
+            and getattr(tp, "_base", None) is tensor._base
+            and tp.__torch_dispatch__ is tensor.__torch_dispatch__
+            and function in (tensor.__torch_function__.__func__,
+                             torch._C._disabled_torch_function_impl))
 
 
 cdef _TypeEntry _entry_for(tp):

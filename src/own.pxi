@@ -173,12 +173,15 @@ cdef class _Owners:
         the view JAX keeps holds the array alive for it); the last owns its data."""
         arr, key = leaf, None
         cdef list entry
+        cdef _TypeEntry producer
         cdef PyObject* p
         while True:
             if dl_weakly_held(<PyObject*>arr):   # (a source's weakref.ref reaches it again)
                 return False
             if not cnp.PyArray_Check(arr):
-                return _entry_for(type(arr)).guard == GUARD_TORCH and _torch_owns(arr) is not None
+                producer = _entry_for(type(arr))
+                return (producer.guard == GUARD_TORCH and producer.own_export
+                        and _torch_owns(arr) is not None)
             p = cnp.PyArray_BASE(<cnp.ndarray>arr)
             if p == NULL:
                 return cnp.PyArray_CHKFLAGS(<cnp.ndarray>arr, cnp.NPY_ARRAY_OWNDATA)

@@ -671,6 +671,18 @@ def _exporting(base, staging):
         "__dlpack__": lambda self, *args, **kwargs: staging.__dlpack__(*args, **kwargs)})
 
 
+def _answering(staging):
+    """A torch subclass that keeps ``__dlpack__`` but answers it, in ``__torch_function__``
+    (which torch's own ``__dlpack__`` calls first), with ``staging``'s memory."""
+    torch = _torch()
+
+    def torch_function(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__dlpack__:
+            return staging.__dlpack__(*args[1:], **(kwargs or {}))
+        return torch.Tensor.__torch_function__.__func__(cls, func, types, args, kwargs)
+    return type("Answering", (torch.Tensor,), {"__torch_function__": classmethod(torch_function)})
+
+
 def _subclass_cases(kind):
     """(make the i-th leaf, the source's staging memory) for a NumPy or torch subclass."""
     if kind == "numpy":
@@ -680,7 +692,7 @@ def _subclass_cases(kind):
                 staging)
     torch = _torch()
     staging = torch.empty(SHAPE)
-    cls = _exporting(torch.Tensor, staging)
+    cls = _exporting(torch.Tensor, staging) if kind == "torch" else _answering(staging)
 
     def make(i):
         _fill_torch(staging, i)
@@ -688,9 +700,10 @@ def _subclass_cases(kind):
     return make, staging
 
 
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("kind", ["numpy", "torch", "torch_function"])
 def test_a_subclass_that_exports_other_memory_proves_nothing(kind):
-    """A subclass whose ``__dlpack__`` hands over a source's staging memory, not its own: the
+    """A subclass whose ``__dlpack__`` hands over a source's staging memory, not its own (or,
+    for torch, whose ``__torch_function__`` answers torch's ``__dlpack__`` with it): the
     proof reads the leaf's own memory (new here), the export is another's, refilled for each
     batch. Copied, and every kept batch keeps its values."""
     make, staging = _subclass_cases(kind)
