@@ -280,6 +280,38 @@ def test_a_frame_further_up_is_not_the_callers():
     assert route.kind == "copy" and route.needs & Need.ALIASED
 
 
+def test_a_callers_variable_a_sources_closure_reads_is_not_its_own():
+    """The calling function's loop variable is a cell it shares with a closure it gave the
+    source (``source.peek = lambda: batch``, to log the last batch); the source reaches the
+    last batch through it and writes it before the next. A cell another function holds is
+    not the caller's alone: copied, and every kept batch keeps its values. A variable a
+    comprehension read (its closure gone once it ends) is still the caller's own."""
+    class Source:
+        peek = None
+
+        def __iter__(self):
+            for i in range(N):
+                last = self.peek()
+                if last is not None:
+                    last["x"][...] = -1
+                last = None
+                yield {"x": fresh(i)}
+
+    source, kept, batch = Source(), [], None
+    source.peek = lambda: batch
+    for batch in source:
+        kept.append(to_jax(batch))
+    check_kept(kept)
+
+    def loop_whose_variable_a_comprehension_reads():
+        shared = []
+        for b in (({"x": fresh(i)}) for i in range(2)):
+            names = [k for k in b if b[k] is not None]
+            shared.append(shares(to_jax(b)[names[0]], b["x"]))
+        return shared
+    assert loop_whose_variable_a_comprehension_reads() == [True, True]
+
+
 def test_an_enclosing_functions_variable_is_not_the_closures():
     """A closure that calls to_jax reads the buffer through a free variable its enclosing
     function shares, and that function (a source) refills it: copied, and a cell is never

@@ -22,9 +22,11 @@
 #include "internal/pycore_frame.h"
 #endif
 
-/* contract: the number of the function frame `frame`'s own variables (locals and cells, not
-   the free variables an enclosing function shares with it) bound to `obj`, read in its own
-   array (3.11 to 3.13) or through PyFrame_GetVar once per variable (3.14); never fails. */
+/* contract: the number of the function frame `frame`'s own variables (locals, and cells no
+   inner function holds: not the free variables an enclosing function shares with it, nor a
+   cell a closure may carry elsewhere) bound to `obj`, read in its own array (3.11 to 3.13) or
+   through PyFrame_GetVar once per variable (3.14, where the cell is not seen: none counts);
+   never fails. */
 static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
 {
     PyFrameObject *f = (PyFrameObject *)frame;
@@ -38,9 +40,15 @@ static Py_ssize_t dl_frame_refs(PyObject *frame, PyObject *obj)
 #if PY_VERSION_HEX < 0x030E0000
         PyObject *v = f->f_frame->localsplus[i];
         if (v != NULL && (kind & DL_FAST_CELL) && PyCell_Check(v)) {
+            if (Py_REFCNT(v) != 1) {   /* (a closure holds the cell too) */
+                continue;
+            }
             v = PyCell_GET(v);
         }
 #else
+        if (kind & DL_FAST_CELL) {
+            continue;
+        }
         PyObject *v = PyFrame_GetVar(f, PyTuple_GET_ITEM(co->co_localsplusnames, i));
         if (v == NULL) {   /* (unbound) */
             PyErr_Clear();
