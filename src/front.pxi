@@ -223,11 +223,9 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
 cdef bint _refused_as_implicit(exc) except -1:
     """``exc`` is jax.transfer_guard's refusal of a transfer to a device it took for an
     implicit one ("disallow"): to_jax is an explicit conversion, as jax.device_put is, and
-    runs again as one (a guard that refuses explicit transfers too then refuses it still).
-    False where this JAX has no scope for explicit transfers: the refusal stands."""
-    config = _sys.modules.get("jax._src.config")
-    return (hasattr(config, "explicit_device_put_scope")
-            and "Disallowed host-to-device transfer" in str(exc))
+    runs again as one (a guard that refuses explicit transfers too then refuses it still;
+    every jax from 0.4.30 has the scope)."""
+    return "Disallowed host-to-device transfer" in str(exc)
 
 
 @cython.binding(True)

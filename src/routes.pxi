@@ -36,7 +36,9 @@ cdef class Route:
     copy_bytes : int
         Bytes the route copies, counted on the source tensor (0 for zero-copy).
     jax_device : jax.Device or None
-        The device the array ends up on (None for ``target="host"`` and errors).
+        The device the array ends up on (None for ``target="host"``, errors, a
+        sharding, and a ``jax.Array`` returned as it is with no device asked: it
+        stays where it is).
     error : Exception or None
         The exception executing the route raises (kind ``"error"`` only): a
         producer's refusal, a corrupt header, or why the target cannot take it.
@@ -536,31 +538,22 @@ def route_jax_array(x, Options opts, JaxTarget tg):
     if _already_there(x, want) and not relayout:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
-        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device or _own_device(x),
-                     **facts)
+        return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, **facts)
     if opts.copy is False:
         return fail("copy-forbidden", None, "jax", **facts)
     return Route(COPY, ARRAY_PUT, None, "jax", copy_bytes=nbytes, jax_device=opts.device, **facts)
-
-
-cdef _own_device(x):
-    """The one device a jax.Array is on; None for one over several, or a tracer (inside
-    jax.jit, vmap or grad: on none yet)."""
-    try:
-        devices = x.devices()
-    except Exception:
-        return None
-    return next(iter(devices)) if len(devices) == 1 else None
 
 
 cdef bint _already_there(x, want) except -1:
     """A jax.Array is where ``want`` (None, a device or a sharding that fits it) puts it."""
     if want is None:
         return True
+    sharding = getattr(x, "sharding", None)   # (a tracer's, inside jax.jit: none)
+    if sharding is None:
+        return False
     if hasattr(want, "device_set"):
-        sharding = getattr(x, "sharding", None)   # (a tracer's: none)
-        return sharding is not None and sharding.is_equivalent_to(want, x.ndim)
-    return _own_device(x) == want and getattr(x.sharding, "memory_kind", None) in (
+        return sharding.is_equivalent_to(want, x.ndim)
+    return sharding.device_set == {want} and getattr(sharding, "memory_kind", None) in (
         None, want.default_memory().kind)
 
 

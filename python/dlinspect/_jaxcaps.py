@@ -254,11 +254,8 @@ class JaxCaps:
         yield from self.jax.jit(_checks)(arr)
 
     def _probe_dtype(self, code: int, bits: int) -> str | None:
-        """None if JAX imports one lane of ``(code, bits)``; else JAX's reason."""
-        with self.jax.transfer_guard("allow"):   # (a caller's guard: no reason of JAX's)
-            return self._import_reason(code, bits)
-
-    def _import_reason(self, code: int, bits: int) -> str | None:
+        """None if JAX imports one lane of ``(code, bits)``; else JAX's reason (a DLPack
+        import onto the CPU device: no transfer a jax.transfer_guard refuses)."""
         if bits == 0:
             return "a 0-bit type holds no data"
         buf = self._filled(np.zeros(64), np.uint8)

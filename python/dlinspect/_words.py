@@ -46,11 +46,9 @@ def describe(info: Any) -> str:
 @functools.lru_cache(maxsize=64)
 def narrowing_text(name: str, narrowed: str) -> tuple[str, str]:
     """(warning, reason) for JAX's x64 narrowing of dtype ``name`` to ``narrowed``."""
-    how = "a value past float32's range becomes inf, the others are rounded"
-    if name.startswith(("int", "uint")):
-        how = f"a value past {narrowed}'s range keeps its low 32 bits: 2**40 + 5 becomes 5"
-    return (f"{name} is narrowed to {narrowed} because JAX's x64 mode is off ({how}, as "
-            f"jax.dlpack.from_dlpack does); to keep 64 bits, call "
+    return (f"{name} is narrowed to {narrowed} because JAX's x64 mode is off (an integer "
+            f"keeps its low 32 bits: 2**40 + 5 becomes 5; a float past float32's range becomes "
+            f"inf, the others are rounded; as jax.dlpack.from_dlpack does); to keep 64 bits, call "
             f'jax.config.update("jax_enable_x64", True) first; where {narrowed} is what you '
             f'want, pass narrow="ok" to narrow without this warning.',
             f"JAX narrows {name} to {narrowed} with x64 off")

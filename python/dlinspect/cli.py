@@ -190,9 +190,7 @@ def _inspect(args: argparse.Namespace) -> int:
                          f"magic string \\x93NUMPY); give a file np.save wrote, or --expr EXPRESSION")
         what = f"--expr {args.expr!r} failed"
         if args.path is not None:
-            what = f"cannot read {args.path}"
-        if args.path is not None and not args.path.endswith(".npy"):   # (an expression, maybe)
-            what += f" (for an expression, pass --expr {args.path!r})"
+            what = f"cannot read {args.path} as a .npy file (for an expression, pass --expr)"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not is_tensor(x):
         if isinstance(x, np.ndarray):  # a dtype DLPack has no type for: the core words it
