@@ -158,8 +158,10 @@ TYPES_MAX = 256
 
 cdef _producer_row(tp):   # (a row of defaults where the table has none)
     jax = _sys.modules.get("jax")
-    # (a tracer, a value inside jax.jit, vmap or grad, is JAX's own too)
-    if jax is not None and isinstance(tp, type) and issubclass(tp, (jax.Array, jax.core.Tracer)):
+    # (a tracer, a value inside jax.jit, vmap or grad, is JAX's own too, where jax.core
+    # still names its class)
+    tracer = getattr(getattr(jax, "core", None), "Tracer", ())
+    if jax is not None and isinstance(tp, type) and issubclass(tp, (jax.Array, tracer)):
         return PRODUCERS[("jax", "Array")]
     for cls in getattr(tp, "__mro__", ()):
         row = PRODUCERS.get((str(getattr(cls, "__module__", "")).partition(".")[0],
