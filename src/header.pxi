@@ -492,10 +492,11 @@ cdef int64_t _read_shape(TensorInfo info, const DLTensor* t) except -1:
     cdef int64_t size = 1
     cdef bint zero = False
     for i in range(ndim):
-        if t.shape[i] < 0:
-            raise _corrupt(f"DLTensor.shape[{i}] is {t.shape[i]}; extents must be >= 0.")
+        # (the copy is what is checked: a producer's thread may write its header meanwhile)
         info._shape[i] = t.shape[i]
-        zero |= t.shape[i] == 0
+        if info._shape[i] < 0:
+            raise _corrupt(f"DLTensor.shape[{i}] is {info._shape[i]}; extents must be >= 0.")
+        zero |= info._shape[i] == 0
     if zero:
         return 0
     for i in range(ndim):
