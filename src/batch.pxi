@@ -228,10 +228,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
                 prepared = True
                 for leaf in plan[m:]:
                     part = parts[leaf.part]
-                    if leaf.route is not None:
-                        _prepare(leaf.route, tg)
-                    elif leaf.verdict == _V_COPY:
-                        leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
+                    _prepare(leaf, tg, part.opts)
             leaf = plan[m]
             part = parts[leaf.part]
             part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, prepared)
@@ -260,9 +257,7 @@ cdef int _rank(Route route):
     """The order a batch's routes execute in: 0 those that take nothing of the caller's,
     1 the other general routes (a copy may still fail for memory); 2, a leaf without a route
     (a verdict the fast path runs, a split viewed again), is ``_decide``'s."""
-    action = route.action
-    if action is DEVICE_PUT or action is PROCESS_LOCAL:
-        action = route.facts["whole"].action
+    action = route.facts.get("whole", route).action   # (a spread's: the whole tensor's route)
     return 0 if action in _TAKES_NOTHING else 1
 
 

@@ -396,7 +396,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
             return fail("uneven", None, target, needs, sharding=sharding, uneven=uneven, **facts)
         facts["spread"] = len(sharding.device_set)
         device = None
-    src = device if device is not None and device.platform == "cpu" else tg.cpu_device
+    src = device if device and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,
                        narrow=_narrowing(code, bits, needs, tg, opts), **facts))
