@@ -91,8 +91,8 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, dict owned):
     cdef list parts = []
 
     def part_of(path, s, sub):
-        leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts), planned, owned))
+        parts.append(_part(sub, tuple(path), _leaf_options(opts.placed(sharding=s)), planned,
+                           owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where

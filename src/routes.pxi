@@ -205,7 +205,7 @@ cdef Route _fits(Route route):
 
 cdef bint _unpackable(TensorInfo info):
     cdef int bits = info._bits * info._lanes
-    return bits != 0 and 8 % bits == 0 and info._contiguous(_C_ORDER)
+    return bits and 8 % bits == 0 and info._contiguous(_C_ORDER)
 
 
 # Verdicts: how the fast path executes a decision without a Route (route_jax dresses the same

@@ -65,7 +65,7 @@ cdef class JaxTarget:
         self.make_single = make_single
         self.uncommit = uncommit or _same
         self.row_major = row_major or (lambda arr: True)
-        self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
+        self.copy_align = max(cpu_align, 64, put_align if self.put else 0)
         self.bad = {}
         self._avals = {}
         self._singles = {}
@@ -126,7 +126,7 @@ cdef class JaxTarget:
 
     cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
         # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
-        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | ((held != 0) << 16)
+        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | held << 16
         if self._known[key]:
             return self._known[key] == 1
         reason = (self.hold if held else self.probe)(code, bits)
