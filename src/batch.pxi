@@ -91,8 +91,8 @@ cdef tuple _parts(x, JaxTarget tg, Options opts, bint planned, dict owned):
     cdef list parts = []
 
     def part_of(path, s, sub):
-        leaf_opts = opts if s is sharding else opts.placed(sharding=s)
-        parts.append(_part(sub, tuple(path), _leaf_options(leaf_opts), planned, owned))
+        parts.append(_part(sub, tuple(path), _leaf_options(opts.placed(sharding=s)), planned,
+                           owned))
         return len(parts) - 1
     where = tree_util.tree_map_with_path(part_of, sharding, x, is_leaf=is_leaf)
     return parts, where
@@ -228,10 +228,7 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
                 prepared = True
                 for leaf in plan[m:]:
                     part = parts[leaf.part]
-                    if leaf.route is not None:
-                        _prepare(leaf.route, tg)
-                    elif leaf.verdict == _V_COPY:
-                        leaf.prepared = _prepare_copy(leaf.info, leaf.needs, tg, part.opts)
+                    _prepare(leaf, tg, part.opts)
             leaf = plan[m]
             part = parts[leaf.part]
             part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, prepared)
@@ -260,9 +257,7 @@ cdef int _rank(Route route):
     """The order a batch's routes execute in: 0 those that take nothing of the caller's,
     1 the other general routes (a copy may still fail for memory); 2, a leaf without a route
     (a verdict the fast path runs, a split viewed again), is ``_decide``'s."""
-    action = route.action
-    if action is DEVICE_PUT or action is PROCESS_LOCAL:
-        action = route.facts["whole"].action
+    action = route.facts.get("whole", route).action   # (a spread's: the whole tensor's route)
     return 0 if action in _TAKES_NOTHING else 1
 
 

@@ -10,30 +10,27 @@ cdef _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
         return x
     if d.split is not None:
         return _split_again(d.cap, d.info, d.split, tg)
+    if not prepared:
+        _prepare(d, tg, opts)
     cdef Route route = d.route   # (None but for _V_ROUTE)
-    if d.verdict == _V_ROUTE:
-        if not prepared:
-            _prepare(route, tg)
+    if route is not None:
         action = route.action
         out = EXECUTORS[action](route, d.cap, x, tg, opts)
         if action in _NEW_ARRAY and not opts.committed:
             return tg.uncommit(out)
         return out
     cdef TensorInfo info = d.info
-    cap = d.cap
     if d.verdict == _V_COPY:
-        out = d.prepared if d.prepared is not None else _prepare_copy(info, d.needs, tg, opts)
-        return _copy_taken(cap, info, out, tg, tg.cpu_device, False)
-    if info._dev_type == kDLCPU and info.device_id == 0:
-        if _viewable_by_put(info, tg):
-            return _put_view(tg, cap, x, info, tg.cpu_device)
-        device, stream = tg.cpu_device, None
-    else:
-        device = tg.device_of(info)
-        # The consumer's stream, as the export asked the producer (array API __dlpack__):
-        # none for a bare capsule, whose producer was never asked.
-        stream = None if PyCapsule_CheckExact(x) else tg.stream_for(info._dev_type, info.device_id)
-    return tg.uncommit(import_capsule(tg.import_fn, cap, device, stream, None, info._dev_type))
+        return _copy_taken(d.cap, info, d.prepared, tg, tg.cpu_device, False)
+    if info._dev_type == kDLCPU and info.device_id == 0 and _viewable_by_put(info, tg):
+        return _put_view(tg, d.cap, x, info, tg.cpu_device)
+    # The consumer's stream, as the export asked the producer (array API __dlpack__): none
+    # for a bare capsule, whose producer was never asked, nor for memory that takes none.
+    stream = None
+    if _dev_is(info._dev_type, _DEV_STREAM) and not PyCapsule_CheckExact(x):
+        stream = tg.stream_for(info._dev_type, info.device_id)
+    return tg.uncommit(import_capsule(tg.import_fn, d.cap, tg.device_of(info), stream, None,
+                                      info._dev_type))
 
 
 def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
@@ -49,17 +46,19 @@ def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
 cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT, NUMPY_COPY])
 
 
-cdef int _prepare(Route route, JaxTarget tg) except -1:
+cdef int _prepare(_Leaf d, JaxTarget tg, Options opts) except -1:
     """Before anything is taken, what can fail: the narrowing warning (a filter may raise it)
-    and a copy's memory (AllocationError); a producer's host copy warns once it is in hand."""
-    action = route.action
-    if action is PRODUCER_COPY:   # (an error route warns of nothing, and takes no memory)
-        return 0
+    and a copy's memory (AllocationError): a _V_COPY's (``d.prepared``), a HOST_COPY route's
+    (``Route._out``); a producer's host copy warns once it is in hand."""
+    cdef Route route = d.route
+    if d.verdict == _V_COPY:
+        d.prepared = _prepare_copy(d.info, d.needs, tg, opts)
+    if route is None or route.action is PRODUCER_COPY:   # (an error route warns of nothing,
+        return 0                                         # and takes no memory)
     text = route.warning
     if text is not None:
         warn(text)
-    if action is DEVICE_PUT or action is PROCESS_LOCAL:
-        route = route.facts["whole"]
+    route = route.facts.get("whole", route)   # (a spread's: the route of the whole tensor)
     if route.action is HOST_COPY:
         route._out = _copy_memory(route, tg)
     return 0
@@ -235,7 +234,7 @@ cdef _finish(JaxTarget tg, arr, Route route, Options opts=None):
     ``opts`` is given) moved to the device the route ends on."""
     if opts is not None:
         arr = _put_host(tg, arr, route.import_device, opts.committed)
-    if route.jax_device is not None and route.jax_device != route.import_device:
+    if route.jax_device and route.jax_device != route.import_device:
         arr = tg.jax.device_put(arr, route.jax_device)
     return arr
 

@@ -191,8 +191,7 @@ cdef uint32_t _C_COPY_NEEDS = (NEED_ALIGN | NEED_NARROW | NEED_READ_ONLY | NEED_
 
 cdef inline bint _c_copy(TensorInfo info, uint32_t n) noexcept:
     """The fast path's copy rule (put.pxi, ``_fill``): only _C_COPY_NEEDS, whole bytes, fits."""
-    return ((n & ~_C_COPY_NEEDS) == 0 and info._bits % 8 == 0
-            and info.nbytes <= _PHYSICAL_BYTES)
+    return not n & ~_C_COPY_NEEDS and not info._bits % 8 and info.nbytes <= _PHYSICAL_BYTES
 
 
 def needs(TensorInfo info, JaxTarget target=None, bint share_readonly=False):

@@ -58,9 +58,9 @@ def route_reason(Route route, bint forced):
         return None
     if route.action is NUMPY_COPY:
         return "byte order or byte strides"
-    # A route without a header names no need; where none is named (but copy=True): moved to
-    # another device, or spread over a sharding's devices.
-    reason = _copy_reason(route._needs if route.info is not None else 0, forced)
+    # A route without a header names no need (a jax.Array's); where none is named (but
+    # copy=True): moved to another device, or spread over a sharding's devices.
+    reason = _copy_reason(route._needs, forced)
     return reason or ("sharding" if route.jax_device is None else "device move")
 
 

@@ -205,7 +205,7 @@ cdef Route _fits(Route route):
 
 cdef bint _unpackable(TensorInfo info):
     cdef int bits = info._bits * info._lanes
-    return bits != 0 and 8 % bits == 0 and info._contiguous(_C_ORDER)
+    return bits and 8 % bits == 0 and info._contiguous(_C_ORDER)
 
 
 # Verdicts: how the fast path executes a decision without a Route (route_jax dresses the same
@@ -396,7 +396,7 @@ def route_numpy_copy(exc, JaxTarget tg, str target, Options opts):
             return fail("uneven", None, target, needs, sharding=sharding, uneven=uneven, **facts)
         facts["spread"] = len(sharding.device_set)
         device = None
-    src = device if device is not None and device.platform == "cpu" else tg.cpu_device
+    src = device if device and device.platform == "cpu" else tg.cpu_device
     return _fits(Route(COPY, NUMPY_COPY, None, target, needs, copy_bytes=arr.nbytes,
                        jax_device=device or src, import_device=src,
                        narrow=_narrowing(code, bits, needs, tg, opts), **facts))

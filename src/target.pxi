@@ -37,7 +37,7 @@ cdef class JaxTarget:
                  put=None, uintptr_t put_align=64, make_aval=None, make_single=None,
                  uncommit=None, bint unit_strides_ok=True, row_major=None, default_device=None):
         for name, align in (("cpu_align", cpu_align), ("put_align", put_align)):
-            if align == 0 or (align & (align - 1)) != 0:
+            if not align or align & (align - 1):
                 raise ValueError(f"{name} must be a power of two, not {align}")
         self.jax = jax
         self.jnp = jnp
@@ -59,13 +59,13 @@ cdef class JaxTarget:
         self.assemble = assemble
         self.permuted_ok = permuted_ok
         self.unit_strides_ok = unit_strides_ok
-        self.put = put if make_aval is not None and make_single is not None else None
+        self.put = put if make_aval and make_single else None
         self.put_align = put_align
         self.make_aval = make_aval
         self.make_single = make_single
         self.uncommit = uncommit or _same
         self.row_major = row_major or (lambda arr: True)
-        self.copy_align = max(cpu_align, 64, put_align if self.put is not None else 0)
+        self.copy_align = max(cpu_align, 64, put_align if self.put else 0)
         self.bad = {}
         self._avals = {}
         self._singles = {}
@@ -126,7 +126,7 @@ cdef class JaxTarget:
 
     cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
         # held: JAX holds the (sub-byte) dtype as an array, not through DLPack.
-        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | ((held != 0) << 16)
+        cdef int key = (code & 0xFF) | ((bits & 0xFF) << 8) | held << 16
         if self._known[key]:
             return self._known[key] == 1
         reason = (self.hold if held else self.probe)(code, bits)

@@ -32,7 +32,7 @@ def warn(message, bint at_consumer=False):
     key = None if frame_or_none is None else (frame_or_none.f_code, frame_or_none.f_lineno, message)
     filters = _warnings.filters
     seen = _shown.get(key)
-    if seen is not None and seen[0] is filters and seen[1] == len(filters):
+    if seen and seen[0] is filters and seen[1] == len(filters):
         return
     _warnings.warn(message, DLInspectWarning, stacklevel=level)
     if key is not None and _repeats_hidden(frame_or_none, message):
