@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._tables import DEVICES, DTYPES, DLDataTypeCode as Code, DLDeviceType as D, dtype_name, numpy_dtype
+from ._tables import DEVICES, DTYPES, DLDataTypeCode, DLDeviceType, dtype_name, numpy_dtype
 from ._words import first_line, narrowing_text
 
 
@@ -126,9 +126,9 @@ def _import_adapter(fn: Any, status: SymbolStatus) -> tuple[Callable[..., Any] |
         return None, status._replace(found=None, reason=f"found at {status.found} with another "
                                      f"signature: {doc!r}; using {SYMBOLS['import'].fallback}")
     n, how = len(names), f"signature ({', '.join(names)})"
-    missing = ", ".join(_IMPORT_SIGNATURES[0][n:])
+    missing = _IMPORT_SIGNATURES[0][n:]
     adapted = fn if n == 5 else lambda *args: fn(*args[:n])   # args: _IMPORT_SIGNATURES[0]
-    return adapted, status._replace(reason=f"{how}: {missing} not passed" if missing else how)
+    return adapted, status._replace(reason=f"{how}: {', '.join(missing)} not passed" if missing else how)
 
 
 # What the probes use of the core, handed over by the core that builds its JaxCaps (this
@@ -205,7 +205,7 @@ class JaxCaps:
         return self.core.stream_of(device_type, self.devices.get((device_type, device_id)))
 
     def _import(self, cap: Any, copy: bool | None = None) -> Any:   # (onto the CPU device)
-        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, D.kDLCPU)
+        return self.core.import_capsule(self.import_fn, cap, self._cpu, None, copy, DLDeviceType.kDLCPU)
 
     @functools.cached_property
     def cpu_alignment(self) -> int:
@@ -268,7 +268,7 @@ class JaxCaps:
     def _probe_hold(self, code: int, bits: int) -> str | None:
         """None if ``jax.device_put`` takes a NumPy (ml_dtypes) array of it; else the reason."""
         dtype = numpy_dtype(code, bits)
-        if code == Code.kDLOpaqueHandle:
+        if code == DLDataTypeCode.kDLOpaqueHandle:
             return "an opaque handle holds no values that an array dtype describes"
         if dtype is None:
             return (f"NumPy has no {dtype_name(code, bits)} dtype here (ml_dtypes provides "

@@ -548,9 +548,6 @@ def reason(route: Any) -> str:
         return REASONS[route.action](route)
     if route.problem == "raised":
         text = str(route.facts["cause"])
-    elif route.problem == "shard":
-        dev, index, shard = route.facts["shard"]
-        text = f"The shard {_index_text(index)} for {dev}: {shard.reason}"
     else:
         _, subject, first, _ = PROBLEMS[route.problem](route)
         text = f"{subject} {first}" if subject else first
