@@ -78,9 +78,8 @@ cdef int _freed_since(_Leaf d, cap) except -1:
 cdef int _capsule_for_route(_Leaf d, JaxTarget tg) except -1:
     """A torch tensor's storage (MODE_VIEW, JAX's target) serves a batched put of a view of the
     memory, or a copy of it, as a capsule would; a route takes a capsule made over it."""
-    if PyCapsule_CheckExact(d.cap):
-        return 0
-    if d.verdict == _V_COPY or (d.verdict == _V_VIEW and _viewable_by_put(d.info, tg)):
+    if PyCapsule_CheckExact(d.cap) or d.verdict == _V_COPY or (
+            d.verdict == _V_VIEW and _viewable_by_put(d.info, tg)):
         return 0
     d.cap = view_capsule(d.cap, d.info)
     return 0
@@ -89,16 +88,18 @@ cdef int _capsule_for_route(_Leaf d, JaxTarget tg) except -1:
 cdef bint _put_as_is(_Leaf d, x, JaxTarget tg, Options opts, bint aliased) except -1:
     """Decide a NumPy array ``x`` from its own fields where the verdict is the batched put of
     ``x`` itself (_V_VIEW, viewable by the put): its export would go unused. Else False."""
-    if type(x) is not _np_ndarray or tg is None:
+    if type(x) is not _np_ndarray or tg is None or tg.put is None:
         return False
-    # (no header made for an array the put cannot view: misaligned, or not row-major)
+    # (no header made for an array the put cannot view: misaligned, or not row-major; the
+    # header of a builtin dtype's then passes the rest of _viewable_by_put: one lane, whole
+    # bytes, row-major strides as _numpy_header writes them, no byte_offset)
     if not cnp.PyArray_IS_C_CONTIGUOUS(x) or <uintptr_t>cnp.PyArray_DATA(x) & (tg.put_align - 1):
         return False
     cdef TensorInfo info = _ndarray_info(x)
     if info is None:
         return False
     cdef uint32_t needs = _needs_jax(info, tg, opts.readonly == "share", aliased)
-    if _verdict(info, needs, tg, opts) != _V_VIEW or not _viewable_by_put(info, tg):
+    if _verdict(info, needs, tg, opts) != _V_VIEW:
         return False
     d.info = info
     d.needs = needs

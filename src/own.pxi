@@ -320,11 +320,10 @@ cdef dict _prove(x, Py_ssize_t held, bint own_frame):
     the references the core's caller holds to ``x`` (a Python caller's stack, or a loader's
     variable); ``own_frame``: the calling frame's variables are the caller's own."""
     cdef dict owned = {}
-    if not _EXACT_COUNTS:
-        return owned
-    if dl_weakly_held(<PyObject*>x) or (Py_REFCNT(x) != held and (
+    # (counts not exact; the batch itself held elsewhere, or reached by a weak reference)
+    if not _EXACT_COUNTS or dl_weakly_held(<PyObject*>x) or (Py_REFCNT(x) != held and (
             not own_frame or _unexplained(x, Py_REFCNT(x) - held) != 0)):
-        return owned   # the batch itself is held elsewhere, or reached by a weak reference
+        return owned
     cdef _Owners w = _Owners.__new__(_Owners)
     w.leaves, w.owned = [], owned
     w.node(x, 0)

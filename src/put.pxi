@@ -23,7 +23,8 @@ cdef class _Block:
         free(self.ptr)
 
 
-# contract: a NumPy array of ``descr`` over ``data`` (strides in elements), kept by ``base``.
+# contract: a NumPy array of ``descr`` over ``data`` (strides in elements; NULL: row-major,
+# as NumPy writes them), kept by ``base``.
 cdef _ndarray(base, void* data, int32_t ndim, const int64_t* shape,
               const int64_t* strides, int64_t itemsize, cnp.dtype descr, bint writeable):
     cdef cnp.npy_intp dims[_MAX_NDIM], steps[_MAX_NDIM]
@@ -32,9 +33,11 @@ cdef _ndarray(base, void* data, int32_t ndim, const int64_t* shape,
         dims[i] = <cnp.npy_intp>shape[i]
         # An extent-1 dimension may carry any stride (DLPack allows it): NumPy never
         # steps along it, and 0 keeps it within NumPy's range.
-        steps[i] = 0 if shape[i] <= 1 else <cnp.npy_intp>(strides[i] * itemsize)
+        if strides != NULL:
+            steps[i] = 0 if shape[i] <= 1 else <cnp.npy_intp>(strides[i] * itemsize)
     Py_INCREF(descr)   # PyArray_NewFromDescr steals it
-    arr = PyArray_NewFromDescr(<PyTypeObject*>cnp.ndarray, descr, ndim, dims, steps, data,
+    arr = PyArray_NewFromDescr(<PyTypeObject*>cnp.ndarray, descr, ndim, dims,
+                               steps if strides != NULL else NULL, data,
                                cnp.NPY_ARRAY_WRITEABLE if writeable else 0, NULL)
     cnp.set_array_base(arr, base)
     return arr
@@ -48,9 +51,6 @@ cdef _view_of(owner, TensorInfo info, bint writeable, uintptr_t delta):
 
 cdef _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align):
     """A new uninitialised row-major array, ``align``-aligned; AllocationError naming the bytes."""
-    cdef int32_t d, ndim = info.ndim
-    cdef int64_t strides[_MAX_NDIM]
-    cdef int64_t n = 1
     cdef size_t nbytes = <size_t>info.size * (dst_bits // 8)
     cdef _Block block = _Block.__new__(_Block)
     block.ptr = malloc(nbytes + align)
@@ -58,10 +58,7 @@ cdef _aligned_array(TensorInfo info, int dst_code, int dst_bits, uintptr_t align
         raise _words.allocation_error(nbytes, _words.describe(info), physical_memory())
     cdef char* data = <char*>block.ptr
     data += (align - (<uintptr_t>data & (align - 1))) & (align - 1)
-    for d in range(ndim - 1, -1, -1):
-        strides[d] = n
-        n *= info._shape[d]
-    return _ndarray(block, data, ndim, info._shape, strides, dst_bits // 8,
+    return _ndarray(block, data, info.ndim, info._shape, NULL, dst_bits // 8,
                     _numpy_dtype(dst_code, dst_bits), True)
 
 
