@@ -23,7 +23,7 @@ cdef _run(_Leaf d, x, JaxTarget tg, Options opts, bint prepared=False):
     if d.verdict == _V_COPY:
         return _copy_taken(d.cap, info, d.prepared, tg, tg.cpu_device, False)
     if info._dev_type == kDLCPU and info.device_id == 0 and _viewable_by_put(info, tg):
-        return _put_view(tg, d.cap, x, info, tg.cpu_device)
+        return _put_view(tg, d.cap, x, info)
     # The consumer's stream, as the export asked the producer (array API __dlpack__): none
     # for a bare capsule, whose producer was never asked, nor for memory that takes none.
     stream = None

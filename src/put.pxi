@@ -247,10 +247,12 @@ cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
     return out if committed else tg.uncommit(out)
 
 
-cdef _put_view(JaxTarget tg, cap, x, TensorInfo info, device):
-    """Host memory that needs nothing, viewed uncommitted: a NumPy array as it is (its export
-    released now), other memory taken (its deleter runs when the last array over it dies)."""
+cdef _put_view(JaxTarget tg, cap, x, TensorInfo info):
+    """Host memory that needs nothing, viewed uncommitted on JAX's CPU device: a NumPy array
+    as it is (its export released now), other memory taken (its deleter runs when the last
+    array over it dies)."""
     aval = tg.aval(info.ndim, info._shape, _numpy_dtype(info._code, info._bits))
+    device = tg.cpu_device
     if type(x) is _np_ndarray:
         return tg.put(aval, tg.single(device), [x], [device], False)
     owner = take(cap)
