@@ -346,8 +346,8 @@ class JaxCaps:
         place and gives ``jax.device_put``'s array; else none (JaxTarget's ``put=None``)."""
         put, dev, single = self._put_fn, self._cpu, self.jax.sharding.SingleDeviceSharding
         if not self.direct:
-            self._unused("batched_put", "the public API is forced: jax.device_put puts dlinspect's "
-                                        "copies")
+            self._unused("batched_put", f"the public API is used ({self.direct_reason}): "
+                                        f"jax.device_put puts dlinspect's copies")
             return {}
         if put is None or self._shaped_array is None:
             return {}
@@ -375,7 +375,8 @@ class JaxCaps:
         handler_fn = self._handler_fn
         if not self.direct:
             self._unused("result_handler",
-                         f"the public API is forced; {SYMBOLS['result_handler'].fallback}")
+                         f"the public API is used ({self.direct_reason}); "
+                         f"{SYMBOLS['result_handler'].fallback}")
             return None
         if handler_fn is None or self._shaped_array is None:
             return None
