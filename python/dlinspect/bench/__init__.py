@@ -101,8 +101,8 @@ def run_suites(names: Sequence[str] = DEFAULT_SUITES, *, quick: bool = False, re
 #: Each suite's seconds, (quick, full), in the runs recorded on a 2-core x86-64 machine:
 #: the full ones, the published run's (benchmarks/results.json, each suite's "seconds",
 #: rounded up); what the first line's estimate adds up.
-TYPICAL_SECONDS = {"peek": (2, 130), "to_jax": (3, 150), "sweep": (3, 320), "loader": (8, 30),
-                   "instructions": (60, 80), "copies": (35, 3600), "stack": (3, 180)}
+TYPICAL_SECONDS = {"peek": (2, 130), "to_jax": (3, 110), "sweep": (3, 320), "loader": (8, 30),
+                   "instructions": (60, 80), "copies": (35, 3900), "stack": (3, 180)}
 
 
 def _progress(names: Sequence[str], quick: bool, estimate: int) -> Any:
