@@ -20,7 +20,7 @@ cdef class JaxTarget:
     cdef readonly object stream_for, array_type, platforms, assemble, put, uncommit, row_major
     cdef readonly bint permuted_ok, unit_strides_ok, direct
     cdef readonly uintptr_t cpu_align, copy_align, put_align
-    cdef object probe, hold, make_aval, make_single
+    cdef object probe, hold, make_aval, make_single, _cpu_single
     cdef dict devices, narrow, bad, _avals, _singles
     # The last few abstract values, in C (a loader sends the same shapes), asked before the dict.
     cdef _AvalSlot _recent[_RECENT_AVALS]
@@ -119,9 +119,13 @@ cdef class JaxTarget:
         return self.devices.get((info._dev_type, info.device_id)) or self.cpu_device
 
     cdef single(self, device):
+        if device is self.cpu_device and self._cpu_single is not None:   # (the hot path's)
+            return self._cpu_single
         got = self._singles.get(device)
         if got is None:
             got = self._singles[device] = self.make_single(device)
+            if device is self.cpu_device:
+                self._cpu_single = got
         return got
 
     cdef bint _dtype_ok(self, int code, int bits, bint held=False) except -1:
