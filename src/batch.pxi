@@ -15,7 +15,6 @@ cdef class _Part:
     # keys: (plain dict) its keys in sorted order, as JAX walks them; out: what each leaf becomes.
     cdef list keys, leaves, out
     cdef Options opts
-    cdef Py_ssize_t offset   # its first leaf's index among the batch's
     # owned: the ids of the leaves proven to own their memory (own.pxi's _Owners.owned), the
     # batch's; None: every leaf is taken as it is (no proof asked: copy given, or a tensor alone).
     cdef dict owned
@@ -113,7 +112,7 @@ cdef _convert_batch(x, JaxTarget tg, Options opts, LoaderReport report=None,
         plan = None   # the exports let go of, with the error handled (see _convert)
         raise
     if report is not None:
-        report._end(_leaf_key(parts))
+        report._end(_leaf_path(parts))
     return _rebuild_parts(parts, where, tg)
 
 
@@ -128,11 +127,9 @@ cdef list _decide_batch(list parts, JaxTarget tg, LoaderReport report):
     cdef list plan = []
     seen = set()   # the bare capsules met: each may come once in the batch
     cdef _Part part
-    cdef Py_ssize_t k, i, offset = 0
+    cdef Py_ssize_t k, i
     for k in range(len(parts)):
         part = parts[k]
-        part.offset = offset
-        offset += len(part.leaves)
         i = -1
         try:
             if part.flat is not None and part.flat.errors:   # a container not rebuilt
@@ -185,7 +182,7 @@ cdef int _decide_part(_Part part, Py_ssize_t k, JaxTarget tg, list plan,
                     _raise_route(d.route)
                 d.rank = _rank(d.route)
             if report is not None:
-                report._note(part.offset + i, d.route, d.info, d.needs, opts.copy is True)
+                report._note(k, i, d.route, d.info, d.needs, opts.copy is True)
             plan.append(d)
     except BaseException as exc:
         got = d = proof = None   # the exports let go of with the error handled (see _convert)
@@ -226,9 +223,10 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
         for m in range(n):
             if not prepared and (<_Leaf>plan[m]).rank != 0:
                 prepared = True
+                name = _leaf_path(parts)
                 for leaf in plan[m:]:
                     part = parts[leaf.part]
-                    _prepare(leaf, tg, part.opts)
+                    _prepare(leaf, tg, part.opts, name)
             leaf = plan[m]
             part = parts[leaf.part]
             part.out[leaf.index] = _run(leaf, part.leaves[leaf.index], tg, part.opts, prepared)
@@ -239,14 +237,12 @@ cdef int _run_batch(list plan, list parts, JaxTarget tg) except -1:
     return 0
 
 
-cdef _leaf_key(list parts):
-    """Leaf index in the batch -> its key path, for a loader's report."""
-    def key(Py_ssize_t i):
-        cdef _Part part
-        for part in reversed(parts):
-            if i >= part.offset:
-                return part.keystr(i - part.offset)
-    return key
+cdef _leaf_path(list parts):
+    """``(k, i)`` -> the key path in the batch of leaf ``i`` of part ``k`` (a warning's start, a
+    loader's report's key)."""
+    def path(Py_ssize_t k, Py_ssize_t i):
+        return (<_Part>parts[k]).keystr(i)
+    return path
 
 
 # Routes that take nothing of the caller's, run first: their failures leave every capsule.

@@ -46,18 +46,18 @@ def to_jax_fast(x, JaxTarget tg, Options opts=DEFAULT):
 cdef frozenset _NEW_ARRAY = frozenset([IMPORT, HOST_COPY, HOST_VIEW, EMPTY, NUMPY_PUT, NUMPY_COPY])
 
 
-cdef int _prepare(_Leaf d, JaxTarget tg, Options opts) except -1:
-    """Before anything is taken, what can fail: the narrowing warning (a filter may raise it)
-    and a copy's memory (AllocationError): a _V_COPY's (``d.prepared``), a HOST_COPY route's
-    (``Route._out``); a producer's host copy warns once it is in hand."""
+cdef int _prepare(_Leaf d, JaxTarget tg, Options opts, name=None) except -1:
+    """Before anything is taken, what can fail: the narrowing warning (a filter may raise it;
+    ``name``: a batch's leaf -> its key path, which starts it) and a copy's memory
+    (AllocationError): a _V_COPY's (``d.prepared``), a HOST_COPY route's (``Route._out``); a
+    producer's host copy warns once it is in hand."""
     cdef Route route = d.route
     if d.verdict == _V_COPY:
-        d.prepared = _prepare_copy(d.info, d.needs, tg, opts)
+        d.prepared = _prepare_copy(d, tg, opts, name)
     if route is None or route.action is PRODUCER_COPY:   # (an error route warns of nothing,
         return 0                                         # and takes no memory)
-    text = route.warning
-    if text is not None:
-        warn(text)
+    if route.warning is not None:
+        warn(_leaf_warning(route.warning, d, name))
     route = route.facts.get("whole", route)   # (a spread's: the route of the whole tensor)
     if route.action is HOST_COPY:
         route._out = _copy_memory(route, tg)

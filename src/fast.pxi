@@ -130,13 +130,21 @@ cdef int _decide_header(_Leaf d, x, JaxTarget tg, str target, Options opts, bint
     return 0
 
 
-cdef _prepare_copy(TensorInfo info, uint32_t n, JaxTarget tg, Options opts):
-    """A _V_COPY's memory, allocated, after its narrowing warning (a filter may raise it)."""
+cdef str _leaf_warning(str text, _Leaf d, name):
+    """``text`` about tensor ``d``: a batch's leaf's started by its key path (``name``: see
+    _leaf_path), as an error about it is; a tensor alone's (``name`` None) as it is."""
+    return text if name is None else f"{name(d.part, d.index)}: {text}"
+
+
+cdef _prepare_copy(_Leaf d, JaxTarget tg, Options opts, name):
+    """A _V_COPY's memory, allocated, after its narrowing warning (a filter may raise it;
+    ``name``: see _prepare)."""
+    cdef TensorInfo info = d.info
     cdef int dst_key = info._key()
-    if n & NEED_NARROW:
+    if d.needs & NEED_NARROW:
         dst_key, text = tg.narrow[dst_key]
         if opts.narrow == "warn":
-            tg.warn(text)
+            tg.warn(_leaf_warning(text, d, name))
     return _aligned_array(info, dst_key & 0xFF, dst_key >> 8, tg.copy_align)
 
 

@@ -100,8 +100,8 @@ cdef class LoaderReport:
 
     cdef public Py_ssize_t batches
     cdef dict _leaves     # key path -> [batches, zero-copy bytes, {reason: [bytes, batches]}]
-    # _pending: (leaf index, bytes, reason or None) of the batch; _staged: converted
-    # batches' rows (key, bytes, reason), not yet handed over.
+    # _pending: (part, leaf index in it, bytes, reason or None) of the batch; _staged:
+    # converted batches' rows (key, bytes, reason), not yet handed over.
     cdef list _pending, _staged
     cdef bint _warned, _at_delivery
 
@@ -127,18 +127,20 @@ cdef class LoaderReport:
         if self._staged:
             self._count(self._staged.pop(0))
 
-    cdef int _note(self, Py_ssize_t i, route, info, uint32_t needs, bint forced) except -1:
-        """A leaf of the general route: copied where its route copies (``forced``: copy=True);
-        without a route (the fast path's, a split viewed again): where ``needs`` asks for
-        anything but a view."""
+    cdef int _note(self, Py_ssize_t k, Py_ssize_t i, route, info, uint32_t needs,
+                   bint forced) except -1:
+        """Leaf ``i`` of the batch's part ``k``: copied where its route copies (``forced``:
+        copy=True); without a route (the fast path's, a split viewed again): where ``needs``
+        asks for anything but a view."""
         # (``info`` is the route's; None: NumPy memory DLPack cannot describe, or a jax.Array)
         reason = _copy_reason(needs, False) if route is None else route_reason(route, forced)
-        self._pending.append((i, route.copy_bytes if info is None else info.nbytes, reason))
+        self._pending.append((k, i, route.copy_bytes if info is None else info.nbytes, reason))
         return 0
 
-    cdef int _end(self, key) except -1:
-        """The batch converted: counted now, or when it is handed over (``at_delivery``)."""
-        rows = [(key(i), nbytes, reason) for i, nbytes, reason in self._pending]
+    cdef int _end(self, path) except -1:
+        """The batch converted (``path(k, i)``: leaf ``i`` of part ``k``'s key path): counted
+        now, or when it is handed over (``at_delivery``)."""
+        rows = [(path(k, i), nbytes, reason) for k, i, nbytes, reason in self._pending]
         self._pending = []
         if self._at_delivery:
             self._staged.append(rows)

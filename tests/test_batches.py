@@ -31,6 +31,7 @@ from dlinspect import DLDeviceType as D  # noqa: E402
 from dlinspect import (  # noqa: E402
     ContainerError,
     CopyRequiredError,
+    DLInspectWarning,
     NotDLPackError,
     ProducerError,
     UnsupportedDeviceError,
@@ -766,6 +767,23 @@ class TestContainersKeepEveryValue:
             assert all(isinstance(v, jax.Array) for v in leaves if not isinstance(v, (int, str)))
         routes = plan(x)
         assert type(routes) is type(x)
+
+
+def test_a_batch_narrowing_warning_names_the_leaf_it_is_about():
+    """A batch with int64 labels and a nested float64 leaf warns once per leaf, each message
+    starting with the leaf's key path (as an error about a leaf does); a tensor alone warns
+    without one. A copied leaf (the sliced one) and a viewed one say the same."""
+    batch = {"image": aligned_array(np.ones((2, 3), np.float32)), "label": np.arange(2),
+             "extra": {"w": np.arange(6.0)[::2]}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = to_jax(batch)
+        to_jax(np.arange(3))
+    texts = sorted(str(w.message) for w in caught if w.category is DLInspectWarning)
+    assert [t.split(" is narrowed")[0] for t in texts] == [
+        "['extra']['w']: float64", "['label']: int64", "int64"]
+    assert out["label"].dtype == np.int32 and int((out["label"] + 0).sum()) == 1
+    assert float(out["extra"]["w"].sum()) == 6.0
 
 
 class TestWarningsBeforeAnythingIsTaken:
