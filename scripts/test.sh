@@ -18,7 +18,7 @@ say() { echo "test.sh: $1 ($((SECONDS - start)) s)"; }
 say "1/3 installing the build tools into $(dirname "$(dirname "$(command -v python)")")"
 python -m pip install -q "scikit-build-core>=0.10" "cython>=3.0" "cython-cmake>=0.2" \
     "numpy>=1.26" ninja cmake
-if [ -d build ]; then
+if [ -f build/CMakeCache.txt ]; then   # (pip install . builds in build/<wheel tag>/, not here)
     say "2/3 the test tools, and dlinspect rebuilt in place where it changed (build/)"
 else
     say "2/3 the test tools, and dlinspect built in place (build/; the first build takes 1-2 min)"
