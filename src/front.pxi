@@ -424,7 +424,8 @@ def explain(x, target="jax", *, device=None, copy=None, sharding=None, fallback=
         strides in elements, layout, bytes, alignment in bytes, flags), the route's
         kind and the bytes it copies, its reason or its error, the JAX device and
         any warning. For a batch: one such block per leaf under its key path, runs
-        of untouched leaves folded into one line.
+        of untouched leaves folded into one line; for a pytree without leaves (None, an
+        empty dict), one line saying so.
 
     Raises
     ------

@@ -135,6 +135,13 @@ class TestMixedLeaves:
         assert heads == ["['ids'][0] .. ['ids'][255]", "['meta'][0]", "['meta'][1]",
                          "['meta'][2]", "['meta'][3]", "['name']", "['pixels']"]
 
+    def test_explain_of_a_pytree_without_leaves_says_so(self):
+        """None, {} and a dict of Nones are pytrees without leaves: explain says that, not
+        an empty string, and to_jax returns them as they are."""
+        for x in (None, {}, [], {"a": None}):
+            assert dlinspect.explain(x).startswith("<no leaves: a pytree without any")
+            assert to_jax(x) == x
+
     def test_a_single_non_tensor_follows_the_leaf_rule(self):
         # One rule at every depth: kept by default, refused with leaves="raise".
         for x in (object(), "text", 3.5, b"raw", [1, 2, 3], np.array(["a", "b"])):

@@ -577,6 +577,9 @@ def explain_tree(flat: Any) -> str:
         _, reason = run   # (their parent's path, the reason)
         blocks.append(f"{first}: untouched ({reason})" if len(leaves) == 1 else
                       f"{first} .. {keystr(leaves[-1][0])}: {len(leaves)} leaves untouched ({reason})")
+    if not blocks:   # (None, {}, []: JAX's pytrees without leaves)
+        return ("<no leaves: a pytree without any (None, an empty dict, list or tuple), "
+                "returned as it is>")
     return "\n".join(blocks)
 
 
