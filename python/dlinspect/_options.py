@@ -36,7 +36,7 @@ def single_device(device: Any) -> Any:
                         f"device=jax.devices()[0].")
     if not hasattr(device, "device_set"):
         raise TypeError(f"device must be a jax.Device or a single-device sharding, not "
-                        f"{device!r}; e.g. device=jax.devices('cpu')[0].")
+                        f"{device!r}; e.g. device=jax.devices()[0] or jax.devices('cpu')[0].")
     devices = device.device_set
     if len(devices) != 1:
         raise ValueError(f"to_jax takes a jax.Device or a single-device sharding; this sharding "
