@@ -258,7 +258,9 @@ cdef _put_view(JaxTarget tg, cap, x, TensorInfo info):
     owner = take(cap)
     try:
         return tg.put(aval, tg.single(device),
-                      [_view_of(owner, info, info._flag(DLPACK_FLAG_BITMASK_READ_ONLY) is not True, 0)], [device], False)
+                      [_view_of(owner, info,
+                                info._flag(DLPACK_FLAG_BITMASK_READ_ONLY) is not True, 0)],
+                      [device], False)
     except BaseException:
         _untake(owner, cap)   # a failed put consumes nothing
         raise
