@@ -195,7 +195,7 @@ cdef class LoaderReport:
                 for key, (n, zero, copied) in self._leaves.items()}
 
     def __str__(self):
-        rows = [("leaf", "batches", "zero-copy bytes", "copied bytes (why)")]
+        rows = [("leaf", "batches (this epoch)", "zero-copy bytes", "copied bytes (why)")]
         for key, (n, zero, copied) in sorted(self._leaves.items()):
             why = "; ".join(f"{b} ({r})" for r, (b, _) in copied.items()) or "0"
             rows.append((key or "(the batch)", str(n), str(zero), why))

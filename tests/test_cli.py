@@ -89,8 +89,8 @@ def test_inspect_npy_and_expressions(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
-    (("inspect", "no/such/file.npy"), "cannot read no/such/file.npy as a .npy file (for an "
-                                      "expression, pass --expr): FileNotFoundError"),
+    (("inspect", "no/such/file.npy"), "np.load cannot read no/such/file.npy (to inspect an "
+                                      "expression instead, pass --expr): FileNotFoundError"),
     (("inspect", __file__), "is not a .npy file"),
     (("inspect", "torch.ones(3)"), "for an expression, pass --expr"),
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),

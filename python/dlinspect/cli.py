@@ -190,7 +190,7 @@ def _inspect(args: argparse.Namespace) -> int:
                          f"magic string \\x93NUMPY); give a file np.save wrote, or --expr EXPRESSION")
         what = f"--expr {args.expr!r} failed"
         if args.path is not None:
-            what = f"cannot read {args.path} as a .npy file (for an expression, pass --expr)"
+            what = f"np.load cannot read {args.path} (to inspect an expression instead, pass --expr)"
         return _fail(f"inspect: {what}: {type(exc).__name__}: {exc}")
     if not is_tensor(x):
         if isinstance(x, np.ndarray):  # a dtype DLPack has no type for: the core words it
@@ -322,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag, choices, text in (   # (the first choice is the default)
             ("--target", ("jax", "host"), "route into JAX (to_jax) or NumPy (to_host); default jax"),
             ("--copy", ("none", "true", "false"),
-             "the copy= option: none copies only where needed, false never"),
+             "the copy= option: none copies only where needed, true always, false never"),
             ("--fallback", ("host", "raise"),
              "for devices this JAX has no backend for: through host memory, or an error"),
             ("--readonly", ("copy", "share"),

@@ -110,7 +110,7 @@ def run(quick: bool = False, repeat: int | None = None, tick: Tick | None = None
                     "status": "PASS" if ok else "FAIL", "value": memory["growth_kib"],
                     "limit": MEMORY_LIMIT_KIB})
     notes = [f"memory: to_jax of a {memory['nbytes'] // MIB} MiB aligned array ({memory['plan']}): "
-             f"VmRSS +{memory['growth_kib']} KiB; shares the array's memory: "
+             f"VmRSS {memory['growth_kib']:+,} KiB; shares the array's memory: "
              f"{memory['shares_memory']}"]
     return {"title": "to_jax", "unit": "µs per call", "rows": rows, "repeat": repeat,
             "targets": targets, "memory": memory, "notes": notes}
