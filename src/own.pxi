@@ -9,8 +9,10 @@
 # it, the caller's own references, and nothing else. The containers walked are the ones
 # whose slots can be counted: dicts, lists and tuples (subclasses and namedtuples too), a
 # UserDict's data dict (transformers' BatchEncoding), a dataclass's or SimpleNamespace's
-# __dict__; a leaf inside any other container (a pytree node registered with JAX, another
-# Mapping) is not met, so not proven. For the memory:
+# __dict__ (the __dict__ counted too); a leaf inside any other container (a pytree node
+# registered with JAX, another Mapping) or inside an object with a finalizer (__del__ may
+# hand the memory back to a source as the batch dies) is not met, so not proven. A
+# tensor with a finalizer is not proven either. For the memory:
 # - NumPy: every array on the leaf's base chain is held only by the chain (or the caller),
 #   and the chain ends in an array that owns its data; any other object on it (bytes, mmap,
 #   memoryview, a capsule) proves nothing, but a torch tensor proven itself does (t.numpy()
@@ -27,9 +29,11 @@
 # A jax.Array is immutable and needs no proof.
 
 from cpython.ref cimport Py_REFCNT
+from cpython.object cimport Py_TYPE
 
 cdef extern from "Python.h":
     object PyFrame_GetLocals(PyFrameObject* frame)   # (a module's or class body's: its namespace)
+    object PyFrame_GetGlobals(PyFrameObject* frame)
     object PyFrame_GetCode(PyFrameObject* frame)
     int PyFrame_GetLasti(PyFrameObject* frame)
     int PY_VERSION_HEX
@@ -66,6 +70,11 @@ cdef Py_ssize_t _torch_alone = -1
 cdef Py_ssize_t _torch_storage_refs = -1
 cdef object _torch_use_count = None
 cdef tuple _torch_private = None
+
+
+cdef inline bint _finalized(v) noexcept:
+    """``v``'s type has a finalizer (``__del__``): code that runs as ``v`` dies."""
+    return Py_TYPE(v).tp_finalize != NULL
 
 
 cdef inline _key(v):
@@ -163,8 +172,8 @@ cdef class _Owners:
         _tensor_guard (a bare capsule proves nothing)."""
         if guard == GUARD_JAX:
             return True
-        if type(x) is not _np_ndarray and not _entry_for(type(x)).own_export:
-            return None   # (a subclass's export may not be the memory proven)
+        if type(x) is not _np_ndarray and (not _entry_for(type(x)).own_export or _finalized(x)):
+            return None   # (a subclass's export may not be the memory proven; its __del__ runs)
         if guard == GUARD_TORCH:
             return _torch_owns(x)
         if self.chain(x):   # (NumPy's: no other type passes own_export)
@@ -199,7 +208,10 @@ cdef class _Owners:
 
 cdef list _slots(v):
     """The values of a container that is no plain dict, list or tuple, each as a slot of it
-    holds it (a new list), or None: a container whose slots cannot be counted, or a leaf."""
+    holds it (a new list), or None: a container whose slots cannot be counted, a leaf, or an
+    object whose type runs code as it dies (``__del__`` may hand its memory back to a source)."""
+    if _finalized(v):
+        return None
     if isinstance(v, dict):
         return list((<dict>v).values())   # (the dict's own storage, whatever its subclass says)
     if isinstance(v, list):
@@ -209,8 +221,8 @@ cdef list _slots(v):
     if isinstance(v, _UserDict):
         return [vars(v).get("data")]
     if _dataclasses.is_dataclass(v) or isinstance(v, _SimpleNamespace):
-        own = getattr(v, "__dict__", None)
-        return None if own is None else list((<dict>own).values())
+        own = getattr(v, "__dict__", None)   # (counted as a UserDict's data: a source may keep it)
+        return None if own is None else [own]
     return None
 
 
@@ -305,8 +317,8 @@ cdef Py_ssize_t _call_refs() except -1:
 cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
     """``extra`` references to ``obj`` less those the calling code's own variables hold: the
     variables of the innermost Python frame, the one calling the core (its locals and
-    cells, not an enclosing function's free variables; a module's or class body's
-    namespace). A frame further up is not the caller's: a source that calls back with
+    cells, not an enclosing function's free variables; a module's namespace, not a class
+    body's or exec's own, which are a class's or a source's). A frame further up is not the caller's: a source that calls back with
     its buffer (``source(callback)``) holds it there, as a helper's caller holds its
     batch; a generator a source runs is suspended, off the stack."""
     cdef PyFrameObject* f = PyEval_GetFrame()
@@ -314,7 +326,10 @@ cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
         return extra
     if PyFrame_GetCode(f).co_flags & _CO_OPTIMIZED:   # a function's (frames.h)
         return extra - dl_frame_refs(<PyObject*>f, <PyObject*>obj)
-    return extra - sum([v is obj for v in PyFrame_GetLocals(f).values()])
+    names = PyFrame_GetLocals(f)
+    if names is not PyFrame_GetGlobals(f):   # a class body's or exec's: a source's namespace
+        return extra
+    return extra - sum([v is obj for v in names.values()])
 
 
 cdef dict _prove(x, Py_ssize_t held, bint own_frame):

@@ -617,6 +617,70 @@ def test_containers_whose_slots_are_counted(torch):
     assert plan({"outer": source.inner})["outer"]["x"].kind == "copy"
 
 
+def test_an_objects_dict_a_source_keeps_is_a_holder():
+    """A source that keeps the __dict__ of the dataclass or namespace it hands over (vars(b),
+    for logging) writes its leaves through it: they are copied, and kept batches stay right."""
+    for make in (lambda x: types.SimpleNamespace(x=x), lambda x: Sample(x, "label")):
+        kept = []
+        batch = make(fresh(1))
+        kept.append(vars(batch))
+        routes = plan(batch)
+        assert (routes.x if hasattr(routes, "x") else routes.image).kind == "copy"
+        out = to_jax(make(fresh(1)))   # nothing keeps this one's __dict__: viewed
+        leaf = out.x if hasattr(out, "x") else out.image
+        assert_computes_like(leaf, values(1))
+    fields = {}
+
+    def source():
+        b = Sample(fresh(2), "label")
+        fields.update(vars(b))   # (a copy of the dict: the leaf itself is a second holder)
+        return b
+    assert plan(source()).image.kind == "copy"
+
+
+class _Leased(dict):
+    """A batch that hands its buffer back to the source's pool as it dies."""
+
+    pool: list = []
+
+    def __del__(self):
+        if isinstance(self["x"], np.ndarray):   # (to_jax's result is a _Leased too)
+            _Leased.pool.append(self["x"])
+
+
+def test_a_container_or_tensor_that_runs_code_as_it_dies_proves_nothing(torch):
+    """A __del__ may give the memory back to a source, which refills it while a JAX array
+    still views it: neither the container's leaves nor a tensor with a finalizer is viewed."""
+    kept = []
+    for i in range(3):
+        buf = _Leased.pool.pop() if _Leased.pool else fresh(0)
+        buf[...] = values(i)
+        kept.append(to_jax(_Leased(x=buf))["x"])
+        del buf
+    for i, out in enumerate(kept):
+        assert_computes_like(out, values(i))
+
+    class Pooled(torch.Tensor):
+        def __del__(self):
+            pass
+    assert plan({"t": torch.ones(4).as_subclass(Pooled)})["t"].kind == "copy"
+    assert plan({"t": torch.ones(4)})["t"].kind == "zero-copy"
+
+
+def test_a_class_body_or_execs_own_namespace_is_not_the_callers():
+    """At a module's top level the variables are the caller's own; a class body's names become
+    the class's attributes, and exec's own locals dict is whoever passed it: copied."""
+    scope = {"dlinspect": dlinspect, "fresh": fresh}
+    exec("class Staging:\n    buf = fresh(0)\n    kind = dlinspect.plan({'x': buf})['x'].kind\n",
+         scope)
+    assert scope["Staging"].kind == "copy"
+    names = {"buf": fresh(0)}
+    exec("kind = dlinspect.plan({'x': buf})['x'].kind", scope, names)
+    assert names["kind"] == "copy"
+    exec("buf = fresh(0)\nkind = dlinspect.plan({'x': buf})['x'].kind", scope)
+    assert scope["kind"] == "zero-copy"
+
+
 def test_dlinspect_changes_no_flag():
     writable, frozen = fresh(0), fresh(1)
     frozen.flags.writeable = False
