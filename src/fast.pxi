@@ -177,7 +177,7 @@ cdef _split_import(cap, TensorInfo info, list parts, list devices, sharding, Jax
                 arrays.append(copy if by_put else _put_host(tg, copy, device, True))
                 del copy
         if by_put:   # (devices: the sharding's addressable ones, in its own order)
-            return tg.put(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
+            return tg.send(tg.sharded_aval(info.shape, _numpy_dtype(dst_key & 0xFF, dst_key >> 8),
                                           sharding), sharding, arrays, devices, True)
         return tg.assemble(info.shape, sharding, devices, arrays)
     except BaseException:
@@ -258,7 +258,7 @@ cdef _split_again(cap, TensorInfo info, _SplitViews s, JaxTarget tg):
     owner = take(cap)
     try:
         arrays = [_view_of(owner, part, writeable, delta) for part in s.parts]
-        return tg.put(s.aval, s.sharding, arrays, s.devices, True)
+        return tg.send(s.aval, s.sharding, arrays, s.devices, True)
     except BaseException:
         arrays = None
         _untake(owner, cap)

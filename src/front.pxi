@@ -211,21 +211,7 @@ def to_jax(x, device=None, copy=None, *, sharding=None, fallback="host", readonl
     if not (device is None and copy is None and sharding is None and fallback is _S_HOST
             and readonly is _S_COPY and leaves is _S_KEEP and narrow is _S_WARN):
         opts = check_options(device, copy, sharding, fallback, readonly, leaves, narrow)
-    try:
-        return _convert(x, _TARGET if _TARGET is not None else jax_target(), opts)
-    except Exception as exc:
-        if not _refused_as_implicit(exc):
-            raise
-    with _sys.modules["jax._src.config"].explicit_device_put_scope():
-        return _convert(x, jax_target(), opts)
-
-
-cdef bint _refused_as_implicit(exc) except -1:
-    """``exc`` is jax.transfer_guard's refusal of a transfer to a device it took for an
-    implicit one ("disallow"): to_jax is an explicit conversion, as jax.device_put is, and
-    runs again as one (a guard that refuses explicit transfers too then refuses it still;
-    every jax from 0.4.30 has the scope)."""
-    return "Disallowed host-to-device transfer" in str(exc)
+    return _convert(x, _TARGET if _TARGET is not None else jax_target(), opts)
 
 
 @cython.binding(True)
@@ -379,13 +365,7 @@ def convert_next(it, opts, LoaderReport report, end):
     x = next(it, end)
     if x is end:
         return end
-    try:
-        return _convert_batch(x, tg, opts, report, 1)
-    except Exception as exc:
-        if not _refused_as_implicit(exc):
-            raise
-    with _sys.modules["jax._src.config"].explicit_device_put_scope():
-        return _convert_batch(x, tg, opts, report, 1)
+    return _convert_batch(x, tg, opts, report, 1)
 
 
 cdef _convert(x, JaxTarget tg, Options opts):

@@ -238,7 +238,7 @@ cdef _put_host(JaxTarget tg, arr, device, bint committed, bint view=True):
             and not <uintptr_t>cnp.PyArray_DATA(a) & (tg.put_align - 1))):
         for i in range(a.ndim):
             dims[i] = a.shape[i]
-        return tg.put(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device], committed)
+        return tg.send(tg.aval(a.ndim, dims, a.dtype), tg.single(device), [arr], [device], committed)
     if view:
         out = import_capsule(tg.import_fn, capsule_of(arr, not cnp.PyArray_ISWRITEABLE(a)),
                              device, None, None, kDLCPU)
@@ -254,10 +254,10 @@ cdef _put_view(JaxTarget tg, cap, x, TensorInfo info):
     aval = tg.aval(info.ndim, info._shape, _numpy_dtype(info._code, info._bits))
     device = tg.cpu_device
     if type(x) is _np_ndarray:
-        return tg.put(aval, tg.single(device), [x], [device], False)
+        return tg.send(aval, tg.single(device), [x], [device], False)
     owner = take(cap)
     try:
-        return tg.put(aval, tg.single(device),
+        return tg.send(aval, tg.single(device),
                       [_view_of(owner, info,
                                 info._flag(DLPACK_FLAG_BITMASK_READ_ONLY) is not True, 0)],
                       [device], False)

@@ -149,7 +149,9 @@ x[...] = np.arange(6).reshape(2, 3)
 with jax.transfer_guard(sys.argv[1]):
     out = [dlinspect.to_jax(x), dlinspect.to_jax(x.T), dlinspect.to_jax(make_capsule(x)),
            dlinspect.to_jax({"a": x, "b": x[0]}), dlinspect.to_jax(x, copy=True),
-           next(iter(dlinspect.prefetch_to_jax(iter([{"a": x}]))))["a"]]
+           next(iter(dlinspect.prefetch_to_jax(iter([{"a": x}]))))["a"],
+           dlinspect.to_jax(make_capsule(np.zeros(0, np.float32))),
+           dlinspect.to_jax({"e": make_capsule(np.zeros(0, np.int64))}, narrow="ok")]
 print(*[int(a.sum()) for a in jax.tree.leaves(out)], dlinspect._core.jax_target().permuted_ok)
 """
 
@@ -158,7 +160,8 @@ print(*[int(a.sum()) for a in jax.tree.leaves(out)], dlinspect._core.jax_target(
 def test_to_jax_is_an_explicit_transfer_under_a_transfer_guard(guard, refused):
     """jax.transfer_guard("disallow") refuses implicit transfers only: to_jax, an explicit
     conversion as jax.device_put is, converts under it (a lone array, a transpose, a capsule,
-    a batch, a copy, a loader's batch), from the first call of a process on, whose probes
+    a batch, a copy, a loader's batch, empty capsules: each put once, nothing consumed
+    twice), from the first call of a process on, whose probes
     still find what this JAX can do (a permuted order kept). A guard that refuses explicit
     transfers too refuses to_jax, as it refuses jax.device_put."""
     import subprocess
@@ -170,5 +173,5 @@ def test_to_jax_is_an_explicit_transfer_under_a_transfer_guard(guard, refused):
         assert proc.returncode != 0 and "Disallowed host-to-device transfer" in proc.stderr
         return
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["15", "15", "15", "15", "3", "15", "15",
+    assert proc.stdout.split() == ["15", "15", "15", "15", "3", "15", "15", "0", "0",
                                    str(target().permuted_ok)]
