@@ -465,3 +465,43 @@ class TestReport:
         list(one)
         assert one.report.as_dict() == {"": {"batches": 2, "zero_copy_bytes": 0,
                                              "copied_bytes": {"strides": 64}}}
+
+
+_FORKED_MID_EPOCH = """
+import os, time, warnings, numpy as np, dlinspect
+warnings.simplefilter("ignore")   # (JAX's warning about fork() in a process with threads)
+
+class Slow:   # a source still loading when the process forks
+    def __iter__(self):
+        for i in range(4):
+            time.sleep(0.3 * (i > 0))
+            yield {"x": np.full((4, 4), i, np.float32)}
+
+loader = dlinspect.prefetch_to_jax(Slow(), thread=True)
+it = iter(loader)
+next(it)
+pid = os.fork()
+if pid == 0:
+    try:
+        next(it)
+        os._exit(3)
+    except RuntimeError as exc:
+        ok = "forked from it mid-epoch" in str(exc)
+    # a new epoch, begun in the child (read back by NumPy: JAX compiles nothing in a
+    # process forked after it started its threads)
+    sums = [int(np.asarray(b["x"]).sum()) for b in loader]
+    os._exit(0 if ok and sums == [16 * i for i in range(4)] else 4)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), len(list(it)))
+"""
+
+
+def test_a_process_forked_mid_epoch_gets_an_error_not_a_hang():
+    """A child forked while a worker thread converts has no such thread: the epoch it
+    inherited raises, saying to begin a new one, which works; the parent goes on."""
+    import os
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", _FORKED_MID_EPOCH], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0", "3"]

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import inspect
 import operator
+import os
 import queue
 import statistics
 import sys
@@ -279,7 +280,7 @@ def _epoch(it: Iterator[Any], options: Options, report: LoaderReport, bar: Any, 
     try:
         while True:
             start = time.perf_counter()
-            item: Any = next(batches, _END) if worker is None else worker.ready.get()
+            item: Any = next(batches, _END) if worker is None else worker.take()
             if isinstance(item, BaseException):   # what the worker raised, at this batch
                 raise item
             if item is _END:
@@ -316,7 +317,21 @@ class _Worker(threading.Thread):
         self.batches, self.x64 = batches, x64
         self.ready: queue.Queue[Any] = queue.Queue(maxsize=size)   # Kept, _END or an exception
         self.stop = threading.Event()
+        self.pid = os.getpid()
         self.start()
+
+    def take(self) -> Any:
+        """The next item, or an error where the worker is gone without handing one over: a
+        process forked mid-epoch has only the thread that forked."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                return self.ready.get(timeout=_POLL_S)
+            if not self.is_alive():
+                return RuntimeError(
+                    f"this prefetch_to_jax epoch began in process {self.pid}, whose worker thread "
+                    f"does not run in this one ({os.getpid()}, forked from it mid-epoch), so it "
+                    f"cannot go on here. To fix: begin a new epoch in this process (iter(loader) "
+                    f"again), or fork before the epoch begins.")
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
@@ -344,7 +359,9 @@ def _end(worker: _Worker | None, it: Iterator[Any], bar: Any) -> None:
         if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
             worker.join(_JOIN_S)
         _drain(worker.ready)
-    if worker and worker.is_alive():
+    if worker and worker.pid != os.getpid():
+        pass   # (a forked child's: the source is inside the parent's worker, not closed here)
+    elif worker and worker.is_alive():
         warn(f"prefetch_to_jax stopped, but its source has been inside next() for over "
              f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
              f"thread) and the source is not closed.", True)
