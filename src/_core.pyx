@@ -61,7 +61,7 @@ cdef extern from "dlinspect/copy.h":
 cdef extern from "dlinspect/checked.h":
     bint dl_mul_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
     bint dl_add_overflow(int64_t a, int64_t b, int64_t* out) noexcept nogil
-    bint dl_mapped(uintptr_t p) noexcept nogil
+    bint dl_mapped(uintptr_t lo, uintptr_t hi) noexcept nogil
     uintptr_t DL_USER_END
 
 import sys as _sys

@@ -153,10 +153,11 @@ cdef class TensorInfo:
         return self._data + <uintptr_t>self.byte_offset   # checked not to wrap in _new_info
 
     cdef bint _mapped(self) noexcept:
-        """The first and the last byte its elements reach lie in memory this process has
-        mapped (host memory a copy reads: a forged pointer or offset fails here, not there)."""
-        return self.size == 0 or (dl_mapped(self._ptr() - <uintptr_t>self._below)
-                                  and dl_mapped(self._ptr() + <uintptr_t>self._above - 1))
+        """Every page from the first to the last byte its elements reach is memory this
+        process has mapped (host memory a copy reads: a forged pointer, offset or stride
+        fails here, not there)."""
+        return self.size == 0 or dl_mapped(self._ptr() - <uintptr_t>self._below,
+                                           self._ptr() + <uintptr_t>self._above - 1)
 
     cdef inline int _key(self) noexcept:
         """``code | bits << 8``: one lane's dtype, as the JAX target's tables key it."""

@@ -116,7 +116,7 @@ cdef int _NUMPY_MAX_NDIM = NUMPY_MAX_NDIM
 cdef uint32_t _shape_needs(TensorInfo info) noexcept:
     """NEED_SHAPE where no array can have the shape (Need.SHAPE): too many dimensions, or an
     empty tensor's nonzero extents past int64 in bytes (TensorInfo checks a nonempty one's);
-    NEED_UNMAPPED where host memory's first or last byte lies where this process has mapped
+    NEED_UNMAPPED where host memory's span crosses a page where this process has mapped
     nothing: asked of a bare capsule and of a nonzero byte_offset (a producer's own export
     points at its own memory, and puts no offset there)."""
     cdef int64_t nbytes = info._lanes * ((info._bits + 7) // 8)

@@ -97,3 +97,36 @@ class TestShapesNoArrayHolds:
         cap = make_capsule(None, shape=(2**40, 0), dtype="float32")
         assert plan(cap).kind == "zero-copy"
         assert to_jax(cap).shape == (2**40, 0)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sysconf") or __import__("sys").platform != "linux",
+                    reason="maps and unmaps pages with libc's mmap and munmap (Linux)")
+def test_memory_with_an_unmapped_page_between_its_first_and_last_byte_is_malformed():
+    """A bare capsule whose elements lie on three pages, the middle one unmapped (its first
+    and last bytes are mapped): every entry point refuses it before reading a byte, and
+    nothing is consumed."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    base = libc.mmap(None, 3 * page, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert libc.munmap(base + page, page) == 0
+        for cap in (make_capsule(address=base, shape=(3,), strides=(page // 4,), dtype=np.float32),
+                    make_capsule(address=base, shape=(3,), strides=(page // 8,), dtype=np.int64)):
+            route = plan(cap)
+            assert route.kind == "error" and Need.UNMAPPED in route.needs
+            for convert in (to_jax, lambda c: to_jax({"x": c}), to_host,
+                            lambda c: to_jax(c, copy=True)):
+                with pytest.raises(MalformedTensorError, match="not mapped"):
+                    convert(cap)
+                assert capsule_name(cap) == "dltensor_versioned"
+    finally:
+        libc.munmap(base, page)
+        libc.munmap(base + 2 * page, page)

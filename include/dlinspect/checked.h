@@ -49,17 +49,26 @@ static inline int dl_add_overflow(int64_t a, int64_t b, int64_t* out) {
 #define DL_USER_END UINTPTR_MAX
 #endif
 
-/* contract: 1 when the page holding address `p` is mapped in this process, else 0; asks the
-   system (mincore, VirtualQuery), never reads `p`, so any address is safe to ask about. */
-static inline int dl_mapped(uintptr_t p) {
+/* contract: 1 when every page of [lo, hi] is mapped in this process, else 0 (hi below
+   DL_USER_END); asks the system (mincore a few thousand pages at a time, VirtualQuery a
+   region at a time), never reads the memory, so any addresses are safe to ask about. */
+static inline int dl_mapped(uintptr_t lo, uintptr_t hi) {
 #if defined(_WIN32)
   MEMORY_BASIC_INFORMATION info;
-  return VirtualQuery((LPCVOID)p, &info, sizeof info) != 0 && info.State == MEM_COMMIT;
+  while (VirtualQuery((LPCVOID)lo, &info, sizeof info) != 0 && info.State == MEM_COMMIT) {
+    lo = (uintptr_t)info.BaseAddress + info.RegionSize;
+    if (lo > hi) return 1;
+  }
+  return 0;
 #else
-  /* (handed over as void*: macOS's mincore takes a char*, Linux's an unsigned char*) */
-  unsigned char page_state;
+  unsigned char pages[4096];
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  return mincore((void*)(p & ~(page - 1)), 1, (void*)&page_state) == 0;
+  uintptr_t step = page * sizeof pages;
+  for (lo &= ~(page - 1); lo <= hi; lo += step) {
+    /* (handed over as void*: macOS's mincore takes a char*, Linux's an unsigned char*) */
+    if (mincore((void*)lo, hi - lo < step ? hi - lo + 1 : step, (void*)pages) != 0) return 0;
+  }
+  return 1;
 #endif
 }
 

@@ -261,8 +261,8 @@ class Need(enum.IntFlag):
     given alone shares its memory, DLPack's consumer contract) and only with
     ``copy=None``; see docs/loaders/index.md, "Zero-copy and memory a source keeps"."""
     UNMAPPED = 1 << 14
-    """Host memory whose first or last byte lies where this process has mapped no memory
-    (a corrupt header: a forged pointer or ``byte_offset``): reading it would crash, so
+    """Host memory whose span (first to last byte its elements reach) crosses a page this
+    process has not mapped (a corrupt header: a forged pointer, ``byte_offset`` or stride): reading it would crash, so
     nothing is read; ``MalformedTensorError``. Asked of a bare capsule's header and of a
     nonzero ``byte_offset`` (a producer's own export points at its own memory)."""
 

@@ -400,8 +400,8 @@ def _uneven(route: Any) -> Parts:
 
 def _unmapped(route: Any) -> Parts:
     return (MalformedTensorError, _subject(route),
-            f"starts at {route.info.data_ptr:#x} (DLTensor.data plus byte_offset), and its first or "
-            f"last byte lies in memory this process has not mapped: a copy would read bytes "
+            f"starts at {route.info.data_ptr:#x} (DLTensor.data plus byte_offset), and the bytes "
+            f"its elements span reach memory this process has not mapped: a copy would read bytes "
             f"that are not there, so nothing was read or consumed. The producer wrote a "
             f"corrupt header.", "To fix: report the header to the producer's maintainers.")
 
