@@ -72,11 +72,6 @@ cdef object _torch_use_count = None
 cdef tuple _torch_private = None
 
 
-cdef inline bint _finalized(v) noexcept:
-    """``v``'s type has a finalizer (``__del__``): code that runs as ``v`` dies."""
-    return Py_TYPE(v).tp_finalize != NULL
-
-
 cdef inline _key(v):
     """``v``'s address turned right by 4 bits: unique as ``id(v)`` is, without the builtin's
     audit event, and with the bits that differ low (objects are 16 bytes apart, and a dict
@@ -136,6 +131,10 @@ cdef class _Owners:
 
     cdef int node(self, v, Py_ssize_t depth) except -1:
         cdef int guard = _tensor_guard(v)
+        # (a type with a finalizer: its __del__ may hand the memory back to a source as the
+        # batch dies, a tensor's or a container's; a jax.Array's frees its buffers)
+        if guard != GUARD_JAX and Py_TYPE(v).tp_finalize != NULL:
+            return 0
         if guard != _NOT_A_TENSOR:
             holder = self.memory(v, guard)
             if holder is not None:
@@ -172,8 +171,8 @@ cdef class _Owners:
         _tensor_guard (a bare capsule proves nothing)."""
         if guard == GUARD_JAX:
             return True
-        if type(x) is not _np_ndarray and (not _entry_for(type(x)).own_export or _finalized(x)):
-            return None   # (a subclass's export may not be the memory proven; its __del__ runs)
+        if type(x) is not _np_ndarray and not _entry_for(type(x)).own_export:
+            return None   # (a subclass's export may not be the memory proven)
         if guard == GUARD_TORCH:
             return _torch_owns(x)
         if self.chain(x):   # (NumPy's: no other type passes own_export)
@@ -208,10 +207,7 @@ cdef class _Owners:
 
 cdef list _slots(v):
     """The values of a container that is no plain dict, list or tuple, each as a slot of it
-    holds it (a new list), or None: a container whose slots cannot be counted, a leaf, or an
-    object whose type runs code as it dies (``__del__`` may hand its memory back to a source)."""
-    if _finalized(v):
-        return None
+    holds it (a new list), or None: a container whose slots cannot be counted, or a leaf."""
     if isinstance(v, dict):
         return list((<dict>v).values())   # (the dict's own storage, whatever its subclass says)
     if isinstance(v, list):

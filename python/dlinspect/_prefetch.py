@@ -280,7 +280,13 @@ def _epoch(it: Iterator[Any], options: Options, report: LoaderReport, bar: Any, 
     try:
         while True:
             start = time.perf_counter()
-            item: Any = next(batches, _END) if worker is None else worker.take()
+            if worker and worker.pid != os.getpid():   # (a fork's child has one thread)
+                raise RuntimeError(
+                    f"this prefetch_to_jax epoch began in process {worker.pid}, whose worker "
+                    f"thread does not run in this one ({os.getpid()}, forked from it "
+                    f"mid-epoch), so it cannot go on here. To fix: begin a new epoch in this "
+                    f"process (iter(loader) again), or fork before the epoch begins.")
+            item: Any = next(batches, _END) if worker is None else worker.ready.get()
             if isinstance(item, BaseException):   # what the worker raised, at this batch
                 raise item
             if item is _END:
@@ -319,19 +325,6 @@ class _Worker(threading.Thread):
         self.stop = threading.Event()
         self.pid = os.getpid()
         self.start()
-
-    def take(self) -> Any:
-        """The next item, or an error where the worker is gone without handing one over: a
-        process forked mid-epoch has only the thread that forked."""
-        while True:
-            with contextlib.suppress(queue.Empty):
-                return self.ready.get(timeout=_POLL_S)
-            if not self.is_alive():
-                return RuntimeError(
-                    f"this prefetch_to_jax epoch began in process {self.pid}, whose worker thread "
-                    f"does not run in this one ({os.getpid()}, forked from it mid-epoch), so it "
-                    f"cannot go on here. To fix: begin a new epoch in this process (iter(loader) "
-                    f"again), or fork before the epoch begins.")
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
