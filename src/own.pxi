@@ -131,10 +131,6 @@ cdef class _Owners:
 
     cdef int node(self, v, Py_ssize_t depth) except -1:
         cdef int guard = _tensor_guard(v)
-        # (a type with a finalizer: its __del__ may hand the memory back to a source as the
-        # batch dies, a tensor's or a container's; a jax.Array's frees its buffers)
-        if guard != GUARD_JAX and Py_TYPE(v).tp_finalize != NULL:
-            return 0
         if guard != _NOT_A_TENSOR:
             holder = self.memory(v, guard)
             if holder is not None:
@@ -171,8 +167,11 @@ cdef class _Owners:
         _tensor_guard (a bare capsule proves nothing)."""
         if guard == GUARD_JAX:
             return True
-        if type(x) is not _np_ndarray and not _entry_for(type(x)).own_export:
-            return None   # (a subclass's export may not be the memory proven)
+        # (a subclass's export may not be the memory proven; a finalizer, __del__, may hand
+        # the memory back to a source as the batch dies)
+        if type(x) is not _np_ndarray and (not _entry_for(type(x)).own_export
+                                           or Py_TYPE(x).tp_finalize != NULL):
+            return None
         if guard == GUARD_TORCH:
             return _torch_owns(x)
         if self.chain(x):   # (NumPy's: no other type passes own_export)
@@ -207,7 +206,10 @@ cdef class _Owners:
 
 cdef list _slots(v):
     """The values of a container that is no plain dict, list or tuple, each as a slot of it
-    holds it (a new list), or None: a container whose slots cannot be counted, or a leaf."""
+    holds it (a new list), or None: a container whose slots cannot be counted, a leaf, or
+    one with a finalizer (its __del__ may hand the memory back to a source)."""
+    if Py_TYPE(v).tp_finalize != NULL:
+        return None
     if isinstance(v, dict):
         return list((<dict>v).values())   # (the dict's own storage, whatever its subclass says)
     if isinstance(v, list):

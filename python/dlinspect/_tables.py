@@ -262,9 +262,10 @@ class Need(enum.IntFlag):
     ``copy=None``; see docs/loaders/index.md, "Zero-copy and memory a source keeps"."""
     UNMAPPED = 1 << 14
     """Host memory whose span (first to last byte its elements reach) crosses a page this
-    process has not mapped (a corrupt header: a forged pointer, ``byte_offset`` or stride): reading it would crash, so
-    nothing is read; ``MalformedTensorError``. Asked of a bare capsule's header and of a
-    nonzero ``byte_offset`` (a producer's own export points at its own memory)."""
+    process has not mapped (a corrupt header: a forged pointer, ``byte_offset`` or stride):
+    reading it would crash, so nothing is read; ``MalformedTensorError``. Asked of a bare
+    capsule's header and of a nonzero ``byte_offset`` (a producer's own export points at its
+    own memory)."""
 
 
 # What executing a route does (Route.action): one executor each in the core's execute.pxi.
