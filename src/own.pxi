@@ -316,9 +316,10 @@ cdef Py_ssize_t _unexplained(obj, Py_ssize_t extra) except? -1:
     """``extra`` references to ``obj`` less those the calling code's own variables hold: the
     variables of the innermost Python frame, the one calling the core (its locals and
     cells, not an enclosing function's free variables; a module's namespace, not a class
-    body's or exec's own, which are a class's or a source's). A frame further up is not the caller's: a source that calls back with
-    its buffer (``source(callback)``) holds it there, as a helper's caller holds its
-    batch; a generator a source runs is suspended, off the stack."""
+    body's or exec's own, which are a class's or a source's). A frame further up is not the
+    caller's: a source that calls back with its buffer (``source(callback)``) holds it
+    there, as a helper's caller holds its batch; a generator a source runs is suspended,
+    off the stack."""
     cdef PyFrameObject* f = PyEval_GetFrame()
     if f == NULL:   # (a thread C started, running no Python)
         return extra
