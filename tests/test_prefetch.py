@@ -468,7 +468,7 @@ class TestReport:
 
 
 _FORKED_MID_EPOCH = """
-import os, time, warnings, numpy as np, dlinspect
+import os, signal, time, warnings, numpy as np, dlinspect
 warnings.simplefilter("ignore")   # (JAX's warning about fork() in a process with threads)
 
 class Slow:   # a source still loading when the process forks
@@ -482,6 +482,7 @@ it = iter(loader)
 next(it)
 pid = os.fork()
 if pid == 0:
+    signal.alarm(60)   # (a child that hangs is killed, not left behind)
     try:
         next(it)
         os._exit(3)
