@@ -138,9 +138,11 @@ def _ex_host_view(Route route, cap, x, JaxTarget tg, Options opts):
 def _ex_empty(Route route, cap, x, JaxTarget tg, Options opts):
     """A new empty array put as ``jax.device_put`` puts one: ``jnp.zeros`` compiles a fill,
     and XLA:CPU aborts the process compiling one for float6 (jaxlib 0.12.0.1)."""
-    host = _host_empty(route, cap, x)
-    host = host.astype(tg.jax.dtypes.canonicalize_dtype(host.dtype))
-    return _put_host(tg, host, route.jax_device, opts.committed, False)
+    host = _np_empty((<TensorInfo>route.info)._host_shape(),
+                     tg.jax.dtypes.canonicalize_dtype(route.info.numpy_dtype))
+    out = _put_host(tg, host, route.jax_device, opts.committed, False)
+    take(cap)   # (consumed once put: a refused put consumes nothing)
+    return out
 
 
 def _ex_producer_copy(Route route, cap, x, JaxTarget tg, Options opts):
@@ -201,9 +203,10 @@ def _ex_spread(Route route, cap, x, JaxTarget tg, Options opts):
 
 
 def _ex_array_put(Route route, cap, x, JaxTarget tg, Options opts):
-    """A jax.Array made row-major (a copy on its device), then put where asked (committed)."""
+    """A jax.Array made row-major or copied as copy=True asks (a copy on its device), then put
+    where asked (committed)."""
     f = route.facts
-    if f["relayout"]:
+    if f["relayout"] or f["copy_true"]:
         x = _array_copy(x, tg)
     return x if f["where"] is None else tg.jax.device_put(x, f["where"])
 

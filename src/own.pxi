@@ -8,8 +8,8 @@
 # arrays a leaf's memory belongs to): its references are the slots of the batch that hold
 # it, the caller's own references, and nothing else. The containers walked are the ones
 # whose slots can be counted: dicts, lists and tuples (subclasses and namedtuples too), a
-# UserDict's data dict (transformers' BatchEncoding), a dataclass's or SimpleNamespace's
-# __dict__ (the __dict__ counted too); a leaf inside any other container (a pytree node
+# UserDict's (transformers' BatchEncoding), a dataclass's or a SimpleNamespace's __dict__
+# (the __dict__ counted too); a leaf inside any other container (a pytree node
 # registered with JAX, another Mapping) or inside an object with a finalizer (__del__ may
 # hand the memory back to a source as the batch dies) is not met, so not proven. A
 # tensor with a finalizer is not proven either. For the memory:
@@ -216,10 +216,9 @@ cdef list _slots(v):
         return (<list>v)[:]
     if isinstance(v, tuple):
         return list((<tuple>v)[:])
-    if isinstance(v, _UserDict):
-        return [vars(v).get("data")]
-    if _dataclasses.is_dataclass(v) or isinstance(v, _SimpleNamespace):
-        own = getattr(v, "__dict__", None)   # (counted as a UserDict's data: a source may keep it)
+    if isinstance(v, (_UserDict, _SimpleNamespace)) or _dataclasses.is_dataclass(v):
+        # (its __dict__, counted as a slot's value is: a source may keep it, vars(batch))
+        own = getattr(v, "__dict__", None)
         return None if own is None else [own]
     return None
 

@@ -525,7 +525,7 @@ def route_jax_array(x, Options opts, JaxTarget tg):
         nbytes = x.nbytes
     except Exception:   # typed PRNG keys on jax 0.4: "Cannot call abstract method nbytes"
         nbytes = 0
-    if opts.copy is True:
+    if opts.copy is True and not opts.committed:   # (a device or sharding named: put there)
         return Route(COPY, ARRAY_COPY, None, "jax", copy_bytes=nbytes, jax_array=x)
     want = opts.device
     if opts.sharding is not None:
@@ -534,8 +534,8 @@ def route_jax_array(x, Options opts, JaxTarget tg):
         if bad is not None:
             return fail("uneven", None, "jax", jax_array=x, sharding=want, uneven=bad)
     cdef bint relayout = not _row_major_array(x, tg)
-    facts = dict(jax_array=x, where=want, relayout=relayout)
-    if _already_there(x, want) and not relayout:
+    facts = dict(jax_array=x, where=want, relayout=relayout, copy_true=opts.copy is True)
+    if _already_there(x, want) and not relayout and opts.copy is not True:
         # where it was asked to be: as it is, committed there as jax.device_put commits
         action = PASS if want is None or getattr(x, "_committed", True) else ARRAY_PUT
         return Route(ZERO_COPY, action, None, "jax", jax_device=opts.device, **facts)

@@ -92,7 +92,7 @@ def test_inspect_npy_and_expressions(tmp_path):
     (("inspect", "no/such/file.npy"), "np.load cannot read no/such/file.npy (to inspect an "
                                       "expression instead, pass --expr): FileNotFoundError"),
     (("inspect", __file__), "is not a .npy file"),
-    (("inspect", "torch.ones(3)"), "for an expression, pass --expr"),
+    (("inspect", "torch.ones(3)"), "an expression instead, pass --expr"),
     (("inspect", "--expr", "1/0"), "ZeroDivisionError"),
     (("inspect", "--expr", "np.ones("), "SyntaxError"),
     (("inspect", "--expr", "[np.ones(3)]"), "expected a tensor"),

@@ -617,18 +617,27 @@ def test_containers_whose_slots_are_counted(torch):
     assert plan({"outer": source.inner})["outer"]["x"].kind == "copy"
 
 
+def _field(batch):
+    """The tensor field of a SimpleNamespace, a Sample or an Encoding made in the test below."""
+    if isinstance(batch, collections.UserDict):
+        return batch["x"]
+    return batch.x if hasattr(batch, "x") else batch.image
+
+
 def test_an_objects_dict_a_source_keeps_is_a_holder():
-    """A source that keeps the __dict__ of the dataclass or namespace it hands over (vars(b),
-    for logging) writes its leaves through it: they are copied, and kept batches stay right."""
-    for make in (lambda x: types.SimpleNamespace(x=x), lambda x: Sample(x, "label")):
+    """A source that keeps the __dict__ of the dataclass, namespace or UserDict it hands over
+    (vars(b), for logging) writes its leaves through it: they are copied, and kept batches
+    stay right."""
+    for make in (lambda x: types.SimpleNamespace(x=x), lambda x: Sample(x, "label"),
+                 lambda x: Encoding(x=x)):
         kept = []
         batch = make(fresh(1))
         kept.append(vars(batch))
         routes = plan(batch)
-        assert (routes.x if hasattr(routes, "x") else routes.image).kind == "copy"
-        out = to_jax(make(fresh(1)))   # nothing keeps this one's __dict__: viewed
-        leaf = out.x if hasattr(out, "x") else out.image
-        assert_computes_like(leaf, values(1))
+        assert _field(routes).kind == "copy"
+        fresh_batch = make(fresh(1))   # nothing keeps this one's __dict__: viewed
+        assert _field(plan(fresh_batch)).kind == "zero-copy"
+        assert_computes_like(_field(to_jax(fresh_batch)), values(1))
     fields = {}
 
     def source():

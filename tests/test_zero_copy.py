@@ -156,6 +156,18 @@ print(*[int(a.sum()) for a in jax.tree.leaves(out)], dlinspect._core.jax_target(
 """
 
 
+def test_a_put_a_transfer_guard_refuses_consumes_no_capsule():
+    """Under a guard that refuses explicit transfers too, to_jax fails and an empty capsule,
+    alone or in a batch, is left as it was (taken only once its put is made)."""
+    for batch in (False, True):
+        counter = DeleterCounter()
+        cap = make_capsule(np.zeros(0, np.float32), counter=counter)
+        with jax.transfer_guard("disallow_explicit"), pytest.raises(Exception, match="Disallowed"):
+            to_jax({"e": cap} if batch else cap)
+        assert capsule_name(cap) == "dltensor_versioned" and counter.calls == 0
+        assert to_jax(cap).shape == (0,) and counter.calls == 1
+
+
 @pytest.mark.parametrize("guard, refused", [("disallow", False), ("disallow_explicit", True)])
 def test_to_jax_is_an_explicit_transfer_under_a_transfer_guard(guard, refused):
     """jax.transfer_guard("disallow") refuses implicit transfers only: to_jax, an explicit

@@ -281,7 +281,6 @@ def _epoch(it: Iterator[Any], options: Options, report: LoaderReport, bar: Any, 
         while True:
             start = time.perf_counter()
             if worker and worker.pid != os.getpid():   # (a fork's child has one thread)
-                it = iter(())   # (the source not closed here: the parent's worker is inside it)
                 raise RuntimeError(
                     f"this prefetch_to_jax epoch began in process {worker.pid}, whose worker "
                     f"thread does not run in this one ({os.getpid()}, forked from it "
@@ -353,7 +352,9 @@ def _end(worker: _Worker | None, it: Iterator[Any], bar: Any) -> None:
         if threading.current_thread() is not worker:  # (a GC pass may finalize us there)
             worker.join(_JOIN_S)
         _drain(worker.ready)
-    if worker and worker.is_alive():
+    if worker and worker.pid != os.getpid():
+        pass   # (a forked child's: the source is inside the parent's worker, not closed here)
+    elif worker and worker.is_alive():
         warn(f"prefetch_to_jax stopped, but its source has been inside next() for over "
              f"{_JOIN_S:g} s; its worker thread is left to finish that call (a daemon "
              f"thread) and the source is not closed.", True)

@@ -439,6 +439,8 @@ def _array_put(route: Any) -> str:
     moves = "" if f["where"] is None else f", then moves to {_where(f)} (jax.device_put)"
     if f.get("relayout"):
         return f"A copy is needed: {_RELAYOUT}; JAX copies it into row-major order{moves}."
+    if f.get("copy_true"):
+        return f"copy=True was asked for: JAX copies the jax.Array{moves}."
     return f"A copy is needed: the jax.Array moves to {_where(f)} (jax.device_put)."
 
 

@@ -244,6 +244,22 @@ def test_copy_false_and_copy_true():
     assert float(y[0]) == 0.0
 
 
+def test_a_jax_array_copied_goes_where_it_is_asked_to():
+    """copy=True with a device or a sharding: a copy there (committed), not one left on the
+    array's own device; already there, a copy still (its own buffers)."""
+    x = jax.numpy.arange(8.0)
+    for where, placed in ((jax.devices()[1], lambda y: y.devices() == {jax.devices()[1]}),
+                          (DATA, lambda y: y.sharding.is_equivalent_to(DATA, 1)),
+                          (jax.devices()[0], lambda y: y.devices() == {jax.devices()[0]})):
+        key = "device" if hasattr(where, "platform") else "sharding"
+        route = plan(x, **{key: where}, copy=True)
+        assert route.kind == "copy" and "copy=True" in route.reason
+        y = to_jax(x, **{key: where}, copy=True)
+        assert placed(y) and y._committed and y is not x
+        assert set(shard_pointers(y).values()).isdisjoint(shard_pointers(x).values())
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a + 0)(y)), np.arange(8.0))
+
+
 def test_read_only_copies_unless_shared():
     x = aligned(np.arange(8 * 16).reshape(8, 16))
     x.flags.writeable = False
